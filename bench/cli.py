@@ -1,0 +1,52 @@
+"""The `bench` command line: one subcommand per module, each exposing `register(subparsers)`.
+
+A subcommand module defines `register(sub)` which adds its parser and sets `func=callable(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# module path of each subcommand, in the order `bench --help` lists them
+COMMANDS = [
+    "bench.cmd_list",       # bench list
+    "bench.cmd_train",      # bench train
+    "bench.cmd_warmstart",  # bench warmstart
+    "bench.cmd_eval",       # bench eval
+    "bench.cmd_run",        # bench run
+    "bench.cmd_report",     # bench report
+    "bench.cmd_tune",       # bench tune
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bench", description="pobench: policy-optimization ablations for LLM RL")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:  # a subcommand still being written: skip only if the module itself is absent
+            if e.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as e:  # user errors: one clear line, no traceback
+        print(f"bench {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""Training configuration: one dataclass, loaded from YAML and/or flags, validated before any work starts.
+
+Every field carries its documentation in ``metadata["doc"]``; the CLI flags of ``bench train`` / ``bench run`` are
+generated from these fields, so defaults live here and only here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def _f(default: Any, doc: str, **kw: Any) -> Any:
+    """A dataclass field with its documentation attached (shown by ``--help`` and docs)."""
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"doc": doc, **kw})
+    return field(default=default, metadata={"doc": doc, **kw})
+
+
+BUILTIN_MODEL = "builtin:tiny-arith"
+
+# Fields that distinguish runs of one comparison: everything else must be identical across its runs.
+PER_RUN_FIELDS = ("algo", "objective_overrides", "seed", "control", "run_name", "output_dir", "resume",
+                  "tracking_uri", "experiment", "comparison", "tags")
+
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs. See ``docs/METRICS.md`` for what is logged."""
+
+    # --- what is trained
+    algo: str = _f("grpo", "Registered objective name (`bench list`).")
+    objective_overrides: dict = _f({}, "Objective config fields to override, e.g. {kl_coef: 0.1}.")
+    control: str | None = _f(None, "Objective-independent control: `random-reward` replaces the verifier reward by a "
+                                   "coin flip with the same mean (checks that gains are reward-driven).")
+    model: str = _f(BUILTIN_MODEL, "Policy: `builtin:tiny-arith` (shipped warm-started tiny model), a local folder "
+                                   "or a Hugging Face hub id.")
+    prompt_template: str = _f("auto", "`auto` (chat template if the tokenizer has one, else plain), `chat`, `plain`, "
+                                      "or a format string with {question}.")
+    dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
+    device: str = _f("auto", "cpu | cuda | auto.")
+    backend: str = _f("hf", "Rollout engine backend: hf | vllm.")
+    # --- data
+    task: str = _f("arith", "Training task: a benchmark name (arith, gsm8k, math, ...).")
+    data: str | None = _f(None, "Local file/folder or hub id for the training task (default: the benchmark's own).")
+    eval_task: str | None = _f(None, "Held-out benchmark (default: same as task).")
+    eval_data: str | None = _f(None, "Local file/folder or hub id for the held-out benchmark.")
+    difficulty: int = _f(2, "Difficulty of the built-in arith task (1 = easiest).")
+    # --- rollouts
+    steps: int = _f(40, "Number of training steps (one rollout batch each).")
+    prompts_per_step: int = _f(16, "Prompts sampled per step.")
+    group_size: int = _f(8, "Completions per prompt (G).")
+    max_new_tokens: int = _f(48, "Maximum completion length L_max (tokens).")
+    temperature: float = _f(1.0, "Sampling temperature for training rollouts.")
+    top_p: float = _f(1.0, "Nucleus sampling for training rollouts.")
+    # --- optimisation
+    lr: float = _f(1e-4, "AdamW learning rate (peak).")
+    lr_schedule: str = _f("constant", "constant | cosine | linear (after warm-up).")
+    warmup_steps: int = _f(0, "Linear warm-up steps.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    adam_betas: list = _f([0.9, 0.999], "AdamW betas.")
+    max_grad_norm: float = _f(1.0, "Gradient clipping (global norm); 0 disables.")
+    update_epochs: int = _f(1, "μ: passes over each rollout batch.")
+    minibatches: int = _f(1, "Optimizer steps per epoch (the rollout batch is split into this many minibatches).")
+    micro_batch_size: int = _f(64, "Completions per forward/backward (gradient accumulation within a minibatch).")
+    track_ref_kl: bool = _f(True, "Log KL to the reference policy every step even when the objective does not use it "
+                                  "(one extra forward pass).")
+    # --- evaluation
+    eval_every: int = _f(10, "Held-out evaluation every N steps (and at step 0 and the last step); 0 disables.")
+    eval_problems: int = _f(400, "Held-out problems per evaluation.")
+    eval_samples: int = _f(1, "Sampled completions per held-out problem (sampled accuracy = mean over them).")
+    eval_temperature: float = _f(1.0, "Temperature of the sampled held-out evaluation.")
+    samples_every: int = _f(10, "Log a table of sample completions every N steps.")
+    # --- bookkeeping
+    seed: int = _f(0, "Seed for data order, sampling and initialisation.")
+    checkpoint_every: int = _f(10, "Checkpoint every N steps (and at the end).")
+    output_dir: str = _f(".pobench/runs", "Where checkpoints and resolved configs are written.")
+    run_name: str | None = _f(None, "MLflow run name (default: <algo>-s<seed>).")
+    experiment: str = _f("pobench", "MLflow experiment name.")
+    tracking_uri: str | None = _f(None, "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlruns).")
+    comparison: str | None = _f(None, "Comparison id tag (set by `bench run`).")
+    tags: dict = _f({}, "Extra MLflow tags.")
+    resume: bool = _f(False, "Resume from the last checkpoint in output_dir (same MLflow run).")
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field for any out-of-range value (before any work starts)."""
+        def bad(name: str, why: str) -> None:
+            raise ValueError(f"config field `{name}`={getattr(self, name)!r}: {why}")
+
+        for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "update_epochs", "minibatches",
+                     "micro_batch_size", "eval_problems", "eval_samples"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                bad(name, "must be an integer >= 1")
+        for name in ("eval_every", "checkpoint_every", "samples_every", "warmup_steps", "difficulty"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                bad(name, "must be an integer >= 0")
+        if not (self.lr > 0):
+            bad("lr", "must be > 0")
+        if self.temperature <= 0:
+            bad("temperature", "must be > 0 for training rollouts")
+        if not (0 < self.top_p <= 1):
+            bad("top_p", "must be in (0, 1]")
+        if self.eval_temperature < 0:
+            bad("eval_temperature", "must be >= 0")
+        if self.max_grad_norm < 0:
+            bad("max_grad_norm", "must be >= 0")
+        if self.weight_decay < 0:
+            bad("weight_decay", "must be >= 0")
+        if self.lr_schedule not in ("constant", "cosine", "linear"):
+            bad("lr_schedule", "valid: constant, cosine, linear")
+        if self.backend not in ("hf", "vllm"):
+            bad("backend", "valid: hf, vllm")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            bad("dtype", "valid: float32, bfloat16, float16")
+        if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            bad("device", "valid: auto, cpu, cuda, cuda:N")
+        if self.control not in (None, "random-reward"):
+            bad("control", "valid: None, random-reward")
+        if self.prompts_per_step * self.group_size < self.minibatches:
+            bad("minibatches", "more minibatches than completions per step")
+        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
+            bad("adam_betas", "must be two numbers in [0, 1)")
+        from algorithms import get_objective  # raises with the valid names / fields
+
+        get_objective(self.algo, **dict(self.objective_overrides))
+
+    # --- (de)serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            import difflib
+
+            hints = [f"{u} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(u, known, 1)) else u
+                     for u in unknown]
+            raise ValueError(f"unknown config field(s): {', '.join(hints)}; valid: {', '.join(sorted(known))}")
+        return cls(**d)
+
+    @classmethod
+    def load(cls, path: str | Path, **overrides: Any) -> TrainConfig:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a config file must be a YAML mapping of field: value")
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.from_dict(data)
+
+    def comparison_hash(self) -> str:
+        """Hash of every field that must be identical across the runs of one comparison."""
+        d = {k: v for k, v in self.to_dict().items() if k not in PER_RUN_FIELDS}
+        return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]

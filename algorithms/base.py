@@ -1,0 +1,161 @@
+"""Base classes: the objective config (frozen, validated, documented fields) and the Objective interface.
+
+An objective owns its loss AND its rollout-side hooks (advantages, group filtering, reward shaping); the training loop
+calls only these, so two objectives differ in nothing but what is written here and in their own module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from .advantages import ADVANTAGE_ESTIMATORS, group_advantages
+from .aggregation import AGGREGATIONS, aggregation_weight
+from .batch import PolicyBatch
+
+
+def param(default: Any, doc: str, *, paper: str | None = None, search: tuple | None = None,
+          choices: tuple | None = None, switch: bool = False, requires: str | None = None) -> Any:
+    """A config field with its documentation.
+
+    ``doc``: one line shown by ``bench list --details`` and docs/objectives.md; ``paper``: where the default comes
+    from (arXiv id); ``search``: ``(low, high, log)`` range that ``bench tune`` searches by default; ``choices``: valid
+    values;
+    ``switch``: a coefficient whose value 0 turns its term off; ``requires``: the switch this field only acts under.
+    A search range is left out of an objective's default search space when its switch is off (searching it would add
+    a term the objective does not have): ``bench tune --space`` can still add it.
+    """
+    meta = {"doc": doc, "paper": paper, "search": search, "choices": choices, "switch": switch,
+            "requires": requires}
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """Fields shared by every objective: aggregation and the rollout-side hooks."""
+
+    aggregation: str = param("seq-mean-token-mean", "How per-token terms are reduced to the loss.",
+                             paper="arXiv 2402.03300", choices=AGGREGATIONS)
+    advantage_estimator: str = param("group", "Advantage from grouped rewards: group (z-score) or group-no-std.",
+                                     paper="arXiv 2402.03300", choices=ADVANTAGE_ESTIMATORS)
+    dynamic_sampling: bool = param(False, "Drop groups whose rewards are all equal and refill the batch (DAPO).")
+    max_sampling_rounds: int = param(3, "Cap on generation rounds per step when dynamic sampling refills the batch.")
+    overlong_shaping: bool = param(False, "DAPO's soft overlong punishment added to the reward.")
+    overlong_buffer_frac: float = param(0.2, "L_cache as a fraction of L_max (DAPO: 4096 of 20480 tokens).",
+                                        paper="arXiv 2503.14476")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices is not None and getattr(self, f.name) not in choices:
+                raise ValueError(f"{type(self).__name__}.{f.name}={getattr(self, f.name)!r}: "
+                                 f"valid values: {', '.join(map(str, choices))}")
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{type(self).__name__}.{f.name}={value!r}: must be finite")
+        if self.max_sampling_rounds < 1:
+            self._bad("max_sampling_rounds", "must be >= 1")
+        if not (0.0 < self.overlong_buffer_frac < 1.0):
+            self._bad("overlong_buffer_frac", "must be in (0, 1)")
+
+    def _bad(self, name: str, why: str) -> None:
+        raise ValueError(f"{type(self).__name__}.{name}={getattr(self, name)!r}: {why}")
+
+    def _check_epsilon(self, *names: str) -> None:
+        for name in names:
+            if not (0.0 < getattr(self, name) < 1.0):
+                self._bad(name, "must be in (0, 1)")
+
+    def _check_nonneg(self, *names: str) -> None:
+        for name in names:
+            if getattr(self, name) < 0:
+                self._bad(name, "must be >= 0")
+
+    def _check_fraction(self, *names: str) -> None:
+        for name in names:
+            if not (0.0 <= getattr(self, name) <= 1.0):
+                self._bad(name, "must be in [0, 1]")
+
+    def search_space(self) -> dict[str, tuple]:
+        """Tunable fields of this config and their declared ``(low, high, log)`` ranges, without the fields whose
+        term is switched off here (a ``switch`` field at 0, or a field that ``requires`` one at 0)."""
+        meta = {f.name: f.metadata for f in dataclasses.fields(self)}
+
+        def active(name: str) -> bool:
+            m = meta[name]
+            if m.get("switch") and getattr(self, name) == 0:
+                return False
+            return m.get("requires") is None or active(m["requires"])
+
+        return {n: tuple(m["search"]) for n, m in meta.items() if m.get("search") and active(n)}
+
+
+class Objective:
+    """A policy-optimization objective: ``loss(batch) -> (loss, metrics)`` plus rollout-side hooks.
+
+    Subclasses set ``config_class`` and implement ``per_token_terms``-style logic in ``loss``. Objectives are pure:
+    no logging, no ``.item()``, no global random state.
+    """
+
+    config_class: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig
+    #: False when the loss selects tokens across the whole batch (top-k by covariance or entropy): then a split batch
+    #: is not equivalent to the whole one, and the selection is made per micro-batch.
+    split_invariant: ClassVar[bool] = True
+
+    def __init__(self, config: ObjectiveConfig, name: str = "") -> None:
+        if not isinstance(config, self.config_class):
+            raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
+        self.config = config
+        self.name = name or type(self).__name__
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, config={self.config})"
+
+    # --- what the loop must provide
+    @property
+    def needs_reference(self) -> bool:
+        """Whether ``PolicyBatch.ref_logprobs`` / ``ref_entropy`` must be computed."""
+        return False
+
+    @property
+    def needs_entropy_grad(self) -> bool:
+        """Whether ``PolicyBatch.entropy`` must carry gradient (entropy bonus)."""
+        return False
+
+    # --- the loss
+    def loss(self, batch: PolicyBatch, generator: torch.Generator | None = None
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        raise NotImplementedError
+
+    def loss_weight(self, batch: PolicyBatch) -> torch.Tensor:
+        """Weight of this micro-batch's loss when gradients are accumulated over several (see aggregation)."""
+        return aggregation_weight(batch.mask, self.config.aggregation)
+
+    # --- rollout-side hooks
+    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """(P, G) rewards -> (P, G) advantages."""
+        return group_advantages(rewards, self.config.advantage_estimator)
+
+    def keep_groups(self, rewards: torch.Tensor) -> torch.Tensor:
+        """(P, G) rewards -> (P,) bool: which groups enter the batch. Dynamic sampling drops all-equal groups."""
+        if not self.config.dynamic_sampling:
+            return torch.ones(rewards.shape[0], dtype=torch.bool)
+        return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
+
+    def shape_rewards(self, rewards: torch.Tensor, lengths: torch.Tensor, max_length: int) -> torch.Tensor:
+        """(N,) rewards and completion lengths -> shaped rewards (DAPO overlong punishment when enabled).
+
+        penalty = 0 for L <= L_max − L_cache; (L_max − L_cache − L) / L_cache for L_max − L_cache < L <= L_max;
+        −1 beyond (arXiv 2503.14476, eq. 13).
+        """
+        if not self.config.overlong_shaping:
+            return rewards
+        cache = max(1.0, self.config.overlong_buffer_frac * max_length)
+        expected = max_length - cache
+        lengths = lengths.to(rewards.dtype)
+        penalty = torch.clamp((expected - lengths) / cache, min=-1.0, max=0.0)  # (N,)
+        return rewards + penalty

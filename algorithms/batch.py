@@ -1,0 +1,49 @@
+"""The batch every objective consumes: per-token tensors of one (micro-)batch of completions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PolicyBatch:
+    """Per-token quantities of B completions padded to T tokens (completion positions only).
+
+    ``logprobs`` (and ``entropy`` when given) come from the current policy and carry gradient; everything else is
+    treated as a constant by every objective.
+    """
+
+    logprobs: torch.Tensor  # (B, T) log π_θ(y_t | ·), with gradient
+    old_logprobs: torch.Tensor  # (B, T) log π_old, the policy that sampled the rollout
+    advantages: torch.Tensor  # (B,) Â_i, one value per completion
+    mask: torch.Tensor  # (B, T) 1 for completion tokens, 0 for padding
+    max_length: int  # L_max: the configured maximum completion length (Dr. GRPO's constant)
+    ref_logprobs: torch.Tensor | None = None  # (B, T) log π_ref (frozen initial policy)
+    entropy: torch.Tensor | None = None  # (B, T) H_θ at each position, current policy (may carry gradient)
+    old_entropy: torch.Tensor | None = None  # (B, T) H_old
+    ref_entropy: torch.Tensor | None = None  # (B, T) H_ref
+
+    def __post_init__(self) -> None:
+        B, T = self.logprobs.shape
+        if self.advantages.shape != (B,):
+            raise ValueError(f"PolicyBatch.advantages must have shape ({B},), got {tuple(self.advantages.shape)}")
+        for name in ("old_logprobs", "mask", "ref_logprobs", "entropy", "old_entropy", "ref_entropy"):
+            t = getattr(self, name)
+            if t is not None and t.shape != (B, T):
+                raise ValueError(f"PolicyBatch.{name} must have shape ({B}, {T}), got {tuple(t.shape)}")
+        if self.max_length < 1:
+            raise ValueError(f"PolicyBatch.max_length must be >= 1, got {self.max_length}")
+        self.mask = self.mask.to(self.logprobs.dtype)
+
+    def require(self, name: str, who: str) -> torch.Tensor:
+        """Return the named tensor, or raise naming the objective that needs it."""
+        t = getattr(self, name)
+        if t is None:
+            raise ValueError(f"objective {who!r} needs PolicyBatch.{name}, which is None")
+        return t
+
+    @property
+    def lengths(self) -> torch.Tensor:  # (B,) |y_i|
+        return self.mask.sum(-1)

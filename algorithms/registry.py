@@ -1,0 +1,132 @@
+"""The objective registry: registered name -> (objective class, default overrides, description, paper).
+
+Duplicate names raise; unknown names and unknown config fields raise with the valid ones and the closest match.
+Ablations are registered as a base objective plus field overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from .base import Objective, ObjectiveConfig
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    name: str
+    objective_class: type[Objective]
+    description: str
+    paper: str
+    defaults: dict[str, Any] = field(default_factory=dict)  # overrides of the config class defaults
+    base: str | None = None  # for ablations: the registered objective this one modifies
+
+    @property
+    def config_class(self) -> type[ObjectiveConfig]:
+        return self.objective_class.config_class
+
+
+_REGISTRY: dict[str, ObjectiveSpec] = {}
+
+
+def _did_you_mean(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _check_fields(config_class: type[ObjectiveConfig], keys: list[str], who: str) -> None:
+    valid = [f.name for f in dataclasses.fields(config_class)]
+    for key in keys:
+        if key not in valid:
+            raise ValueError(f"objective {who!r} has no config field {key!r}{_did_you_mean(key, valid)}; "
+                             f"valid fields: {', '.join(valid)}")
+
+
+def register(name: str, objective_class: type[Objective] | None = None, *, description: str, paper: str = "",
+             base: str | None = None, **defaults: Any) -> ObjectiveSpec:
+    """Register an objective (``objective_class``) or an ablation (``base`` + field overrides)."""
+    if name in _REGISTRY:
+        raise ValueError(f"objective {name!r} is already registered")
+    if base is not None:
+        parent = get_spec(base)
+        if objective_class is not None and objective_class is not parent.objective_class:
+            raise ValueError(f"ablation {name!r} must use its base's objective class")
+        objective_class = parent.objective_class
+        defaults = {**parent.defaults, **defaults}
+        paper = paper or parent.paper
+    if objective_class is None:
+        raise ValueError(f"objective {name!r}: give an objective class or a base")
+    _check_fields(objective_class.config_class, list(defaults), name)
+    spec = ObjectiveSpec(name, objective_class, description, paper, dict(defaults), base)
+    spec.config_class(**spec.defaults)  # invalid defaults fail at registration, not at first use
+    _REGISTRY[name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a registration (for plugins and tests)."""
+    _REGISTRY.pop(name, None)
+
+
+def get_spec(name: str) -> ObjectiveSpec:
+    if name not in _REGISTRY:
+        names = list(_REGISTRY)
+        raise ValueError(f"unknown objective {name!r}{_did_you_mean(name, names)}; registered: {', '.join(names)}")
+    return _REGISTRY[name]
+
+
+def default_config(name: str, **overrides: Any) -> ObjectiveConfig:
+    """The resolved config of a registered name, with overrides applied and validated."""
+    spec = get_spec(name)
+    _check_fields(spec.config_class, list(overrides), name)
+    return spec.config_class(**{**spec.defaults, **overrides})
+
+
+def get_objective(name: str, **overrides: Any) -> Objective:
+    """Registered name (+ config field overrides) -> objective instance."""
+    spec = get_spec(name)
+    return spec.objective_class(default_config(name, **overrides), name=name)
+
+
+def search_space(name: str) -> dict[str, tuple]:
+    """Default search space of a registered objective: {field: (low, high, log)} (see ``param``)."""
+    return default_config(name).search_space()
+
+
+def list_objectives() -> list[str]:
+    """Every registered name, in registration order."""
+    return list(_REGISTRY)
+
+
+def objective_groups() -> dict[str, list[str]]:
+    """Ablation groups: a base name -> the base and every ablation registered on it (directly or transitively)."""
+    groups: dict[str, list[str]] = {}
+    for name in _REGISTRY:
+        root = name
+        while _REGISTRY[root].base is not None:
+            root = _REGISTRY[root].base
+        if root != name:
+            groups.setdefault(root, [root]).append(name)
+    return groups
+
+
+def resolve_names(names: list[str] | str) -> list[str]:
+    """Expand a list of names and groups (``tepo-ablations`` / a group root given as ``@tepo``) into objectives."""
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    out: list[str] = []
+    groups = objective_groups()
+    for n in names:
+        if n.startswith("@"):
+            if n[1:] not in groups:
+                raise ValueError(f"unknown objective group {n!r}; groups: {', '.join('@' + g for g in groups)}")
+            members = groups[n[1:]]
+        else:
+            get_spec(n)
+            members = [n]
+        out.extend(m for m in members if m not in out)
+    if not out:
+        raise ValueError("no objective given")
+    return out

@@ -1,0 +1,57 @@
+"""Shared fixtures: a real MLflow tracking server on loopback (no mock stands in for it)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """URI of a real `mlflow server` (SQLite backend, local artifact root) on a free loopback port."""
+    if shutil.which("mlflow") is None:
+        pytest.skip("the `mlflow` command is not on PATH")
+    root = tmp_path_factory.mktemp("mlflow_server")
+    port = _free_port()
+    log = open(root / "server.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--default-artifact-root", str(root / "artifacts")],
+        stdout=log, stderr=subprocess.STDOUT)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {proc.returncode}: "
+                                   f"{(root / 'server.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"mlflow server not healthy after 90 s: {(root / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield uri
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()

@@ -8,7 +8,7 @@ Three answer kinds:
 - ``integer`` (AIME / AMC): the last ``\\boxed{}`` first, then as ``number``; ``27.0`` equals ``27``, ``025``
   equals ``25``.
 - ``latex`` (MATH and friends): the last ``\\boxed{}`` (nested braces; ``\\fbox`` / ``\\framebox`` too), else
-  "final answer is $X$", else a completion that is one math span, else the last number. Equal after a light
+  "final answer is $X$", else a completion made only of math spans, else the last number. Equal after a light
   normalisation, or equal as plain numbers, or judged equal by math-verify.
 
 math-verify runs in a small pool of child processes (`evaluators/_mv_worker.py`); a comparison that passes its
@@ -74,6 +74,17 @@ def _strip_math_delimiters(s: str) -> str:
     return s
 
 
+def join_math_spans(text: str) -> str | None:
+    """``$69$, $84$`` / ``$a$ and $b$`` -> ``69, 84``: the spans joined, when only separators lie between them."""
+    spans = list(_MATH_SPAN_RE.finditer(text))
+    if not spans:
+        return None
+    outside = _MATH_SPAN_RE.sub(" ", text)
+    if not re.fullmatch(r"[\s,;.]*(?:(?:and|or)[\s,;.]*)*", outside):
+        return None
+    return ", ".join(next(g for g in m.groups() if g is not None).strip() for m in spans)
+
+
 def _answer_phrase(text: str) -> str | None:
     """The tail of the last 'answer is ...' / 'Answer: ...' line (first math span of it when it has one)."""
     matches = list(_ANSWER_PHRASE_RE.finditer(text))
@@ -81,6 +92,9 @@ def _answer_phrase(text: str) -> str | None:
         return None
     tail = matches[-1].group(1).strip()
     tail = re.sub(r"\s*I hope it is correct\.?\s*$", "", tail, flags=re.IGNORECASE)
+    joined = join_math_spans(tail)
+    if joined:
+        return joined
     span = _MATH_SPAN_RE.search(tail)
     if span:
         return next(g for g in span.groups() if g is not None).strip()
@@ -108,10 +122,7 @@ def extract_answer(completion: str, kind: str) -> str | None:
     else:
         raw = boxed or hashes_answer or _answer_phrase(text)
     if raw is None and kind == "latex":
-        whole = text.strip().rstrip(".")
-        spans = list(_MATH_SPAN_RE.finditer(whole))
-        if len(spans) == 1 and spans[0].span() == (0, len(whole)):
-            raw = _strip_math_delimiters(whole)
+        raw = join_math_spans(text)
     if raw is None:
         raw = _last_number(text)
     if raw is None:

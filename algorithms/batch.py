@@ -36,6 +36,11 @@ class PolicyBatch:
         if self.max_length < 1:
             raise ValueError(f"PolicyBatch.max_length must be >= 1, got {self.max_length}")
         self.mask = self.mask.to(self.logprobs.dtype)
+        # constants by definition: no objective can leak gradient into them
+        for name in ("old_logprobs", "advantages", "ref_logprobs", "old_entropy", "ref_entropy"):
+            t = getattr(self, name)
+            if t is not None:
+                setattr(self, name, t.detach())
 
     def require(self, name: str, who: str) -> torch.Tensor:
         """Return the named tensor, or raise naming the objective that needs it."""

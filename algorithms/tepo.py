@@ -21,31 +21,32 @@ from .batch import PolicyBatch
 from .kl import KL_ESTIMATORS, kl_estimate
 from .policy_gradient import clipped_surrogate, entropy_metric, surrogate_metrics
 
-TEPO = "arXiv 2604.12736"
+TEPO = "arXiv 2604.12736 (abstract)"  # what the abstract states
+READING = "pobench reading of arXiv 2604.12736"  # a value the paper's unavailable equations would fix
 
 
 @dataclass(frozen=True)
 class TEPOConfig(ObjectiveConfig):
     aggregation: str = param("token-mean", "How per-token terms are reduced: token-level aggregation.", paper=TEPO,
                              choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
-    clip_low: float = param(0.2, "ε_low: lower clip range of s_it.", paper=TEPO, search=(0.05, 0.4, False))
-    clip_high: float = param(0.28, "ε_high: upper clip range of s_it.", paper=TEPO, search=(0.05, 0.4, False))
+    clip_low: float = param(0.2, "ε_low: lower clip range of s_it.", paper=READING, search=(0.05, 0.4, False))
+    clip_high: float = param(0.28, "ε_high: upper clip range of s_it.", paper=READING, search=(0.05, 0.4, False))
     ratio: str = param("sequence-token", "sequence-token: s_it = sg[ρ_i]·exp(lp − sg[lp]); token: r_it.",
                        paper=TEPO, choices=("sequence-token", "token"))
-    kl_coef: float = param(0.04, "β: weight of the masked KL term (0 disables the mask constraint).", paper=TEPO,
+    kl_coef: float = param(0.04, "β: weight of the masked KL term (0 disables the mask constraint).", paper=READING,
                            search=(1e-3, 1e-1, True), switch=True)
-    kl_estimator: str = param("k3", "Per-token KL estimator: k1, k2 or k3.", paper=TEPO, choices=KL_ESTIMATORS,
+    kl_estimator: str = param("k3", "Per-token KL estimator: k1, k2 or k3.", paper=READING, choices=KL_ESTIMATORS,
                               requires="kl_coef")
     kl_mask: str = param("adv-entropy", "Which tokens get the KL: adv-entropy (both conditions), adv, entropy, all.",
                          paper=TEPO, choices=("adv-entropy", "adv", "entropy", "all"), requires="kl_coef")
-    adv_threshold: float = param(0.0, "τ_A: the KL targets tokens with Â_i > τ_A.", paper=TEPO,
+    adv_threshold: float = param(0.0, "τ_A: the KL targets tokens with Â_i > τ_A.", paper=READING,
                                  search=(0.0, 1.0, False), requires="kl_coef")
-    entropy_threshold: float = param(0.0, "τ_H: ... and with H_θ < H_base − τ_H (decreasing entropy).", paper=TEPO,
+    entropy_threshold: float = param(0.0, "τ_H: ... and with H_θ < H_base − τ_H (decreasing entropy).", paper=READING,
                                      search=(0.0, 0.5, False), requires="kl_coef")
     entropy_baseline: str = param("ref", "H_base: entropy of the reference (ref) or sampling (old) policy.",
-                                  paper=TEPO, choices=("ref", "old"), requires="kl_coef")
+                                  paper=READING, choices=("ref", "old"), requires="kl_coef")
     credit: str = param("uniform", "uniform: Â_i on every token; likelihood: scaled by the token's NLL share.",
-                        paper=TEPO, choices=("uniform", "likelihood"))
+                        paper=READING, choices=("uniform", "likelihood"))
 
     def __post_init__(self) -> None:
         super().__post_init__()

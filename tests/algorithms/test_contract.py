@@ -1,0 +1,113 @@
+"""Contract every registered objective must meet (a new objective is tested the day it is registered)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from algorithms import PolicyBatch, get_objective, list_objectives
+
+from .conftest import as_batch, random_batch
+
+ALL = list_objectives()
+NO_GRAD_FIELDS = ("old_logprobs", "ref_logprobs", "old_entropy", "ref_entropy", "advantages")
+
+
+def run(name: str, t: dict, seed: int = 0):
+    obj = get_objective(name)
+    return obj, *obj.loss(as_batch(t), generator=torch.Generator().manual_seed(seed))
+
+
+def test_sixteen_objectives_registered():
+    assert len(ALL) == 16
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_finite_loss_and_scalar_metrics(name, seed):
+    _, loss, metrics = run(name, random_batch(seed=seed))
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    for key, value in metrics.items():
+        assert key.startswith("objective/"), key
+        assert isinstance(value, torch.Tensor) and value.dim() == 0, key
+        assert not value.requires_grad, key
+        assert torch.isfinite(value), key
+    for key in ("objective/policy_loss", "objective/kl_term", "objective/entropy", "objective/clip_frac_low",
+                "objective/clip_frac_high", "objective/ratio_mean", "objective/ratio_max"):
+        assert key in metrics, key
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_gradients_reach_current_policy_only(name):
+    t = random_batch(seed=3)
+    obj, loss, _ = run(name, t)
+    loss.backward()
+    assert t["logprobs"].grad is not None and t["logprobs"].grad.abs().sum() > 0
+    for field in NO_GRAD_FIELDS:
+        g = t[field].grad
+        assert g is None or torch.all(g == 0), f"{name}: gradient leaked into {field}"
+    g = t["entropy"].grad
+    if obj.needs_entropy_grad:
+        assert g is not None and g.abs().sum() > 0
+    else:
+        assert g is None or torch.all(g == 0), f"{name}: gradient leaked into the entropy"
+    # nothing flows through padded positions
+    assert torch.all(t["logprobs"].grad[t["mask"] == 0] == 0)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_padding_invariance(name):
+    t = random_batch(seed=4, requires_grad=False)
+    _, loss, metrics = run(name, t)
+    g = torch.Generator().manual_seed(99)
+    B, T = t["mask"].shape
+    extra = 5
+    padded = {}
+    for k, v in t.items():
+        if k in ("max_length", "advantages"):
+            padded[k] = v
+        elif k == "mask":
+            padded[k] = torch.cat([v, torch.zeros(B, extra)], dim=1)
+        else:  # garbage in the padded positions must not matter
+            padded[k] = torch.cat([v, -torch.rand(B, extra, generator=g) * 5], dim=1)
+    _, loss_p, metrics_p = run(name, padded)
+    torch.testing.assert_close(loss_p, loss)
+    for key in metrics:
+        torch.testing.assert_close(metrics_p[key], metrics[key], msg=key)
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if get_objective(n).split_invariant])
+def test_batch_split_invariance(name):
+    t = random_batch(B=8, seed=5)
+    obj = get_objective(name)
+    full = as_batch(t)
+    loss, _ = obj.loss(full)
+    (grad_full,) = torch.autograd.grad(loss, t["logprobs"])
+    halves = []
+    for sl in (slice(0, 3), slice(3, 8)):
+        part = {k: (v[sl] if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
+        b = PolicyBatch(**part)
+        halves.append((obj.loss(b)[0], obj.loss_weight(b)))
+    total_w = sum(w for _, w in halves)
+    combined = sum(l * w for l, w in halves) / total_w
+    torch.testing.assert_close(combined, loss)
+    (grad_split,) = torch.autograd.grad(combined, t["logprobs"])
+    torch.testing.assert_close(grad_split, grad_full)
+
+
+def test_selective_objectives_declare_batch_dependence():
+    assert {n for n in ALL if not get_objective(n).split_invariant} == {"clip_cov", "kl_cov", "forking_tokens"}
+
+
+def test_missing_tensor_names_the_objective():
+    t = random_batch(seed=6)
+    t["ref_logprobs"] = None
+    with pytest.raises(ValueError, match="'grpo' needs PolicyBatch.ref_logprobs"):
+        get_objective("grpo").loss(as_batch(t))
+
+
+def test_bad_shapes_rejected():
+    t = random_batch(seed=6)
+    t["advantages"] = t["advantages"][:3]
+    with pytest.raises(ValueError, match="advantages"):
+        as_batch(t)

@@ -1,0 +1,227 @@
+"""The rollout engine: one `generate` interface for training rollouts and evaluation, with two backends.
+
+``make_engine("hf", model, tokenizer)`` samples with the Hugging Face model itself (batched, with a KV cache, on CPU
+or GPU); it shares the module with the training loop, so ``update_weights`` is a no-op. ``make_engine("vllm", ...)``
+(``bench/vllm_engine.py``, optional extra ``pobench[vllm]``) samples with vLLM and receives the weights after every
+optimizer step. Both return the same ``Rollouts``.
+
+Sampling is deterministic for a seed on CPU: all randomness comes from one ``torch.Generator`` seeded per call.
+The HF backend lays sequences out exactly as ``bench.scoring.score`` does (left-padded prompts, positions counted over
+real tokens), so its log-probs match the training loop's scoring pass.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+
+from bench.scoring import token_stats
+
+
+@dataclass
+class SamplingParams:
+    """How completions are sampled."""
+
+    max_new_tokens: int = 48
+    temperature: float = 1.0      # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0                # 0 = off
+
+    def validate(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens!r}: must be an integer >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature={self.temperature!r}: must be >= 0 (0 = greedy)")
+        if not (0 < self.top_p <= 1):
+            raise ValueError(f"SamplingParams.top_p={self.top_p!r}: must be in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k={self.top_k!r}: must be an integer >= 0 (0 = off)")
+
+
+@dataclass
+class Rollouts:
+    """Prompt-major: completion i belongs to prompt i // n."""
+
+    prompt_ids: list[list[int]]           # P prompts
+    completion_ids: list[list[int]]       # P*n completions; the stop (eos) token is included when finish == "stop"
+    logprobs: list[list[float]]           # per completion token, under logits / temperature (1.0 when greedy)
+    entropies: list[list[float]]          # full-vocabulary entropy of that same distribution
+    finish_reasons: list[str]             # "stop" | "length"
+    texts: list[str]                      # decoded completions, special tokens stripped
+    n: int
+    stats: dict[str, float] = field(default_factory=dict)  # e.g. generated tokens, seconds
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """The tokenizer's eos plus any eos ids of the model's generation config."""
+    ids = {tokenizer.eos_token_id}
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif extra:
+        ids.update(extra)
+    return sorted(i for i in ids if i is not None)
+
+
+def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
+    """Token ids of each prompt; special tokens (e.g. BOS) are added unless the text already starts with BOS."""
+    if not prompts:
+        raise ValueError("generate: no prompts given")
+    out = []
+    bos = tokenizer.bos_token
+    for p in prompts:
+        if not isinstance(p, str):
+            raise ValueError(f"generate: prompts must be strings, got {type(p).__name__}")
+        ids = tokenizer(p, add_special_tokens=not (bos and p.startswith(bos)))["input_ids"]
+        if not ids:
+            raise ValueError(f"generate: prompt {p!r} encodes to no tokens")
+        out.append(list(ids))
+    return out
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus to -inf. logits (B, V) -> (B, V)."""
+    if top_k and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]              # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)   # (B, V)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)                # (B, V)
+        drop_sorted = (cum - torch.softmax(sorted_logits, dim=-1)) >= top_p  # keep the token that crosses top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+class HFEngine:
+    """Batched sampling with the Hugging Face model itself and a KV cache.
+
+    Options: `max_batch_size` (completions per forward; prompts are chunked so that chunk * n <= it; default: all).
+    """
+
+    backend = "hf"
+
+    def __init__(self, model, tokenizer, max_batch_size: int | None = None):
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"hf engine: max_batch_size={max_batch_size!r} must be >= 1")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.stop_ids = stop_token_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
+        # transformers >= 5.2x names the KV-cache argument `cache`; older versions `past_key_values`
+        self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def update_weights(self, model) -> None:
+        """No-op: this engine samples with the training module itself."""
+        if model is not self.model:
+            raise ValueError("hf engine: update_weights got a different module than the one it samples with")
+
+    def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: int) -> Rollouts:
+        """`n` completions of every prompt (prompt-major), deterministic for `seed` on CPU."""
+        import time
+
+        params.validate()
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"generate: n={n!r} must be an integer >= 1")
+        prompt_ids = encode_prompts(self.tokenizer, prompts)
+        device = next(self.model.parameters()).device
+        gen = torch.Generator(device=device)
+        gen.manual_seed(int(seed))
+        per_chunk = len(prompt_ids) if self.max_batch_size is None else max(1, self.max_batch_size // n)
+        out = Rollouts(prompt_ids=prompt_ids, completion_ids=[], logprobs=[], entropies=[], finish_reasons=[],
+                       texts=[], n=n)
+        was_training = self.model.training
+        self.model.eval()
+        t0 = time.perf_counter()
+        try:
+            for start in range(0, len(prompt_ids), per_chunk):
+                self._generate_chunk(prompt_ids[start:start + per_chunk], n, params, gen, device, out)
+        finally:
+            self.model.train(was_training)
+        out.texts = self.tokenizer.batch_decode(out.completion_ids, skip_special_tokens=True)
+        out.stats = {"seconds": time.perf_counter() - t0,
+                     "tokens": float(sum(len(c) for c in out.completion_ids))}
+        return out
+
+    @torch.no_grad()
+    def _generate_chunk(self, prompt_ids: list[list[int]], n: int, params: SamplingParams, gen: torch.Generator,
+                        device: torch.device, out: Rollouts) -> None:
+        from transformers import DynamicCache
+
+        p = len(prompt_ids)
+        lp = max(len(x) for x in prompt_ids)
+        ids = torch.full((p, lp), self.pad_id, dtype=torch.long)   # (P, Lp)
+        attn = torch.zeros((p, lp), dtype=torch.long)              # (P, Lp)
+        for i, x in enumerate(prompt_ids):
+            ids[i, lp - len(x):] = torch.tensor(x, dtype=torch.long)
+            attn[i, lp - len(x):] = 1
+        ids, attn = ids.to(device), attn.to(device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)                   # (P, Lp)
+
+        # prefill each prompt once, then repeat its cache for its n completions
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1,
+                            **{self.cache_kw: cache}).logits[:, -1, :]   # (P, V)
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            logits = logits.repeat_interleave(n, dim=0)            # (B, V), B = P*n
+            attn = attn.repeat_interleave(n, dim=0)                # (B, Lp)
+        b = p * n
+        next_pos = pos[:, -1].repeat_interleave(n) + 1             # (B,)
+        stop = torch.tensor(self.stop_ids, device=device)
+        finished = torch.zeros(b, dtype=torch.bool, device=device)  # (B,)
+        tokens, lps, ents = [], [], []
+        greedy = params.temperature == 0
+        for _ in range(params.max_new_tokens):
+            scaled = logits.float() / (1.0 if greedy else params.temperature)   # (B, V)
+            if greedy:
+                tok = scaled.argmax(-1)                                          # (B,)
+            else:
+                probs = torch.softmax(filter_logits(scaled, params.top_k, params.top_p), dim=-1)
+                tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)     # (B,)
+            lp_t, ent_t = token_stats(scaled, tok, 1.0)                          # (B,), (B,)
+            tok = torch.where(finished, torch.full_like(tok, self.pad_id), tok)
+            tokens.append(tok)
+            lps.append(lp_t)
+            ents.append(ent_t)
+            finished = finished | torch.isin(tok, stop)
+            if bool(finished.all()):
+                break
+            attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype, device=device)], dim=-1)
+            logits = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
+                                use_cache=True, **{self.cache_kw: cache}).logits[:, -1, :]   # (B, V)
+            next_pos = next_pos + 1
+
+        tok_m = torch.stack(tokens, dim=1).cpu()    # (B, T)
+        lp_m = torch.stack(lps, dim=1).cpu()        # (B, T)
+        ent_m = torch.stack(ents, dim=1).cpu()      # (B, T)
+        stop_set = set(self.stop_ids)
+        for i in range(b):
+            row = tok_m[i].tolist()
+            length, reason = len(row), "length"
+            for j, t in enumerate(row):
+                if t in stop_set:
+                    length, reason = j + 1, "stop"
+                    break
+            out.completion_ids.append(row[:length])
+            out.logprobs.append(lp_m[i, :length].tolist())
+            out.entropies.append(ent_m[i, :length].tolist())
+            out.finish_reasons.append(reason)
+
+
+def make_engine(backend: str, model, tokenizer, **options):
+    """The rollout engine of `backend` ("hf" | "vllm") for `model` / `tokenizer`."""
+    if backend == "hf":
+        return HFEngine(model, tokenizer, **options)
+    if backend == "vllm":
+        from bench.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model, tokenizer, **options)
+    raise ValueError(f"unknown rollout backend {backend!r}; valid: hf, vllm")

@@ -1,0 +1,44 @@
+"""`bench report [--experiment NAME] [--comparison ID]`: figures, tables and report.md of a comparison, read from
+MLflow only, written into ``reports/out/<experiment>/`` and logged as artifacts of the comparison's MLflow run."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="write the report of a comparison (from MLflow)", description=__doc__)
+    p.add_argument("--experiment", default="pobench", help="MLflow experiment (default: pobench)")
+    p.add_argument("--comparison", help="comparison id (default: the experiment's most recent comparison)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or the local store)")
+    p.add_argument("--baseline", help="objective to compare against (default: grpo when present)")
+    p.add_argument("--target-acc", type=float, help="convergence target accuracy (default: 95%% of the best "
+                   "smoothed held-out accuracy of any run in the comparison)")
+    p.add_argument("--out-root", default="reports/out", help="report folder root (default: reports/out)")
+    p.add_argument("--no-store", action="store_true", help="do not write derived metrics back into the runs")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from reports.load import _client, list_comparisons, resolve_tracking_uri
+    from reports.report import build_report
+
+    uri = resolve_tracking_uri(args.tracking_uri)
+    if args.comparison is None:  # say which one is reported when there is a choice
+        from reports.load import get_experiment
+
+        client = _client(uri)
+        comps = list_comparisons(client, get_experiment(client, args.experiment).experiment_id)
+        if len(comps) > 1:
+            latest = max(comps, key=comps.get)
+            others = ", ".join(sorted(c for c in comps if c != latest))
+            print(f"experiment {args.experiment!r} holds {len(comps)} comparisons; reporting the most recent, "
+                  f"{latest} (others: {others}; choose with --comparison)")
+    rep = build_report(args.experiment, args.comparison, uri, out_root=args.out_root, baseline=args.baseline,
+                       target_acc=args.target_acc, store_derived=not args.no_store)
+    print(f"comparison {rep.comparison.comparison_id}: {len(rep.comparison.runs)} runs of "
+          f"{', '.join(rep.comparison.objectives)}; report in {rep.out_dir / 'report.md'} "
+          f"(and MLflow run {rep.artifact_run_id}, artifacts report/)")
+    for n in rep.notes:
+        print(f"note: {n}")
+    return 0

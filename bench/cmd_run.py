@@ -1,0 +1,76 @@
+"""`bench run --algos grpo,dapo,tepo --seeds 0,1,2 ...`: a comparison of objectives under identical conditions.
+
+Every (objective, seed) pair is one MLflow run with the same model, data order, rollout engine and evaluation
+schedule; finished pairs are reused, interrupted ones resumed (``--force`` redoes them); then the report is written
+(``bench report``). Settings: `bench run` defaults (bench/harness.py RunDefaults) < ``--config`` file < flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+SKIP = ("algo", "seed", "run_name", "comparison", "resume", "objective_overrides")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from bench.cmd_train import add_config_flags
+    from bench.harness import DEFAULTS
+
+    p = sub.add_parser("run", help="compare objectives over seeds, then write the report", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--algos", help="comma-separated registered objectives and groups (@tepo = tepo and its "
+                   f"ablations; `bench list`) (default: {','.join(DEFAULTS.algos)})")
+    p.add_argument("--ablation", action="append", metavar="NAME",
+                   help="add an objective and all its registered ablations (e.g. `--ablation tepo`)")
+    p.add_argument("--seeds", help=f"comma-separated seeds (default: {','.join(map(str, DEFAULTS.seeds))})")
+    p.add_argument("--params", metavar="FILE", help="YAML of objective-config overrides (e.g. written by `bench "
+                   "tune`): {field: value}, optionally under `objective_overrides:`, or {objective: {field: value}}")
+    p.add_argument("--force", action="store_true", help="redo pairs that already finished (default: reuse them)")
+    p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
+    p.add_argument("--baseline", help=f"objective the report compares against (default: {DEFAULTS.baseline})")
+    p.add_argument("--target-acc", type=float, help="convergence target accuracy (default: 95%% of the best "
+                   "smoothed held-out accuracy of any run in the comparison)")
+    p.add_argument("--out-root", default="reports/out", help="report folder root (default: reports/out)")
+    p.add_argument("--no-report", action="store_true", help="train only; `bench report` writes the report later")
+    p.add_argument("--no-progress", action="store_true", help="no live progress display")
+    add_config_flags(p, skip=SKIP)
+    for name, value in DEFAULTS.train.items():  # show the defaults `bench run` actually uses
+        action = p._option_string_actions.get("--" + name.replace("_", "-"))
+        if action is not None and action.help:
+            action.help = action.help.rsplit(" (default:", 1)[0] + f" (default of bench run: {value!r})"
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from bench.config import TrainConfig
+    from bench.harness import DEFAULTS, base_config, load_params, parse_seeds, resolve_algos, run_comparison
+
+    algos = resolve_algos(args.algos, args.ablation)
+    seeds = parse_seeds(args.seeds)
+    params = load_params(args.params, algos)
+    flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig) if f.name not in SKIP}
+    cfg = base_config(args.config, **flags)
+    baseline = args.baseline or (DEFAULTS.baseline if DEFAULTS.baseline in algos else None)
+    if args.baseline and args.baseline not in algos:
+        raise ValueError(f"--baseline {args.baseline!r} is not among the objectives run ({', '.join(algos)})")
+    from bench.train import TrainingDiverged  # noqa: F401  (import errors surface before any run starts)
+
+    try:
+        res = run_comparison(cfg, algos, seeds, params, force=args.force, progress=not args.no_progress,
+                             report=not args.no_report, baseline=baseline, target_acc=args.target_acc,
+                             out_root=args.out_root)
+    except KeyboardInterrupt:
+        print("bench run: interrupted; rerun the same command to resume where it stopped", file=sys.stderr)
+        return 130
+    print(f"comparison {res.comparison} in experiment {res.experiment!r} ({res.tracking_uri}): "
+          f"{len(res.pairs)} runs in {res.seconds:.0f} s")
+    for p in res.pairs:
+        print(f"  {p.variant:<24} seed {p.seed}: {p.outcome}")
+    if res.report is not None:
+        print(f"report: {res.report.out_dir / 'report.md'}")
+        t = res.report.tables["accuracy"]
+        print(t.markdown(), end="")
+    return 1 if res.failed else 0

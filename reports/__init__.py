@@ -1,0 +1,1 @@
+"""Reports of a comparison: derived metrics, figures and tables read from MLflow only."""

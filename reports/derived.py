@@ -1,0 +1,245 @@
+"""Derived metrics of one training run, computed from its logged MLflow series.
+
+Every function takes plain series (a list of ``(step, value)`` pairs, sorted by step) and returns a number, or
+``None`` when the quantity does not exist for that run (a target never reached, an entropy that never collapsed).
+``None`` is reported as such ("not reached"), never replaced by a made-up value.
+
+Definitions (also in ``docs/REPORTS.md``):
+
+- smoothed accuracy: trailing mean of the last ``window`` held-out evaluations (causal, so "first step at which the
+  smoothed accuracy reaches the target" never looks ahead);
+- time to convergence: first evaluation step (and the wall-clock ``time/elapsed_s`` at that step) at which the
+  smoothed held-out accuracy is >= the target;
+- entropy collapse: first step at which the mean rollout entropy falls below ``frac`` x its first logged value;
+- entropy slope: least-squares slope of the mean rollout entropy against the step (nats per step);
+- accuracy drawdown: the largest fall of the held-out accuracy below an earlier peak, ``max_j (max_{i<=j} a_i - a_j)``;
+- gradient-norm spikes: steps whose gradient norm exceeds ``k`` x the median of the previous ``window`` steps (only
+  counted once at least ``min_history`` earlier steps exist);
+- maximum KL: largest logged KL to the reference policy;
+- reward variance: sample variance (ddof=1) of the per-step mean reward across steps;
+- zero-advantage fraction: mean over steps of the fraction of groups whose rewards were all equal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+Series = Sequence[tuple[int, float]]  # [(step, value)], sorted by step
+
+# metric keys the derived quantities are read from (docs/METRICS.md)
+KEY_ACC = "eval/accuracy"
+KEY_ENTROPY = "rollout/entropy_mean"
+KEY_GRAD = "train/grad_norm"
+KEY_KL = "train/kl_ref"
+KEY_REWARD = "rollout/reward_mean"
+KEY_ZERO_ADV = "rollout/zero_adv_frac"
+KEY_ELAPSED = "time/elapsed_s"
+
+
+@dataclass(frozen=True)
+class DerivedSettings:
+    """Parameters of the derived metrics (all stated in the report)."""
+
+    smooth_window: int = 3          # evaluations in the trailing mean of the held-out accuracy
+    target_frac: float = 0.95       # default target = target_frac x best smoothed accuracy of any run
+    collapse_frac: float = 0.5      # entropy collapse: below collapse_frac x initial entropy
+    spike_k: float = 3.0            # gradient spike: above spike_k x running median
+    spike_window: int = 20          # steps in the running median
+    spike_min_history: int = 5      # earlier steps needed before spikes are counted
+
+
+def _clean(series: Series) -> list[tuple[int, float]]:
+    """Sort by step and drop non-finite values (a NaN is a missing measurement, not a value)."""
+    return sorted((int(s), float(v)) for s, v in series if v is not None and math.isfinite(float(v)))
+
+
+def smooth(series: Series, window: int = 3) -> list[tuple[int, float]]:
+    """Trailing mean over the last ``window`` points: point j is mean(v[j-window+1 .. j])."""
+    if window < 1:
+        raise ValueError(f"smooth window must be >= 1, got {window}")
+    pts = _clean(series)
+    vals = [v for _, v in pts]
+    return [(s, float(np.mean(vals[max(0, j - window + 1): j + 1]))) for j, (s, _) in enumerate(pts)]
+
+
+def value_at(series: Series, step: int) -> float | None:
+    """Value logged at ``step``, else the last value logged before it (``None`` if nothing precedes it)."""
+    best = None
+    for s, v in _clean(series):
+        if s <= step:
+            best = v
+        else:
+            break
+    return best
+
+
+def time_to_convergence(acc: Series, target: float, window: int = 3) -> int | None:
+    """First step at which the smoothed accuracy is >= ``target``; ``None`` if it never is."""
+    for s, v in smooth(acc, window):
+        if v >= target - 1e-12:
+            return s
+    return None
+
+
+def seconds_at_step(elapsed: Series, step: int | None) -> float | None:
+    """Wall-clock seconds (``time/elapsed_s``) at ``step``; step 0 (before training) is 0 s."""
+    if step is None:
+        return None
+    if step == 0:
+        return 0.0
+    return value_at(elapsed, step)
+
+
+def best_smoothed(acc: Series, window: int = 3) -> float | None:
+    sm = smooth(acc, window)
+    return max(v for _, v in sm) if sm else None
+
+
+def entropy_collapse_step(entropy: Series, frac: float = 0.5) -> int | None:
+    """First step at which entropy < ``frac`` x the first logged entropy; ``None`` if it never does."""
+    pts = _clean(entropy)
+    if not pts:
+        return None
+    threshold = frac * pts[0][1]
+    for s, v in pts[1:]:
+        if v < threshold:
+            return s
+    return None
+
+
+def slope(series: Series) -> float | None:
+    """Least-squares slope of value against step; ``None`` with fewer than two distinct steps."""
+    pts = _clean(series)
+    if len({s for s, _ in pts}) < 2:
+        return None
+    x = np.array([s for s, _ in pts], dtype=float)  # (N,)
+    y = np.array([v for _, v in pts], dtype=float)  # (N,)
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def max_drawdown(series: Series) -> float | None:
+    """Largest fall below an earlier peak: max_j (max_{i<=j} v_i - v_j); 0 for a never-falling series."""
+    pts = _clean(series)
+    if not pts:
+        return None
+    peak, dd = -math.inf, 0.0
+    for _, v in pts:
+        peak = max(peak, v)
+        dd = max(dd, peak - v)
+    return float(dd)
+
+
+def spike_steps(series: Series, k: float = 3.0, window: int = 20, min_history: int = 5) -> list[int]:
+    """Steps whose value exceeds ``k`` x the median of the previous ``window`` values."""
+    pts = _clean(series)
+    out = []
+    for j in range(len(pts)):
+        history = [v for _, v in pts[max(0, j - window): j]]
+        if len(history) >= min_history and pts[j][1] > k * float(np.median(history)):
+            out.append(pts[j][0])
+    return out
+
+
+def series_max(series: Series) -> float | None:
+    pts = _clean(series)
+    return max(v for _, v in pts) if pts else None
+
+
+def series_mean(series: Series) -> float | None:
+    pts = _clean(series)
+    return float(np.mean([v for _, v in pts])) if pts else None
+
+
+def series_var(series: Series) -> float | None:
+    """Sample variance (ddof=1) of the values; ``None`` with fewer than two values."""
+    pts = _clean(series)
+    return float(np.var([v for _, v in pts], ddof=1)) if len(pts) >= 2 else None
+
+
+@dataclass
+class RunDerived:
+    """Every derived number of one run (``None`` = does not exist, see the module docstring)."""
+
+    final_acc: float | None
+    best_acc: float | None
+    best_smoothed_acc: float | None
+    target_acc: float
+    ttc_step: int | None
+    ttc_seconds: float | None
+    entropy_collapse_step: int | None
+    entropy_slope: float | None
+    acc_drawdown: float | None
+    grad_spikes: int | None
+    kl_max: float | None
+    reward_var: float | None
+    zero_adv_frac: float | None
+    spike_at: list[int] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_target(all_acc: Sequence[Series], settings: DerivedSettings = DerivedSettings()) -> float:
+    """``target_frac`` x the best smoothed held-out accuracy reached by any of the runs."""
+    bests = [b for a in all_acc if (b := best_smoothed(a, settings.smooth_window)) is not None]
+    if not bests:
+        raise ValueError("no run has a held-out accuracy series (eval/accuracy): cannot set a convergence target")
+    return settings.target_frac * max(bests)
+
+
+def derive(series: Mapping[str, Series], target: float, settings: DerivedSettings = DerivedSettings()) -> RunDerived:
+    """All derived metrics of one run from its series (``{metric key: [(step, value)]}``)."""
+    acc = series.get(KEY_ACC, [])
+    acc_pts = _clean(acc)
+    ttc = time_to_convergence(acc, target, settings.smooth_window)
+    spikes = spike_steps(series.get(KEY_GRAD, []), settings.spike_k, settings.spike_window,
+                         settings.spike_min_history)
+    return RunDerived(
+        final_acc=acc_pts[-1][1] if acc_pts else None,
+        best_acc=max(v for _, v in acc_pts) if acc_pts else None,
+        best_smoothed_acc=best_smoothed(acc, settings.smooth_window),
+        target_acc=float(target),
+        ttc_step=ttc,
+        ttc_seconds=seconds_at_step(series.get(KEY_ELAPSED, []), ttc),
+        entropy_collapse_step=entropy_collapse_step(series.get(KEY_ENTROPY, []), settings.collapse_frac),
+        entropy_slope=slope(series.get(KEY_ENTROPY, [])),
+        acc_drawdown=max_drawdown(acc),
+        grad_spikes=len(spikes) if _clean(series.get(KEY_GRAD, [])) else None,
+        kl_max=series_max(series.get(KEY_KL, [])),
+        reward_var=series_var(series.get(KEY_REWARD, [])),
+        zero_adv_frac=series_mean(series.get(KEY_ZERO_ADV, [])),
+        spike_at=spikes,
+    )
+
+
+# derived numbers stored back into each run as metrics `derived/<name>` (NaN + a tag when the value does not exist)
+STORED = ("final_acc", "best_acc", "target_acc", "ttc_step", "ttc_seconds", "entropy_collapse_step", "entropy_slope",
+          "acc_drawdown", "grad_spikes", "kl_max", "reward_var", "zero_adv_frac")
+
+
+def store(client, run_id: str, d: RunDerived, comparison: str | None = None) -> None:
+    """Write the derived numbers into the run: metrics ``derived/<name>``; a missing value is logged as NaN and
+    explained by the tag ``pobench.derived.<name>`` ("not reached" / "not collapsed" / "no data")."""
+    import time
+
+    from mlflow.entities import Metric, RunTag
+
+    now = int(time.time() * 1000)
+    metrics, tags = [], []
+    for name in STORED:
+        v = getattr(d, name)
+        metrics.append(Metric(f"derived/{name}", float("nan") if v is None else float(v), now, 0))
+        if name in ("ttc_step", "ttc_seconds"):
+            why = "not reached" if v is None else "reached"
+        elif name == "entropy_collapse_step":
+            why = "not collapsed" if v is None else "collapsed"
+        else:
+            why = "no data" if v is None else "ok"
+        tags.append(RunTag(f"pobench.derived.{name}", why))
+    if comparison:
+        tags.append(RunTag("pobench.derived.comparison", comparison))
+    client.log_batch(run_id, metrics=metrics, tags=tags)

@@ -1,0 +1,208 @@
+"""Read one comparison (its training runs and their metric series) from MLflow, and nothing else.
+
+A comparison is the set of training runs (``pobench.kind=train``) that carry ``pobench.comparison=<id>`` or the
+membership tag ``pobench.in.<id>=1`` (set by ``bench run`` on runs it reuses from an earlier comparison of the same
+conditions). All its runs must share ``pobench.config_hash``; anything else is an error, never a mixed table.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+# series every report reads (others are ignored)
+SERIES_KEYS = (
+    "eval/accuracy", "eval/accuracy_sampled",
+    "rollout/reward_mean", "rollout/entropy_mean", "rollout/zero_adv_frac",
+    "train/grad_norm", "train/kl_ref",
+    "objective/clip_frac_low", "objective/clip_frac_high", "objective/masked_frac", "objective/detached_frac",
+    "objective/selected_frac",
+    "time/elapsed_s",
+)
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """Explicit URI, else ``MLFLOW_TRACKING_URI``, else the training loop's default local store."""
+    if uri:
+        return uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    try:  # the training loop owns the default; follow it
+        from bench.tracking import tracking_uri
+
+        return tracking_uri(None)
+    except ImportError:
+        return DEFAULT_TRACKING_URI
+
+
+def member_tag(comparison: str) -> str:
+    return f"pobench.in.{comparison}"
+
+
+@dataclass
+class RunData:
+    run_id: str
+    name: str
+    objective: str          # the label the report groups by (objective name, or name + override label)
+    algo: str               # registered objective name
+    seed: int
+    status: str
+    config_hash: str
+    start_time: int
+    tags: dict[str, str]
+    params: dict[str, str]
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+
+
+@dataclass
+class Comparison:
+    experiment: str
+    experiment_id: str
+    comparison_id: str
+    tracking_uri: str
+    runs: list[RunData]                  # FINISHED runs, one per (objective, seed)
+    not_finished: list[RunData]          # member runs that did not finish (reported as missing)
+
+    @property
+    def objectives(self) -> list[str]:
+        seen: list[str] = []
+        for r in self.runs:
+            if r.objective not in seen:
+                seen.append(r.objective)
+        return seen
+
+    @property
+    def config_hash(self) -> str:
+        return self.runs[0].config_hash
+
+
+def _client(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def get_experiment(client, experiment: str):
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise ValueError(f"no MLflow experiment named {experiment!r} at {client.tracking_uri}; "
+                         f"existing: {', '.join(names) or 'none'}")
+    return exp
+
+
+def _search(client, exp_id: str, flt: str) -> list:
+    out, token = [], None
+    while True:
+        page = client.search_runs([exp_id], filter_string=flt, max_results=1000, page_token=token)
+        out.extend(page)
+        token = page.token
+        if not token:
+            return out
+
+
+def list_comparisons(client, exp_id: str) -> dict[str, int]:
+    """Comparison ids of the experiment's training runs -> latest start time (ms) among their runs."""
+    found: dict[str, int] = {}
+    for r in _search(client, exp_id, "tags.`pobench.kind` = 'train'"):
+        ids = {r.data.tags.get("pobench.comparison")} | {
+            k[len("pobench.in."):] for k, v in r.data.tags.items() if k.startswith("pobench.in.") and v == "1"}
+        for cid in ids - {None, ""}:
+            found[cid] = max(found.get(cid, 0), r.info.start_time or 0)
+    return found
+
+
+def _to_rundata(r) -> RunData:
+    tags = dict(r.data.tags)
+    name = tags.get("mlflow.runName", r.info.run_name or r.info.run_id)
+    algo = tags.get("pobench.objective")
+    if not algo:
+        raise ValueError(f"run {name} ({r.info.run_id}) has no pobench.objective tag")
+    try:
+        seed = int(tags["pobench.seed"])
+    except (KeyError, ValueError):
+        raise ValueError(f"run {name} ({r.info.run_id}) has no integer pobench.seed tag") from None
+    if not tags.get("pobench.config_hash"):
+        raise ValueError(f"run {name} ({r.info.run_id}) has no pobench.config_hash tag: cannot check that the "
+                         f"comparison's conditions are identical")
+    return RunData(run_id=r.info.run_id, name=name, objective=tags.get("pobench.variant") or algo, algo=algo,
+                   seed=seed, status=r.info.status, config_hash=tags["pobench.config_hash"],
+                   start_time=r.info.start_time or 0, tags=tags, params=dict(r.data.params))
+
+
+def load_series(client, run_id: str, keys: Iterable[str] = SERIES_KEYS) -> dict[str, list[tuple[int, float]]]:
+    out = {}
+    for key in keys:
+        hist = client.get_metric_history(run_id, key)
+        if hist:
+            by_step: dict[int, tuple[int, float]] = {}
+            for m in hist:  # a step logged twice (a resumed run) keeps its latest value
+                if m.step not in by_step or m.timestamp >= by_step[m.step][0]:
+                    by_step[m.step] = (m.timestamp, m.value)
+            out[key] = sorted((s, v) for s, (_, v) in by_step.items())
+    return out
+
+
+def load_comparison(experiment: str, comparison: str | None = None, tracking_uri: str | None = None, *,
+                    objectives: Iterable[str] | None = None, seeds: Iterable[int] | None = None,
+                    client=None) -> Comparison:
+    """Load a comparison's finished runs with their series.
+
+    ``comparison=None`` picks the experiment's only comparison, or the most recent one (the others are named in the
+    message printed by the CLI). ``objectives``/``seeds`` restrict the runs (``bench run`` reports what it ran).
+    """
+    uri = resolve_tracking_uri(tracking_uri)
+    client = client or _client(uri)
+    exp = get_experiment(client, experiment)
+    comps = list_comparisons(client, exp.experiment_id)
+    if not comps:
+        raise ValueError(f"experiment {experiment!r} has no training runs of a comparison (runs tagged "
+                         f"pobench.kind=train and pobench.comparison); run `bench run` first")
+    if comparison is None:
+        comparison = max(comps, key=comps.get)
+    elif comparison not in comps:
+        raise ValueError(f"no comparison {comparison!r} in experiment {experiment!r}; existing: "
+                         f"{', '.join(sorted(comps))}")
+    runs = {r.info.run_id: r for r in _search(
+        client, exp.experiment_id, f"tags.`pobench.kind` = 'train' and tags.`pobench.comparison` = '{comparison}'")}
+    for r in _search(client, exp.experiment_id,
+                     f"tags.`pobench.kind` = 'train' and tags.`{member_tag(comparison)}` = '1'"):
+        runs[r.info.run_id] = r
+    members = [_to_rundata(r) for r in runs.values() if r.data.tags.get(member_tag(comparison)) != "0"]
+    if objectives is not None:
+        wanted = set(objectives)
+        members = [m for m in members if m.objective in wanted or m.algo in wanted]
+    if seeds is not None:
+        wanted_s = {int(s) for s in seeds}
+        members = [m for m in members if m.seed in wanted_s]
+
+    hashes: dict[str, list[str]] = {}
+    for m in members:
+        hashes.setdefault(m.config_hash, []).append(m.name)
+    if len(hashes) > 1:
+        detail = "; ".join(f"{h}: {', '.join(sorted(n))}" for h, n in sorted(hashes.items()))
+        raise ValueError(f"comparison {comparison!r} mixes runs with different configs (pobench.config_hash), so "
+                         f"its objectives were not compared under the same conditions: {detail}")
+
+    finished = [m for m in members if m.status == "FINISHED"]
+    not_finished = [m for m in members if m.status != "FINISHED"]
+    by_key: dict[tuple[str, int], RunData] = {}
+    for m in sorted(finished, key=lambda m: m.start_time):  # a redone pair (--force) keeps its latest run
+        by_key[(m.objective, m.seed)] = m
+    done = sorted(by_key.values(), key=lambda m: (m.objective, m.seed))
+    not_finished = [m for m in not_finished if (m.objective, m.seed) not in by_key]
+    if not done:
+        raise ValueError(f"comparison {comparison!r} in experiment {experiment!r} has no finished training run "
+                         f"({len(not_finished)} unfinished)")
+    for m in done:
+        m.series = load_series(client, m.run_id)
+    # objective order: as first started (the order `bench run` was given), then seeds ascending
+    first = {}
+    for m in sorted(done, key=lambda m: m.start_time):
+        first.setdefault(m.objective, len(first))
+    done.sort(key=lambda m: (first[m.objective], m.seed))
+    return Comparison(experiment=experiment, experiment_id=exp.experiment_id, comparison_id=comparison,
+                      tracking_uri=uri, runs=done, not_finished=not_finished)

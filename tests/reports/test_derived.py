@@ -1,0 +1,95 @@
+"""Derived metrics on hand-made series: convergence (reached / never reached), entropy collapse, stability."""
+
+import math
+
+import pytest
+
+from reports import derived as D
+
+
+def test_smooth_is_trailing_mean():
+    s = [(0, 0.0), (10, 0.3), (20, 0.6), (30, 0.9)]
+    assert D.smooth(s, 3) == [(0, 0.0), (10, 0.15), (20, pytest.approx(0.3)), (30, pytest.approx(0.6))]
+    assert D.smooth(s, 1) == s
+    with pytest.raises(ValueError, match="window"):
+        D.smooth(s, 0)
+
+
+def test_time_to_convergence_first_step_reaching_target():
+    acc = [(0, 0.1), (10, 0.5), (20, 0.7), (30, 0.8), (40, 0.8)]
+    # smoothed (w=2): 0.1, 0.3, 0.6, 0.75, 0.8
+    assert D.time_to_convergence(acc, 0.75, window=2) == 30
+    assert D.time_to_convergence(acc, 0.6, window=2) == 20
+    assert D.time_to_convergence(acc, 0.1, window=2) == 0
+
+
+def test_time_to_convergence_never_reached_is_none_not_imputed():
+    acc = [(0, 0.1), (10, 0.2), (20, 0.3)]
+    assert D.time_to_convergence(acc, 0.5) is None
+    d = D.derive({D.KEY_ACC: acc, D.KEY_ELAPSED: [(10, 5.0), (20, 9.0)]}, target=0.5)
+    assert d.ttc_step is None and d.ttc_seconds is None
+
+
+def test_seconds_at_convergence_uses_elapsed_at_that_step():
+    elapsed = [(1, 1.5), (2, 3.0), (10, 15.0), (20, 31.0)]
+    assert D.seconds_at_step(elapsed, 10) == 15.0
+    assert D.seconds_at_step(elapsed, 0) == 0.0
+    assert D.seconds_at_step(elapsed, 15) == 15.0      # last logged before the step
+    assert D.seconds_at_step(elapsed, None) is None
+
+
+def test_default_target_is_fraction_of_best_smoothed_over_runs():
+    a = [(0, 0.0), (10, 0.4), (20, 0.4)]
+    b = [(0, 0.0), (10, 0.6), (20, 1.0)]  # smoothed w=3: 0, 0.3, 0.5333
+    t = D.default_target([a, b], D.DerivedSettings(smooth_window=3, target_frac=0.9))
+    assert t == pytest.approx(0.9 * (1.6 / 3))
+    with pytest.raises(ValueError, match="eval/accuracy"):
+        D.default_target([[], []])
+
+
+def test_entropy_collapse_at_step_k():
+    ent = [(s, 2.0 * (0.9 ** s)) for s in range(30)]  # halves after log(0.5)/log(0.9) = 6.58 steps
+    assert D.entropy_collapse_step(ent, 0.5) == 7
+    assert D.entropy_collapse_step([(s, 2.0 - 0.01 * s) for s in range(30)], 0.5) is None
+    assert D.entropy_collapse_step([], 0.5) is None
+
+
+def test_entropy_slope_and_drawdown():
+    assert D.slope([(s, 3.0 - 0.25 * s) for s in range(10)]) == pytest.approx(-0.25)
+    assert D.slope([(0, 1.0)]) is None
+    acc = [(0, 0.2), (10, 0.6), (20, 0.3), (30, 0.5), (40, 0.45), (50, 0.7), (60, 0.65)]
+    assert D.max_drawdown(acc) == pytest.approx(0.3)   # 0.6 -> 0.3
+    assert D.max_drawdown([(0, 0.1), (1, 0.2)]) == 0.0
+
+
+def test_grad_spikes_against_running_median():
+    g = [(s, 1.0) for s in range(10)] + [(10, 3.5), (11, 1.0), (12, 2.9), (13, 10.0)]
+    assert D.spike_steps(g, k=3.0, window=20, min_history=5) == [10, 13]
+    # no spike counted before min_history earlier steps exist
+    assert D.spike_steps([(0, 1.0), (1, 100.0)], k=3.0, min_history=5) == []
+
+
+def test_nan_values_are_missing_measurements():
+    assert D.series_max([(0, 0.1), (1, float("nan")), (2, 0.3)]) == 0.3
+    assert D.series_var([(0, 1.0), (1, 3.0)]) == pytest.approx(2.0)
+    assert D.series_var([(0, 1.0)]) is None
+
+
+def test_derive_all_fields():
+    series = {
+        D.KEY_ACC: [(0, 0.1), (5, 0.5), (10, 0.6)],
+        D.KEY_ELAPSED: [(s, 2.0 * s) for s in range(1, 11)],
+        D.KEY_ENTROPY: [(s, 1.0 - 0.08 * s) for s in range(1, 11)],
+        D.KEY_GRAD: [(s, 1.0) for s in range(1, 11)],
+        D.KEY_KL: [(s, 0.01 * s) for s in range(1, 11)],
+        D.KEY_REWARD: [(s, 0.1 * s) for s in range(1, 11)],
+        D.KEY_ZERO_ADV: [(s, 0.5) for s in range(1, 11)],
+    }
+    d = D.derive(series, target=0.4, settings=D.DerivedSettings(smooth_window=2))
+    assert (d.final_acc, d.best_acc) == (0.6, 0.6)
+    assert d.ttc_step == 10 and d.ttc_seconds == 20.0   # smoothed: 0.1, 0.3, 0.55
+    assert d.entropy_collapse_step == 7                  # 1 - 0.56 = 0.44 < 0.5 * 0.92
+    assert d.entropy_slope == pytest.approx(-0.08)
+    assert d.grad_spikes == 0 and d.kl_max == pytest.approx(0.1)
+    assert d.reward_var == pytest.approx(math.fsum((0.1 * s - 0.55) ** 2 for s in range(1, 11)) / 9)
+    assert d.zero_adv_frac == 0.5

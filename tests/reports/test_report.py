@@ -1,0 +1,163 @@
+"""`build_report` on hand-made comparisons in real MLflow stores: files, numbers, bad input, server == local."""
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+from scipy import stats
+
+from reports.report import build_report
+
+FIGURES = ["accuracy_vs_step", "accuracy_vs_time", "entropy_vs_step", "reward_vs_step", "clip_masked_fractions",
+           "time_to_convergence"]
+TABLES = ["accuracy", "convergence", "stability", "paired_test", "runs"]
+
+
+def _csv(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def _num(s: str) -> float | None:
+    return None if s == "" else float(s)
+
+
+def _history(client, run_id, key):
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def test_report_files_and_numbers_equal_recomputed_from_mlflow(handmade, local_uri, tmp_path):
+    handmade.log_comparison(local_uri, artifacts=tmp_path / "art")
+    rep = build_report("cmp-test", tracking_uri=local_uri, out_root=tmp_path / "out")
+    out = tmp_path / "out" / "cmp-test"
+    assert rep.out_dir == out
+    for f in FIGURES:
+        assert (out / f"{f}.png").stat().st_size > 10_000 and (out / f"{f}.pdf").stat().st_size > 1_000
+    for t in TABLES:
+        for ext in ("md", "csv", "tex"):
+            assert (out / f"{t}.{ext}").exists()
+    assert "\\toprule" in (out / "accuracy.tex").read_text()
+    md = (out / "report.md").read_text()
+    for f in FIGURES:
+        assert f"({f}.png)" in md
+
+    # recompute from the raw MLflow series, independently of reports.derived
+    client = MlflowClient(tracking_uri=local_uri)
+    runs = client.search_runs([client.get_experiment_by_name("cmp-test").experiment_id],
+                              "tags.`pobench.kind` = 'train'")
+    final: dict[str, dict[int, float]] = {}
+    best: dict[str, list[float]] = {}
+    for r in runs:
+        acc = _history(client, r.info.run_id, "eval/accuracy")
+        o, s = r.data.tags["pobench.objective"], int(r.data.tags["pobench.seed"])
+        final.setdefault(o, {})[s] = acc[-1][1]
+        best.setdefault(o, []).append(max(v for _, v in acc))
+    rows = {r["objective"]: r for r in _csv(out / "accuracy.csv")}
+    assert set(rows) == {"grpo", "tepo"}
+    for o in rows:
+        v = list(final[o].values())
+        assert _num(rows[o]["final_mean"]) == pytest.approx(np.mean(v))
+        half = stats.t.ppf(0.975, 1) * np.std(v, ddof=1) / math.sqrt(2)
+        assert _num(rows[o]["final_ci95"]) == pytest.approx(half)
+        assert _num(rows[o]["best_mean"]) == pytest.approx(np.mean(best[o]))
+    pt = _csv(out / "paired_test.csv")
+    assert [p["objective"] for p in pt] == ["tepo"]
+    want = stats.ttest_rel([final["tepo"][s] for s in (0, 1)], [final["grpo"][s] for s in (0, 1)])
+    assert _num(pt[0]["p_value"]) == pytest.approx(want.pvalue) and int(pt[0]["n"]) == 2
+
+    # time to convergence: default target = 0.95 x best trailing-3 mean of any run
+    def sm(acc):
+        return [np.mean([v for _, v in acc[max(0, j - 2): j + 1]]) for j in range(len(acc))]
+    accs = {(r.data.tags["pobench.objective"], int(r.data.tags["pobench.seed"])):
+            _history(client, r.info.run_id, "eval/accuracy") for r in runs}
+    target = 0.95 * max(max(sm(a)) for a in accs.values())
+    assert rep.target_acc == pytest.approx(target)
+    per_run = {(r["objective"], int(r["seed"])): r for r in _csv(out / "runs.csv")}
+    for key, acc in accs.items():
+        first = next((s for (s, _), v in zip(acc, sm(acc)) if v >= target - 1e-12), None)
+        got = per_run[key]["ttc_step"]
+        assert (None if got == "" else int(float(got))) == first
+    # stored back into each run
+    for r in runs:
+        m = client.get_run(r.info.run_id).data.metrics
+        assert m["derived/target_acc"] == pytest.approx(target)
+        assert m["derived/grad_spikes"] == 1.0   # the hand-made spike at step 13
+    # report logged as artifacts of the comparison run
+    arts = [a.path for a in client.list_artifacts(rep.artifact_run_id, "report")]
+    assert "report/report.md" in arts and "report/accuracy_vs_step.png" in arts
+
+
+def test_never_reached_target_is_stated_not_imputed(handmade, local_uri, tmp_path):
+    handmade.log_comparison(local_uri, artifacts=tmp_path / "art")
+    build_report("cmp-test", tracking_uri=local_uri, out_root=tmp_path / "out", target_acc=0.99,
+                 log_artifacts=False, figures_too=False)
+    out = tmp_path / "out" / "cmp-test"
+    conv = {r["objective"]: r for r in _csv(out / "convergence.csv")}
+    assert conv["grpo"]["reached"] == "0" and conv["grpo"]["steps_mean"] == "" and conv["grpo"]["steps_ratio"] == ""
+    assert "not reached by 2/2 seeds" in (out / "convergence.md").read_text()
+    client = MlflowClient(tracking_uri=local_uri)
+    rid = _csv(out / "runs.csv")[0]["run_id"]
+    run = client.get_run(rid)
+    assert run.data.tags["pobench.derived.ttc_step"] == "not reached"
+    assert math.isnan(run.data.metrics["derived/ttc_step"])
+
+
+def test_bad_input_clear_error_and_no_output(handmade, local_uri, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="no MLflow experiment named 'nope'"):
+        build_report("nope", tracking_uri=local_uri, out_root=out)
+    MlflowClient(tracking_uri=local_uri).create_experiment("empty", artifact_location=str(tmp_path / "a"))
+    with pytest.raises(ValueError, match="no training runs"):
+        build_report("empty", tracking_uri=local_uri, out_root=out)
+    # one comparison whose runs were trained under different configs
+    handmade.log_comparison(local_uri, experiment="mixed", artifacts=tmp_path / "art")
+    client = MlflowClient(tracking_uri=local_uri)
+    handmade.log_run(client, client.get_experiment_by_name("mixed").experiment_id, "grpo", 2, "c1",
+                     config_hash="cfgOTHER")
+    with pytest.raises(ValueError, match="different configs.*cfgOTHER: grpo-s2"):
+        build_report("mixed", tracking_uri=local_uri, out_root=out)
+    with pytest.raises(ValueError, match="baseline 'dapo' has no finished run"):
+        build_report("mixed", tracking_uri=local_uri, out_root=out, baseline="dapo",
+                     seeds=[0, 1])
+    with pytest.raises(ValueError, match="no comparison 'zzz'"):
+        build_report("mixed", comparison="zzz", tracking_uri=local_uri, out_root=out)
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_unfinished_run_is_left_out_and_named(handmade, local_uri, tmp_path):
+    handmade.log_comparison(local_uri, artifacts=tmp_path / "art")
+    client = MlflowClient(tracking_uri=local_uri)
+    handmade.log_run(client, client.get_experiment_by_name("cmp-test").experiment_id, "grpo", 2, "c1", status="KILLED")
+    rep = build_report("cmp-test", tracking_uri=local_uri, out_root=tmp_path / "out", log_artifacts=False,
+                       figures_too=False)
+    assert len(rep.comparison.runs) == 4
+    assert any("grpo-s2" in n and "KILLED" in n for n in rep.notes)
+    assert "grpo-s2" in (rep.out_dir / "report.md").read_text()
+
+
+def _comparable(out: Path) -> dict[str, str]:
+    """Every table with the store-specific run ids removed."""
+    res = {}
+    for t in TABLES:
+        for ext in ("md", "tex", "csv"):
+            text = (out / f"{t}.{ext}").read_text()
+            if t == "runs" and ext == "csv":
+                text = "\n".join(line.split(",", 1)[1] for line in text.splitlines())
+            res[f"{t}.{ext}"] = text
+    res["figures"] = sorted(p.name for p in out.iterdir() if p.suffix in (".png", ".pdf"))
+    return res
+
+
+@pytest.mark.slow
+def test_report_from_mlflow_server_equals_local_store(handmade, mlflow_server, local_uri, tmp_path):
+    handmade.log_comparison(local_uri, experiment="same", artifacts=tmp_path / "art")
+    handmade.log_comparison(mlflow_server, experiment="same")
+    a = build_report("same", tracking_uri=local_uri, out_root=tmp_path / "local")
+    b = build_report("same", tracking_uri=mlflow_server, out_root=tmp_path / "server")
+    assert _comparable(a.out_dir) == _comparable(b.out_dir)
+    assert a.target_acc == b.target_acc
+    client = MlflowClient(tracking_uri=mlflow_server)
+    assert "report/report.md" in [x.path for x in client.list_artifacts(b.artifact_run_id, "report")]

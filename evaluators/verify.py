@@ -236,10 +236,15 @@ def answers_match(pred: str, reference: str, kind: str, timeout: float = 5.0) ->
     return _math_verify_equal(reference, pred, float(timeout)) is True
 
 
+def judge(completion: str, reference: str, kind: str, timeout: float = 5.0) -> tuple[str | None, bool]:
+    """(extracted answer, correct?) of one completion: `is_correct` with the answer it extracted."""
+    pred = extract_answer(completion, kind)
+    return pred, pred is not None and answers_match(pred, reference, kind, timeout)
+
+
 def is_correct(completion: str, reference: str, kind: str, timeout: float = 5.0) -> bool:
     """The verifier: does the completion's final answer equal the reference answer? (timeout -> False)"""
-    pred = extract_answer(completion, kind)
-    return pred is not None and answers_match(pred, reference, kind, timeout)
+    return judge(completion, reference, kind, timeout)[1]
 
 
 @functools.lru_cache(maxsize=65536)

@@ -1,0 +1,167 @@
+"""`bench eval`: evaluate a model on benchmarks with the shared rollout engine; table, JSON/CSV files, MLflow run.
+
+    bench eval --model PATH_OR_ID --benchmarks gsm8k,math500,aime24 --k 8 [--limit N] [--data ../shared/data]
+    bench eval ... --harness lm-eval     # also run lm-evaluation-harness on the same rows and prompts (greedy)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MAX_NEW_TOKENS = 512
+
+
+def register(sub) -> None:
+    from evaluators import list_benchmarks
+
+    p = sub.add_parser("eval", help="evaluate a model on math benchmarks (greedy, pass@k, maj@k, with 95% CIs)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="builtin:tiny-arith, a local model folder or a hub id")
+    p.add_argument("--benchmarks", required=True,
+                   help=f"comma-separated benchmark names; valid: {', '.join(list_benchmarks())}")
+    p.add_argument("--data", action="append", default=[], metavar="[NAME=]PATH",
+                   help="local data: NAME=PATH for one benchmark (repeatable), a PATH (file / folder / hub id) when "
+                        "evaluating one benchmark, or a folder holding one sub-folder per benchmark "
+                        "(e.g. ../shared/data). Default: each benchmark's hub id")
+    p.add_argument("--split", default="test", help="split to evaluate (default: test)")
+    p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
+    p.add_argument("--k", type=int, default=1, help="k of pass@k and maj@k (default 1)")
+    p.add_argument("--samples", type=int, default=None, help="sampled completions per problem (default: k)")
+    p.add_argument("--temperature", type=float, default=1.0,
+                   help="sampling temperature of the k samples; 0 = greedy only (no sampled metrics)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--no-greedy", action="store_true", help="skip the greedy pass")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"completion length limit (default {DEFAULT_MAX_NEW_TOKENS}, capped by the model's context)")
+    p.add_argument("--prompt-template", default="auto", help="auto | chat | plain | a format string with {question}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--backend", default="hf", help="rollout engine: hf | vllm")
+    p.add_argument("--batch-size", type=int, default=None, help="completions per forward pass (hf engine)")
+    p.add_argument("--skip-bad-rows", action="store_true", help="skip (and count) malformed rows instead of failing")
+    p.add_argument("--out", default=None, help="output folder (default .pobench/eval/<time>)")
+    p.add_argument("--harness", choices=["lm-eval"], default=None,
+                   help="also run lm-evaluation-harness on the same rows with our prompts and extraction (greedy)")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--experiment", default="pobench")
+    p.add_argument("--run-name", default=None)
+    p.set_defaults(func=run)
+
+
+def resolve_data(names: list[str], specs: list[str]) -> dict[str, str | None]:
+    """Map each benchmark to its --data source (None: the benchmark's hub id)."""
+    named: dict[str, str] = {}
+    plain: list[str] = []
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if sep and name in names:
+            named[name] = path
+        elif sep and not Path(spec).exists():
+            raise ValueError(f"--data {spec}: {name!r} is not one of the benchmarks being evaluated "
+                             f"({', '.join(names)})")
+        else:
+            plain.append(spec)
+    if len(plain) > 1:
+        raise ValueError(f"--data: give at most one PATH without NAME= (got {', '.join(plain)})")
+    out: dict[str, str | None] = {}
+    for name in names:
+        if name in named:
+            out[name] = named[name]
+        elif plain and Path(plain[0], name).is_dir():
+            out[name] = str(Path(plain[0], name))
+        elif plain and len(names) == 1:
+            out[name] = plain[0]
+        elif plain and name != "arith":
+            raise ValueError(f"--data {plain[0]}: no {name}/ sub-folder; with several benchmarks use NAME=PATH")
+        else:
+            out[name] = None
+    return out
+
+
+def _max_new_tokens(requested: int | None, model, prompt_lengths: list[int]) -> int:
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if requested is not None:
+        return requested
+    if limit is None:
+        return DEFAULT_MAX_NEW_TOKENS
+    room = limit - max(prompt_lengths)
+    if room < 1:
+        raise ValueError(f"the longest prompt ({max(prompt_lengths)} tokens) fills the model's context ({limit}); "
+                         "use --limit on shorter problems or a model with a longer context")
+    chosen = min(DEFAULT_MAX_NEW_TOKENS, room)
+    if chosen < DEFAULT_MAX_NEW_TOKENS:
+        print(f"bench eval: --max-new-tokens {chosen} (the model's context is {limit} tokens)", file=sys.stderr)
+    return chosen
+
+
+def run(args) -> int:
+    from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
+    from bench.model import format_prompt, load_policy
+    from bench.rollout import make_engine
+    from evaluators import get_benchmark
+
+    names = [n.strip() for n in args.benchmarks.split(",") if n.strip()]
+    if not names:
+        raise ValueError("--benchmarks: give at least one benchmark name")
+    benchmarks = [get_benchmark(n) for n in names]  # unknown names fail here, before any model is loaded
+    if args.k < 1 or (args.samples is not None and args.samples < args.k):
+        raise ValueError(f"--k {args.k} / --samples {args.samples}: need k >= 1 and samples >= k")
+    data = resolve_data(names, args.data)
+    loaded: list[tuple[Any, list, str]] = []
+    for b in benchmarks:
+        kwargs = {"skip_bad_rows": True} if args.skip_bad_rows and b.name != "arith" else {}
+        problems = b.load(args.split, data=data[b.name], limit=args.limit, **kwargs)
+        loaded.append((b, problems, str(data[b.name] or getattr(b, "hub_id", None) or "generated")))
+
+    model, tokenizer = load_policy(args.model, args.device, args.dtype)
+    options = {"max_batch_size": args.batch_size} if args.batch_size and args.backend == "hf" else {}
+    engine = make_engine(args.backend, model, tokenizer, **options)
+    all_prompts = [format_prompt(tokenizer, p.question, args.prompt_template) for _, ps, _ in loaded for p in ps]
+    max_new = _max_new_tokens(args.max_new_tokens, model, [len(tokenizer(x)["input_ids"]) for x in all_prompts])
+    n_samples = args.samples or args.k
+
+    results = []
+    for b, problems, source in loaded:
+        r = evaluate(engine, tokenizer, b, problems, k=args.k, temperature=args.temperature, seed=args.seed,
+                     n_samples=n_samples if args.temperature > 0 else 0, greedy=not args.no_greedy,
+                     max_new_tokens=max_new, top_p=args.top_p, prompt_template=args.prompt_template)
+        r.source = source
+        results.append(r)
+        print(f"bench eval: {b.name}: {len(problems)} problems in {r.seconds:.1f}s", file=sys.stderr)
+
+    extra: dict[str, dict[str, float]] = {}
+    meta: dict[str, Any] = {"model": args.model, "split": args.split, "limit": args.limit, "k": args.k,
+                            "n_samples": n_samples, "temperature": args.temperature, "top_p": args.top_p,
+                            "max_new_tokens": max_new, "prompt_template": args.prompt_template, "seed": args.seed,
+                            "backend": args.backend}
+    out_dir = Path(args.out or Path(".pobench") / "eval" / time.strftime("%Y%m%d-%H%M%S"))
+    if args.harness == "lm-eval":
+        from evaluators.lm_eval_bridge import compare_with_ours, run_lm_eval
+
+        harness = run_lm_eval(args.model, [(b, ps) for b, ps, _ in loaded], out_dir / "lm_eval",
+                              max_new_tokens=max_new, prompt_template=args.prompt_template, device=args.device,
+                              dtype=args.dtype)
+        for r in results:
+            if r.benchmark in harness.scores:
+                comparison = compare_with_ours(harness, r)
+                extra[r.benchmark] = {"lm_eval_acc": harness.scores[r.benchmark]}
+                r.extra["lm_eval"] = comparison
+                if comparison["disagreements"]:
+                    print(f"bench eval: lm-eval and ours disagree on {len(comparison['disagreements'])} "
+                          f"{r.benchmark} problem(s); see results.json", file=sys.stderr)
+        meta["lm_eval_version"] = harness.version
+    print(format_table(results, extra))
+    paths = write_outputs(results, out_dir, meta)
+    print(f"bench eval: wrote {', '.join(str(p) for p in paths)}")
+    if not args.no_mlflow:
+        run_id = log_to_mlflow(results, params={**meta, "benchmarks": ",".join(names)}, artifacts=paths,
+                               run_name=args.run_name or f"eval-{Path(args.model).name}",
+                               experiment=args.experiment, tracking_uri=args.tracking_uri)
+        print(f"bench eval: MLflow run {run_id}")
+    return 0

@@ -1,0 +1,220 @@
+"""Benchmark evaluation with the shared rollout engine: greedy accuracy, pass@1, pass@k, maj@k (with 95% CIs).
+
+`evaluate` is the one evaluation routine, used by ``bench eval`` and by the training loop's held-out evaluation. It
+samples with the same engine as training rollouts and scores with the benchmark's verifier (its training reward).
+`log_to_mlflow` records results in their own MLflow run, or in a run nested under the active (training) run.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import csv
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evaluators.metrics import Metric, summarize
+from evaluators.tasks import Problem
+from evaluators.verify import answer_key, judge
+
+
+@dataclass
+class EvalResult:
+    """Results of one benchmark: metrics with their intervals and one row per problem."""
+
+    benchmark: str
+    version: str
+    answer_kind: str
+    k: int
+    n_samples: int
+    temperature: float
+    seed: int
+    metrics: dict[str, Metric]
+    rows: list[dict[str, Any]]
+    """Per problem: id, reference, prompt, greedy completion / answer / correct, sampled answers / correct flags."""
+    seconds: float
+    source: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def flat_metrics(self, prefix: str = "eval/") -> dict[str, float]:
+        """``{prefix}{benchmark}/{metric}`` (+ ``_ci_low`` / ``_ci_high``) as floats, for MLflow / on_eval callbacks.
+
+        Metric names: ``greedy_acc``, ``pass_at_1``, ``pass_at_<k>``, ``maj_at_<k>`` (MLflow keys cannot hold '@').
+        """
+        out: dict[str, float] = {}
+        for name, m in self.metrics.items():
+            key = f"{prefix}{self.benchmark}/{name.replace('@', '_at_')}"
+            out[key] = m.value
+            out[f"{key}_ci_low"] = m.ci_low
+            out[f"{key}_ci_high"] = m.ci_high
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"benchmark": self.benchmark, "version": self.version, "answer_kind": self.answer_kind, "k": self.k,
+                "n_samples": self.n_samples, "temperature": self.temperature, "seed": self.seed,
+                "source": self.source, "seconds": self.seconds,
+                "metrics": {name: m.as_dict() for name, m in self.metrics.items()}, **self.extra,
+                "rows": self.rows}
+
+
+def _judge_all(completions: list[str], references: list[str], kind: str, timeout: float,
+               workers: int) -> list[tuple[str | None, bool]]:
+    """The verifier over many completions; threads overlap the math-verify child processes of LaTeX answers."""
+    if workers <= 1 or kind != "latex":
+        return [judge(c, r, kind, timeout) for c, r in zip(completions, references)]
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(lambda cr: judge(cr[0], cr[1], kind, timeout), zip(completions, references)))
+
+
+def evaluate(engine, tokenizer, benchmark, problems: list[Problem], k: int = 1, temperature: float = 1.0,
+             seed: int = 0, *, n_samples: int | None = None, greedy: bool = True, max_new_tokens: int = 512,
+             top_p: float = 1.0, prompt_template: str = "auto", verify_timeout: float = 5.0,
+             verify_threads: int = 4, confidence: float = 0.95) -> EvalResult:
+    """Evaluate `engine` on `problems` of `benchmark` (anything with ``name``, ``version``, ``answer_kind``).
+
+    Greedy decoding gives ``greedy_acc``; ``n_samples`` (default k) completions per problem at `temperature` give
+    ``pass@1`` (mean over samples), unbiased ``pass@k`` and ``maj@k``; ``k=0`` or ``n_samples=0`` skips sampling.
+    Every metric carries a bootstrap interval over problems. Completions are scored by the benchmark's verifier.
+    """
+    from bench.model import format_prompt
+    from bench.rollout import SamplingParams
+
+    n = k if n_samples is None else n_samples
+    if not problems:
+        raise ValueError(f"evaluate: no problems to evaluate for {benchmark.name}")
+    if k < 0 or n < 0 or (n and k > n):
+        raise ValueError(f"evaluate: need 0 <= k <= n_samples, got k={k}, n_samples={n}")
+    if n and temperature <= 0:
+        raise ValueError("evaluate: sampled metrics need temperature > 0 (greedy accuracy is computed separately)")
+    if not greedy and not n:
+        raise ValueError("evaluate: nothing to do (greedy=False and no samples)")
+    kind = benchmark.answer_kind
+    t0 = time.perf_counter()
+    prompts = [format_prompt(tokenizer, p.question, prompt_template) for p in problems]
+    references = [p.answer for p in problems]
+    rows: list[dict[str, Any]] = [{"id": p.id, "reference": p.answer, "prompt": prompt}
+                                  for p, prompt in zip(problems, prompts)]
+    greedy_correct = None
+    if greedy:
+        out = engine.generate(prompts, 1, SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0), seed)
+        judged = _judge_all(out.texts, references, kind, verify_timeout, verify_threads)
+        greedy_correct = [ok for _, ok in judged]
+        for row, text, (pred, ok), reason in zip(rows, out.texts, judged, out.finish_reasons):
+            row.update(greedy_completion=text, greedy_answer=pred, greedy_correct=ok, greedy_finish=reason)
+    samples = keys = None
+    if n:
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+        out = engine.generate(prompts, n, params, seed)
+        judged = _judge_all(out.texts, [r for r in references for _ in range(n)], kind, verify_timeout,
+                            verify_threads)
+        samples = [[ok for _, ok in judged[i * n:(i + 1) * n]] for i in range(len(problems))]
+        keys = [[answer_key(pred, kind) for pred, _ in judged[i * n:(i + 1) * n]] for i in range(len(problems))]
+        for i, row in enumerate(rows):
+            row.update(sample_answers=[pred for pred, _ in judged[i * n:(i + 1) * n]], sample_correct=samples[i],
+                       n_correct=sum(samples[i]), sample_completions=out.texts[i * n:(i + 1) * n])
+    metrics = summarize(greedy_correct, samples, keys, k, confidence=confidence, seed=seed)
+    return EvalResult(benchmark=benchmark.name, version=str(benchmark.version), answer_kind=kind, k=k, n_samples=n,
+                      temperature=temperature, seed=seed, metrics=metrics, rows=rows,
+                      seconds=time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+
+CSV_FIELDS = ("id", "reference", "greedy_answer", "greedy_correct", "greedy_finish", "n_correct", "sample_answers",
+              "greedy_completion")
+
+
+def write_outputs(results: list[EvalResult], out_dir: str | Path, meta: dict[str, Any]) -> list[Path]:
+    """``results.json`` (metrics + every per-problem row) and one ``<benchmark>.csv`` per benchmark."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "results.json"]
+    paths[0].write_text(json.dumps({**meta, "benchmarks": [r.to_dict() for r in results]}, indent=2, default=str))
+    for r in results:
+        path = out / f"{r.benchmark}.csv"
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+            writer.writeheader()
+            for row in r.rows:
+                writer.writerow({**row, "sample_answers": json.dumps(row.get("sample_answers"))})
+        paths.append(path)
+    return paths
+
+
+def format_table(results: list[EvalResult], extra_columns: dict[str, dict[str, float]] | None = None) -> str:
+    """A plain-text table: one line per benchmark, each metric as ``value [low, high]`` in percent."""
+    names: list[str] = []
+    for r in results:
+        names += [m for m in r.metrics if m not in names]
+    extra = extra_columns or {}
+    extra_names = sorted({c for cols in extra.values() for c in cols})
+    header = ["benchmark", "version", "problems", *names, *extra_names]
+    lines = [header]
+    for r in results:
+        n_problems = len(r.rows)
+        cells = [r.benchmark, r.version, str(n_problems)]
+        for m in names:
+            metric = r.metrics.get(m)
+            cells.append(f"{100 * metric.value:.1f} [{100 * metric.ci_low:.1f}, {100 * metric.ci_high:.1f}]"
+                         if metric else "-")
+        cells += [f"{100 * extra[r.benchmark][c]:.1f}" if c in extra.get(r.benchmark, {}) else "-"
+                  for c in extra_names]
+        lines.append(cells)
+    widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in lines)
+
+
+# ---------------------------------------------------------------------------------------------- MLflow
+
+def log_to_mlflow(results: list[EvalResult], *, params: dict[str, Any], artifacts: list[Path] = (),
+                  run_name: str | None = None, experiment: str = "pobench", tracking_uri: str | None = None,
+                  tags: dict[str, str] | None = None, step: int | None = None) -> str:
+    """Log metrics, params and output files to MLflow; returns the run id.
+
+    When a run is active in this process (a training run calling the evaluation) the results go to a new run nested
+    under it; otherwise to a new top-level run in `experiment`. Tags: ``pobench.kind=eval`` plus `tags`.
+    """
+    import mlflow
+
+    if tracking_uri:
+        mlflow.set_tracking_uri(tracking_uri)
+    parent = mlflow.active_run()
+    if parent is None:
+        mlflow.set_experiment(experiment)
+    all_tags = {"pobench.kind": "eval", "pobench.version": _version(), **(tags or {})}
+    commit = _git_commit()
+    if commit:
+        all_tags.setdefault("pobench.git_commit", commit)
+    with mlflow.start_run(run_name=run_name, nested=parent is not None, tags=all_tags) as run:
+        mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
+        metrics: dict[str, float] = {}
+        for r in results:
+            metrics.update(r.flat_metrics("eval/"))
+            metrics[f"eval/{r.benchmark}/problems"] = float(len(r.rows))
+            metrics[f"time/eval_{r.benchmark}_seconds"] = r.seconds
+        mlflow.log_metrics(metrics, step=step or 0)
+        for path in artifacts:
+            mlflow.log_artifact(str(path))
+        return run.info.run_id
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("pobench")
+    except Exception:  # not installed (running from a checkout)
+        return "0.1.0"
+
+
+def _git_commit() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None

@@ -131,9 +131,10 @@ class Objective:
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError
 
-    def loss_weight(self, batch: PolicyBatch) -> torch.Tensor:
-        """Weight of this micro-batch's loss when gradients are accumulated over several (see aggregation)."""
-        return aggregation_weight(batch.mask, self.config.aggregation)
+    def loss_weight(self, mask: torch.Tensor) -> torch.Tensor:
+        """Weight of a micro-batch's loss (given its (B, T) completion mask) when gradients are accumulated over
+        several: full loss = Σ_k w_k·loss_k / Σ_k w_k (see ``aggregation.aggregation_weight``)."""
+        return aggregation_weight(mask, self.config.aggregation)
 
     # --- rollout-side hooks
     def advantages(self, rewards: torch.Tensor) -> torch.Tensor:

@@ -87,7 +87,7 @@ def test_batch_split_invariance(name):
     for sl in (slice(0, 3), slice(3, 8)):
         part = {k: (v[sl] if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
         b = PolicyBatch(**part)
-        halves.append((obj.loss(b)[0], obj.loss_weight(b)))
+        halves.append((obj.loss(b)[0], obj.loss_weight(b.mask)))
     total_w = sum(w for _, w in halves)
     combined = sum(l * w for l, w in halves) / total_w
     torch.testing.assert_close(combined, loss)

@@ -1,0 +1,104 @@
+"""MLflow bookkeeping of a training run: the run itself, its tags and params, and a metric buffer that is flushed
+only once a checkpoint covers it, so a killed and resumed run has no missing and no duplicated metric step.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.entities import Metric, RunStatus
+from mlflow.tracking import MlflowClient
+
+import bench
+
+MAX_BATCH = 1000  # MLflow's log_batch limit on metrics per call
+
+
+def tracking_uri(uri: str | None) -> str:
+    """Explicit URI, else MLFLOW_TRACKING_URI, else MLflow's default local store in the working folder."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
+
+
+def git_commit() -> str:
+    """The commit of the checkout the package runs from, or 'unknown'."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(bench.__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested config -> {'a.b': 'value'} strings for MLflow params (values truncated to MLflow's limit)."""
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = str(v)[:6000]
+    return out
+
+
+class RunLogger:
+    """One MLflow run: create or reopen it, buffer metrics, flush them when a checkpoint covers their steps."""
+
+    def __init__(self, uri: str | None, experiment: str) -> None:
+        self.uri = tracking_uri(uri)
+        self.client = MlflowClient(self.uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is not None and exp.lifecycle_stage == "deleted":
+            self.client.restore_experiment(exp.experiment_id)
+        self.experiment_id = exp.experiment_id if exp is not None else self.client.create_experiment(experiment)
+        self.run_id: str | None = None
+        self.pending: list[tuple[str, float, int, int]] = []  # (key, value, timestamp ms, step)
+
+    def start(self, run_name: str, tags: dict[str, str], params: dict[str, str]) -> str:
+        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        self.run_id = run.info.run_id
+        items = list(params.items())
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=[mlflow.entities.Param(k, v) for k, v in items[i:i + 100]])
+        return self.run_id
+
+    def reopen(self, run_id: str, pending: list[tuple[str, float, int, int]]) -> None:
+        """Continue an existing run; re-log buffered metrics of the checkpoint that never reached the store."""
+        self.run_id = run_id
+        self.client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+        keys = {k for k, _, _, _ in pending}
+        have = {(k, m.step) for k in keys for m in self.client.get_metric_history(run_id, k)}
+        self.pending = [p for p in pending if (p[0], p[3]) not in have]
+        self.flush()
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        ts = int(time.time() * 1000)
+        self.pending.extend((k, float(v), ts, step) for k, v in metrics.items())
+
+    def flush(self) -> None:
+        """Send the buffered metrics (call after a checkpoint that covers them has been written)."""
+        if not self.pending or self.run_id is None:
+            return
+        batch = [Metric(k, v, ts, step) for k, v, ts, step in self.pending]
+        for i in range(0, len(batch), MAX_BATCH):
+            self.client.log_batch(self.run_id, metrics=batch[i:i + MAX_BATCH])
+        self.pending = []
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(self.run_id, k, v)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def log_text(self, text: str, artifact_file: str) -> None:
+        self.client.log_text(self.run_id, text, artifact_file)
+
+    def end(self, status: str = "FINISHED") -> None:
+        if self.run_id is not None:
+            self.client.set_terminated(self.run_id, status=status)

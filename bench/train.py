@@ -1,0 +1,408 @@
+"""The ONE training loop shared by every objective. It reads top to bottom:
+
+    for each step:  sample prompts -> G completions each -> rewards (the task's verifier)
+                    -> the objective's hooks: reward shaping, group filtering (DAPO refills), advantages
+                    -> old / reference log-probs -> μ epochs x minibatches of gradient-accumulated updates
+                    -> metrics, held-out evaluation, checkpoint (then the metrics go to MLflow)
+
+Objectives differ only in `algorithms/`: this file never branches on an objective's name.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from algorithms import PolicyBatch, get_objective, kl_estimate
+from algorithms.aggregation import masked_mean
+from bench import checkpoint
+from bench.config import BUILTIN_MODEL, TrainConfig
+from bench.data import TrainData, eval_problems
+from bench.model import format_prompt, load_policy
+from bench.rollout import SamplingParams, make_engine
+from bench.scoring import score
+from bench.tracking import RunLogger, flatten, git_commit
+
+
+class StopTraining(Exception):
+    """Raised by an ``on_eval`` callback to end a run early (e.g. an Optuna pruner)."""
+
+
+class TrainingDiverged(RuntimeError):
+    """A loss or gradient became NaN/inf. The run is marked FAILED; the last good step is checkpointed."""
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    steps_done: int
+    output_dir: Path
+    final_eval: dict[str, float] = field(default_factory=dict)
+    stopped_early: bool = False
+
+
+def derive_seed(*parts: Any) -> int:
+    """A 63-bit seed from any tuple: every random draw of a run is a pure function of (seed, step, ...)."""
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1
+
+
+def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
+    def f(i: int) -> float:
+        if i < cfg.warmup_steps:
+            return (i + 1) / (cfg.warmup_steps + 1)
+        frac = (i - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        if cfg.lr_schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+        if cfg.lr_schedule == "linear":
+            return max(0.0, 1 - frac)
+        return 1.0
+    return f
+
+
+def pad(rows: list[torch.Tensor], T: int) -> torch.Tensor:
+    out = torch.zeros(len(rows), T)  # (B, T)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def percentiles(values: torch.Tensor, qs=(10, 50, 90)) -> dict[int, float]:
+    if values.numel() == 0:
+        return {q: float("nan") for q in qs}
+    v = torch.quantile(values.float(), torch.tensor([q / 100 for q in qs]))
+    return {q: float(x) for q, x in zip(qs, v)}
+
+
+def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
+    """Train `cfg.algo` as configured; log to MLflow; checkpoint; resume with ``cfg.resume``."""
+    cfg.validate()  # out-of-range config: error before any work starts
+    objective = get_objective(cfg.algo, **cfg.objective_overrides)
+    run_name = cfg.run_name or f"{cfg.algo}-s{cfg.seed}"
+    run_dir = Path(cfg.output_dir) / run_name
+    last = checkpoint.latest(run_dir)
+    if last is not None and not cfg.resume:
+        raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or choose "
+                         "another --output-dir / --run-name")
+    torch.manual_seed(cfg.seed)
+
+    # --- policy, reference, rollout engine, optimizer
+    model, tok = load_policy(cfg.model, cfg.device, cfg.dtype)
+    need_ref = objective.needs_reference or cfg.track_ref_kl
+    ref_model = copy.deepcopy(model).requires_grad_(False) if need_ref else None
+    engine = make_engine(cfg.backend, model, tok)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas),
+                                  weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+
+    # --- data: same prompts at the same step for every objective and seed-matched run
+    data = TrainData(cfg.task, seed=cfg.seed, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
+                     data=cfg.data, difficulty=cfg.difficulty)
+    eval_bench, eval_set = eval_problems(cfg.eval_task or cfg.task, limit=cfg.eval_problems, data=cfg.eval_data,
+                                         difficulty=cfg.difficulty)
+
+    # --- MLflow run (new, or the same one when resuming)
+    logger = RunLogger(cfg.tracking_uri, cfg.experiment)
+    start_step, elapsed = 0, 0.0
+    if last is not None:
+        state = checkpoint.load(last, model=model, optimizer=optimizer, scheduler=scheduler)
+        engine.update_weights(model)
+        logger.reopen(state["run_id"], [tuple(p) for p in state["pending"]])
+        start_step, elapsed = state["step"], state["elapsed"]
+    else:
+        tags = {"pobench.kind": "train", "pobench.objective": cfg.algo, "pobench.seed": str(cfg.seed),
+                "pobench.config_hash": cfg.comparison_hash(), "pobench.version": _version(),
+                "pobench.git_commit": git_commit(), "pobench.model": cfg.model, "pobench.task": cfg.task,
+                "pobench.control": cfg.control or "none", **({"pobench.comparison": cfg.comparison}
+                                                            if cfg.comparison else {}),
+                **{k: str(v) for k, v in cfg.tags.items()}}
+        params = {**flatten(cfg.to_dict()), **flatten({"objective": vars_of(objective.config)}),
+                  "pobench.version": _version(), "pobench.git_commit": git_commit()}
+        logger.start(run_name, tags, params)
+        cfg.save(run_dir / "config.yaml")
+        logger.log_artifact(run_dir / "config.yaml")
+
+    def evaluate_now(step: int) -> dict[str, float]:
+        from bench.evaluate import evaluate
+
+        t0 = time.perf_counter()
+        res = evaluate(engine, tok, eval_bench, eval_set, k=1 if cfg.eval_temperature > 0 else 0,
+                       temperature=cfg.eval_temperature or 1.0, seed=derive_seed(cfg.seed, "eval"),
+                       n_samples=cfg.eval_samples if cfg.eval_temperature > 0 else 0,
+                       max_new_tokens=cfg.max_new_tokens, prompt_template=cfg.prompt_template)
+        m = res.flat_metrics()
+        m["eval/accuracy"] = res.metrics["greedy_acc"].value
+        if "pass@1" in res.metrics:
+            m["eval/accuracy_sampled"] = res.metrics["pass@1"].value
+        m["time/eval_s"] = time.perf_counter() - t0
+        logger.log(m, step)
+        return m
+
+    def save_checkpoint(step: int) -> None:
+        checkpoint.save(run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler,
+                        state={"run_id": logger.run_id, "elapsed": elapsed, "pending": logger.pending})
+        logger.flush()
+
+    final_eval: dict[str, float] = {}
+    stopped_early = False
+    step = completed = saved = start_step
+    progress = {"clean": True}  # False once an optimizer step of an unfinished step has changed the model
+    restore_sigterm = _sigterm_as_interrupt()
+    try:
+        if start_step == 0 and cfg.eval_every > 0:
+            final_eval = evaluate_now(0)
+            try:
+                _call(on_eval, 0, final_eval)
+            except StopTraining:
+                stopped_early = True
+        for step in range(start_step + 1, cfg.steps + 1 if not stopped_early else start_step + 1):
+            t_step = time.perf_counter()
+            groups, roll = collect_rollouts(cfg, objective, engine, tok, data, step)
+            t_rollout = time.perf_counter() - t_step
+            upd = update(cfg, objective, model, ref_model, optimizer, engine, groups, step, progress)
+            scheduler.step()
+            step_s = time.perf_counter() - t_step
+            elapsed += step_s
+            metrics = {**roll, **upd, "train/lr": scheduler.get_last_lr()[0], "time/rollout_s": t_rollout,
+                       "time/step_s": step_s, "time/elapsed_s": elapsed}
+            metrics["time/update_s"] = step_s - t_rollout - metrics.get("time/scoring_s", 0.0)
+            logger.log(metrics, step)
+            if cfg.samples_every and (step % cfg.samples_every == 0 or step == 1):
+                logger.log_text(json.dumps(roll_samples(groups, tok), indent=1), f"samples/step_{step:06d}.json")
+            is_last = step == cfg.steps
+            if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or is_last):
+                final_eval = evaluate_now(step)
+                try:
+                    _call(on_eval, step, final_eval)
+                except StopTraining:
+                    stopped_early = True
+            completed, progress["clean"] = step, True
+            if stopped_early or is_last or step % cfg.checkpoint_every == 0:
+                save_checkpoint(step)
+                saved = step
+            if stopped_early:
+                logger.set_tags({"pobench.stopped": "early"})
+                break
+    except BaseException as e:
+        # keep what is computed: checkpoint the last finished step when the model is still exactly that step's
+        if progress["clean"] and completed > saved:
+            save_checkpoint(completed)
+        if isinstance(e, TrainingDiverged):
+            logger.set_tags({"pobench.failure": str(e)[:5000]})
+            logger.end("FAILED")
+        elif isinstance(e, (KeyboardInterrupt, SystemExit)):
+            logger.end("KILLED")
+        else:
+            logger.set_tags({"pobench.failure": f"{type(e).__name__}: {e}"[:5000]})
+            logger.end("FAILED")
+        raise
+    finally:
+        restore_sigterm()
+    logger.end("FINISHED")
+    model.save_pretrained(run_dir / "final")
+    tok.save_pretrained(run_dir / "final")
+    return TrainResult(logger.run_id, step, run_dir, final_eval, stopped_early)
+
+
+def _call(cb, step, metrics) -> None:
+    if cb is not None:
+        cb(step, metrics)
+
+
+def _sigterm_as_interrupt() -> Callable[[], None]:
+    """Turn SIGTERM into KeyboardInterrupt so a terminated run checkpoints what it has (main thread only)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    except ValueError:  # not the main thread
+        return lambda: None
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def vars_of(cfg) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(cfg)
+
+
+def _version() -> str:
+    import bench
+
+    return bench.__version__
+
+
+@dataclass
+class Group:
+    """The G completions of one prompt that enter the update."""
+
+    question: str
+    prompt_ids: list[int]
+    completion_ids: list[list[int]]
+    texts: list[str]
+    rewards: torch.Tensor  # (G,) shaped rewards the objective trains on
+    correct: torch.Tensor  # (G,) verifier outcome
+    advantages: torch.Tensor | None = None  # (G,)
+
+
+def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, step: int
+                     ) -> tuple[list[Group], dict[str, float]]:
+    """Sample, score with the verifier, shape / filter / refill, compute advantages. Returns groups and metrics."""
+    P, G = cfg.prompts_per_step, cfg.group_size
+    params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
+    rounds = objective.config.max_sampling_rounds if objective.config.dynamic_sampling else 1
+    kept: list[Group] = []
+    all_correct, all_rewards, lengths, entropies, truncated, zero_adv = [], [], [], [], 0, 0
+    n_groups = gen_tokens = 0
+    gen_s = 0.0
+    for r in range(rounds):
+        problems = data.batch(step, r)
+        prompts = [format_prompt(tok, p.question, cfg.prompt_template) for p in problems]
+        t0 = time.perf_counter()
+        ro = engine.generate(prompts, G, params, seed=derive_seed(cfg.seed, "rollout", step, r))
+        gen_s += time.perf_counter() - t0
+        correct = torch.tensor([data.benchmark.reward(ro.texts[i], problems[i // G]) for i in range(len(ro))])
+        rewards = correct.clone()
+        if cfg.control == "random-reward":  # a coin flip with the same mean: gains must then vanish
+            g = torch.Generator().manual_seed(derive_seed(cfg.seed, "random-reward", step, r))
+            rewards = torch.bernoulli(torch.full_like(rewards, float(rewards.mean())), generator=g)
+        length = torch.tensor([len(c) for c in ro.completion_ids])
+        shaped = objective.shape_rewards(rewards, length, cfg.max_new_tokens).view(len(problems), G)  # (P, G)
+        keep = objective.keep_groups(shaped)  # (P,)
+        all_correct.append(correct)
+        all_rewards.append(shaped.flatten())
+        lengths.append(length)
+        entropies.extend(torch.tensor(e) for e in ro.entropies if e)
+        truncated += sum(f == "length" for f in ro.finish_reasons)
+        zero_adv += int(((shaped.max(1).values - shaped.min(1).values) == 0).sum())
+        n_groups += len(problems)
+        gen_tokens += int(length.sum())
+        for p in range(len(problems)):
+            if keep[p] and len(kept) < P:
+                kept.append(Group(problems[p].question, ro.prompt_ids[p], ro.completion_ids[p * G:(p + 1) * G],
+                                  ro.texts[p * G:(p + 1) * G], shaped[p], correct[p * G:(p + 1) * G]))
+        if len(kept) >= P:
+            break
+    if kept:
+        adv = objective.advantages(torch.stack([g.rewards for g in kept]))  # (K, G)
+        for g, a in zip(kept, adv):
+            g.advantages = a
+    correct_all, rewards_all, length_all = torch.cat(all_correct), torch.cat(all_rewards), torch.cat(lengths)
+    ent = torch.cat(entropies) if entropies else torch.zeros(0)
+    pct = percentiles(ent)
+    metrics = {
+        "rollout/reward_mean": float(rewards_all.mean()), "rollout/reward_std": float(rewards_all.std()),
+        "rollout/accuracy": float(correct_all.mean()),
+        "rollout/entropy_mean": float(ent.mean()) if ent.numel() else float("nan"),
+        "rollout/entropy_p10": pct[10], "rollout/entropy_p50": pct[50], "rollout/entropy_p90": pct[90],
+        "rollout/zero_adv_frac": zero_adv / n_groups, "rollout/length_mean": float(length_all.float().mean()),
+        "rollout/length_max": float(length_all.max()), "rollout/truncation_rate": truncated / len(length_all),
+        "rollout/tokens_per_s": gen_tokens / max(gen_s, 1e-9), "rollout/sampling_rounds": float(r + 1),
+        "rollout/kept_groups": float(len(kept)),
+    }
+    return kept, metrics
+
+
+def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, groups: list[Group], step: int,
+           progress: dict[str, bool]) -> dict[str, float]:
+    """μ epochs over `cfg.minibatches` minibatches, each gradient-accumulated over micro-batches."""
+    if not groups:  # dynamic sampling found no informative group in its rounds: nothing to learn from
+        return {"train/skipped": 1.0, "time/scoring_s": 0.0}
+    prompts = [g.prompt_ids for g in groups for _ in g.completion_ids]
+    completions = [c for g in groups for c in g.completion_ids]
+    adv = torch.cat([g.advantages for g in groups]).float()  # (N,)
+    N = len(completions)
+    on_policy = cfg.update_epochs == 1 and cfg.minibatches == 1
+    temp = cfg.temperature
+    mb = cfg.micro_batch_size
+    device = next(model.parameters()).device
+
+    # --- scoring passes without gradient: sampling policy (when off-policy updates follow) and reference
+    t0 = time.perf_counter()
+    old_lp = old_ent = ref_lp = ref_ent = None
+    if not on_policy:
+        old_lp, old_ent = _score_rows(model, prompts, completions, temp, mb)
+    if ref_model is not None:
+        ref_lp, ref_ent = _score_rows(ref_model, prompts, completions, temp, mb)
+    scoring_s = time.perf_counter() - t0
+
+    sums: dict[str, float] = {}
+    weight_total = 0.0
+    grad_norms = []
+    for epoch in range(cfg.update_epochs):
+        order = torch.randperm(N, generator=torch.Generator().manual_seed(derive_seed(cfg.seed, "perm", step, epoch)))
+        for minibatch in torch.tensor_split(order, cfg.minibatches):
+            micro = torch.split(minibatch, mb)
+            masks = [pad([torch.ones(len(completions[i])) for i in idx], max(len(completions[i]) for i in idx))
+                     for idx in micro]
+            w_total = float(sum(objective.loss_weight(m) for m in masks))
+            optimizer.zero_grad(set_to_none=True)
+            for k, idx in enumerate(micro):
+                ids = idx.tolist()
+                lp, ent, mask = score(model, [prompts[i] for i in ids], [completions[i] for i in ids], temp,
+                                      grad=True)
+                T = lp.shape[1]
+                batch = PolicyBatch(
+                    logprobs=lp, mask=mask, advantages=adv[idx].to(device), max_length=cfg.max_new_tokens,
+                    old_logprobs=lp.detach() if on_policy else pad([old_lp[i] for i in ids], T).to(device),
+                    old_entropy=ent.detach() if on_policy else pad([old_ent[i] for i in ids], T).to(device),
+                    ref_logprobs=None if ref_lp is None else pad([ref_lp[i] for i in ids], T).to(device),
+                    ref_entropy=None if ref_ent is None else pad([ref_ent[i] for i in ids], T).to(device),
+                    entropy=ent if objective.needs_entropy_grad else ent.detach())
+                gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "objective", step, epoch, k))
+                loss, m = objective.loss(batch, generator=gen)
+                w = float(objective.loss_weight(mask))
+                if not torch.isfinite(loss):
+                    bad = [f"{key}={float(v)}" for key, v in m.items() if not torch.isfinite(v)]
+                    raise TrainingDiverged(f"step {step}: the loss is {float(loss)} (non-finite metrics: "
+                                           f"{', '.join(bad) or 'none; check the log-probs'})")
+                (loss * (w / w_total)).backward()
+                if batch.ref_logprobs is not None:
+                    m["train/kl_ref"] = masked_mean(kl_estimate(lp.detach(), batch.ref_logprobs, "k3"), mask)
+                m["train/loss"] = loss.detach()
+                for key, v in m.items():
+                    sums[key] = sums.get(key, 0.0) + float(v) * w
+                weight_total += w
+            limit = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), limit))
+            if not math.isfinite(norm):
+                raise TrainingDiverged(f"step {step}: the gradient norm is {norm} (train/grad_norm)")
+            grad_norms.append(norm)
+            progress["clean"] = False
+            optimizer.step()
+            engine.update_weights(model)
+    out = {k: v / weight_total for k, v in sums.items()}
+    out["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
+    out["time/scoring_s"] = scoring_s
+    return out
+
+
+def _score_rows(model, prompts, completions, temperature, mb) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per-completion 1-D log-prob and entropy tensors (no gradient), scored in micro-batches."""
+    lps, ents = [], []
+    for s in range(0, len(completions), mb):
+        lp, ent, _ = score(model, prompts[s:s + mb], completions[s:s + mb], temperature, grad=False)
+        for j, c in enumerate(completions[s:s + mb]):
+            lps.append(lp[j, : len(c)].cpu())
+            ents.append(ent[j, : len(c)].cpu())
+    return lps, ents
+
+
+def roll_samples(groups: list[Group], tok, limit: int = 4) -> list[dict[str, Any]]:
+    """A few completions per step for the samples artifact."""
+    out = []
+    for g in groups[:limit]:
+        for text, r, c, a in zip(g.texts[:2], g.rewards[:2], g.correct[:2], g.advantages[:2]):
+            out.append({"question": g.question, "completion": text, "reward": float(r), "correct": float(c),
+                        "advantage": float(a)})
+    return out
+
+
+__all__ = ["BUILTIN_MODEL", "StopTraining", "TrainResult", "TrainingDiverged", "train"]

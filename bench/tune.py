@@ -245,7 +245,9 @@ def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_re
         engine_kwargs["connect_args"] = {"timeout": 60}
     elif backend == "postgresql":
         engine_kwargs["connect_args"] = {"connect_timeout": 10}
-    retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
 
     def stale(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         retry(study, trial)
@@ -368,11 +370,11 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    study, runs = open_study(spec)  # an unreachable storage fails here, before anything heavy is imported
     if train_fn is None:
         from bench.train import train as train_fn
     from bench.train import StopTraining, TrainingDiverged
 
-    study, runs = open_study(spec)
     optuna.storages.fail_stale_trials(study)  # re-queue trials of workers that died since the last run
     log(f"study {spec.study!r} at {redact(spec.storage or default_storage_url())}: "
         f"{count(study, *FINISHED)}/{spec.trials} trials finished; MLflow parent run {runs.parent_id}")
@@ -407,9 +409,9 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
         if _done(study, spec):
             study.stop()
 
-    if not _done(study, spec):
+    while not _done(study, spec):
         study.optimize(objective, callbacks=[after], catch=(TrainingDiverged,), gc_after_trial=True)
-    optuna.storages.fail_stale_trials(study)
+        optuna.storages.fail_stale_trials(study)  # a dead worker's trial found at the end is re-queued and run
     runs.finish_parent(study, spec, complete=_done(study, spec))
     return study
 
@@ -528,9 +530,11 @@ class StudyRuns:
     def start_trial(self, trial: optuna.Trial, params: dict[str, Any], spec: TuneSpec) -> str:
         tags = {"mlflow.parentRunId": self.parent_id, "pobench.kind": "tune-trial", "pobench.study": spec.study,
                 "pobench.trial": str(trial.number), "pobench.objective": spec.algo, **_version_tags()}
-        retry_of = optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number(trial)
-        if retry_of is not None:
-            tags["pobench.retry_of"] = str(retry_of)
+        origin = trial.user_attrs.get("origin_trial")  # user attributes are copied into a re-queued trial
+        if origin is None:
+            trial.set_user_attr("origin_trial", trial.number)
+        elif origin != trial.number:
+            tags["pobench.retry_of"] = str(origin)
         run = self.client.create_run(self.experiment_id, run_name=f"{spec.study}-t{trial.number}", tags=tags)
         rid = run.info.run_id
         for k, v in params.items():
@@ -566,7 +570,7 @@ class StudyRuns:
         rid = trial.user_attrs.get("mlflow_run_id")
         if not rid:
             return
-        children = self.client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{rid}'")
+        children = self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{rid}'")
         for run in [self.client.get_run(rid), *children]:
             if run.info.status == "RUNNING":
                 self.client.set_tag(run.info.run_id, "pobench.trial_state", "FAIL")

@@ -1,0 +1,326 @@
+"""`bench tune`: search space from the registry, bad input, pruning, storage (SQLite, PostgreSQL, dead workers),
+MLflow parent / trial runs, outputs, and a real 3-trial study on the tiny model."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from bench import cmd_tune, tune
+from bench.cli import main as cli_main
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("tune_worker.py")
+
+
+def _uid() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def _client(uri):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(uri)
+
+
+def _runs(uri, experiment, kind, study):
+    client = _client(uri)
+    exp = client.get_experiment_by_name(experiment)
+    query = f"tags.`pobench.kind` = '{kind}' and tags.`pobench.study` = '{study}'"
+    return client.search_runs([exp.experiment_id], query, max_results=1000)
+
+
+# --------------------------------------------------------------------------------------------------- space, metric
+def test_default_space_is_the_registry_declared_one():
+    from algorithms import search_space
+
+    for algo in ("tepo", "grpo", "dapo", "kl_cov"):
+        space = tune.resolve_space(algo)
+        declared = search_space(algo)
+        assert set(space) == set(declared)
+        for name, (low, high, log) in declared.items():
+            assert (space[name].low, space[name].high, space[name].log) == (low, high, log)
+
+
+def test_space_narrows_and_adds():
+    space = tune.resolve_space("tepo", "kl_coef=1e-3:1e-2:log,credit=uniform|likelihood")
+    assert (space["kl_coef"].low, space["kl_coef"].high, space["kl_coef"].log) == (1e-3, 1e-2, True)
+    assert space["credit"].choices == ("uniform", "likelihood")
+    assert "entropy_threshold" in space  # untouched declared ranges stay
+    # a term switched off in the base config is not searched unless --space names it
+    assert "kl_coef" not in tune.resolve_space("tepo", None, {"kl_coef": 0.0})
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("kl_cof=0.001:0.1", ["no parameter 'kl_cof'", "did you mean 'kl_coef'"]),
+    ("kl_coef=0.1:0.01", ["inverted"]),
+    ("kl_coef=0.1:0.1", ["empty"]),
+    ("kl_coef=0:0.1:log", ["log range needs low > 0"]),
+    ("clip_low=0.1:1.5", ["clip_low", "(0, 1)"]),
+    ("credit=uniform|bogus", ["credit", "valid values"]),
+    ("kl_coef", ["expected name=low:high"]),
+])
+def test_bad_space_names_the_problem(spec, words):
+    with pytest.raises(ValueError) as e:
+        tune.resolve_space("tepo", spec)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_metric_parsing():
+    assert tune.parse_metric("eval/accuracy") == tune.Metric("eval/accuracy", "final", None, "maximize")
+    m = tune.parse_metric("steps_to:eval/accuracy_sampled>=0.5")
+    assert (m.kind, m.key, m.threshold, m.direction) == ("steps_to", "eval/accuracy_sampled", 0.5, "minimize")
+    assert m.intermediate(0.3) == -0.3  # minimised study: higher accuracy must read as better
+    for bad in ("train/loss", "steps_to:eval/accuracy", "eval/accuracy>=0.5", ""):
+        with pytest.raises(ValueError, match="--metric"):
+            tune.parse_metric(bad)
+
+
+def test_unreachable_storage_fails_before_any_trial(tmp_path):
+    with pytest.raises(ValueError, match="cannot be reached"):
+        tune.open_storage(f"postgresql+psycopg2://u@127.0.0.1:{_closed_port()}/nodb")
+    with pytest.raises(ValueError, match="not a SQLAlchemy URL"):
+        tune.open_storage("definitely not a url")
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed once the socket is: nothing listens there
+
+
+def test_cli_bad_input_exits_before_creating_anything(tmp_path, capsys):
+    db = tmp_path / "optuna.db"
+    base = ["tune", "--algo", "tepo", "--storage", f"sqlite:///{db}", "--trials", "2"]
+    assert cli_main([*base, "--space", "entropy_treshold=0:0.5"]) == 2
+    assert "no parameter 'entropy_treshold'" in capsys.readouterr().err
+    assert cli_main([*base, "--space", "kl_coef=1e-1:1e-3:log"]) == 2
+    assert "inverted" in capsys.readouterr().err
+    assert cli_main([*base, "--pruner", "mean"]) == 2
+    assert "--pruner" in capsys.readouterr().err
+    assert cli_main(["tune", "--algo", "tepo", "--storage", f"postgresql://x@127.0.0.1:{_closed_port()}/d"]) == 2
+    assert "cannot be reached" in capsys.readouterr().err
+    assert not db.exists()
+
+
+# --------------------------------------------------------------------------------------------------- pruning
+GOOD = [0.1, 0.5, 0.6, 0.7]
+BAD = [0.1, 0.0, 0.0, 0.0]
+
+
+def _scripted(curves, stops):
+    """Stand-in train: the n-th call evaluates hand-made curve n; records where it was stopped."""
+    from tests.bench.tune_worker import fake_train
+
+    def train(cfg, on_eval=None):
+        curve = curves[len(stops)]
+        stops.append(None)
+        res = fake_train(cfg, on_eval, curve=curve)
+        stops[-1] = res.steps_done if res.steps_done < len(curve) - 1 else None
+        return res
+    return train
+
+
+@pytest.mark.parametrize("pruner", ["median", "none"])
+def test_pruner_stops_a_clearly_worse_curve(tmp_path, mlflow_server, pruner):
+    from tests.bench.tune_worker import make_spec
+
+    exp, study = f"prune-{_uid()}", f"s-{_uid()}"
+    spec = make_spec(study, f"sqlite:///{tmp_path}/o.db", mlflow_server, exp, trials=3, steps=3, pruner=pruner)
+    stops: list = []
+    result = tune.run_study(spec, train_fn=_scripted([GOOD, GOOD, BAD], stops), log=lambda m: None)
+    trials = result.get_trials()
+    assert [t.state for t in trials[:2]] == [TrialState.COMPLETE] * 2
+    assert [t.value for t in trials[:2]] == [0.7, 0.7]
+    runs = {r.data.tags["pobench.trial"]: r for r in _runs(mlflow_server, exp, "tune-trial", study)}
+    assert len(runs) == 3
+    if pruner == "median":
+        assert trials[2].state == TrialState.PRUNED
+        assert stops == [None, None, 1]  # stopped at the first report after the warm-up
+        assert trials[2].intermediate_values == {0: 0.1, 1: 0.0}
+        assert runs["2"].info.status == "KILLED" and runs["2"].data.tags["pobench.trial_state"] == "PRUNED"
+    else:
+        assert trials[2].state == TrialState.COMPLETE and trials[2].value == 0.0 and stops == [None] * 3
+        assert runs["2"].info.status == "FINISHED"
+    assert runs["0"].info.status == "FINISHED" and runs["0"].data.metrics["tune/objective"] == 0.7
+    parent = _runs(mlflow_server, exp, "tune-study", study)
+    assert len(parent) == 1 and parent[0].info.status == "FINISHED"
+    assert {r.data.tags["mlflow.parentRunId"] for r in runs.values()} == {parent[0].info.run_id}
+
+
+def test_seeds_report_like_for_like_and_time_to_metric(tmp_path, mlflow_server):
+    from tests.bench.tune_worker import make_spec
+
+    exp, study = f"ttc-{_uid()}", f"s-{_uid()}"
+    spec = make_spec(study, f"sqlite:///{tmp_path}/o.db", mlflow_server, exp, trials=1, steps=3, pruner="none",
+                     metric="steps_to:eval/accuracy>=0.55", seeds=(0, 1))
+    # seed 0 reaches 0.55 at step 2, seed 1 never: counted as twice the budget (6)
+    result = tune.run_study(spec, train_fn=_scripted([GOOD, BAD], []), log=lambda m: None)
+    t = result.trials[0]
+    assert result.direction.name == "MINIMIZE" and t.value == pytest.approx((2 + 6) / 2)
+    # seed i's step s is reported at i * (steps + 1) + s, sign-flipped for a minimised study
+    assert t.intermediate_values == {0: -0.1, 1: -0.5, 2: -0.6, 3: -0.7, 4: -0.1, 5: 0.0, 6: 0.0, 7: 0.0}
+
+
+def test_outputs_and_show(tmp_path, mlflow_server, capsys):
+    from tests.bench.tune_worker import fake_train, make_spec
+
+    exp, study = f"out-{_uid()}", f"s-{_uid()}"
+    storage = f"sqlite:///{tmp_path}/o.db"
+    spec = make_spec(study, storage, mlflow_server, exp, trials=4, steps=2, pruner="none")
+    result = tune.run_study(spec, train_fn=fake_train, log=lambda m: None)
+    paths = cmd_tune.write_outputs(result, tmp_path / "out")
+    assert {"best.yaml", "summary.csv", "summary.md", "history.png", "importance.png", "contour.png"} <= set(paths)
+    best = yaml.safe_load((tmp_path / "out" / "best.yaml").read_text())
+    assert best == {"algo": "tepo", "objective_overrides": result.best_params}
+    from bench.config import TrainConfig
+
+    TrainConfig(algo=best["algo"], objective_overrides=best["objective_overrides"]).validate()
+    assert cli_main(["tune", "--show", "--study", study, "--storage", storage, "--out", str(tmp_path / "o2")]) == 0
+    out = capsys.readouterr().out
+    assert f"study {study}" in out and "COMPLETE" in out
+    assert cli_main(["tune", "--show", "--study", "nope", "--storage", storage]) == 2
+    assert study in capsys.readouterr().err  # lists the studies that exist
+
+
+def test_resume_with_other_settings_is_refused(tmp_path, mlflow_server):
+    from tests.bench.tune_worker import fake_train, make_spec
+
+    exp, study = f"res-{_uid()}", f"s-{_uid()}"
+    storage = f"sqlite:///{tmp_path}/o.db"
+    tune.run_study(make_spec(study, storage, mlflow_server, exp, trials=1, steps=2), train_fn=fake_train,
+                   log=lambda m: None)
+    with pytest.raises(ValueError, match="different settings.*steps"):
+        tune.open_study(make_spec(study, storage, mlflow_server, exp, trials=1, steps=3))
+    # same settings, more trials: resumes and adds one
+    s = tune.run_study(make_spec(study, storage, mlflow_server, exp, trials=2, steps=2), train_fn=fake_train,
+                       log=lambda m: None)
+    assert [t.state for t in s.trials] == [TrialState.COMPLETE] * 2
+    assert len(_runs(mlflow_server, exp, "tune-study", study)) == 1
+
+
+# --------------------------------------------------------------------------------------------------- workers
+def _worker(storage, uri, exp, study, trials, **kw) -> subprocess.Popen:
+    args = [sys.executable, str(WORKER), "--storage", storage, "--tracking-uri", uri, "--experiment", exp,
+            "--study", study, "--trials", str(trials)]
+    for k, v in kw.items():
+        args += [f"--{k.replace('_', '-')}", str(v)]
+    return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finished_by(output: str) -> set[int]:
+    return {int(line.split("trial ")[1].split(":")[0]) for line in output.splitlines()
+            if "] trial " in line and (": COMPLETE" in line or ": PRUNED" in line)}
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    from tests import pg
+
+    reason = pg.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with pg.PostgresServer() as server:
+        yield server
+
+
+@pytest.mark.slow
+def test_two_workers_share_one_postgres_study(postgres, mlflow_server):
+    url = postgres.create_database(f"optuna_{_uid()}")
+    tune.open_storage(url)  # create the schema once, so the two workers do not race on CREATE TABLE
+    exp, study, n = f"pg-{_uid()}", f"s-{_uid()}", 6
+    procs = [_worker(url, mlflow_server, exp, study, n, steps=3, step_s=0.3) for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    by = [_finished_by(o) for o in outs]
+    assert all(by), f"each worker ran trials: {outs}"
+    assert not (by[0] & by[1]), "no trial ran in both workers"
+    s = optuna.load_study(study_name=study, storage=url)
+    finished = {t.number for t in s.trials if t.state in tune.FINISHED}
+    assert finished == by[0] | by[1]  # none lost
+    assert n <= len(finished) <= n + 1  # a worker may start one trial before it sees the quota reached
+    assert all(t.state in tune.FINISHED for t in s.trials)
+    runs = _runs(mlflow_server, exp, "tune-trial", study)
+    assert sorted(int(r.data.tags["pobench.trial"]) for r in runs) == sorted(finished)  # one run per trial
+    assert len(_runs(mlflow_server, exp, "tune-study", study)) == 1
+
+
+@pytest.mark.slow
+def test_killed_worker_is_resumed_and_its_trial_retried(tmp_path, mlflow_server):
+    storage = f"sqlite:///{tmp_path}/o.db"
+    exp, study, n = f"kill-{_uid()}", f"s-{_uid()}", 3
+    kw = dict(steps=6, step_s=0.5, heartbeat=1, grace=3)
+    a = _worker(storage, mlflow_server, exp, study, n, **kw)
+    victim = None
+    deadline = time.time() + 120
+    while victim is None and time.time() < deadline and a.poll() is None:
+        time.sleep(0.5)
+        try:
+            s = optuna.load_study(study_name=study, storage=storage)
+        except KeyError:
+            continue
+        running = [t for t in s.get_trials(states=(TrialState.RUNNING,)) if len(t.intermediate_values) >= 2]
+        victim = running[0] if running else None
+    assert victim is not None, "worker never got mid-trial"
+    os.kill(a.pid, signal.SIGKILL)
+    a.communicate()
+    time.sleep(4)  # past the grace period: the trial's heartbeat is stale
+    b = _worker(storage, mlflow_server, exp, study, n, **kw)
+    out = b.communicate(timeout=300)[0]
+    assert b.returncode == 0, out
+    s = optuna.load_study(study_name=study, storage=storage)
+    states = {t.number: t.state for t in s.trials}
+    assert states[victim.number] == TrialState.FAIL
+    retries = [t for t in s.trials if t.system_attrs.get("failed_trial") == victim.number]
+    assert len(retries) == 1 and retries[0].state in tune.FINISHED
+    assert retries[0].params == victim.params
+    assert sum(st in tune.FINISHED for st in states.values()) == n
+    runs = {r.data.tags["pobench.trial"]: r for r in _runs(mlflow_server, exp, "tune-trial", study)}
+    dead = runs[str(victim.number)]
+    assert dead.info.status == "FAILED" and dead.data.tags["pobench.fail_reason"] == "worker heartbeat lost"
+    assert runs[str(retries[0].number)].data.tags["pobench.retry_of"] == str(victim.number)
+
+
+# --------------------------------------------------------------------------------------------------- real loop
+@pytest.mark.slow
+def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server):
+    exp, study = f"real-{_uid()}", f"s-{_uid()}"
+    db, out = tmp_path / "optuna.db", tmp_path / "out"
+    argv = ["tune", "--algo", "tepo", "--trials", "3", "--steps", "2", "--seeds", "0", "--study", study,
+            "--storage", f"sqlite:///{db}", "--tracking-uri", mlflow_server, "--out", str(out),
+            "--space", "kl_coef=1e-3:1e-1:log,entropy_threshold=0:0.5",
+            "--set", "prompts_per_step=2", "--set", "group_size=2", "--set", "eval_problems=8",
+            "--set", "eval_every=1", "--set", "max_new_tokens=16", "--set", f"experiment={exp}",
+            "--set", f"output_dir={tmp_path / 'runs'}", "--set", "samples_every=0", "--set", "checkpoint_every=0"]
+    assert cli_main(argv) == 0
+    s = optuna.load_study(study_name=study, storage=f"sqlite:///{db}")
+    assert len(s.trials) == 3 and all(t.state in tune.FINISHED for t in s.trials)
+    parent = _runs(mlflow_server, exp, "tune-study", study)
+    trials = _runs(mlflow_server, exp, "tune-trial", study)
+    assert len(parent) == 1 and len(trials) == 3
+    client = _client(mlflow_server)
+    for t in trials:
+        assert t.data.tags["mlflow.parentRunId"] == parent[0].info.run_id
+        assert {"kl_coef", "entropy_threshold"} <= set(t.data.params)
+        assert len(client.get_metric_history(t.info.run_id, "eval/accuracy")) >= 2  # step 0 and later
+        train_runs = client.search_runs([t.info.experiment_id], f"tags.mlflow.parentRunId = '{t.info.run_id}'")
+        assert len(train_runs) == 1  # one seed: one training run nested under the trial
+    best = yaml.safe_load((out / "best.yaml").read_text())
+    assert best["algo"] == "tepo" and set(best["objective_overrides"]) == {"kl_coef", "entropy_threshold"}
+    assert (out / "history.png").stat().st_size > 0
+    from bench.config import TrainConfig
+
+    TrainConfig(algo="tepo", objective_overrides=best["objective_overrides"]).validate()

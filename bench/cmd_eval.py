@@ -85,18 +85,19 @@ def resolve_data(names: list[str], specs: list[str]) -> dict[str, str | None]:
 
 
 def _max_new_tokens(requested: int | None, model, prompt_lengths: list[int]) -> int:
+    """--max-new-tokens, or the default capped by the model's context; warns when prompts do not fit."""
     limit = getattr(model.config, "max_position_embeddings", None)
-    if requested is not None:
-        return requested
+    chosen = requested or DEFAULT_MAX_NEW_TOKENS
     if limit is None:
-        return DEFAULT_MAX_NEW_TOKENS
-    room = limit - max(prompt_lengths)
-    if room < 1:
-        raise ValueError(f"the longest prompt ({max(prompt_lengths)} tokens) fills the model's context ({limit}); "
-                         "use --limit on shorter problems or a model with a longer context")
-    chosen = min(DEFAULT_MAX_NEW_TOKENS, room)
-    if chosen < DEFAULT_MAX_NEW_TOKENS:
-        print(f"bench eval: --max-new-tokens {chosen} (the model's context is {limit} tokens)", file=sys.stderr)
+        return chosen
+    if requested is None:
+        chosen = max(16, min(DEFAULT_MAX_NEW_TOKENS, limit - max(prompt_lengths)))
+        if chosen < DEFAULT_MAX_NEW_TOKENS:
+            print(f"bench eval: --max-new-tokens {chosen} (the model's context is {limit} tokens)", file=sys.stderr)
+    too_long = sum(n + chosen > limit for n in prompt_lengths)
+    if too_long:
+        print(f"bench eval: warning: {too_long} of {len(prompt_lengths)} prompts plus {chosen} new tokens exceed the "
+              f"model's context of {limit} tokens; their completions are unreliable", file=sys.stderr)
     return chosen
 
 

@@ -134,7 +134,7 @@ def run_lm_eval(model: str, benchmarks: list[tuple[Any, list]], out_dir: str | P
         batch_size=batch_size, device=str(resolve_device(device)), log_samples=True, bootstrap_iters=0,
         apply_chat_template=False)
     scores, rows = {}, {}
-    for b, problems, _ in entries:
+    for b, _, _ in entries:
         name = task_name(b.name)
         task_scores = results["results"][name]
         scores[b.name] = float(next(v for k, v in task_scores.items() if k.startswith("acc,")))

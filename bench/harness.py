@@ -12,6 +12,7 @@ comparison's own MLflow run (``pobench.kind=comparison``), which receives the re
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -108,7 +109,7 @@ def load_params(path: str | Path | None, algos: list[str]) -> dict[str, dict[str
             out[name] = dict(fields or {})
         return out
     for key, value in data.items():
-        takers = [a for a in algos if key in {f for f in vars(default_config(a))}]
+        takers = [a for a in algos if key in {f.name for f in dataclasses.fields(default_config(a))}]
         if not takers:
             raise ValueError(f"{path}: field {key!r} is not a config field of any objective run "
                              f"({', '.join(algos)})")

@@ -157,6 +157,7 @@ def ttc_figure(conv_rows: list[dict], target: float, out_dir: Path, name: str = 
             xs = np.arange(len(conv_rows))
             top = max([r[f"{unit}_mean"] + (r[f"{unit}_ci"] or 0) for r in conv_rows
                        if r[f"{unit}_mean"] is not None] or [1.0])
+            top = top if top > 0 else 1.0
             for x, r in zip(xs, conv_rows):
                 m, h = r[f"{unit}_mean"], r[f"{unit}_ci"]
                 if m is not None:

@@ -216,10 +216,14 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
         raise ValueError(f"run(s) {', '.join(lacking)} have no held-out accuracy series ({KEY_ACC}): cannot compare "
                          f"accuracy or convergence (was eval_every 0?)")
     target = target_acc if target_acc is not None else default_target([r.series[KEY_ACC] for r in cmp.runs], settings)
+    notes: list[str] = []
+    if target_acc is None and target <= 0:
+        notes.append("No run's held-out accuracy ever rose above 0, so there is no convergence target: time to "
+                     "convergence is reported as not reached.")
+        target = float("inf")
     derived = {r.run_id: derive(r.series, target, settings) for r in cmp.runs}
     groups = _group(cmp, derived)
 
-    notes: list[str] = []
     explicit = baseline is not None
     baseline = baseline or DEFAULT_BASELINE
     why_no_base = ""

@@ -116,9 +116,15 @@ def run(args) -> int:
     data = resolve_data(names, args.data)
     loaded: list[tuple[Any, list, str]] = []
     for b in benchmarks:
-        kwargs = {"skip_bad_rows": True} if args.skip_bad_rows and b.name != "arith" else {}
-        problems = b.load(args.split, data=data[b.name], limit=args.limit, **kwargs)
-        loaded.append((b, problems, str(data[b.name] or getattr(b, "hub_id", None) or "generated")))
+        if hasattr(b, "load_rows"):  # file / hub benchmarks (arith is generated)
+            problems, source = b.load_rows(args.split, data=data[b.name], limit=args.limit,
+                                           skip_bad_rows=args.skip_bad_rows)
+            if source.skipped:
+                print(f"bench eval: {b.name}: skipped {len(source.skipped)} bad row(s) of {source.source}",
+                      file=sys.stderr)
+            loaded.append((b, problems, source.source))
+        else:
+            loaded.append((b, b.load(args.split, data=data[b.name], limit=args.limit), "generated"))
 
     model, tokenizer = load_policy(args.model, args.device, args.dtype)
     options = {"max_batch_size": args.batch_size} if args.batch_size and args.backend == "hf" else {}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -121,3 +120,14 @@ def test_bench_eval_malformed_data(tmp_path, capsys):
     data.write_text('{"question": "q", "answer": "#### 1"}\n{not json\n')
     assert main(["eval", "--model", "builtin:tiny-arith", "--benchmarks", "gsm8k", "--data", str(data)]) == 2
     assert f"{data}:2: malformed JSONL row" in capsys.readouterr().err
+
+
+def test_bench_eval_skip_bad_rows_counts_them(model_dir, tmp_path, capsys):
+    data = tmp_path / "test.jsonl"
+    data.write_text('{"question": "Ann has 1 pen. She gets 1 more. How many pens now?", "answer": "#### 2"}\n'
+                    '{not json\n{"question": "no answer here"}\n')
+    code = main(["eval", "--model", model_dir, "--benchmarks", "gsm8k", "--data", str(data), "--skip-bad-rows",
+                 "--temperature", "0", "--max-new-tokens", "4", "--no-mlflow", "--out", str(tmp_path / "out")])
+    assert code == 0
+    assert "gsm8k: skipped 2 bad row(s)" in capsys.readouterr().err
+    assert len(json.loads((tmp_path / "out" / "results.json").read_text())["benchmarks"][0]["rows"]) == 1

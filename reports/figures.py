@@ -14,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from reports.derived import value_at  # noqa: E402
 
@@ -92,6 +93,7 @@ def series_figure(runs, key: str, ylabel: str, title: str, out_dir: Path, name: 
             steps, mean, lo, hi, _ = seed_band(sers)
             _line(ax, steps, mean, lo, hi, obj, len(sers))
         ax.set_xlabel("training step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.legend(frameon=False)
@@ -142,6 +144,8 @@ def fractions_figure(runs, out_dir: Path, name: str = "clip_masked_fractions") -
                     _line(ax, steps, mean, lo, hi, obj, len(sers))
             ax.set_title(title)
             ax.set_xlabel("training step")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_ylim(bottom=0)
             ax.set_ylabel("fraction of tokens")
             ax.legend(frameon=False)
         fig.tight_layout()

@@ -161,3 +161,24 @@ def test_report_from_mlflow_server_equals_local_store(handmade, mlflow_server, l
     assert a.target_acc == b.target_acc
     client = MlflowClient(tracking_uri=mlflow_server)
     assert "report/report.md" in [x.path for x in client.list_artifacts(b.artifact_run_id, "report")]
+
+
+def test_cli_report_bad_input_exits_2_with_cause(local_uri, tmp_path, capsys):
+    from bench.cli import main
+
+    rc = main(["report", "--experiment", "nope", "--tracking-uri", local_uri, "--out-root", str(tmp_path / "o")])
+    assert rc == 2 and "no MLflow experiment named 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_cli_report_picks_most_recent_comparison_and_says_so(handmade, local_uri, tmp_path, capsys):
+    from bench.cli import main
+
+    handmade.log_comparison(local_uri, comparison="old", seeds=(0,), artifacts=tmp_path / "art")
+    handmade.log_comparison(local_uri, comparison="new", seeds=(0, 1))
+    rc = main(["report", "--experiment", "cmp-test", "--tracking-uri", local_uri, "--out-root", str(tmp_path / "o")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "reporting the most recent, new (others: old" in out
+    rows = _csv(tmp_path / "o" / "cmp-test" / "accuracy.csv")
+    assert [int(r["n"]) for r in rows] == [2, 2]

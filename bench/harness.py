@@ -330,12 +330,12 @@ class _Display:
             TimeRemainingColumn,
         )
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"),
-                                 TimeRemainingColumn())
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+                                 TextColumn("steps"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[info]}"))
         reused = len(pairs) - len(self.todo)
-        self.overall = self.progress.add_task(f"comparison {cid} ({reused} reused)",
-                                              total=max(1, len(self.todo) * steps), info="")
+        self.overall = self.progress.add_task(f"comparison {cid}", total=max(1, len(self.todo) * steps),
+                                              info=f"{len(self.todo)} runs to do, {reused} reused")
         self.current = self.progress.add_task("", total=steps, info="", visible=False)
 
     def __enter__(self):

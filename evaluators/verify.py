@@ -231,8 +231,11 @@ def answers_match(pred: str, reference: str, kind: str, timeout: float = 5.0) ->
         return ref_value == pred_value
     if normalize_latex(pred) == normalize_latex(reference):
         return True
-    if kind != "latex" and ref_value is not None and re.fullmatch(r"[-+\d.,\s]*", pred):
-        return False  # a number-like but unparseable prediction (e.g. "1,3,5") against a number
+    if kind != "latex" and ref_value is not None:
+        if re.fullmatch(r"[-+\d.,\s]*", pred):
+            return False  # a number-like but unparseable prediction (e.g. "1,3,5") against a number
+        if not re.search(r"[\d\\^]", pred):
+            return False  # words without a digit or LaTeX cannot equal a number: no math-verify round trip
     return _math_verify_equal(reference, pred, float(timeout)) is True
 
 

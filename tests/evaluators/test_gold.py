@@ -21,6 +21,7 @@ DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 # "The final answer is <that field as the source writes it>."
 FILES = [("gsm8k", "test"), ("gsm8k", "train"), ("math", "test"), ("math", "train"), ("math500", "test"),
          ("aime24", "test"), ("amc23", "test"), ("minerva_math", "test"), ("olympiadbench", "test")]
+TEST_FILES = [f for f in FILES if f[1] == "test"]
 ANSWER_ONLY = {"aime24": "answer", "amc23": "answer", "olympiadbench": "final_answer"}
 
 
@@ -57,3 +58,24 @@ def test_gold_self_consistency(name, split, capsys):
             print(f"[gold]   FAIL {failure}")
     assert len(problems) + len(source.skipped) == len(raw_rows)
     assert rate >= 0.99, f"{name}/{split}: only {rate:.2%} of gold completions judged correct"
+
+
+@pytest.mark.skipif(not DATA.is_dir(), reason=f"real data files not found at {DATA} (../shared/data)")
+@pytest.mark.parametrize("name, split", TEST_FILES, ids=[n for n, _ in TEST_FILES])
+def test_wrong_answers_on_real_rows(name, split):
+    """Off-by-one numbers on every numeric row, and (LaTeX benchmarks) another row's answer, are judged wrong."""
+    from evaluators.verify import normalize_latex, to_number
+
+    benchmark = get_benchmark(name)
+    problems = benchmark.load(split, data=DATA / name / f"{split}.jsonl")
+    kind = benchmark.answer_kind
+    numeric = [p for p in problems if to_number(p.answer) is not None]
+    false_positives = [p.id for p in numeric
+                       if is_correct(f"So the answer is $\\boxed{{{to_number(p.answer) + 1}}}$.", p.answer, kind)]
+    assert not false_positives, f"off-by-one judged correct: {false_positives[:10]}"
+    if kind == "latex":
+        symbolic = [p for p in problems if to_number(p.answer) is None][:15]  # math-verify: ~1 s each
+        swapped = [(a, b) for a, b in zip(symbolic, symbolic[1:] + symbolic[:1])
+                   if normalize_latex(a.answer) != normalize_latex(b.answer)]
+        wrong = [a.id for a, b in swapped if is_correct(f"\\boxed{{{b.answer}}}", a.answer, kind)]
+        assert len(wrong) <= 1, f"another row's answer judged correct: {wrong}"

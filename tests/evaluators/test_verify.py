@@ -94,6 +94,8 @@ def test_number_comparison_does_not_start_a_process(monkeypatch):
     assert is_correct("#### 1,000", "1000", "number")
     assert not is_correct("\\boxed{12}", "13", "integer")
     assert is_correct("\\boxed{\\frac{1}{2}}", "0.5", "latex")
+    assert not is_correct("#### lots of them", "18", "number")  # garbage from a weak policy: no round trip
+    assert not is_correct("\\boxed{many}", "18", "integer")
 
 
 PATHOLOGICAL = "9^{9^{9^{9^{9}}}}"

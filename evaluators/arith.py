@@ -1,11 +1,12 @@
 """The built-in `arith` task: procedurally generated multi-step arithmetic word problems in GSM8K's answer format.
 
-A problem is a short story ("Ann has 12 pens. She gets 34 more. ... How many pens now?") whose reference solution
-works the running total one line per step and ends with GSM8K's final-answer marker::
+A problem is a short story, kept compact because the built-in policy reads one character per token ("Ann has 12 pens,
+gets 34, loses 5. How many now?"), whose reference solution works the running total one line per step and ends with
+GSM8K's final-answer marker::
 
     12+34=46
-    46+5=51
-    #### 51
+    46-5=41
+    #### 41
 
 Train and test never overlap: every problem's arithmetic content (its operands and operators) is hashed, and the hash
 puts it in exactly one partition (``_is_test``), whatever the seed or the wording. The train stream is infinite and
@@ -46,11 +47,10 @@ DIFFICULTIES: dict[int, Difficulty] = {
     4: Difficulty(3, 5, 99, True),    # 2-4 additions or subtractions (solutions up to ~50 characters)
 }
 
-_NAMES = [("Ann", "She"), ("Bob", "He"), ("Cy", "He"), ("Dee", "She"), ("Eve", "She"), ("Max", "He"),
-          ("Sam", "He"), ("Zoe", "She")]
+_NAMES = ["Ann", "Bob", "Cy", "Dee", "Eve", "Max", "Sam", "Zoe"]
 _ITEMS = ["apples", "pens", "cards", "coins", "books", "eggs", "shells", "stamps"]
-_ADD = ["{p} gets {n} more.", "{p} buys {n} more.", "{p} finds {n} more."]
-_SUB = ["{p} gives away {n}.", "{p} loses {n}.", "{p} sells {n}."]
+_ADD = ["gets", "buys", "finds"]
+_SUB = ["loses", "sells", "uses"]
 
 _TEST_SEED = 20_240_917      # the fixed stream the test set is drawn from
 _TEST_FRACTION = 5           # one problem in 5 (by content hash) belongs to the test partition
@@ -94,19 +94,17 @@ class ArithTask:
                 ops.append("+")
                 total += v
             values.append(v)
-        name, pronoun = rng.choice(_NAMES)
-        item = rng.choice(_ITEMS)
-        sentences = [f"{name} has {values[0]} {item}."]
-        for op, v in zip(ops, values[1:]):
-            sentences.append(rng.choice(_ADD if op == "+" else _SUB).format(p=pronoun, n=v))
-        sentences.append(f"How many {item} now?")
+        name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+        clauses = [f"{name} has {values[0]} {item}"]
+        clauses += [f"{rng.choice(_ADD if op == '+' else _SUB)} {v}" for op, v in zip(ops, values[1:])]
+        question = ", ".join(clauses) + ". How many now?"
         lines, running = [], values[0]
         for op, v in zip(ops, values[1:]):
             new = running + v if op == "+" else running - v
             lines.append(f"{running}{op}{v}={new}")
             running = new
         lines.append(f"#### {running}")
-        return tuple(ops), tuple(values), " ".join(sentences), "\n".join(lines)
+        return tuple(ops), tuple(values), question, "\n".join(lines)
 
     def train_stream(self, seed: int = 0) -> Iterator[Problem]:
         """Infinite deterministic stream of training problems (never in the test partition; may repeat)."""

@@ -9,20 +9,20 @@ import pytest
 
 from evaluators.arith import DIFFICULTIES, ArithTask, Difficulty
 
-_SUB_WORDS = ("gives away", "loses", "sells")
+_SUB_WORDS = ("loses", "sells", "uses")
 
 
 def _content(question: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """Operators and operands read back from the question text alone (not from the generator's internals)."""
-    sentences = [s.strip() for s in question.split(".") if s.strip()]
-    values = [int(re.search(r"\d+", sentences[0]).group())]
+    story, closing = question.split(". ")
+    assert closing == "How many now?"
+    clauses = story.split(", ")
+    values = [int(re.search(r"\d+", clauses[0]).group())]
     ops = []
-    for s in sentences[1:]:
-        m = re.search(r"\d+", s)
-        if m is None:  # the closing question
-            continue
-        values.append(int(m.group()))
-        ops.append("-" if any(w in s for w in _SUB_WORDS) else "+")
+    for c in clauses[1:]:
+        verb, number = c.split(" ")
+        values.append(int(number))
+        ops.append("-" if verb in _SUB_WORDS else "+")
     return tuple(ops), tuple(values)
 
 

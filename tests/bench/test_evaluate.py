@@ -33,12 +33,16 @@ def model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """The CPU is shared: one intra-op thread is much faster than two oversubscribed ones for a tiny model."""
-    before = torch.get_num_threads()
+def one_thread_and_own_tracking_uri():
+    """The CPU is shared: one intra-op thread is much faster than two oversubscribed ones for a tiny model.
+    MLflow's tracking URI is process-global: put it back after each test."""
+    import mlflow
+
+    before, uri = torch.get_num_threads(), mlflow.get_tracking_uri()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+    mlflow.set_tracking_uri(uri)
 
 
 def test_evaluate_bookkeeping_matches_the_verifier(model_dir):

@@ -137,3 +137,19 @@ def test_offline_hub_error_suggests_data():
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode != 0
     assert "math-ai/aime25" in proc.stderr and "--data PATH" in proc.stderr
+
+
+def test_docs_describe_every_benchmark_and_version():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "EVALUATORS.md").read_text()
+    for name in list_benchmarks():
+        b = get_benchmark(name)
+        assert f"| `{name}` | {b.version} |" in doc, f"docs/EVALUATORS.md lacks {name} version {b.version}"
+        if getattr(b, "hub_id", None):
+            assert f"`{b.hub_id}`" in doc
+
+
+def test_data_dir_environment_variable(tmp_path, monkeypatch):
+    (tmp_path / "gsm8k").mkdir()
+    _write_jsonl(tmp_path / "gsm8k" / "test.jsonl", GSM)
+    monkeypatch.setenv("POBENCH_DATA_DIR", str(tmp_path))
+    assert [p.answer for p in get_benchmark("gsm8k").load()] == ["5", "999"]

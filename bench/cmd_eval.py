@@ -51,6 +51,8 @@ def register(sub) -> None:
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--experiment", default="pobench")
     p.add_argument("--run-name", default=None)
+    p.add_argument("--parent-run-id", default=None,
+                   help="log as a run nested under this MLflow run (e.g. a training run)")
     p.set_defaults(func=run)
 
 
@@ -169,6 +171,7 @@ def run(args) -> int:
     if not args.no_mlflow:
         run_id = log_to_mlflow(results, params={**meta, "benchmarks": ",".join(names)}, artifacts=paths,
                                run_name=args.run_name or f"eval-{Path(args.model).name}",
-                               experiment=args.experiment, tracking_uri=args.tracking_uri)
+                               experiment=args.experiment, tracking_uri=args.tracking_uri,
+                               parent_run_id=args.parent_run_id)
         print(f"bench eval: MLflow run {run_id}")
     return 0

@@ -170,51 +170,41 @@ def format_table(results: list[EvalResult], extra_columns: dict[str, dict[str, f
 
 def log_to_mlflow(results: list[EvalResult], *, params: dict[str, Any], artifacts: list[Path] = (),
                   run_name: str | None = None, experiment: str = "pobench", tracking_uri: str | None = None,
-                  tags: dict[str, str] | None = None, step: int | None = None) -> str:
-    """Log metrics, params and output files to MLflow; returns the run id.
+                  tags: dict[str, str] | None = None, step: int = 0, parent_run_id: str | None = None) -> str:
+    """Log metrics, params and output files to a new MLflow run; returns its run id.
 
-    When a run is active in this process (a training run calling the evaluation) the results go to a new run nested
-    under it; otherwise to a new top-level run in `experiment`. Tags: ``pobench.kind=eval`` plus `tags`.
+    The run is nested under `parent_run_id` (e.g. a training run), else under the run active in this process if any,
+    else it is a top-level run in `experiment`. Tags: ``pobench.kind=eval``, version and commit, plus `tags`.
     """
     import mlflow
+    from mlflow.entities import Metric as MlflowMetric
+    from mlflow.entities import Param
+    from mlflow.tracking import MlflowClient
 
-    if tracking_uri:
-        mlflow.set_tracking_uri(tracking_uri)
-    parent = mlflow.active_run()
-    if parent is None:
-        mlflow.set_experiment(experiment)
-    all_tags = {"pobench.kind": "eval", "pobench.version": _version(), **(tags or {})}
-    commit = _git_commit()
-    if commit:
-        all_tags.setdefault("pobench.git_commit", commit)
-    with mlflow.start_run(run_name=run_name, nested=parent is not None, tags=all_tags) as run:
-        mlflow.log_params({k: str(v)[:500] for k, v in params.items()})
-        metrics: dict[str, float] = {}
-        for r in results:
-            metrics.update(r.flat_metrics("eval/"))
-            metrics[f"eval/{r.benchmark}/problems"] = float(len(r.rows))
-            metrics[f"time/eval_{r.benchmark}_seconds"] = r.seconds
-        mlflow.log_metrics(metrics, step=step or 0)
-        for path in artifacts:
-            mlflow.log_artifact(str(path))
-        return run.info.run_id
+    import bench
+    from bench.tracking import git_commit
+    from bench.tracking import tracking_uri as resolve_uri
 
-
-def _version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("pobench")
-    except Exception:  # not installed (running from a checkout)
-        return "0.1.0"
-
-
-def _git_commit() -> str | None:
-    import subprocess
-
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
-                             text=True, timeout=5)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+    active = mlflow.active_run()
+    parent = parent_run_id or (active.info.run_id if active is not None else None)
+    client = MlflowClient(resolve_uri(tracking_uri))
+    if parent is not None:
+        experiment_id = client.get_run(parent).info.experiment_id
+    else:
+        exp = client.get_experiment_by_name(experiment)
+        experiment_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+    all_tags = {"pobench.kind": "eval", "pobench.version": bench.__version__, "pobench.git_commit": git_commit(),
+                **({"mlflow.parentRunId": parent} if parent else {}), **(tags or {})}
+    run_id = client.create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
+    metrics: dict[str, float] = {}
+    for r in results:
+        metrics.update(r.flat_metrics("eval/"))
+        metrics[f"eval/{r.benchmark}/problems"] = float(len(r.rows))
+        metrics[f"time/eval_{r.benchmark}_seconds"] = r.seconds
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[MlflowMetric(k, float(v), now, step) for k, v in metrics.items()],
+                     params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+    for path in artifacts:
+        client.log_artifact(run_id, str(path))
+    client.set_terminated(run_id)
+    return run_id

@@ -9,27 +9,16 @@ import torch
 
 from bench.cli import main
 from bench.evaluate import evaluate, log_to_mlflow
-from bench.model import BUILTIN_MODELS, build_char_tokenizer, load_policy, tiny_config
+from bench.model import load_policy
 from bench.rollout import make_engine
 from evaluators import get_benchmark
 from evaluators.verify import is_correct
+from tests.evaluators.tiny_model import tiny_model_dir
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    """The shipped tiny model when present, else a randomly initialised one saved as an ordinary HF folder."""
-    shipped = BUILTIN_MODELS["builtin:tiny-arith"]
-    if (shipped / "config.json").exists():
-        return str(shipped)
-    from transformers import AutoModelForCausalLM
-
-    out = tmp_path_factory.mktemp("tiny-random")
-    tok = build_char_tokenizer()
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        AutoModelForCausalLM.from_config(tiny_config(tok)).save_pretrained(out)
-    tok.save_pretrained(out)
-    return str(out)
+    return tiny_model_dir(tmp_path_factory, seed=0)
 
 
 @pytest.fixture(autouse=True)
@@ -79,13 +68,17 @@ def test_nested_mlflow_run(model_dir, mlflow_server):
     uri = mlflow_server
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment("pobench-test")
-    with mlflow.start_run(run_name="train") as parent:
+    with mlflow.start_run(run_name="train") as parent:  # a fluent active run ...
         child_id = log_to_mlflow([r], params={"model": model_dir}, tracking_uri=uri, step=5)
+    client = mlflow.MlflowClient(uri)
+    trainer_run = client.create_run(parent.info.experiment_id, run_name="client-run")  # ... or an explicit parent
+    second_id = log_to_mlflow([r], params={}, tracking_uri=uri, parent_run_id=trainer_run.info.run_id)
+    assert client.get_run(second_id).data.tags["mlflow.parentRunId"] == trainer_run.info.run_id
     child = mlflow.get_run(child_id)
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert child.data.tags["pobench.kind"] == "eval"
     assert child.data.metrics["eval/arith/greedy_acc"] == r.metrics["greedy_acc"].value
-    history = mlflow.MlflowClient(uri).get_metric_history(child_id, "eval/arith/greedy_acc")
+    history = client.get_metric_history(child_id, "eval/arith/greedy_acc")
     assert [h.step for h in history] == [5]
 
 

@@ -10,28 +10,16 @@ import torch
 import yaml
 
 from bench.cli import main
-from bench.model import BUILTIN_MODELS, build_char_tokenizer, tiny_config
 from evaluators import get_benchmark
 from evaluators.lm_eval_bridge import write_tasks
+from tests.evaluators.tiny_model import tiny_model_dir
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    """The shipped tiny model when present, else a randomly initialised one saved as an ordinary HF folder."""
-    shipped = BUILTIN_MODELS["builtin:tiny-arith"]
-    if (shipped / "config.json").exists():
-        return str(shipped)
-    from transformers import AutoModelForCausalLM
-
-    out = tmp_path_factory.mktemp("tiny-random")
-    tok = build_char_tokenizer()
-    with torch.random.fork_rng():
-        torch.manual_seed(1)
-        AutoModelForCausalLM.from_config(tiny_config(tok)).save_pretrained(out)
-    tok.save_pretrained(out)
-    return str(out)
+    return tiny_model_dir(tmp_path_factory, seed=1)
 
 
 def _gsm8k_rows(path: Path) -> None:

@@ -20,6 +20,9 @@ import yaml
 from bench import tune
 from bench.config import TrainConfig
 
+# TrainConfig fields a study sets itself per trial (the rest come from --config and the flags)
+SKIP = ("algo", "seed", "run_name", "comparison", "resume")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="Optuna search over an objective's hyper-parameters",
@@ -33,15 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="eval/KEY (value at the end, maximised) or steps_to:eval/KEY>=X / seconds_to:eval/KEY>=X "
                         "(time to reach X, minimised); default eval/accuracy")
     p.add_argument("--direction", choices=["maximize", "minimize"], help="override the metric's direction")
-    p.add_argument("--steps", type=int, help="training steps per trial (overrides the config)")
     p.add_argument("--seeds", default="0", help="comma-separated seeds; a trial's value is the mean (default 0)")
     p.add_argument("--study", help="study name (default tune-<algo>); an existing study is resumed / joined")
     p.add_argument("--storage", help="SQLAlchemy URL of the Optuna storage, e.g. postgresql://user@host/db "
                                      f"(default {tune.default_storage_url()})")
-    p.add_argument("--config", help="base TrainConfig YAML every trial starts from")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a TrainConfig field of the base config (repeatable; VALUE parsed as YAML)")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: config, MLFLOW_TRACKING_URI, MLflow's)")
+    p.add_argument("--config", help="base TrainConfig YAML every trial starts from (the flags below override it)")
     p.add_argument("--pruner", default="median", help="median | percentile:P | hyperband | none (default median)")
     p.add_argument("--pruner-warmup", type=int, default=1, help="reports of a trial before it may be pruned")
     p.add_argument("--pruner-startup", type=int, default=2, help="finished trials before pruning starts")
@@ -52,24 +51,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sampler-seed", type=int, help="seed of the TPE sampler (default random: workers differ)")
     p.add_argument("--out", help="output folder (default .pobench/tune/<study>)")
     p.add_argument("--show", action="store_true", help="print the leaderboard of --study and write its outputs")
+    from bench.cmd_train import add_config_flags
+
+    add_config_flags(p, skip=SKIP)  # --steps, --prompts-per-step, --tracking-uri, ... as in `bench train`
     p.set_defaults(func=main)
 
 
 def _base_config(args: argparse.Namespace) -> TrainConfig:
-    overrides: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
-        overrides[key.strip()] = yaml.safe_load(value)
-    if args.steps is not None:
-        overrides["steps"] = args.steps
-    if args.tracking_uri:
-        overrides["tracking_uri"] = args.tracking_uri
-    cfg = TrainConfig.load(args.config, **overrides) if args.config else TrainConfig.from_dict(overrides)
-    cfg.algo = args.algo
-    cfg.validate()
-    return cfg
+    """``--config`` file < TrainConfig flags; validated with the objective's default config."""
+    from bench.cmd_train import config_from_args
+
+    return config_from_args(args, algo=args.algo)
 
 
 def _seeds(text: str) -> list[int]:

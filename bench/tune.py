@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 import time
 from collections.abc import Callable
@@ -318,16 +317,19 @@ class TuneSpec:
 
 
 def tracking_uri(cfg: TrainConfig) -> str:
-    import mlflow
+    """The MLflow URI the training loop will use for ``cfg`` (resolved once, passed to every trial explicitly)."""
+    from bench.tracking import tracking_uri as resolve
 
-    return cfg.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
+    return resolve(cfg.tracking_uri)
 
 
 def open_study(spec: TuneSpec) -> tuple[optuna.Study, StudyRuns]:
     """Create or join the study (checking its settings match) and its MLflow parent run."""
-    runs = StudyRuns(tracking_uri(spec.base), spec.base.experiment, spec.study)
+    holder: list[StudyRuns] = []  # the storage is checked first: an unreachable URL fails before MLflow is touched
     storage = open_storage(spec.storage or default_storage_url(), spec.heartbeat, spec.grace, spec.max_retry,
-                           on_stale=runs.close_stale_trial)
+                           on_stale=lambda study, trial: holder[0].close_stale_trial(study, trial))
+    runs = StudyRuns(tracking_uri(spec.base), spec.base.experiment, spec.study)
+    holder.append(runs)
     sampler = optuna.samplers.TPESampler(seed=spec.sampler_seed)
     pruner = make_pruner(spec.pruner, spec.pruner_warmup, spec.pruner_startup)
     try:

@@ -104,16 +104,17 @@ def _closed_port() -> int:
 
 def test_cli_bad_input_exits_before_creating_anything(tmp_path, capsys):
     db = tmp_path / "optuna.db"
-    base = ["tune", "--algo", "tepo", "--storage", f"sqlite:///{db}", "--trials", "2"]
+    base = ["tune", "--algo", "tepo", "--storage", f"sqlite:///{db}", "--trials", "2",
+            "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
     assert cli_main([*base, "--space", "entropy_treshold=0:0.5"]) == 2
     assert "no parameter 'entropy_treshold'" in capsys.readouterr().err
     assert cli_main([*base, "--space", "kl_coef=1e-1:1e-3:log"]) == 2
     assert "inverted" in capsys.readouterr().err
     assert cli_main([*base, "--pruner", "mean"]) == 2
     assert "--pruner" in capsys.readouterr().err
-    assert cli_main(["tune", "--algo", "tepo", "--storage", f"postgresql://x@127.0.0.1:{_closed_port()}/d"]) == 2
+    assert cli_main([*base[:3], "--storage", f"postgresql://x@127.0.0.1:{_closed_port()}/d", *base[5:]]) == 2
     assert "cannot be reached" in capsys.readouterr().err
-    assert not db.exists()
+    assert not db.exists() and not (tmp_path / "mlflow.db").exists()
 
 
 # --------------------------------------------------------------------------------------------------- pruning
@@ -295,16 +296,35 @@ def test_killed_worker_is_resumed_and_its_trial_retried(tmp_path, mlflow_server)
 
 
 # --------------------------------------------------------------------------------------------------- real loop
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    """`builtin:tiny-arith` when its shipped checkpoint is there, else the same architecture freshly initialised
+    (the search mechanics under test do not depend on the warm start)."""
+    from bench.model import BUILTIN_MODELS, build_char_tokenizer, tiny_config
+
+    if (BUILTIN_MODELS["builtin:tiny-arith"] / "config.json").exists():
+        return "builtin:tiny-arith"
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-init")
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(tiny_config(tok)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
 @pytest.mark.slow
-def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server):
+def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server, tiny_model):
     exp, study = f"real-{_uid()}", f"s-{_uid()}"
     db, out = tmp_path / "optuna.db", tmp_path / "out"
     argv = ["tune", "--algo", "tepo", "--trials", "3", "--steps", "2", "--seeds", "0", "--study", study,
             "--storage", f"sqlite:///{db}", "--tracking-uri", mlflow_server, "--out", str(out),
             "--space", "kl_coef=1e-3:1e-1:log,entropy_threshold=0:0.5",
-            "--set", "prompts_per_step=2", "--set", "group_size=2", "--set", "eval_problems=8",
-            "--set", "eval_every=1", "--set", "max_new_tokens=16", "--set", f"experiment={exp}",
-            "--set", f"output_dir={tmp_path / 'runs'}", "--set", "samples_every=0", "--set", "checkpoint_every=0"]
+            "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "8", "--eval-every", "1",
+            "--max-new-tokens", "16", "--experiment", exp, "--output-dir", str(tmp_path / "runs"),
+            "--samples-every", "0", "--model", tiny_model]
     assert cli_main(argv) == 0
     s = optuna.load_study(study_name=study, storage=f"sqlite:///{db}")
     assert len(s.trials) == 3 and all(t.state in tune.FINISHED for t in s.trials)
@@ -321,6 +341,16 @@ def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server):
     best = yaml.safe_load((out / "best.yaml").read_text())
     assert best["algo"] == "tepo" and set(best["objective_overrides"]) == {"kl_coef", "entropy_threshold"}
     assert (out / "history.png").stat().st_size > 0
-    from bench.config import TrainConfig
+    # `bench run` takes it: its --params reader resolves the overrides, and a 1-step comparison runs with them
+    from bench.harness import load_params
 
-    TrainConfig(algo="tepo", objective_overrides=best["objective_overrides"]).validate()
+    assert load_params(out / "best.yaml", ["tepo"]) == {"tepo": best["objective_overrides"]}
+    assert cli_main(["run", "--algos", "tepo", "--seeds", "0", "--params", str(out / "best.yaml"), "--steps", "1",
+                     "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "8", "--max-new-tokens", "16",
+                     "--experiment", exp, "--tracking-uri", mlflow_server, "--output-dir", str(tmp_path / "run"),
+                     "--model", tiny_model, "--no-report", "--no-progress"]) == 0
+    ran = _client(mlflow_server).search_runs([parent[0].info.experiment_id], "tags.`pobench.kind` = 'train'")
+    ran = [r for r in ran if "pobench.comparison" in r.data.tags]
+    assert len(ran) == 1
+    for k, v in best["objective_overrides"].items():
+        assert float(ran[0].data.params[f"objective.{k}"]) == pytest.approx(v)

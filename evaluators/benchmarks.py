@@ -16,7 +16,15 @@ from typing import Any
 
 from evaluators.sources import BadRowError, SourceRows, read_source
 from evaluators.tasks import Problem
-from evaluators.verify import KINDS, format_number, is_correct, join_math_spans, last_boxed, to_number
+from evaluators.verify import (
+    KINDS,
+    format_number,
+    is_correct,
+    join_math_spans,
+    last_boxed,
+    strip_math_delimiters,
+    to_number,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +39,8 @@ class EmptyAnswerError(BadRowError):
 def _strip_dollars(text: str) -> str:
     """``$2^{1009}$`` -> ``2^{1009}``; ``$69$,$84$`` -> ``69, 84``."""
     text = text.strip()
-    joined = join_math_spans(text)
-    if joined is not None and text.startswith("$"):
-        return joined
-    while len(text) >= 2 and text.startswith("$") and text.endswith("$"):
-        text = text[1:-1].strip()
-    return text
+    joined = join_math_spans(text) if text.startswith("$") else None
+    return joined if joined is not None else strip_math_delimiters(text)
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,8 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-def _strip_math_delimiters(s: str) -> str:
+def strip_math_delimiters(s: str) -> str:
+    """``$x$`` / ``$$x$$`` / ``\\(x\\)`` / ``\\[x\\]`` -> ``x``."""
     s = s.strip()
     for left, right in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if s.startswith(left) and s.endswith(right) and len(s) >= len(left) + len(right):
@@ -127,7 +128,7 @@ def extract_answer(completion: str, kind: str) -> str | None:
         raw = _last_number(text)
     if raw is None:
         return None
-    raw = _strip_math_delimiters(raw).rstrip(".").strip()
+    raw = strip_math_delimiters(raw).rstrip(".").strip()
     if kind in ("number", "integer"):
         value = to_number(raw)
         if value is None:  # "$1,000 in total", "18 eggs": the first number of the answer text
@@ -200,7 +201,7 @@ def format_number(value: Fraction) -> str:
 
 def normalize_latex(s: str) -> str:
     """A light, safe normalisation used for exact matches and majority-vote keys (not for semantic equality)."""
-    s = _strip_math_delimiters(s)
+    s = strip_math_delimiters(s)
     s = re.sub(r"\\text\s*\{\s*([^{}]*?)\s*\}", r"\1", s)
     for a, b in (("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"), ("\\left", ""), ("\\right", ""), ("\\!", ""),
                  ("\\,", ""), ("\\;", ""), ("\\:", ""), ("\\ ", ""), ("^\\circ", ""), ("^{\\circ}", ""),

@@ -115,8 +115,9 @@ def extract_answer(completion: str, kind: str) -> str | None:
     text = completion or ""
     if not text.strip():
         return None
-    hashes = re.findall(r"####\s*([^\n]*)", text)
-    hashes_answer = hashes[-1].strip() if hashes and hashes[-1].strip() else None
+    # `#### N` (GSM8K); a `####` line starting with a letter is a markdown heading, not an answer
+    hashes = [h.strip() for h in re.findall(r"####[ \t]*([^\n]*)", text) if h.strip() and not h[:1].isalpha()]
+    hashes_answer = hashes[-1] if hashes else None
     boxed = last_boxed(text)
     if kind == "number":
         raw = hashes_answer or boxed or _answer_phrase(text)

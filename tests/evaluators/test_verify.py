@@ -13,6 +13,8 @@ from evaluators.verify import MathVerifyPool, answer_key, answers_match, extract
 @pytest.mark.parametrize("completion, kind, expected", [
     ("She makes 9 * 2 = $18 every day.\n#### 18", "number", "18"),
     ("#### 1,000", "number", "1000"),
+    ("#### Step 1: add\n3 + 15 = 18\n#### Answer\nSo the answer is \\boxed{18}.", "number", "18"),  # headings
+    ("#### Answer: 18", "number", "18"),
     ("#### $1,250.00", "number", "1250"),
     ("The answer is 18 dollars.", "number", "18"),
     ("so the total is \\boxed{\\$18.00}", "number", "18"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -225,3 +226,24 @@ def test_interrupted_comparison_resumes_only_missing_pairs(tmp_path, model_dir):
     elapsed = _history(client, after["tepo"].info.run_id, "time/elapsed_s")
     assert all(math.isfinite(v) for _, v in elapsed) and [s for s, _ in elapsed] == [1, 2, 3]
     assert (tmp_path / "out" / "resume" / "report.md").exists()
+
+
+@pytest.mark.slow
+def test_params_variant_and_force_redo(tmp_path, model_dir):
+    cfg = replace(tiny(tmp_path, model_dir, "force"), steps=2)
+    params = {"grpo": {"kl_coef": 0.0}}
+    first = run_comparison(cfg, ["grpo"], [0], params, out_root=tmp_path / "out", progress=False)
+    label = variant_label("grpo", {"kl_coef": 0.0})
+    assert [p.variant for p in first.pairs] == [label] and label.startswith("grpo+")
+    client = MlflowClient(cfg.tracking_uri)
+    (old,) = _runs(client, "force")
+    assert old.data.tags["pobench.variant"] == label and old.data.params["objective.kl_coef"] == "0.0"
+    assert "| " + label + " |" in (tmp_path / "out" / "force" / "accuracy.md").read_text()
+
+    again = run_comparison(cfg, ["grpo"], [0], params, out_root=tmp_path / "out", progress=False)
+    assert again.pairs[0].outcome == "reused"           # the overrides are part of the run's identity
+    redo = run_comparison(cfg, ["grpo"], [0], params, force=True, out_root=tmp_path / "out", progress=False)
+    assert redo.pairs[0].outcome == "finished" and redo.pairs[0].run_id != old.info.run_id
+    assert client.get_run(old.info.run_id).data.tags[f"pobench.in.{redo.comparison}"] == "0"
+    with open(tmp_path / "out" / "force" / "runs.csv") as f:
+        assert [r["run_id"] for r in csv.DictReader(f)] == [redo.pairs[0].run_id]

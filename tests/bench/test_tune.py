@@ -239,11 +239,17 @@ def postgres():
 
 
 @pytest.mark.slow
-def test_two_workers_share_one_postgres_study(postgres, mlflow_server):
+def test_two_workers_share_one_postgres_study(postgres, mlflow_server, tmp_path):
     url = postgres.create_database(f"optuna_{_uid()}")
     tune.open_storage(url)  # create the schema once, so the two workers do not race on CREATE TABLE
     exp, study, n = f"pg-{_uid()}", f"s-{_uid()}", 6
-    procs = [_worker(url, mlflow_server, exp, study, n, steps=3, step_s=0.3) for _ in range(2)]
+    barrier = tmp_path / "go"
+    procs = [_worker(url, mlflow_server, exp, study, n, steps=3, step_s=0.3, barrier=barrier) for _ in range(2)]
+    deadline = time.time() + 300
+    while len(list(tmp_path.glob("go.ready.*"))) < 2 and time.time() < deadline and all(p.poll() is None
+                                                                                       for p in procs):
+        time.sleep(0.2)
+    barrier.touch()  # both workers imported everything: their trials now overlap
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     by = [_finished_by(o) for o in outs]
@@ -319,10 +325,10 @@ def tiny_model(tmp_path_factory) -> str:
 def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server, tiny_model):
     exp, study = f"real-{_uid()}", f"s-{_uid()}"
     db, out = tmp_path / "optuna.db", tmp_path / "out"
-    argv = ["tune", "--algo", "tepo", "--trials", "3", "--steps", "2", "--seeds", "0", "--study", study,
+    argv = ["tune", "--algo", "tepo", "--trials", "3", "--steps", "1", "--seeds", "0", "--study", study,
             "--storage", f"sqlite:///{db}", "--tracking-uri", mlflow_server, "--out", str(out),
             "--space", "kl_coef=1e-3:1e-1:log,entropy_threshold=0:0.5",
-            "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "8", "--eval-every", "1",
+            "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--eval-every", "1",
             "--max-new-tokens", "16", "--experiment", exp, "--output-dir", str(tmp_path / "runs"),
             "--samples-every", "0", "--model", tiny_model]
     assert cli_main(argv) == 0
@@ -335,18 +341,21 @@ def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server, tiny_
     for t in trials:
         assert t.data.tags["mlflow.parentRunId"] == parent[0].info.run_id
         assert {"kl_coef", "entropy_threshold"} <= set(t.data.params)
-        assert len(client.get_metric_history(t.info.run_id, "eval/accuracy")) >= 2  # step 0 and later
+        assert [m.step for m in client.get_metric_history(t.info.run_id, "eval/accuracy")] == [0, 1]
         train_runs = client.search_runs([t.info.experiment_id], f"tags.mlflow.parentRunId = '{t.info.run_id}'")
         assert len(train_runs) == 1  # one seed: one training run nested under the trial
     best = yaml.safe_load((out / "best.yaml").read_text())
-    assert best["algo"] == "tepo" and set(best["objective_overrides"]) == {"kl_coef", "entropy_threshold"}
+    # --space narrowed two ranges; the other declared ranges of tepo are searched too
+    assert best["algo"] == "tepo" and set(best["objective_overrides"]) == set(tune.resolve_space("tepo"))
+    assert best["objective_overrides"] == s.best_params
+    assert 1e-3 <= best["objective_overrides"]["kl_coef"] <= 1e-1
     assert (out / "history.png").stat().st_size > 0
     # `bench run` takes it: its --params reader resolves the overrides, and a 1-step comparison runs with them
     from bench.harness import load_params
 
     assert load_params(out / "best.yaml", ["tepo"]) == {"tepo": best["objective_overrides"]}
     assert cli_main(["run", "--algos", "tepo", "--seeds", "0", "--params", str(out / "best.yaml"), "--steps", "1",
-                     "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "8", "--max-new-tokens", "16",
+                     "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--max-new-tokens", "16",
                      "--experiment", exp, "--tracking-uri", mlflow_server, "--output-dir", str(tmp_path / "run"),
                      "--model", tiny_model, "--no-report", "--no-progress"]) == 0
     ran = _client(mlflow_server).search_runs([parent[0].info.experiment_id], "tags.`pobench.kind` = 'train'")

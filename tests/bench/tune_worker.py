@@ -68,8 +68,18 @@ def main() -> int:
     p.add_argument("--heartbeat", type=int, default=1)
     p.add_argument("--grace", type=int, default=3)
     p.add_argument("--pruner", default="none")
+    p.add_argument("--barrier", help="after the imports, touch BARRIER.ready.<pid> and wait until BARRIER exists "
+                                     "(so that several workers start their trials together)")
     a = p.parse_args()
     from bench import tune
+
+    if a.barrier:
+        Path(f"{a.barrier}.ready.{os.getpid()}").touch()
+        deadline = time.time() + 300
+        while not Path(a.barrier).exists():
+            if time.time() > deadline:
+                raise SystemExit("barrier never opened")
+            time.sleep(0.1)
 
     spec = make_spec(a.study, a.storage, a.tracking_uri, a.experiment, a.trials, a.steps, a.heartbeat, a.grace,
                      a.pruner)

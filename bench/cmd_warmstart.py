@@ -1,7 +1,7 @@
 """`bench warmstart`: build the warm-started tiny policy (supervised fine-tuning on `arith`), then measure it.
 
 The result is an ordinary Hugging Face model folder usable as `--model DIR`. With the default recipe (seed 0,
-1000 steps, difficulty 2) it reproduces the shipped `builtin:tiny-arith` checkpoint. A folder that already holds the
+500 steps, difficulty 2) it reproduces the shipped `builtin:tiny-arith` checkpoint. A folder that already holds the
 same recipe is reused unless `--force`.
 """
 

@@ -29,7 +29,7 @@ FINGERPRINT_STEPS = (50, 100)  # besides the last step: the reproducibility test
 class Recipe:
     """Every knob of the warm start (all of them go into warmstart.json)."""
 
-    steps: int = 1000
+    steps: int = 500
     seed: int = 0
     difficulty: int = 2
     batch_size: int = 32          # examples per optimizer step

@@ -70,6 +70,7 @@ def handmade():
     return types.SimpleNamespace(log_comparison=log_comparison, log_run=log_run, series=handmade_series)
 
 
-@pytest.fixture
-def local_uri(tmp_path):
-    return f"sqlite:///{tmp_path}/mlflow.db"
+@pytest.fixture(scope="module")
+def local_uri(tmp_path_factory):
+    """One local SQLite store per test module (creating its schema takes seconds); tests use their own experiments."""
+    return f"sqlite:///{tmp_path_factory.mktemp('store')}/mlflow.db"

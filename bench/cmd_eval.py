@@ -162,8 +162,10 @@ def run(args) -> int:
                 extra[r.benchmark] = {"lm_eval_acc": harness.scores[r.benchmark]}
                 r.extra["lm_eval"] = comparison
                 if comparison["disagreements"]:
+                    cut = sum(d["truncated_by_lm_eval"] for d in comparison["disagreements"])
                     print(f"bench eval: lm-eval and ours disagree on {len(comparison['disagreements'])} "
-                          f"{r.benchmark} problem(s); see results.json", file=sys.stderr)
+                          f"{r.benchmark} problem(s) ({cut} of them with a prompt lm-eval truncated to fit the "
+                          "model's context); see results.json", file=sys.stderr)
         meta["lm_eval_version"] = harness.version
     print(format_table(results, extra))
     paths = write_outputs(results, out_dir, meta)

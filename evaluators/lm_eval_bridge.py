@@ -122,9 +122,10 @@ def run_lm_eval(model: str, benchmarks: list[tuple[Any, list]], out_dir: str | P
     from bench.model import format_prompt, resolve_device, resolve_model_path
 
     path = resolve_model_path(model)
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
+    context = _context_length(AutoConfig.from_pretrained(path), tokenizer)
     entries = [(b, ps, [format_prompt(tokenizer, p.question, prompt_template) for p in ps]) for b, ps in benchmarks]
     out = Path(out_dir)
     names = write_tasks(entries, out, max_new_tokens)
@@ -141,10 +142,22 @@ def run_lm_eval(model: str, benchmarks: list[tuple[Any, list]], out_dir: str | P
         samples = sorted(results["samples"][name], key=lambda s: s["doc_id"])
         rows[b.name] = [{"id": s["doc"]["id"], "prompt": s["arguments"][0][0] if s.get("arguments") else None,
                          "completion": s["resps"][0][0], "answer": _first(s["filtered_resps"]) or None,
-                         "correct": bool(s["acc"])} for s in samples]
+                         "correct": bool(s["acc"]),
+                         # lm-eval cuts such a prompt on the left to fit max_new_tokens in the context; we do not
+                         "truncated": len(tokenizer(s["doc"]["prompt"])["input_ids"]) + max_new_tokens > context}
+                        for s in samples]
     (out / "lm_eval_results.json").write_text(json.dumps({"scores": scores, "rows": rows}, indent=2))
     return HarnessResult(scores=scores, rows=rows, version=getattr(lm_eval, "__version__", "unknown"),
                          task_dir=str(out), raw={k: results.get(k) for k in ("results", "configs", "versions")})
+
+
+def _context_length(config, tokenizer) -> int:
+    """The context length lm-eval's HF model assumes (its `max_length` rule): config, else tokenizer, else 2048."""
+    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
+        if getattr(config, attr, None):
+            return int(getattr(config, attr))
+    limit = getattr(tokenizer, "model_max_length", None)
+    return int(limit) if limit and limit < 10**9 else 2048
 
 
 def _first(value):
@@ -161,11 +174,13 @@ def compare_with_ours(harness: HarnessResult, ours) -> dict[str, Any]:
         if mine["id"] != other["id"]:
             raise ValueError(f"{ours.benchmark}: row order differs ({mine['id']} vs {other['id']})")
         if (mine.get("greedy_answer"), bool(mine.get("greedy_correct"))) != (other["answer"], other["correct"]):
-            disagreements.append({"id": mine["id"], "ours": mine.get("greedy_completion"),
+            disagreements.append({"id": mine["id"], "truncated_by_lm_eval": bool(other.get("truncated")),
+                                  "ours": mine.get("greedy_completion"),
                                   "lm_eval": other["completion"], "our_answer": mine.get("greedy_answer"),
                                   "lm_eval_answer": other["answer"]})
     ours_acc = ours.metrics["greedy_acc"].value if "greedy_acc" in ours.metrics else None
-    return {"lm_eval_acc": harness.scores[ours.benchmark], "our_greedy_acc": ours_acc,
+    truncated = [o["id"] for o in theirs if o.get("truncated")]
+    return {"lm_eval_acc": harness.scores[ours.benchmark], "our_greedy_acc": ours_acc, "truncated": truncated,
             "same_prompts": sum(m["prompt"] == o["prompt"] for m, o in zip(ours.rows, theirs)),
             "same_completions": sum(m.get("greedy_completion") == o["completion"]
                                     for m, o in zip(ours.rows, theirs)),

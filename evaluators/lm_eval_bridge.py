@@ -4,7 +4,7 @@
 the model) and an lm-eval task YAML that reads it (``dataset_path: json`` with ``data_files``), decodes greedily,
 filters each response through our `extract_answer` (a ``custom`` filter) and scores it with our verifier
 (``process_results``), both from a ``utils.py`` next to the YAML. `run_lm_eval` runs lm-eval's ``simple_evaluate``
-with its own Hugging Face model class (``pretrained=<folder>``); `compare_with_ours` lines up its per-row answers
+with its own Hugging Face model class (``HFLM(pretrained=<folder>)``); `compare_with_ours` lines up its per-row answers
 with ours. For the same model, greedy decoding and the same prompts the two accuracies must agree.
 """
 
@@ -117,6 +117,7 @@ def run_lm_eval(model: str, benchmarks: list[tuple[Any, list]], out_dir: str | P
                 batch_size: int = 1) -> HarnessResult:
     """Run lm-eval (its HF model class, greedy) on `benchmarks` = [(benchmark, problems)] with our prompts."""
     import lm_eval
+    from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
     from bench.model import format_prompt, resolve_device, resolve_model_path
@@ -130,10 +131,12 @@ def run_lm_eval(model: str, benchmarks: list[tuple[Any, list]], out_dir: str | P
     out = Path(out_dir)
     names = write_tasks(entries, out, max_new_tokens)
     manager = TaskManager(include_path=str(out.resolve()))
-    results = lm_eval.simple_evaluate(
-        model="hf", model_args={"pretrained": path, "dtype": dtype}, tasks=names, task_manager=manager,
-        batch_size=batch_size, device=str(resolve_device(device)), log_samples=True, bootstrap_iters=0,
-        apply_chat_template=False)
+    lm = HFLM(pretrained=path, dtype=dtype, device=str(resolve_device(device)), batch_size=batch_size)
+    # lm-eval bounds a completion with generate(max_length=prompt + max_gen_toks); a `max_new_tokens` in the model
+    # folder's generation_config.json would take precedence over it, so it is cleared: the task's limit applies.
+    lm.model.generation_config.max_new_tokens = None
+    results = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=manager, log_samples=True,
+                                      bootstrap_iters=0, apply_chat_template=False)
     scores, rows = {}, {}
     for b, _, _ in entries:
         name = task_name(b.name)

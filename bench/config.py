@@ -27,7 +27,7 @@ BUILTIN_MODEL = "builtin:tiny-arith"
 
 # Fields that distinguish runs of one comparison: everything else must be identical across its runs.
 PER_RUN_FIELDS = ("algo", "objective_overrides", "seed", "control", "run_name", "output_dir", "resume",
-                  "tracking_uri", "experiment", "comparison", "tags")
+                  "tracking_uri", "experiment", "comparison", "tags", "threads")
 
 
 @dataclass
@@ -46,6 +46,7 @@ class TrainConfig:
     dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
     device: str = _f("auto", "cpu | cuda | auto.")
     backend: str = _f("hf", "Rollout engine backend: hf | vllm.")
+    threads: int = _f(0, "torch intra-op CPU threads (0 = torch's default; 1 is fastest for the tiny model).")
     # --- data
     task: str = _f("arith", "Training task: a benchmark name (arith, gsm8k, math, ...).")
     data: str | None = _f(None, "Local file/folder or hub id for the training task (default: the benchmark's own).")
@@ -97,7 +98,7 @@ class TrainConfig:
                      "micro_batch_size", "eval_problems", "eval_samples"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 bad(name, "must be an integer >= 1")
-        for name in ("eval_every", "checkpoint_every", "samples_every", "warmup_steps", "difficulty"):
+        for name in ("eval_every", "checkpoint_every", "samples_every", "warmup_steps", "difficulty", "threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 bad(name, "must be an integer >= 0")
         if not (self.lr > 0):

@@ -94,6 +94,8 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
         raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or choose "
                          "another --output-dir / --run-name")
     torch.manual_seed(cfg.seed)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
 
     # --- policy, reference, rollout engine, optimizer
     model, tok = load_policy(cfg.model, cfg.device, cfg.dtype)
@@ -266,7 +268,13 @@ def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, 
         problems = data.batch(step, r)
         prompts = [format_prompt(tok, p.question, cfg.prompt_template) for p in problems]
         t0 = time.perf_counter()
-        ro = engine.generate(prompts, G, params, seed=derive_seed(cfg.seed, "rollout", step, r))
+        try:
+            ro = engine.generate(prompts, G, params, seed=derive_seed(cfg.seed, "rollout", step, r))
+        except RuntimeError as e:  # torch.multinomial refuses NaN/inf probabilities: the weights blew up
+            if any(w in str(e).lower() for w in ("nan", "inf")):
+                raise TrainingDiverged(f"step {step}: sampling failed because the policy's probabilities are "
+                                       f"non-finite ({e}); the learning rate may be too high") from e
+            raise
         gen_s += time.perf_counter() - t0
         correct = torch.tensor([data.benchmark.reward(ro.texts[i], problems[i // G]) for i in range(len(ro))])
         rewards = correct.clone()

@@ -1,9 +1,16 @@
-"""Shared fixtures: a real MLflow tracking server on loopback (no mock stands in for it)."""
+"""Shared test settings (one torch thread per process) and fixtures: a real MLflow tracking server on loopback
+(no mock stands in for it)."""
 
 from __future__ import annotations
 
 import os
-import shutil
+
+# The tiny model's matrices are small: one intra-op thread per process is faster than two on a 2-core machine, and
+# keeps subprocess-based tests (servers, workers) from oversubscribing the cores. Set before torch is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import shutil  # noqa: E402
 import socket
 import subprocess
 import sys

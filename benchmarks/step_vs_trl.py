@@ -1,0 +1,186 @@
+"""Speed benchmark: our training step against TRL's GRPOTrainer, raw `model.generate`, and the floor.
+
+Same tiny model, same 32 prompts x 8 completions (256), 48 new tokens, one update per rollout, measured in ONE process
+so that the ratios compare like with like on whatever machine runs it:
+
+    python benchmarks/step_vs_trl.py [--steps 4] [--prompts 32] [--group 8] [--max-new-tokens 48]
+
+Prints seconds per step (ours, TRL) and their ratio; our rollout tokens/s against raw `model.generate`; the floor
+(raw generate + one forward/backward over the same tokens) and our step's ratio to it; peak RSS after each part.
+Targets (issue #3): ours <= 0.7x TRL, <= 1.2x the floor; rollout >= 90% of raw generate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import tempfile
+import time
+
+import torch
+
+
+def rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def prompts_for(n: int) -> list[str]:
+    from bench.data import TrainData
+    from bench.model import format_prompt, load_policy
+
+    _, tok = load_policy("builtin:tiny-arith")
+    data = TrainData("arith", seed=0, steps=1, prompts_per_step=n)
+    return [format_prompt(tok, p.question, "auto") for p in data.batch(1)]
+
+
+def raw_generate(prompts: list[str], group: int, max_new: int, repeats: int) -> tuple[float, float]:
+    """Seconds and tokens/s of plain `model.generate` sampling the same batch."""
+    from bench.model import load_policy
+
+    model, tok = load_policy("builtin:tiny-arith")
+    enc = tok([p for p in prompts for _ in range(group)], return_tensors="pt", padding=True)
+    times, toks = [], 0
+    for i in range(repeats):
+        torch.manual_seed(i)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(**enc, do_sample=True, max_new_tokens=max_new, temperature=1.0, top_p=1.0, top_k=0,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        times.append(time.perf_counter() - t0)
+        gen = out[:, enc.input_ids.shape[1]:]
+        # tokens up to and including the first eos count as generated
+        is_eos = (gen == tok.eos_token_id).int()
+        before = (is_eos.cumsum(-1) - is_eos) == 0
+        toks = int(before.sum())
+    sec = statistics.median(times)
+    return sec, toks / sec
+
+
+def our_rollout_and_floor(prompts, group, max_new, repeats) -> dict[str, float]:
+    """Our engine's tokens/s, and one forward/backward over its completions (the floor's training half)."""
+    from bench.model import load_policy
+    from bench.rollout import SamplingParams, make_engine
+    from bench.scoring import score
+
+    model, tok = load_policy("builtin:tiny-arith")
+    engine = make_engine("hf", model, tok)
+    times, toks, fb = [], 0, []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        ro = engine.generate(prompts, group, SamplingParams(max_new_tokens=max_new), seed=i)
+        times.append(time.perf_counter() - t0)
+        toks = sum(len(c) for c in ro.completion_ids)
+        t1 = time.perf_counter()
+        prompt_rows = [p for p in ro.prompt_ids for _ in range(group)]
+        lp, _, mask = score(model, prompt_rows, ro.completion_ids, 1.0, grad=True)
+        ((lp * mask).sum() / mask.sum()).backward()
+        model.zero_grad(set_to_none=True)
+        fb.append(time.perf_counter() - t1)
+    sec = statistics.median(times)
+    return {"rollout_s": sec, "rollout_tok_s": toks / sec, "fwd_bwd_s": statistics.median(fb)}
+
+
+def our_step(steps: int, prompts: int, group: int, max_new: int, workdir: str) -> float:
+    """Median `time/step_s` of our loop (GRPO without KL, one update per rollout, one micro-batch)."""
+    from mlflow.tracking import MlflowClient
+
+    from bench.config import TrainConfig
+    from bench.train import train
+
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    cfg = TrainConfig(algo="grpo", objective_overrides={"kl_coef": 0.0}, steps=steps, prompts_per_step=prompts,
+                      group_size=group, max_new_tokens=max_new, micro_batch_size=prompts * group, eval_every=0,
+                      checkpoint_every=10_000, samples_every=0, track_ref_kl=False, output_dir=f"{workdir}/runs",
+                      tracking_uri=uri, experiment="bench-step")
+    res = train(cfg)
+    hist = MlflowClient(uri).get_metric_history(res.run_id, "time/step_s")
+    return statistics.median(m.value for m in sorted(hist, key=lambda m: m.step)[1:])  # first step = warm-up
+
+
+def trl_step(steps: int, prompts: list[str], group: int, max_new: int, workdir: str) -> float:
+    """Median seconds per optimizer step of TRL's GRPOTrainer on the same model and batch (warm-up step excluded)."""
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from bench.model import resolve_model_path
+    from evaluators.verify import is_correct
+
+    stamps: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            if not stamps:
+                stamps.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kw):
+            stamps.append(time.perf_counter())
+
+    answers = {}
+    from bench.data import TrainData
+
+    for p in TrainData("arith", seed=0, steps=1, prompts_per_step=len(prompts)).batch(1):
+        answers[p.question] = p.answer
+
+    def reward(completions, answer, **kw):
+        return [1.0 if is_correct(c, a, "number") else 0.0 for c, a in zip(completions, answer)]
+
+    from bench.model import format_prompt, load_policy
+
+    _, tok = load_policy("builtin:tiny-arith")
+    qs = list(answers)
+    ds = Dataset.from_dict({"prompt": [format_prompt(tok, q, "auto") for q in qs] * steps,
+                            "answer": [answers[q] for q in qs] * steps})
+    n = len(prompts) * group
+    args = GRPOConfig(output_dir=f"{workdir}/trl", per_device_train_batch_size=len(prompts),
+                      gradient_accumulation_steps=group, num_generations=group, max_completion_length=max_new,
+                      max_steps=steps, beta=0.0, loss_type="grpo", learning_rate=1e-4, report_to=[], use_cpu=True,
+                      logging_steps=1000, save_strategy="no", temperature=1.0, top_p=1.0, seed=0,
+                      generation_batch_size=n, shuffle_dataset=False)
+    trainer = GRPOTrainer(model=resolve_model_path("builtin:tiny-arith"), reward_funcs=reward, args=args,
+                          train_dataset=ds, processing_class=tok, callbacks=[Clock()])
+    trainer.train()
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return statistics.median(gaps[1:] if len(gaps) > 1 else gaps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    prompts = prompts_for(a.prompts)
+    work = tempfile.mkdtemp(prefix="pobench-bench-")
+    print(f"torch threads: {torch.get_num_threads()}; batch {a.prompts} prompts x {a.group} = "
+          f"{a.prompts * a.group} completions, {a.max_new_tokens} new tokens")
+    raw_s, raw_tps = raw_generate(prompts, a.group, a.max_new_tokens, a.repeats)
+    rss_raw = rss_mib()
+    ours = our_rollout_and_floor(prompts, a.group, a.max_new_tokens, a.repeats)
+    floor = raw_s + ours["fwd_bwd_s"]
+    step = our_step(a.steps, a.prompts, a.group, a.max_new_tokens, work)
+    rss_ours = rss_mib()
+    trl = trl_step(a.steps, prompts, a.group, a.max_new_tokens, work)
+    rss_trl = rss_mib()
+    rows = [
+        ("raw model.generate (s)", f"{raw_s:.3f}", f"{raw_tps:.0f} tok/s"),
+        ("our rollout (s)", f"{ours['rollout_s']:.3f}",
+         f"{ours['rollout_tok_s']:.0f} tok/s = {ours['rollout_tok_s'] / raw_tps:.2f}x raw (target >= 0.90)"),
+        ("one forward/backward (s)", f"{ours['fwd_bwd_s']:.3f}", ""),
+        ("floor = raw generate + fwd/bwd (s)", f"{floor:.3f}", ""),
+        ("our step (s)", f"{step:.3f}", f"{step / floor:.2f}x floor (target <= 1.2)"),
+        ("TRL GRPOTrainer step (s)", f"{trl:.3f}", f"ours = {step / trl:.2f}x TRL (target <= 0.7)"),
+        ("peak RSS after raw / ours / TRL (MiB)", f"{rss_raw:.0f} / {rss_ours:.0f} / {rss_trl:.0f}", ""),
+    ]
+    w = max(len(r[0]) for r in rows)
+    for name, val, note in rows:
+        print(f"{name:<{w}}  {val:>16}  {note}")
+
+
+if __name__ == "__main__":
+    main()

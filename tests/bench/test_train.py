@@ -1,0 +1,159 @@
+"""The training loop against the real tiny model: every objective learns, resume after SIGKILL, determinism,
+a real MLflow server, clear failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from safetensors.torch import load_file
+
+from algorithms import list_objectives
+from bench.config import TrainConfig
+from bench.model import resolve_model_path
+from bench.train import TrainingDiverged, train
+
+TIME_KEYS = ("time/", "rollout/tokens_per_s")
+
+
+def tiny(tmp_path: Path, uri: str, **kw) -> TrainConfig:
+    base = dict(steps=2, prompts_per_step=4, group_size=4, max_new_tokens=32, eval_every=0, eval_problems=8,
+                checkpoint_every=10, samples_every=0, lr=1e-3, output_dir=str(tmp_path / "runs"), tracking_uri=uri,
+                experiment="test-train")
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory):
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+
+
+def history(client: MlflowClient, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    run = client.get_run(run_id)
+    return {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k)) for k in run.data.metrics}
+
+
+def weights(path) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(path) / "model.safetensors"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", list_objectives())
+def test_every_objective_changes_the_parameters(tmp_path, uri, algo):
+    res = train(tiny(tmp_path, uri, algo=algo, run_name=f"p-{algo}"))
+    before = weights(resolve_model_path("builtin:tiny-arith"))
+    after = weights(res.output_dir / "final")
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert changed, f"{algo}: no parameter changed in 2 steps"
+    run = MlflowClient(uri).get_run(res.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["pobench.objective"] == algo
+    for key in ("rollout/reward_mean", "rollout/entropy_mean", "train/grad_norm", "objective/policy_loss",
+                "objective/clip_frac_low", "time/rollout_s", "rollout/zero_adv_frac", "train/kl_ref"):
+        assert key in run.data.metrics, (algo, key)
+
+
+@pytest.mark.slow
+def test_same_seed_same_metrics(tmp_path, uri):
+    kw = dict(algo="tepo", steps=3, eval_every=3)
+    a = train(tiny(tmp_path / "a", uri, run_name="det-a", **kw))
+    b = train(tiny(tmp_path / "b", uri, run_name="det-b", **kw))
+    client = MlflowClient(uri)
+    ha, hb = history(client, a.run_id), history(client, b.run_id)
+    keys = [k for k in ha if not k.startswith(TIME_KEYS)]
+    assert "eval/accuracy" in keys and "objective/policy_loss" in keys
+    for k in keys:
+        assert ha[k] == hb[k], k
+    c = train(tiny(tmp_path / "c", uri, run_name="det-c", seed=1, **kw))
+    assert history(client, c.run_id)["rollout/reward_mean"] != ha["rollout/reward_mean"]
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_has_no_missing_or_duplicated_step(tmp_path, uri):
+    args = ["--algo", "grpo", "--steps", "8", "--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "32",
+            "--eval-every", "4", "--eval-problems", "8", "--checkpoint-every", "2", "--samples-every", "0",
+            "--lr", "1e-3", "--tracking-uri", uri, "--experiment", "test-resume", "--run-name", "killed",
+            "--output-dir", str(tmp_path / "runs")]
+    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "train", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    ckpt = tmp_path / "runs" / "killed" / "ckpt-0000002" / "state.json"
+    deadline = time.time() + 600
+    while not ckpt.exists():
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        assert time.time() < deadline, "no checkpoint after 600 s"
+        time.sleep(0.2)
+    time.sleep(1.0)  # let it get into step 3 (or further) before the kill
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    client = MlflowClient(uri)
+    run = client.search_runs([client.get_experiment_by_name("test-resume").experiment_id])[0]
+    assert run.info.status == "RUNNING"  # SIGKILL: nobody closed it
+    done = subprocess.run([sys.executable, "-m", "bench.cli", "train", *args, "--resume"], capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    runs = client.search_runs([run.info.experiment_id])
+    assert len(runs) == 1 and runs[0].info.run_id == run.info.run_id and runs[0].info.status == "FINISHED"
+    h = history(client, run.info.run_id)
+    assert [s for s, _ in h["rollout/reward_mean"]] == list(range(1, 9))
+    assert [s for s, _ in h["train/grad_norm"]] == list(range(1, 9))
+    assert [s for s, _ in h["eval/accuracy"]] == [0, 4, 8]
+    # and the resumed run equals an uninterrupted one
+    ref = train(tiny(tmp_path / "ref", uri, algo="grpo", steps=8, eval_every=4, checkpoint_every=2,
+                     experiment="test-resume-ref", run_name="ref"))
+    h_ref = history(client, ref.run_id)
+    for k in ("rollout/reward_mean", "objective/policy_loss", "train/grad_norm", "eval/accuracy"):
+        assert h[k] == h_ref[k], k
+
+
+@pytest.mark.slow
+def test_real_mlflow_server_receives_the_run(tmp_path, mlflow_server):
+    res = train(tiny(tmp_path, mlflow_server, algo="dapo", steps=1, eval_every=1, samples_every=1))
+    client = MlflowClient(mlflow_server)
+    run = client.get_run(res.run_id)
+    assert run.info.status == "FINISHED"
+    assert "eval/accuracy" in run.data.metrics and "rollout/reward_mean" in run.data.metrics
+    assert run.data.params["algo"] == "dapo" and run.data.params["objective.clip_high"] == "0.28"
+    names = {a.path for a in client.list_artifacts(res.run_id)}
+    assert "config.yaml" in names and "samples" in names
+
+
+@pytest.mark.slow
+def test_divergence_stops_with_step_and_keeps_checkpoint(tmp_path, uri):
+    cfg = tiny(tmp_path, uri, algo="grpo", steps=4, lr=1e30, max_grad_norm=0.0, checkpoint_every=1,
+               run_name="nan")
+    with pytest.raises(TrainingDiverged, match=r"step [2-4]"):
+        train(cfg)
+    assert (tmp_path / "runs" / "nan" / "ckpt-0000001" / "state.json").exists()
+    client = MlflowClient(uri)
+    run = [r for r in client.search_runs([client.get_experiment_by_name("test-train").experiment_id])
+           if r.info.run_name == "nan"][0]
+    assert run.info.status == "FAILED" and "step" in run.data.tags["pobench.failure"]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "rollout/reward_mean")][0] == 1
+
+
+def test_out_of_range_config_fails_before_any_work(tmp_path, capsys):
+    from bench.cli import main
+
+    out = str(tmp_path / "runs")
+    assert main(["train", "--steps", "0", "--output-dir", out]) == 2
+    assert "`steps`" in capsys.readouterr().err
+    assert main(["train", "--algo", "tepo", "--objective-overrides", '{"kl_coef": -1}', "--output-dir", out]) == 2
+    assert "kl_coef" in capsys.readouterr().err
+    assert main(["train", "--algo", "tepoo", "--output-dir", out]) == 2
+    assert "did you mean 'tepo'" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_existing_checkpoints_need_resume(tmp_path, uri):
+    (tmp_path / "runs" / "grpo-s0" / "ckpt-0000001").mkdir(parents=True)
+    (tmp_path / "runs" / "grpo-s0" / "ckpt-0000001" / "state.json").write_text("{}")
+    with pytest.raises(ValueError, match="--resume"):
+        train(tiny(tmp_path, uri, algo="grpo"))

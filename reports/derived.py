@@ -164,6 +164,7 @@ def series_var(series: Series) -> float | None:
 class RunDerived:
     """Every derived number of one run (``None`` = does not exist, see the module docstring)."""
 
+    initial_acc: float | None      # held-out accuracy at step 0: the policy before training (the warm start)
     final_acc: float | None
     best_acc: float | None
     best_smoothed_acc: float | None
@@ -199,6 +200,7 @@ def derive(series: Mapping[str, Series], target: float, settings: DerivedSetting
     spikes = spike_steps(series.get(KEY_GRAD, []), settings.spike_k, settings.spike_window,
                          settings.spike_min_history)
     return RunDerived(
+        initial_acc=acc_pts[0][1] if acc_pts and acc_pts[0][0] == 0 else None,
         final_acc=acc_pts[-1][1] if acc_pts else None,
         best_acc=max(v for _, v in acc_pts) if acc_pts else None,
         best_smoothed_acc=best_smoothed(acc, settings.smooth_window),
@@ -217,8 +219,8 @@ def derive(series: Mapping[str, Series], target: float, settings: DerivedSetting
 
 
 # derived numbers stored back into each run as metrics `derived/<name>` (NaN + a tag when the value does not exist)
-STORED = ("final_acc", "best_acc", "target_acc", "ttc_step", "ttc_seconds", "entropy_collapse_step", "entropy_slope",
-          "acc_drawdown", "grad_spikes", "kl_max", "reward_var", "zero_adv_frac")
+STORED = ("initial_acc", "final_acc", "best_acc", "target_acc", "ttc_step", "ttc_seconds", "entropy_collapse_step",
+          "entropy_slope", "acc_drawdown", "grad_spikes", "kl_max", "reward_var", "zero_adv_frac")
 
 
 def store(client, run_id: str, d: RunDerived, comparison: str | None = None) -> None:

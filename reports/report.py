@@ -56,14 +56,17 @@ def accuracy_table(groups) -> Table:
     rows, csv_rows = [], []
     for obj, rs in groups.items():
         ds = [d for _, d in rs]
-        fm, fh = mean_ci(_vals(ds, "final_acc"))
-        bm, bh = mean_ci(_vals(ds, "best_acc"))
-        rows.append([obj, str(len(ds)), fmt_mean_ci(_vals(ds, "final_acc")), fmt_mean_ci(_vals(ds, "best_acc"))])
-        csv_rows.append([obj, len(ds), fm, fh, bm, bh])
-    return Table("accuracy", "Held-out accuracy", "Greedy held-out accuracy at the last evaluation (final) and the "
-                 "highest over evaluations (best); mean ± 95% Student-t CI over n seeds.",
-                 ["objective", "n", "final accuracy", "best accuracy"], rows,
-                 ["objective", "n", "final_mean", "final_ci95", "best_mean", "best_ci95"], csv_rows)
+        gains = [d.final_acc - d.initial_acc for d in ds if d.final_acc is not None and d.initial_acc is not None]
+        cols = [_vals(ds, "initial_acc"), _vals(ds, "final_acc"), _vals(ds, "best_acc"), gains]
+        rows.append([obj, str(len(ds)), *[fmt_mean_ci(v) if len(v) == len(ds) else "n/a" for v in cols]])
+        csv_rows.append([obj, len(ds), *[x for v in cols for x in (mean_ci(v) if len(v) == len(ds) else
+                                                                    (None, None))]])
+    return Table("accuracy", "Held-out accuracy", "Greedy held-out accuracy before training (step 0: the warm-start "
+                 "policy), at the last evaluation (final) and the highest over evaluations (best); gain = final - "
+                 "step 0 per seed. Mean ± 95% Student-t CI over n seeds.",
+                 ["objective", "n", "step 0", "final accuracy", "best accuracy", "gain over step 0"], rows,
+                 ["objective", "n", "initial_mean", "initial_ci95", "final_mean", "final_ci95", "best_mean",
+                  "best_ci95", "gain_mean", "gain_ci95"], csv_rows)
 
 
 def convergence_rows(groups, baseline: str | None) -> list[dict]:
@@ -162,7 +165,7 @@ def paired_table(groups, baseline: str | None, why_no_base: str) -> Table:
                  ["objective", "baseline", "n", "mean_diff", "t", "p_value", "note"], csv_rows)
 
 
-RUN_COLS = ["final_acc", "best_acc", "ttc_step", "ttc_seconds", "entropy_collapse_step", "entropy_slope",
+RUN_COLS = ["initial_acc", "final_acc", "best_acc", "ttc_step", "ttc_seconds", "entropy_collapse_step", "entropy_slope",
             "acc_drawdown", "grad_spikes", "kl_max", "reward_var", "zero_adv_frac"]
 
 

@@ -86,7 +86,8 @@ def test_derive_all_fields():
         D.KEY_ZERO_ADV: [(s, 0.5) for s in range(1, 11)],
     }
     d = D.derive(series, target=0.4, settings=D.DerivedSettings(smooth_window=2))
-    assert (d.final_acc, d.best_acc) == (0.6, 0.6)
+    assert (d.initial_acc, d.final_acc, d.best_acc) == (0.1, 0.6, 0.6)
+    assert D.derive({D.KEY_ACC: [(5, 0.5)]}, target=0.4).initial_acc is None   # no step-0 evaluation
     assert d.ttc_step == 10 and d.ttc_seconds == 20.0   # smoothed: 0.1, 0.3, 0.55
     assert d.entropy_collapse_step == 7                  # 1 - 0.56 = 0.44 < 0.5 * 0.92
     assert d.entropy_slope == pytest.approx(-0.08)

@@ -51,11 +51,13 @@ def test_report_files_and_numbers_equal_recomputed_from_mlflow(handmade, local_u
                               "tags.`pobench.kind` = 'train'")
     final: dict[str, dict[int, float]] = {}
     best: dict[str, list[float]] = {}
+    gain: dict[str, list[float]] = {}
     for r in runs:
         acc = _history(client, r.info.run_id, "eval/accuracy")
         o, s = r.data.tags["pobench.objective"], int(r.data.tags["pobench.seed"])
         final.setdefault(o, {})[s] = acc[-1][1]
         best.setdefault(o, []).append(max(v for _, v in acc))
+        gain.setdefault(o, []).append(acc[-1][1] - acc[0][1])
     rows = {r["objective"]: r for r in _csv(out / "accuracy.csv")}
     assert set(rows) == {"grpo", "tepo"}
     for o in rows:
@@ -64,6 +66,7 @@ def test_report_files_and_numbers_equal_recomputed_from_mlflow(handmade, local_u
         half = stats.t.ppf(0.975, 1) * np.std(v, ddof=1) / math.sqrt(2)
         assert _num(rows[o]["final_ci95"]) == pytest.approx(half)
         assert _num(rows[o]["best_mean"]) == pytest.approx(np.mean(best[o]))
+        assert _num(rows[o]["gain_mean"]) == pytest.approx(np.mean(gain[o]))
     pt = _csv(out / "paired_test.csv")
     assert [p["objective"] for p in pt] == ["tepo"]
     want = stats.ttest_rel([final["tepo"][s] for s in (0, 1)], [final["grpo"][s] for s in (0, 1)])

@@ -176,8 +176,8 @@ def best_params_yaml(study: Any) -> str:
     if not algo:
         raise ValueError(f"study {study.study_name!r} was not created by `bench tune` (no algo attribute)")
     head = (f"# best trial {best.number} of study {study.study_name}: {study.user_attrs.get('metric', 'value')} = "
-            f"{best.value:.6g} (seeds {study.user_attrs.get('seeds', '?')}, {study.user_attrs.get('steps', '?')} "
-            f"steps)\n# use: bench run --algos {algo} --params best.yaml\n")
+            f"{best.value:.6g} (seeds [{study.user_attrs.get('seeds', '?')}], {study.user_attrs.get('steps', '?')} "
+            f"training steps)\n# use: bench run --algos {algo} --params best.yaml\n")
     return head + yaml.safe_dump({"algo": algo, "objective_overrides": dict(best.params)}, sort_keys=False)
 
 
@@ -206,13 +206,13 @@ def write_outputs(study: Any, out: Path) -> dict[str, Path]:
         paths["best.yaml"] = out / "best.yaml"
     except ValueError as e:
         notes.append(f"best.yaml not written: {e}")
-    n_params = len({k for t in study.get_trials(deepcopy=False) for k in t.params})
+    top = _top_params(study)
     plots = {"history.png": lambda: ovm.plot_optimization_history(study),
-             "importance.png": lambda: ovm.plot_param_importances(study),
-             "contour.png": lambda: ovm.plot_contour(study)}
+             "importance.png": lambda: ovm.plot_param_importances(study, evaluator=_evaluator()),
+             "contour.png": lambda: ovm.plot_contour(study, params=top)}
     for name, make in plots.items():
-        if name == "contour.png" and n_params < 2:
-            notes.append("contour.png not drawn: it needs at least two searched parameters")
+        if name == "contour.png" and len(top) < 2:
+            notes.append("contour.png not drawn: it needs two searched parameters and two complete trials")
             continue
         try:
             with warnings.catch_warnings():
@@ -228,8 +228,8 @@ def write_outputs(study: Any, out: Path) -> dict[str, Path]:
         plt.close("all")
     md = [f"# Study `{study.study_name}`", "",
           f"objective `{study.user_attrs.get('algo', '?')}`, metric `{study.user_attrs.get('metric', '?')}` "
-          f"({study.direction.name.lower()}), seeds {study.user_attrs.get('seeds', '?')}, "
-          f"{study.user_attrs.get('steps', '?')} steps per run", "",
+          f"({study.direction.name.lower()}); seeds [{study.user_attrs.get('seeds', '?')}]; "
+          f"{study.user_attrs.get('steps', '?')} training steps per run", "",
           "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     md += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
     md += ["", *[f"- {n}" for n in notes]]
@@ -238,3 +238,25 @@ def write_outputs(study: Any, out: Path) -> dict[str, Path]:
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     return paths
+
+
+def _evaluator() -> Any:
+    """fANOVA with a fixed seed: the importance plot and the contour's choice of parameters agree."""
+    from optuna.importance import FanovaImportanceEvaluator
+
+    return FanovaImportanceEvaluator(seed=0)
+
+
+def _top_params(study: Any) -> list[str]:
+    """The two most important parameters (fANOVA) for a readable contour; [] when a contour cannot be drawn."""
+    from optuna.importance import get_param_importances
+    from optuna.trial import TrialState
+
+    names = sorted({k for t in study.get_trials(deepcopy=False) for k in t.params})
+    if len(names) < 2 or len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < 2:
+        return []
+    try:
+        ranked = list(get_param_importances(study, evaluator=_evaluator()))
+    except (ValueError, RuntimeError, ZeroDivisionError):
+        ranked = []
+    return list(dict.fromkeys(ranked + names))[:2]

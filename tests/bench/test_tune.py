@@ -176,6 +176,7 @@ def test_seeds_report_like_for_like_and_time_to_metric(tmp_path, mlflow_server):
     assert t.intermediate_values == {0: -0.1, 1: -0.5, 2: -0.6, 3: -0.7, 4: -0.1, 5: 0.0, 6: 0.0, 7: 0.0}
 
 
+@pytest.mark.slow
 def test_outputs_and_show(tmp_path, mlflow_server, capsys):
     from tests.bench.tune_worker import fake_train, make_spec
 

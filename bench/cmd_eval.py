@@ -115,6 +115,8 @@ def run(args) -> int:
     benchmarks = [get_benchmark(n) for n in names]  # unknown names fail here, before any model is loaded
     if args.k < 1 or (args.samples is not None and args.samples < args.k):
         raise ValueError(f"--k {args.k} / --samples {args.samples}: need k >= 1 and samples >= k")
+    if args.harness and args.no_greedy:
+        raise ValueError("--harness lm-eval compares greedy decoding: drop --no-greedy")
     data = resolve_data(names, args.data)
     loaded: list[tuple[Any, list, str]] = []
     for b in benchmarks:

@@ -201,6 +201,8 @@ def log_to_mlflow(results: list[EvalResult], *, params: dict[str, Any], artifact
         metrics.update(r.flat_metrics("eval/"))
         metrics[f"eval/{r.benchmark}/problems"] = float(len(r.rows))
         metrics[f"time/eval_{r.benchmark}_seconds"] = r.seconds
+        if "lm_eval" in r.extra:  # the lm-evaluation-harness accuracy on the same rows (`--harness lm-eval`)
+            metrics[f"eval/{r.benchmark}/lm_eval_acc"] = r.extra["lm_eval"]["lm_eval_acc"]
     now = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[MlflowMetric(k, float(v), now, step) for k, v in metrics.items()],
                      params=[Param(k, str(v)[:6000]) for k, v in params.items()])

@@ -46,7 +46,8 @@ class TrainConfig:
     dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
     device: str = _f("auto", "cpu | cuda | auto.")
     backend: str = _f("hf", "Rollout engine backend: hf | vllm.")
-    threads: int = _f(0, "torch intra-op CPU threads (0 = torch's default; 1 is fastest for the tiny model).")
+    threads: int = _f(0, "torch intra-op CPU threads; 0 = auto: 1 for a built-in model (its matrices are too small "
+                         "to gain from more, and more oversubscribe a busy CPU), torch's default otherwise.")
     # --- data
     task: str = _f("arith", "Training task: a benchmark name (arith, gsm8k, math, ...).")
     data: str | None = _f(None, "Local file/folder or hub id for the training task (default: the benchmark's own).")

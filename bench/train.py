@@ -94,8 +94,9 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
         raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or choose "
                          "another --output-dir / --run-name")
     torch.manual_seed(cfg.seed)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
+    threads = cfg.threads or (1 if cfg.model.startswith("builtin:") else 0)
+    if threads:
+        torch.set_num_threads(threads)
 
     # --- policy, reference, rollout engine, optimizer
     model, tok = load_policy(cfg.model, cfg.device, cfg.dtype)

@@ -99,7 +99,12 @@ def main(args: argparse.Namespace) -> int:
     if args.show:
         return show(args)
     spec = spec_from_args(args)
-    study = tune.run_study(spec)
+    try:
+        study = tune.run_study(spec)
+    except KeyboardInterrupt:
+        print(f"bench tune: interrupted; the running trial is queued again: rerun the same command to resume study "
+              f"{spec.study!r}", file=sys.stderr)
+        return 130
     out = Path(args.out) if args.out else tune.DEFAULT_DIR / spec.study
     paths = write_outputs(study, out)
     print_leaderboard(study)

@@ -400,8 +400,12 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
             return value
         except optuna.TrialPruned:
             raise
-        except BaseException:
-            runs.end_trial(run_id, "FAIL", curves, None, spec)
+        except KeyboardInterrupt:  # Ctrl-C / SIGTERM: the trial ends FAIL and its parameters are queued again
+            runs.end_trial(run_id, "FAIL", curves, None, spec, reason="interrupted")
+            study.enqueue_trial(params, user_attrs={"origin_trial": trial.user_attrs["origin_trial"]})
+            raise
+        except BaseException as e:
+            runs.end_trial(run_id, "FAIL", curves, None, spec, reason=f"{type(e).__name__}: {e}"[:500])
             raise
 
     def after(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -549,7 +553,7 @@ class StudyRuns:
         self.client.log_metric(run_id, "tune/intermediate", float(value), step=int(step))
 
     def end_trial(self, run_id: str, state: str, curves: list[dict[int, dict[str, float]]], value: float | None,
-                  spec: TuneSpec) -> None:
+                  spec: TuneSpec, reason: str | None = None) -> None:
         """Log the seed-mean eval curve and the objective value, then close the run with the trial's state."""
         from mlflow.entities import Metric as MlMetric
 
@@ -565,6 +569,8 @@ class StudyRuns:
         for i in range(0, len(batch), 900):
             self.client.log_batch(run_id, metrics=batch[i:i + 900])
         self.client.set_tag(run_id, "pobench.trial_state", state)
+        if reason:
+            self.client.set_tag(run_id, "pobench.fail_reason", reason)
         self.client.set_terminated(run_id, {"COMPLETE": "FINISHED", "PRUNED": "KILLED"}.get(state, "FAILED"))
 
     def close_stale_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:

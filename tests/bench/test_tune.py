@@ -214,6 +214,30 @@ def test_resume_with_other_settings_is_refused(tmp_path, mlflow_server):
     assert len(_runs(mlflow_server, exp, "tune-study", study)) == 1
 
 
+def test_interrupted_trial_is_queued_again_on_resume(tmp_path, mlflow_server):
+    from tests.bench.tune_worker import fake_train, make_spec
+
+    exp, study = f"int-{_uid()}", f"s-{_uid()}"
+    spec = make_spec(study, f"sqlite:///{tmp_path}/o.db", mlflow_server, exp, trials=2, steps=3, pruner="none")
+
+    def interrupted(cfg, on_eval=None):
+        def hook(step, metrics):
+            on_eval(step, metrics)
+            if step == 1:
+                raise KeyboardInterrupt  # what Ctrl-C (or SIGTERM, inside bench.train) does mid-training
+        return fake_train(cfg, hook)
+
+    with pytest.raises(KeyboardInterrupt):
+        tune.run_study(spec, train_fn=interrupted, log=lambda m: None)
+    s = tune.run_study(spec, train_fn=fake_train, log=lambda m: None)  # the rerun resumes
+    t = s.trials
+    assert [x.state for x in t] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    assert t[1].params == t[0].params  # the interrupted parameters ran first on resume
+    runs = {r.data.tags["pobench.trial"]: r for r in _runs(mlflow_server, exp, "tune-trial", study)}
+    assert runs["0"].info.status == "FAILED" and runs["0"].data.tags["pobench.fail_reason"] == "interrupted"
+    assert runs["1"].data.tags["pobench.retry_of"] == "0" and "pobench.retry_of" not in runs["2"].data.tags
+
+
 # --------------------------------------------------------------------------------------------------- workers
 def _worker(storage, uri, exp, study, trials, **kw) -> subprocess.Popen:
     args = [sys.executable, str(WORKER), "--storage", storage, "--tracking-uri", uri, "--experiment", exp,

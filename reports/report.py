@@ -184,7 +184,8 @@ def runs_table(cmp: Comparison, derived: dict[str, RunDerived]) -> Table:
                 shown.append(fmt(v, 5 if c == "entropy_slope" else 3))
         rows.append([r.name, r.objective, str(r.seed), *shown])
         csv_rows.append([r.run_id, r.name, r.objective, r.seed, *vals])
-    return Table("runs", "Per-run derived metrics", "Every number above is a mean over these per-run values.",
+    return Table("runs", "Per-run derived metrics",
+                 "The per-objective tables of report.md are means over these per-run values.",
                  ["run", "objective", "seed", *RUN_COLS], rows, ["run_id", "run", "objective", "seed", *RUN_COLS],
                  csv_rows)
 
@@ -247,6 +248,10 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
         if r.tags.get("pobench.stopped") == "early":
             notes.append(f"Run {r.name} was stopped early (pobench.stopped=early).")
 
+    at0 = [r.name for r in cmp.runs if derived[r.run_id].ttc_step == 0]
+    if at0:
+        notes.append(f"{len(at0)}/{len(cmp.runs)} runs meet the convergence target already at step 0 (before any "
+                     f"update), so time to convergence does not separate them; fix a target with --target-acc.")
     conv = convergence_rows(groups, baseline)
     tables = {t.name: t for t in (accuracy_table(groups), convergence_table(conv, target, baseline, why_no_base),
                                   stability_table(groups, settings), paired_table(groups, baseline, why_no_base),

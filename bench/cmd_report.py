@@ -20,6 +20,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return _run(args)
+    except MlflowException as e:  # unreachable server, bad URI: one line naming the cause
+        raise ValueError(f"MLflow at {args.tracking_uri or 'the default tracking URI'}: {e.message}") from None
+
+
+def _run(args: argparse.Namespace) -> int:
     from reports.load import _client, list_comparisons, resolve_tracking_uri
     from reports.report import build_report
 

@@ -165,7 +165,7 @@ def print_leaderboard(study: Any) -> None:
         table.add_column(col, justify="right" if col not in ("state",) else "left")
     for r in rows:
         table.add_row(*[_fmt(r.get(c)) for c in ["trial", "state", "value", "last_report", "duration_s", *params]])
-    Console(width=max(120, 30 + 14 * len(params))).print(table)
+    Console(width=max(120, 70 + 16 * len(params))).print(table)
 
 
 def _fmt(v: Any) -> str:

@@ -16,6 +16,7 @@ import json
 import math
 import signal
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,8 +84,12 @@ def percentiles(values: torch.Tensor, qs=(10, 50, 90)) -> dict[int, float]:
     return {q: float(x) for q, x in zip(qs, v)}
 
 
-def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
-    """Train `cfg.algo` as configured; log to MLflow; checkpoint; resume with ``cfg.resume``."""
+def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] | None = None,
+          on_step: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
+    """Train `cfg.algo` as configured; log to MLflow; checkpoint; resume with ``cfg.resume``.
+
+    ``on_eval(step, eval_metrics)`` after each held-out evaluation (may raise StopTraining); ``on_step(step,
+    metrics)`` after each training step (progress displays)."""
     cfg.validate()  # out-of-range config: error before any work starts
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
     run_name = cfg.run_name or f"{cfg.algo}-s{cfg.seed}"
@@ -172,13 +177,16 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
             groups, roll = collect_rollouts(cfg, objective, engine, tok, data, step)
             t_rollout = time.perf_counter() - t_step
             upd = update(cfg, objective, model, ref_model, optimizer, engine, groups, step, progress)
-            scheduler.step()
+            with warnings.catch_warnings():  # a step without update (no informative group) still advances the LR
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+                scheduler.step()
             step_s = time.perf_counter() - t_step
             elapsed += step_s
             metrics = {**roll, **upd, "train/lr": scheduler.get_last_lr()[0], "time/rollout_s": t_rollout,
                        "time/step_s": step_s, "time/elapsed_s": elapsed}
             metrics["time/update_s"] = step_s - t_rollout - metrics.get("time/scoring_s", 0.0)
             logger.log(metrics, step)
+            _call(on_step, step, metrics)
             if cfg.samples_every and (step % cfg.samples_every == 0 or step == 1):
                 logger.log_text(json.dumps(roll_samples(groups, tok), indent=1), f"samples/step_{step:06d}.json")
             is_last = step == cfg.steps

@@ -81,7 +81,7 @@ class TrainConfig:
     samples_every: int = _f(10, "Log a table of sample completions every N steps.")
     # --- bookkeeping
     seed: int = _f(0, "Seed for data order, sampling and initialisation.")
-    checkpoint_every: int = _f(10, "Checkpoint every N steps (and at the end).")
+    checkpoint_every: int = _f(10, "Checkpoint every N steps (and at the end); 0 = only at the end.")
     output_dir: str = _f(".pobench/runs", "Where checkpoints and resolved configs are written.")
     run_name: str | None = _f(None, "MLflow run name (default: <algo>-s<seed>).")
     experiment: str = _f("pobench", "MLflow experiment name.")

@@ -169,7 +169,7 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
         if start_step == 0 and cfg.eval_every > 0:
             final_eval = evaluate_now(0)
             try:
-                _call(on_eval, 0, final_eval)
+                _call(on_eval, 0, {**final_eval, "time/elapsed_s": 0.0})
             except StopTraining:
                 stopped_early = True
         for step in range(start_step + 1, cfg.steps + 1 if not stopped_early else start_step + 1):
@@ -193,11 +193,11 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
             if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or is_last):
                 final_eval = evaluate_now(step)
                 try:
-                    _call(on_eval, step, final_eval)
+                    _call(on_eval, step, {**final_eval, "time/elapsed_s": elapsed})
                 except StopTraining:
                     stopped_early = True
             completed, progress["clean"] = step, True
-            if stopped_early or is_last or step % cfg.checkpoint_every == 0:
+            if stopped_early or is_last or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
                 save_checkpoint(step)
                 saved = step
             if stopped_early:

@@ -106,7 +106,8 @@ class VLLMEngine:
                 if c.finish_reason == "stop" and (not ids or ids[-1] not in stop_set) and c.stop_reason in stop_set:
                     ids.append(int(c.stop_reason))  # keep the contract: the stop token ends a "stop" completion
                 out.completion_ids.append(ids)
-                lps = [float(next(iter(d.values())).logprob) if d else 0.0 for d in (c.logprobs or [])]
+                # each position's dict holds the sampled token (plus the top-k ones when asked for more)
+                lps = [float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs or []) if d and t in d]
                 if greedy:
                     lps = []  # greedy: report the temperature-1 log-probs from the scoring pass
                 out.logprobs.append(lps)

@@ -40,7 +40,7 @@ def mlflow_server(tmp_path_factory):
         stdout=log, stderr=subprocess.STDOUT,
         env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # tracking only: no job-runner process
     uri = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 90
+    deadline = time.time() + 300
     try:
         while True:
             if proc.poll() is not None:
@@ -53,7 +53,7 @@ def mlflow_server(tmp_path_factory):
             except OSError:
                 pass
             if time.time() > deadline:
-                raise RuntimeError(f"mlflow server not healthy after 90 s: {(root / 'server.log').read_text()[-2000:]}")
+                raise RuntimeError(f"mlflow server not healthy in 300 s: {(root / 'server.log').read_text()[-2000:]}")
             time.sleep(0.5)
         yield uri
     finally:

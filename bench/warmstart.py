@@ -124,7 +124,7 @@ def warmstart(out: str | Path, recipe: Recipe = Recipe(), *, force: bool = False
                     _save(model, tokenizer, out / f"step-{step}", replace(recipe, steps=step), losses,
                           {k: v for k, v in prints.items() if k in {str(s) for s in FINGERPRINT_STEPS} | {str(step)}},
                           time.perf_counter() - t0)
-                advance(float(loss))
+                advance(losses[-1])
         _save(model, tokenizer, out, recipe, losses, prints, time.perf_counter() - t0)
     finally:
         torch.set_num_threads(threads)

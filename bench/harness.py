@@ -34,11 +34,13 @@ class RunDefaults:
     a 2-core CPU). ``train`` overrides TrainConfig defaults; a ``--config`` file and flags override these."""
 
     algos: tuple[str, ...] = ("grpo", "dapo", "tepo")
-    seeds: tuple[int, ...] = (0, 1, 2)
+    seeds: tuple[int, ...] = (0, 1)
     baseline: str = "grpo"
     train: dict[str, Any] = field(default_factory=lambda: {
-        "steps": 20, "prompts_per_step": 8, "group_size": 4, "eval_every": 5, "eval_problems": 64,
-        "checkpoint_every": 5, "samples_every": 10,
+        # 16 prompts x 8 completions at lr 1e-4 is the recipe that measurably improves the built-in model; greedy
+        # held-out accuracy on 400 problems (std of one estimate ~2.4 points) at steps 0, 5 and 10
+        "steps": 10, "prompts_per_step": 16, "group_size": 8, "lr": 1e-4, "eval_every": 5, "eval_problems": 400,
+        "eval_temperature": 0.0, "checkpoint_every": 5, "samples_every": 5,
     })
 
 

@@ -138,7 +138,10 @@ def trl_step(steps: int, prompts: list[str], group: int, max_new: int, workdir: 
                       gradient_accumulation_steps=group, num_generations=group, max_completion_length=max_new,
                       max_steps=steps, beta=0.0, loss_type="grpo", learning_rate=1e-4, report_to=[], use_cpu=True,
                       logging_steps=1000, save_strategy="no", temperature=1.0, top_p=1.0, seed=0,
-                      generation_batch_size=n, shuffle_dataset=False)
+                      generation_batch_size=n, shuffle_dataset=False,
+                      # like for like with our loop: float32 and no activation checkpointing (TRL's defaults on this
+                      # version are bf16 and gradient checkpointing, which also disables the KV cache in generation)
+                      bf16=False, gradient_checkpointing=False)
     trainer = GRPOTrainer(model=resolve_model_path("builtin:tiny-arith"), reward_funcs=reward, args=args,
                           train_dataset=ds, processing_class=tok, callbacks=[Clock()])
     trainer.train()

@@ -19,15 +19,6 @@ from bench.model import (
 TEXT = "Q: Ann has 12 pens. She gets 34 more. How many pens now?\nA: 12+34=46\n#### 46"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """One intra-op thread: on a shared 2-core machine, two threads' barriers make these tiny models ~10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_char_tokenizer_round_trips_through_an_ordinary_model_folder(tmp_path):
     tok = build_char_tokenizer()
     ids = tok(TEXT)["input_ids"]

@@ -14,15 +14,6 @@ from evaluators.arith import ArithTask
 PROMPTS = ["Q: Ann has 12 pens.\nA:", "Q: hi\nA:", "Q: Bob has 3 books. He gets 4 more. How many books now?\nA:"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """One intra-op thread: on a shared 2-core machine, two threads' barriers make these tiny models ~10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def random_policy():
     """A randomly initialised tiny model: rarely emits eos, so completions run to the length limit."""

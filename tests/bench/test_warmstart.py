@@ -18,15 +18,6 @@ SHIPPED = BUILTIN_MODELS["builtin:tiny-arith"]
 TINY = Recipe(steps=2, batch_size=4, warmup_steps=1)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_torch_thread():
-    """One intra-op thread: on a shared 2-core machine, two threads' barriers make these tiny models ~10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _weights(path):
     return load_file(str(path / "model.safetensors"))
 

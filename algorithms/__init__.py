@@ -66,9 +66,13 @@ register("tepo-mask-all", base="tepo", description="TEPO ablation: KL on every t
 register("tepo-mask-adv", base="tepo", description="TEPO ablation: KL mask on Â > τ_A only.", kl_mask="adv")
 register("tepo-mask-entropy", base="tepo", description="TEPO ablation: KL mask on falling entropy only.",
          kl_mask="entropy")
-register("tepo-token-ratio", base="tepo", description="TEPO ablation: token ratio r_it instead of s_it.",
-         ratio="token")
+register("tepo-token-ratio", base="tepo", description="TEPO ablation: token ratio r_it (with DAPO's token clip "
+         "0.2 / 0.28) instead of s_it.", ratio="token", clip_low=0.2, clip_high=0.28)
 register("tepo-seq-mean", base="tepo", description="TEPO ablation: seq-mean-token-mean aggregation.",
          aggregation="seq-mean-token-mean")
 register("tepo-likelihood-credit", base="tepo", description="TEPO ablation: likelihood-weighted token credit.",
          credit="likelihood")
+register("tepo-kl-old", base="tepo", description="TEPO ablation: masked KL to π_old (a trust region) instead of π_ref.",
+         kl_target="old")
+register("tepo-entropy-old", base="tepo", description="TEPO ablation: entropy baseline H_old instead of H_ref.",
+         entropy_baseline="old")

@@ -42,7 +42,8 @@ class ObjectiveConfig:
                              paper="arXiv 2402.03300", choices=AGGREGATIONS)
     advantage_estimator: str = param("group", "Advantage from grouped rewards: group (z-score) or group-no-std.",
                                      paper="arXiv 2402.03300", choices=ADVANTAGE_ESTIMATORS)
-    dynamic_sampling: bool = param(False, "Drop groups whose rewards are all equal and refill the batch (DAPO).")
+    dynamic_sampling: bool = param(False, "Drop groups whose verifier outcomes (accuracy) are all equal and refill "
+                                          "the batch (DAPO).")
     max_sampling_rounds: int = param(3, "Cap on generation rounds per step when dynamic sampling refills the batch.")
     overlong_shaping: bool = param(False, "DAPO's soft overlong punishment added to the reward.")
     overlong_buffer_frac: float = param(0.2, "L_cache as a fraction of L_max (DAPO: 4096 of 20480 tokens).",
@@ -141,11 +142,17 @@ class Objective:
         """(P, G) rewards -> (P, G) advantages."""
         return group_advantages(rewards, self.config.advantage_estimator)
 
-    def keep_groups(self, rewards: torch.Tensor) -> torch.Tensor:
-        """(P, G) rewards -> (P,) bool: which groups enter the batch. Dynamic sampling drops all-equal groups."""
+    def keep_groups(self, rewards: torch.Tensor, outcomes: torch.Tensor) -> torch.Tensor:
+        """(P, G) shaped rewards and (P, G) verifier outcomes -> (P,) bool: which groups enter the batch.
+
+        Dynamic sampling drops the groups whose OUTCOMES (accuracy) are all equal, as DAPO's recipe does
+        (``filter_groups.metric=acc``): reward shaping alone (overlong punishment) does not keep a group whose answers
+        are all right or all wrong. ``outcomes`` is what the loop scored before shaping: the verifier's 1/0, or the
+        coin flip that replaces it under the random-reward control.
+        """
         if not self.config.dynamic_sampling:
             return torch.ones(rewards.shape[0], dtype=torch.bool)
-        return (rewards.max(dim=1).values - rewards.min(dim=1).values) > 0
+        return (outcomes.max(dim=1).values - outcomes.min(dim=1).values) > 0
 
     def shape_rewards(self, rewards: torch.Tensor, lengths: torch.Tensor, max_length: int) -> torch.Tensor:
         """(N,) rewards and completion lengths -> shaped rewards (DAPO overlong punishment when enabled).

@@ -73,8 +73,11 @@ class ClippedPGConfig(ObjectiveConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check_epsilon("clip_low", "clip_high")
+        self._check_clip()
         self._check_nonneg("kl_coef", "entropy_coef")
+
+    def _check_clip(self) -> None:
+        self._check_epsilon("clip_low", "clip_high")
 
 
 class ClippedPG(Objective):

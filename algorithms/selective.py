@@ -1,13 +1,20 @@
 """Objectives that select tokens across the batch: Clip-Cov, KL-Cov (arXiv 2505.22617) and forking tokens
 (the "80/20" high-entropy minority, arXiv 2506.01939).
 
-Each is the clipped surrogate of ``policy_gradient.ClippedPG`` with one ``select`` hook. Selections are made over the
-completion tokens of the batch the objective is given (per micro-batch in training, as in verl) and never depend on
-padding: padded positions are excluded before any ranking or sampling.
+Each is ``policy_gradient.ClippedPG`` with one ``select`` hook. Selections are made over the completion tokens of the
+batch the objective is given (per micro-batch in training, as in verl) and never depend on padding: padded positions
+are excluded before any ranking or sampling. The covariance selections count max(1, ⌊r·N⌋) tokens of the N completion
+tokens (verl's count: at least one per micro-batch) and report that number as ``objective/cov_selected``.
+
+As in the paper's code (PRIME-RL/Entropy-Mechanism-of-RL and verl ``core_algos``):
+- KL-Cov: UNclipped surrogate −r·Â on every token, + k·|lp − old| on the top tokens by covariance;
+- Clip-Cov: clipped surrogate (clip range 1 / 1 in the released scripts) whose gradient is detached on a random
+  subset of the tokens with covariance strictly inside (cov_low, cov_high) that the PPO clip has NOT already removed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -16,7 +23,7 @@ import torch
 from .aggregation import masked_mean
 from .base import param
 from .batch import PolicyBatch
-from .policy_gradient import ClippedPG, ClippedPGConfig
+from .policy_gradient import ClippedPG, ClippedPGConfig, clipped_surrogate
 
 
 def centred_covariance(batch: PolicyBatch) -> torch.Tensor:
@@ -24,6 +31,12 @@ def centred_covariance(batch: PolicyBatch) -> torch.Tensor:
     lp = batch.logprobs.detach()
     adv = batch.advantages.detach()[:, None].expand_as(lp)
     return (lp - masked_mean(lp, batch.mask)) * (adv - masked_mean(adv, batch.mask))
+
+
+def cov_count(frac: float, valid: torch.Tensor) -> int:
+    """Tokens a covariance selection takes among the valid ones: max(1, ⌊frac·N⌋), 0 when frac = 0 or N = 0."""
+    n_valid = int(valid.sum())
+    return max(1, int(frac * n_valid)) if frac > 0 and n_valid else 0
 
 
 def _top(scores: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tensor:
@@ -34,9 +47,16 @@ def _top(scores: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tensor:
     return chosen.view_as(valid) & valid
 
 
+CLIP_COV_SCRIPT = "arXiv 2505.22617 (released script recipe/dapo/7b_clip_cov.sh)"
+
+
 @dataclass(frozen=True)
 class ClipCovConfig(ClippedPGConfig):
-    clip_cov_frac: float = param(2e-4, "r: fraction of completion tokens whose gradient is detached.",
+    clip_low: float = param(1.0, "ε_low of the PPO clip (1: no lower clip, ratio >= 0).", paper=CLIP_COV_SCRIPT,
+                            search=(0.2, 1.0, False))
+    clip_high: float = param(1.0, "ε_high of the PPO clip (1: ratio clipped at 2).", paper=CLIP_COV_SCRIPT,
+                             search=(0.2, 1.0, False))
+    clip_cov_frac: float = param(2e-4, "r: fraction of completion tokens whose gradient is detached (at least 1).",
                                  paper="arXiv 2505.22617", search=(1e-5, 1e-2, True))
     cov_low: float = param(1.0, "Lower bound of the covariance band of candidate tokens.", paper="arXiv 2505.22617")
     cov_high: float = param(5.0, "Upper bound of the covariance band of candidate tokens.", paper="arXiv 2505.22617")
@@ -47,9 +67,15 @@ class ClipCovConfig(ClippedPGConfig):
         if self.cov_high < self.cov_low:
             self._bad("cov_high", f"must be >= cov_low ({self.cov_low})")
 
+    def _check_clip(self) -> None:  # the released scripts use ε = 1 (1 − ε_low = 0: no lower clip)
+        for name in ("clip_low", "clip_high"):
+            if not (0.0 < getattr(self, name) <= 1.0):
+                self._bad(name, "must be in (0, 1]")
+
 
 class ClipCov(ClippedPG):
-    """Clip-Cov: detach the gradient of a random fraction r of tokens whose covariance lies in [cov_low, cov_high]."""
+    """Clip-Cov: detach the gradient of a random fraction r of the tokens that the PPO clip kept and whose covariance
+    lies strictly inside (cov_low, cov_high)."""
 
     config_class = ClipCovConfig
     split_invariant = False
@@ -57,21 +83,29 @@ class ClipCov(ClippedPG):
     def select(self, pg, batch, generator):
         c = self.config
         valid = batch.mask > 0
+        _, low, high = clipped_surrogate(self.ratio(batch), batch.advantages[:, None], c.clip_low, c.clip_high)
         cov = centred_covariance(batch)
-        candidates = torch.nonzero((valid & (cov >= c.cov_low) & (cov <= c.cov_high)).flatten()).flatten()
-        n_valid = int(valid.sum())
-        k = max(1, int(c.clip_cov_frac * n_valid)) if c.clip_cov_frac > 0 and n_valid else 0
-        k = min(k, candidates.numel())
+        band = valid & ~(low | high) & (cov > c.cov_low) & (cov < c.cov_high)
+        candidates = torch.nonzero(band.flatten()).flatten()
+        k = min(cov_count(c.clip_cov_frac, valid), candidates.numel())
         chosen = candidates[torch.randperm(candidates.numel(), generator=generator)[:k]]
         detach = torch.zeros(valid.numel(), dtype=torch.bool)
         detach[chosen] = True
         detach = detach.view_as(valid)
         pg = torch.where(detach, pg.detach(), pg)
-        return pg, torch.zeros_like(pg), {"objective/detached_frac": masked_mean(detach.to(pg.dtype), batch.mask)}
+        return pg, torch.zeros_like(pg), {"objective/detached_frac": masked_mean(detach.to(pg.dtype), batch.mask),
+                                          "objective/cov_selected": detach.sum().to(pg.dtype)}
+
+
+UNUSED_CLIP = "used only with surrogate=clipped (KL-Cov's surrogate is unclipped)."
 
 
 @dataclass(frozen=True)
 class KLCovConfig(ClippedPGConfig):
+    clip_low: float = param(0.2, f"ε_low of the PPO clip: {UNUSED_CLIP}")
+    clip_high: float = param(0.2, f"ε_high of the PPO clip: {UNUSED_CLIP}")
+    surrogate: str = param("unclipped", "unclipped: −r·Â on every token (the paper, verl); clipped: the PPO clip.",
+                           paper="arXiv 2505.22617", choices=("unclipped", "clipped"))
     kl_cov_frac: float = param(2e-3, "Fraction of completion tokens (top by covariance) given the |lp − old| penalty.",
                                paper="arXiv 2505.22617", search=(1e-4, 2e-2, True))
     kl_cov_coef: float = param(1.0, "k: weight of |lp − old| on the selected tokens.", paper="arXiv 2505.22617")
@@ -80,22 +114,31 @@ class KLCovConfig(ClippedPGConfig):
         super().__post_init__()
         self._check_fraction("kl_cov_frac")
         self._check_nonneg("kl_cov_coef")
+        if self.surrogate == "unclipped":
+            for f in dataclasses.fields(self):
+                if f.name in ("clip_low", "clip_high") and getattr(self, f.name) != f.default:
+                    self._bad(f.name, "has no effect with surrogate='unclipped' (valid surrogates: unclipped, "
+                                      "clipped)")
 
 
 class KLCov(ClippedPG):
-    """KL-Cov: add k·|lp − old| on the top fraction of tokens ranked by centred covariance."""
+    """KL-Cov: unclipped surrogate −r·Â, + k·|lp − old| on the top fraction of tokens ranked by centred covariance."""
 
     config_class = KLCovConfig
     split_invariant = False
 
     def select(self, pg, batch, generator):
         c = self.config
+        metrics = {}
+        if c.surrogate == "unclipped":
+            pg = -self.ratio(batch) * batch.advantages[:, None]  # (B, T): no clip, so nothing is clipped
+            zero = torch.zeros((), dtype=pg.dtype)
+            metrics = {"objective/clip_frac_low": zero, "objective/clip_frac_high": zero}
         valid = batch.mask > 0
-        n_valid = int(valid.sum())
-        k = max(1, int(c.kl_cov_frac * n_valid)) if c.kl_cov_frac > 0 and n_valid else 0
-        selected = _top(centred_covariance(batch), valid, k)
+        selected = _top(centred_covariance(batch), valid, cov_count(c.kl_cov_frac, valid))
         penalty = c.kl_cov_coef * (batch.logprobs - batch.old_logprobs).abs() * selected
-        return pg, penalty, {"objective/selected_frac": masked_mean(selected.to(pg.dtype), batch.mask)}
+        return pg, penalty, {**metrics, "objective/selected_frac": masked_mean(selected.to(pg.dtype), batch.mask),
+                             "objective/cov_selected": selected.sum().to(pg.dtype)}
 
 
 @dataclass(frozen=True)

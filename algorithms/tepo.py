@@ -3,7 +3,8 @@
 1. Sequence-likelihood link: s_it = sg[ρ_i] · exp(lp_it − sg[lp_it]) (value ρ_i, gradient of its own token),
    ℓ_it = −min(s_it Â_i, clip(s_it, 1 − ε_low, 1 + ε_high) Â_i).
 2. Token-level aggregation (token-mean over every completion token of the batch).
-3. KL mask: M_it = 1[Â_i > τ_A] · 1[H_θ(i,t) < H_base(i,t) − τ_H], term β · M_it · KL_it added to ℓ_it.
+3. KL mask: M_it = 1[Â_i > τ_A] · 1[H_θ(i,t) < H_base(i,t) − τ_H], term β · M_it · KL_it added to ℓ_it, with
+   KL_it to π_ref (default) or to π_old (a trust region), and H_base = H_ref (default) or H_old.
 4. Optional likelihood credit: Â_i scaled per token by w_it = |y_i| · (−old_it) / Σ_t (−old_it).
 
 Every choice is a config field so each alternative reading is one ablation away.
@@ -23,20 +24,27 @@ from .policy_gradient import clipped_surrogate, entropy_metric, surrogate_metric
 
 TEPO = "arXiv 2604.12736 (abstract)"  # what the abstract states
 READING = "pobench reading of arXiv 2604.12736"  # a value the paper's unavailable equations would fix
+GSPO_TOKEN = "arXiv 2507.18071 (GSPO-token: same s_it)"  # s_it is GSPO-token's ratio, so GSPO's clip range
+# the clip search range spans both scales: the sequence ratio's (GSPO, 1e-4..2e-3) and the token ratio's (0.2, 0.28 of
+# the tepo-token-ratio ablation)
 
 
 @dataclass(frozen=True)
 class TEPOConfig(ObjectiveConfig):
     aggregation: str = param("token-mean", "How per-token terms are reduced: token-level aggregation.", paper=TEPO,
                              choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
-    clip_low: float = param(0.2, "ε_low: lower clip range of s_it.", paper=READING, search=(0.05, 0.4, False))
-    clip_high: float = param(0.28, "ε_high: upper clip range of s_it.", paper=READING, search=(0.05, 0.4, False))
+    clip_low: float = param(3e-4, "ε_low: lower clip range of s_it (its value is GSPO's ρ_i: GSPO's range).",
+                            paper=GSPO_TOKEN, search=(1e-4, 0.4, True))
+    clip_high: float = param(4e-4, "ε_high: upper clip range of s_it (its value is GSPO's ρ_i: GSPO's range).",
+                             paper=GSPO_TOKEN, search=(1e-4, 0.4, True))
     ratio: str = param("sequence-token", "sequence-token: s_it = sg[ρ_i]·exp(lp − sg[lp]); token: r_it.",
                        paper=TEPO, choices=("sequence-token", "token"))
     kl_coef: float = param(0.04, "β: weight of the masked KL term (0 disables the mask constraint).", paper=READING,
                            search=(1e-3, 1e-1, True), switch=True)
     kl_estimator: str = param("k3", "Per-token KL estimator: k1, k2 or k3.", paper=READING, choices=KL_ESTIMATORS,
                               requires="kl_coef")
+    kl_target: str = param("ref", "The masked KL is to the reference (ref) or to the sampling policy (old: a trust "
+                                  "region).", paper=READING, choices=("ref", "old"), requires="kl_coef")
     kl_mask: str = param("adv-entropy", "Which tokens get the KL: adv-entropy (both conditions), adv, entropy, all.",
                          paper=TEPO, choices=("adv-entropy", "adv", "entropy", "all"), requires="kl_coef")
     adv_threshold: float = param(0.0, "τ_A: the KL targets tokens with Â_i > τ_A.", paper=READING,
@@ -59,7 +67,9 @@ class TEPOObjective(Objective):
 
     @property
     def needs_reference(self) -> bool:
-        return self.config.kl_coef > 0
+        c = self.config
+        ref_entropy = c.kl_mask in ("adv-entropy", "entropy") and c.entropy_baseline == "ref"
+        return c.kl_coef > 0 and (c.kl_target == "ref" or ref_entropy)
 
     def value_ratio(self, batch: PolicyBatch) -> torch.Tensor:
         """s_it (sequence-token) or r_it (token), (B, T)."""
@@ -100,7 +110,8 @@ class TEPOObjective(Objective):
         masked_frac = torch.zeros(())
         if c.kl_coef > 0:
             m = self.kl_mask(batch)
-            kl = kl_estimate(batch.logprobs, batch.require("ref_logprobs", self.name), c.kl_estimator)
+            target = batch.require("ref_logprobs" if c.kl_target == "ref" else "old_logprobs", self.name)
+            kl = kl_estimate(batch.logprobs, target, c.kl_estimator)
             kl_term = c.kl_coef * m * kl
             per_token = per_token + kl_term
             masked_frac = masked_mean(m, batch.mask)

@@ -292,7 +292,7 @@ def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, 
             rewards = torch.bernoulli(torch.full_like(rewards, float(rewards.mean())), generator=g)
         length = torch.tensor([len(c) for c in ro.completion_ids])
         shaped = objective.shape_rewards(rewards, length, cfg.max_new_tokens).view(len(problems), G)  # (P, G)
-        keep = objective.keep_groups(shaped)  # (P,)
+        keep = objective.keep_groups(shaped, outcomes=rewards.view(len(problems), G))  # (P,): filter on accuracy
         all_correct.append(correct)
         all_rewards.append(shaped.flatten())
         lengths.append(length)

@@ -93,20 +93,29 @@ def test_dr_grpo_constant_normaliser():
     assert loss.item() == pytest.approx(sum(pg.values()) / (2 * L_MAX), abs=1e-12)
 
 
-def test_gspo_sequence_ratio():
-    rho = [math.exp(sum(DELTA[i][t] for t in range(3) if MASK[i][t]) / sum(MASK[i])) for i in range(2)]
+@pytest.mark.parametrize("delta, inside", [
+    # mean log-ratios 1.5e-4/3 = 5e-5 and 2e-4/2 = 1e-4: both inside (−3e-4, 4e-4), so both sequences carry gradient
+    ([[2e-4, -1e-4, 5e-5], [3e-4, -1e-4, 0.0]], [True, True]),
+    # DELTA: 0.2/3 = 0.067 > 4e-4 with Â = +1 and −0.35/2 < −3e-4 with Â = −1: both clipped, zero gradient
+    (DELTA, [False, False]),
+])
+def test_gspo_sequence_ratio(delta, inside):
+    old = [[LP[i][t] - delta[i][t] for t in range(3)] for i in range(2)]
+    rho = [math.exp(sum(delta[i][t] for t in range(3) if MASK[i][t]) / sum(MASK[i])) for i in range(2)]
+    assert [1 - 3e-4 <= r <= 1 + 4e-4 for r in rho] == inside
     ell = [clip_term(rho[i], ADV[i], 3e-4, 4e-4) for i in range(2)]
-    b = batch()
+    b = batch(old=old)
     loss, m = get_objective("gspo").loss(b)
     assert loss.item() == pytest.approx(sum(ell) / 2, abs=1e-12)
     assert m["objective/ratio_max"].item() == pytest.approx(max(rho))
-    # gradient: only sequences whose ρ is inside the clip range carry one, spread as ρ·Â/|y_i| per token
+    # gradient: only sequences whose ρ is inside the clip range carry one, −ρ_i·Â_i/|y_i| per token, over B = 2
+    # (inside: seq 0: −e^{5e-5}·1/3/2 = −0.16668, seq 1: −e^{1e-4}·(−1)/2/2 = +0.25003)
     loss.backward()
     for i in range(2):
-        inside = 1 - 3e-4 <= rho[i] <= 1 + 4e-4
         for t in range(sum(MASK[i])):
-            expected = -(rho[i] * ADV[i] / sum(MASK[i])) / 2 if inside else 0.0
+            expected = -(rho[i] * ADV[i] / sum(MASK[i])) / 2 if inside[i] else 0.0
             assert b.logprobs.grad[i, t].item() == pytest.approx(expected, abs=1e-12)
+            assert (b.logprobs.grad[i, t].item() != 0) == inside[i]
 
 
 def test_gspo_gradient_on_policy():
@@ -135,7 +144,8 @@ def tepo_case(**extra):
 def test_tepo_sequence_likelihood_value_and_gradient():
     rho = [math.exp(sum(DELTA[i][t] for t in range(3) if MASK[i][t]) / sum(MASK[i])) for i in range(2)]
     b = tepo_case()
-    loss, m = get_objective("tepo-no-mask").loss(b)
+    # a clip band wide enough for ρ = 1.069 and 0.839 (the default 3e-4 / 4e-4 clips both: test_offpolicy.py)
+    loss, m = get_objective("tepo-no-mask", clip_low=0.2, clip_high=0.28).loss(b)
     ell = {(i, t): clip_term(rho[i], ADV[i], 0.2, 0.28) for i, t in tokens()}
     assert loss.item() == pytest.approx(sum(ell.values()) / 5, abs=1e-12)
     assert m["objective/ratio_mean"].item() == pytest.approx((3 * rho[0] + 2 * rho[1]) / 5)
@@ -168,7 +178,12 @@ def test_tepo_ablations_differ_exactly_where_they_should():
     for name, (_loss, m) in results.items():  # the surrogate is untouched by every mask variant
         assert m["objective/policy_loss"].item() == pytest.approx(base_m["objective/policy_loss"].item()), name
     assert results["tepo-no-mask"][1]["objective/kl_term"].item() == 0
-    assert results["tepo-no-mask"][0].item() == pytest.approx(base_loss.item() - base_m["objective/kl_term"].item())
+    # s = ρ_i clipped to [1 − 3e-4, 1 + 4e-4]: seq 0 (ρ = 1.069, Â = +1): −min(1.069, 1.0004) = −1.0004 per token;
+    # seq 1 (ρ = 0.839, Â = −1): −min(−0.839, −0.9997) = 0.9997 per token; token-mean over N = 5
+    surrogate = (3 * -1.0004 + 2 * 0.9997) / 5
+    assert results["tepo-no-mask"][0].item() == pytest.approx(surrogate, abs=1e-12)
+    masked_kl = 0.04 * (k3(LP[0][0], REF[0][0]) + k3(LP[0][2], REF[0][2])) / 5  # M = 1 at (0,0), (0,2)
+    assert base_loss.item() == pytest.approx(surrogate + masked_kl, abs=1e-12)
     assert results["tepo-mask-all"][1]["objective/masked_frac"].item() == 1
     assert results["tepo-mask-adv"][1]["objective/masked_frac"].item() == pytest.approx(3 / 5)
     assert results["tepo-mask-entropy"][1]["objective/masked_frac"].item() == pytest.approx(3 / 5)
@@ -177,20 +192,22 @@ def test_tepo_ablations_differ_exactly_where_they_should():
 
 
 def test_tepo_token_ratio_ablation():
-    loss_tok, m = get_objective("tepo-token-ratio", kl_coef=0.0).loss(tepo_case())
+    b = tepo_case()
+    loss_tok, m = get_objective("tepo-token-ratio", kl_coef=0.0).loss(b)  # r_it with the token clip 0.2 / 0.28
     pg = per_token_surrogate(0.2, 0.28)
     assert loss_tok.item() == pytest.approx(sum(pg.values()) / 5, abs=1e-12)
-    loss_seq, _ = get_objective("tepo-no-mask").loss(tepo_case())
-    assert loss_tok.item() != pytest.approx(loss_seq.item())
-    on_tok, _ = get_objective("tepo-token-ratio").loss(tepo_case(old=LP))
-    on_seq, _ = get_objective("tepo").loss(tepo_case(old=LP))
-    assert on_tok.item() == pytest.approx(on_seq.item())  # identical on-policy
+    (g,) = torch.autograd.grad(loss_tok, b.logprobs)
+    # each token its own ratio: (0,0) r = 1.350 > 1.28 with Â = +1 and (1,0) r = 0.670 < 0.8 with Â = −1 are clipped;
+    # (0,1): −e^{−0.1}/5 = −0.1810, (0,2): −1/5, (1,1): +e^{0.05}/5 = 0.2103
+    expected = {(0, 0): 0.0, (0, 1): -math.exp(-0.1) / 5, (0, 2): -1 / 5, (1, 0): 0.0, (1, 1): math.exp(0.05) / 5}
+    for (i, t), e in expected.items():
+        assert g[i, t].item() == pytest.approx(e, abs=1e-12), (i, t)
 
 
 def test_tepo_seq_mean_ablation():
     loss, _ = get_objective("tepo-seq-mean", kl_coef=0.0).loss(tepo_case())
     rho = [math.exp(sum(DELTA[i][t] for t in range(3) if MASK[i][t]) / sum(MASK[i])) for i in range(2)]
-    ell = [clip_term(rho[i], ADV[i], 0.2, 0.28) for i in range(2)]  # constant over a sequence's tokens
+    ell = [clip_term(rho[i], ADV[i], 3e-4, 4e-4) for i in range(2)]  # constant over a sequence's tokens
     assert loss.item() == pytest.approx(sum(ell) / 2, abs=1e-12)
 
 
@@ -202,11 +219,7 @@ def test_tepo_likelihood_credit():
         nll = [-LP[i][s] for s in range(sum(MASK[i]))]
         w = sum(MASK[i]) * nll[t] / sum(nll)
         assert b.logprobs.grad[i, t].item() == pytest.approx(-ADV[i] * w / 5, abs=1e-12)
-    # with equal per-token NLL the weights are all 1: identical to uniform credit
-    flat = [[-1.0, -1.0, -1.0], [-0.5, -0.5, -9.0]]
-    a, _ = get_objective("tepo-likelihood-credit").loss(tepo_case(lp=flat, old=flat))
-    b2, _ = get_objective("tepo").loss(tepo_case(lp=flat, old=flat))
-    assert a.item() == pytest.approx(b2.item())
+    # on policy ρ = 1 (no clip); the off-policy case, where old != current, is in test_offpolicy.py
 
 
 def test_on_policy_grpo_is_reinforce_with_normalised_group_baseline():
@@ -298,9 +311,9 @@ def test_forking_tokens_gradient_only_on_high_entropy():
 
 def test_dapo_dynamic_sampling_filter():
     obj = get_objective("dapo")
-    rewards = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.5, 0.5, 0.4]])
-    assert obj.keep_groups(rewards).tolist() == [False, True, False, True]
-    assert get_objective("grpo").keep_groups(rewards).tolist() == [True] * 4
+    outcomes = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.5, 0.5, 0.4]])
+    assert obj.keep_groups(outcomes, outcomes).tolist() == [False, True, False, True]
+    assert get_objective("grpo").keep_groups(outcomes, outcomes).tolist() == [True] * 4
 
 
 def test_dapo_overlong_shaping():

@@ -122,6 +122,16 @@ def test_clip_cov_candidates_exclude_tokens_the_ppo_clip_removed():
     torch.testing.assert_close(g, torch.tensor(expected, dtype=torch.float64))
 
 
+def test_clip_cov_band_is_strict():
+    # Â = +1, −1 (token mean 0); lp row 0: −1, −3; row 1: −3, −1 (mean −2): cov = (lp + 2)·Â = 1, −1 | 1, −1.
+    # verl takes cov_low < cov < cov_high: a covariance of exactly 1 is not a candidate, so nothing is detached
+    lp = torch.tensor([[-1.0, -3.0], [-3.0, -1.0]], dtype=torch.float64, requires_grad=True)
+    b = PolicyBatch(logprobs=lp, old_logprobs=lp.detach(), advantages=torch.tensor([1.0, -1.0], dtype=torch.float64),
+                    mask=torch.ones(2, 2, dtype=torch.float64), max_length=2)
+    _, m, _ = grad_of("clip_cov", b, clip_cov_frac=0.5)
+    assert m["objective/cov_selected"].item() == 0
+
+
 def test_clip_cov_default_clip_is_the_released_scripts():
     # recipe/dapo/7b_clip_cov.sh: clip_ratio_low = clip_ratio_high = 1 -> r clipped at 2, no lower clip
     c = get_objective("clip_cov").config

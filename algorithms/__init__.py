@@ -50,10 +50,11 @@ register("entropy_reg", ClippedPG, paper="PPO-style entropy bonus",
          description="GRPO surrogate with an undifferentiated token-level entropy bonus α = 1e-3, no KL.",
          kl_coef=0.0, entropy_coef=1e-3)
 register("clip_cov", ClipCov, paper="arXiv 2505.22617",
-         description="Clip-Cov: detach the gradient of a random 2e-4 of tokens with covariance in [1, 5].",
+         description="Clip-Cov: detach the gradient of a random 2e-4 of the unclipped tokens with covariance in "
+                     "(1, 5); PPO clip 1 / 1.",
          aggregation="token-mean", kl_coef=0.0)
 register("kl_cov", KLCov, paper="arXiv 2505.22617",
-         description="KL-Cov: |lp − old| penalty on the top 2e-3 tokens by covariance.",
+         description="KL-Cov: unclipped surrogate, |lp − old| penalty on the top 2e-3 tokens by covariance.",
          aggregation="token-mean", kl_coef=0.0)
 register("forking_tokens", ForkingTokens, paper="arXiv 2506.01939",
          description="80/20: policy gradient only on the top 20% tokens by sampling entropy.",

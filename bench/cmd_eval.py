@@ -16,9 +16,10 @@ DEFAULT_MAX_NEW_TOKENS = 512
 
 
 def register(sub) -> None:
+    from bench.config import TRACKING_URI_DEFAULT
     from evaluators import list_benchmarks
 
-    p = sub.add_parser("eval", help="evaluate a model on math benchmarks (greedy, pass@k, maj@k, with 95% CIs)",
+    p = sub.add_parser("eval", help="evaluate a model on math benchmarks (greedy, pass@k, maj@k, with 95%% CIs)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="builtin:tiny-arith, a local model folder or a hub id")
     p.add_argument("--benchmarks", required=True,
@@ -48,7 +49,7 @@ def register(sub) -> None:
     p.add_argument("--harness", choices=["lm-eval"], default=None,
                    help="also run lm-evaluation-harness on the same rows with our prompts and extraction (greedy)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
-    p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--tracking-uri", default=None, help=f"MLflow tracking URI (default: {TRACKING_URI_DEFAULT})")
     p.add_argument("--experiment", default="pobench")
     p.add_argument("--run-name", default=None)
     p.add_argument("--parent-run-id", default=None,

@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from reports.load import DEFAULT_TRACKING_URI
+
 
 def _f(default: Any, doc: str, **kw: Any) -> Any:
     """A dataclass field with its documentation attached (shown by ``--help`` and docs)."""
@@ -24,6 +26,8 @@ def _f(default: Any, doc: str, **kw: Any) -> Any:
 
 
 BUILTIN_MODEL = "builtin:tiny-arith"
+# what every `--tracking-uri` help states as the default (bench.tracking.tracking_uri resolves it)
+TRACKING_URI_DEFAULT = f"$MLFLOW_TRACKING_URI, else {DEFAULT_TRACKING_URI} in the working folder"
 
 # Fields that distinguish runs of one comparison: everything else must be identical across its runs.
 PER_RUN_FIELDS = ("algo", "objective_overrides", "seed", "control", "run_name", "output_dir", "resume",
@@ -38,7 +42,7 @@ class TrainConfig:
     algo: str = _f("grpo", "Registered objective name (`bench list`).")
     objective_overrides: dict = _f({}, "Objective config fields to override, e.g. {kl_coef: 0.1}.")
     control: str | None = _f(None, "Objective-independent control: `random-reward` replaces the verifier reward by a "
-                                   "coin flip with the same mean (checks that gains are reward-driven).")
+                                   "coin flip with the same mean (checks that gains are reward-driven); default: none.")
     model: str = _f(BUILTIN_MODEL, "Policy: `builtin:tiny-arith` (shipped warm-started tiny model), a local folder "
                                    "or a Hugging Face hub id.")
     prompt_template: str = _f("auto", "`auto` (chat template if the tokenizer has one, else plain), `chat`, `plain`, "
@@ -52,7 +56,7 @@ class TrainConfig:
     task: str = _f("arith", "Training task: a benchmark name (arith, gsm8k, math, ...).")
     data: str | None = _f(None, "Local file/folder or hub id for the training task (default: the benchmark's own).")
     eval_task: str | None = _f(None, "Held-out benchmark (default: same as task).")
-    eval_data: str | None = _f(None, "Local file/folder or hub id for the held-out benchmark.")
+    eval_data: str | None = _f(None, "Local file/folder or hub id for the held-out benchmark (default: its own).")
     difficulty: int = _f(2, "Difficulty of the built-in arith task (1 = easiest).")
     # --- rollouts
     steps: int = _f(40, "Number of training steps (one rollout batch each).")
@@ -85,7 +89,7 @@ class TrainConfig:
     output_dir: str = _f(".pobench/runs", "Where checkpoints and resolved configs are written.")
     run_name: str | None = _f(None, "MLflow run name (default: <algo>-s<seed>).")
     experiment: str = _f("pobench", "MLflow experiment name.")
-    tracking_uri: str | None = _f(None, "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlruns).")
+    tracking_uri: str | None = _f(None, f"MLflow tracking URI (default: {TRACKING_URI_DEFAULT}).")
     comparison: str | None = _f(None, "Comparison id tag (set by `bench run`).")
     tags: dict = _f({}, "Extra MLflow tags.")
     resume: bool = _f(False, "Resume from the last checkpoint in output_dir (same MLflow run).")

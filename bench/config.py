@@ -58,6 +58,7 @@ class TrainConfig:
     eval_task: str | None = _f(None, "Held-out benchmark (default: same as task).")
     eval_data: str | None = _f(None, "Local file/folder or hub id for the held-out benchmark (default: its own).")
     difficulty: int = _f(2, "Difficulty of the built-in arith task (1 = easiest).")
+    skip_bad_rows: bool = _f(False, "Skip (and count) malformed rows of the data / eval_data files instead of failing.")
     # --- rollouts
     steps: int = _f(40, "Number of training steps (one rollout batch each).")
     prompts_per_step: int = _f(16, "Prompts sampled per step.")

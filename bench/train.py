@@ -114,9 +114,9 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
 
     # --- data: same prompts at the same step for every objective and seed-matched run
     data = TrainData(cfg.task, seed=cfg.seed, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
-                     data=cfg.data, difficulty=cfg.difficulty)
+                     data=cfg.data, difficulty=cfg.difficulty, skip_bad_rows=cfg.skip_bad_rows)
     eval_bench, eval_set = eval_problems(cfg.eval_task or cfg.task, limit=cfg.eval_problems, data=cfg.eval_data,
-                                         difficulty=cfg.difficulty)
+                                         difficulty=cfg.difficulty, skip_bad_rows=cfg.skip_bad_rows)
 
     # --- MLflow run (new, or the same one when resuming)
     logger = RunLogger(cfg.tracking_uri, cfg.experiment)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,13 @@ class TrainConfig:
         for name in ("eval_every", "checkpoint_every", "samples_every", "warmup_steps", "difficulty", "threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 bad(name, "must be an integer >= 0")
+        for f in fields(self):  # nan / inf pass comparisons like `lr > 0` and diverge at step 2
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                bad(f.name, "must be a finite number")
+        if self.group_size < 2:
+            bad("group_size", "must be >= 2: advantages are relative to the other completions of the same prompt, "
+                              "so with one completion per prompt every advantage is 0 and nothing is learned")
         if not (self.lr > 0):
             bad("lr", "must be > 0")
         if self.temperature <= 0:

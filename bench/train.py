@@ -29,7 +29,7 @@ from algorithms.aggregation import masked_mean
 from bench import checkpoint
 from bench.config import BUILTIN_MODEL, TrainConfig
 from bench.data import TrainData, eval_problems
-from bench.model import format_prompt, load_policy
+from bench.model import format_prompt, load_policy, warn_unknown_characters
 from bench.rollout import SamplingParams, make_engine
 from bench.scoring import score
 from bench.tracking import RunLogger, flatten, git_commit
@@ -117,6 +117,8 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
                      data=cfg.data, difficulty=cfg.difficulty, skip_bad_rows=cfg.skip_bad_rows)
     eval_bench, eval_set = eval_problems(cfg.eval_task or cfg.task, limit=cfg.eval_problems, data=cfg.eval_data,
                                          difficulty=cfg.difficulty, skip_bad_rows=cfg.skip_bad_rows)
+    warn_unknown_characters(tok, [p.question for p in data.pool], "training prompts")
+    warn_unknown_characters(tok, [p.question for p in eval_set], "held-out prompts")
 
     # --- MLflow run (new, or the same one when resuming)
     logger = RunLogger(cfg.tracking_uri, cfg.experiment)

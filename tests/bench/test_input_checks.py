@@ -4,6 +4,7 @@ are refused or warned about, data files with a BOM or bad rows are handled as do
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -42,3 +43,63 @@ def test_bad_row_message_names_the_flag_and_the_flag_skips_it(tmp_path):
     test.write_text(_bad_file(tmp_path).read_text())
     _, problems = eval_problems("gsm8k", limit=10, data=str(test), skip_bad_rows=True)
     assert len(problems) == 2
+
+
+# ------------------------------------------------------------------ degenerate configurations
+@pytest.mark.parametrize("argv, field", [
+    (["train", "--group-size", "1"], "group_size"),
+    (["train", "--lr", "inf"], "lr"),
+    (["train", "--lr", "nan"], "lr"),
+    (["train", "--temperature", "inf"], "temperature"),
+    (["run", "--group-size", "1", "--no-progress"], "group_size"),
+    (["run", "--lr", "inf", "--no-progress"], "lr"),
+])
+def test_degenerate_config_is_refused_naming_the_field(argv, field, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    t0 = time.perf_counter()
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"`{field}`" in err and len(err.strip().splitlines()) == 1, err
+    assert time.perf_counter() - t0 < 30  # refused before any model is loaded or run trained
+    assert not (tmp_path / ".pobench").exists()
+
+
+def test_empty_algos_is_an_error_not_the_defaults(capsys, tmp_path, monkeypatch):
+    from bench.harness import resolve_algos
+
+    for given in ("", " , ", []):
+        with pytest.raises(ValueError, match="names no objective"):
+            resolve_algos(given)
+    monkeypatch.chdir(tmp_path)
+    # --steps 0 would stop a run of the defaults too, with another message: the message tells them apart
+    assert cli.main(["run", "--algos", "", "--steps", "0", "--no-progress"]) == 2
+    assert "--algos '' names no objective" in capsys.readouterr().err
+
+
+def test_unknown_characters_are_warned_with_count_and_example(capsys):
+    from bench.model import load_policy, unknown_characters, warn_unknown_characters
+
+    _, tok = load_policy("builtin:tiny-arith")
+    texts = ["What is 2 + 3?", "小明有 3 个苹果, 吃了 1 个", "Add 😀 and 1", "Plain ASCII, 100% known: ~`|{}"]
+    assert unknown_characters(tok, texts) == (2, "小", texts[1])
+    assert warn_unknown_characters(tok, texts, "training prompts") == 2
+    err = capsys.readouterr().err
+    assert "2 of 4 training prompts" in err and "'小'" in err and "<unk>" in err
+    assert warn_unknown_characters(tok, [texts[0], texts[3]], "prompts") == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_training_warns_about_unknown_characters_before_the_first_step(tmp_path, capsys):
+    """The loop itself warns (before step 1), for the training and the held-out prompts."""
+    from bench.config import TrainConfig
+    from bench.train import train
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in [*GSM, {"question": "小明有 3 个苹果", "answer": "#### 3"}]))
+    cfg = TrainConfig(task="gsm8k", data=str(data), eval_data=str(data), steps=1, prompts_per_step=2, group_size=2,
+                      max_new_tokens=8, eval_every=0, eval_problems=3, samples_every=0, track_ref_kl=False,
+                      output_dir=str(tmp_path / "runs"), tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    train(cfg)
+    err = capsys.readouterr().err
+    assert "1 of 3 training prompts contain characters the tokenizer does not know" in err
+    assert "1 of 3 held-out prompts" in err

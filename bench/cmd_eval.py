@@ -105,6 +105,10 @@ def _max_new_tokens(requested: int | None, model, prompt_lengths: list[int]) -> 
 
 
 def run(args) -> int:
+    if not args.no_mlflow:  # an unreachable server: one line now, before transformers and the model load
+        from bench.tracking import check_reachable
+
+        check_reachable(args.tracking_uri)
     from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
     from bench.model import format_prompt, load_policy, warn_unknown_characters
     from bench.rollout import make_engine

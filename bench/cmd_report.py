@@ -31,10 +31,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from bench.tracking import check_reachable
     from reports.load import _client, list_comparisons, resolve_tracking_uri
     from reports.report import build_report
 
-    uri = resolve_tracking_uri(args.tracking_uri)
+    uri = check_reachable(resolve_tracking_uri(args.tracking_uri))
     if args.comparison is None:  # say which one is reported when there is a choice
         from reports.load import get_experiment
 

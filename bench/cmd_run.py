@@ -52,7 +52,10 @@ def run(args: argparse.Namespace) -> int:
     baseline = args.baseline or (DEFAULTS.baseline if DEFAULTS.baseline in algos else None)
     if args.baseline and args.baseline not in algos:
         raise ValueError(f"--baseline {args.baseline!r} is not among the objectives run ({', '.join(algos)})")
+    from bench.tracking import check_reachable
     from bench.train import TrainingDiverged  # noqa: F401  (import errors surface before any run starts)
+
+    check_reachable(cfg.tracking_uri)
 
     try:
         res = run_comparison(cfg, algos, seeds, params, force=args.force, progress=not args.no_progress,

@@ -21,7 +21,12 @@ MAX_BATCH = 1000  # MLflow's log_batch limit on metrics per call
 
 def tracking_uri(uri: str | None) -> str:
     """Explicit URI, else MLFLOW_TRACKING_URI, else MLflow's default local store in the working folder."""
-    return uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
+    resolved = uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
+    if resolved.startswith("postgres"):  # an MLflow backend store in PostgreSQL: name the installed driver
+        from bench.dburl import with_driver
+
+        resolved = with_driver(resolved)
+    return resolved
 
 
 TIMEOUT_ENV = "POBENCH_MLFLOW_TIMEOUT"  # seconds the reachability check of an MLflow server waits

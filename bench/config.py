@@ -32,7 +32,7 @@ TRACKING_URI_DEFAULT = f"$MLFLOW_TRACKING_URI, else {DEFAULT_TRACKING_URI} in th
 
 # Fields that distinguish runs of one comparison: everything else must be identical across its runs.
 PER_RUN_FIELDS = ("algo", "objective_overrides", "seed", "control", "run_name", "output_dir", "resume",
-                  "tracking_uri", "experiment", "comparison", "tags", "threads")
+                  "tracking_uri", "experiment", "comparison", "tags", "threads", "keep_checkpoints")
 
 
 @dataclass
@@ -88,6 +88,9 @@ class TrainConfig:
     # --- bookkeeping
     seed: int = _f(0, "Seed for data order, sampling and initialisation.")
     checkpoint_every: int = _f(10, "Checkpoint every N steps (and at the end); 0 = only at the end.")
+    keep_checkpoints: int = _f(1, "Checkpoints kept per run: the newest N (older ones are deleted; kept ones before "
+                                  "the newest lose their optimizer state, which only a resume from the newest reads). "
+                                  "The final weights are saved apart in <run>/final.")
     output_dir: str = _f(".pobench/runs", "Where checkpoints and resolved configs are written.")
     run_name: str | None = _f(None, "MLflow run name (default: <algo>-s<seed>).")
     experiment: str = _f("pobench", "MLflow experiment name.")
@@ -102,7 +105,7 @@ class TrainConfig:
             raise ValueError(f"config field `{name}`={getattr(self, name)!r}: {why}")
 
         for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "update_epochs", "minibatches",
-                     "micro_batch_size", "eval_problems", "eval_samples"):
+                     "micro_batch_size", "eval_problems", "eval_samples", "keep_checkpoints"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 bad(name, "must be an integer >= 1")
         for name in ("eval_every", "checkpoint_every", "samples_every", "warmup_steps", "difficulty", "threads"):

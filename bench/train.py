@@ -159,7 +159,8 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
 
     def save_checkpoint(step: int) -> None:
         checkpoint.save(run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler,
-                        state={"run_id": logger.run_id, "elapsed": elapsed, "pending": logger.pending})
+                        state={"run_id": logger.run_id, "elapsed": elapsed, "pending": logger.pending},
+                        keep=cfg.keep_checkpoints)
         logger.flush()
 
     final_eval: dict[str, float] = {}

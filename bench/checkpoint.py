@@ -1,5 +1,9 @@
 """Checkpoints of a training run: model, optimizer and scheduler state, step, MLflow run id, wall-clock, the RNG
-state and the metrics not yet sent to MLflow. Written atomically (temporary folder, then rename)."""
+state and the metrics not yet sent to MLflow. Written atomically (temporary folder, then rename).
+
+Retention (``TrainConfig.keep_checkpoints`` = N): the newest N checkpoints stay, older ones are deleted once a newer one
+is complete; of the kept ones only the newest keeps its optimizer state (``optim.pt``, twice the model's size with
+AdamW), the only one a resume reads. The final weights are saved apart (``<run>/final``) by the training loop."""
 
 from __future__ import annotations
 
@@ -11,7 +15,6 @@ from typing import Any
 import torch
 
 PREFIX = "ckpt-"
-KEEP = 2
 
 
 def latest(run_dir: str | Path) -> Path | None:
@@ -24,7 +27,7 @@ def latest(run_dir: str | Path) -> Path | None:
 
 
 def save(run_dir: str | Path, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         scheduler: Any, state: dict[str, Any]) -> Path:
+         scheduler: Any, state: dict[str, Any], keep: int = 1) -> Path:
     run_dir = Path(run_dir)
     final = run_dir / f"{PREFIX}{step:07d}"
     tmp = run_dir / f"{PREFIX}{step:07d}.tmp"
@@ -36,8 +39,11 @@ def save(run_dir: str | Path, step: int, *, model: torch.nn.Module, optimizer: t
     (tmp / "state.json").write_text(json.dumps({**state, "step": step}))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    for old in sorted(p for p in run_dir.glob(f"{PREFIX}*") if not p.name.endswith(".tmp"))[:-KEEP]:
+    done = sorted(p for p in run_dir.glob(f"{PREFIX}*") if not p.name.endswith(".tmp"))
+    for old in done[:-keep]:  # only now that the new one is complete: a kill at any point leaves one to resume from
         shutil.rmtree(old, ignore_errors=True)
+    for old in done[-keep:-1]:
+        (old / "optim.pt").unlink(missing_ok=True)
     return final
 
 

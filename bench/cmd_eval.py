@@ -16,9 +16,10 @@ DEFAULT_MAX_NEW_TOKENS = 512
 
 
 def register(sub) -> None:
+    from bench.config import TRACKING_URI_DEFAULT
     from evaluators import list_benchmarks
 
-    p = sub.add_parser("eval", help="evaluate a model on math benchmarks (greedy, pass@k, maj@k, with 95% CIs)",
+    p = sub.add_parser("eval", help="evaluate a model on math benchmarks (greedy, pass@k, maj@k, with 95%% CIs)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="builtin:tiny-arith, a local model folder or a hub id")
     p.add_argument("--benchmarks", required=True,
@@ -48,7 +49,7 @@ def register(sub) -> None:
     p.add_argument("--harness", choices=["lm-eval"], default=None,
                    help="also run lm-evaluation-harness on the same rows with our prompts and extraction (greedy)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
-    p.add_argument("--tracking-uri", default=None)
+    p.add_argument("--tracking-uri", default=None, help=f"MLflow tracking URI (default: {TRACKING_URI_DEFAULT})")
     p.add_argument("--experiment", default="pobench")
     p.add_argument("--run-name", default=None)
     p.add_argument("--parent-run-id", default=None,
@@ -104,8 +105,12 @@ def _max_new_tokens(requested: int | None, model, prompt_lengths: list[int]) -> 
 
 
 def run(args) -> int:
+    if not args.no_mlflow:  # an unreachable server: one line now, before transformers and the model load
+        from bench.tracking import check_reachable
+
+        check_reachable(args.tracking_uri)
     from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
-    from bench.model import format_prompt, load_policy
+    from bench.model import format_prompt, load_policy, warn_unknown_characters
     from bench.rollout import make_engine
     from evaluators import get_benchmark
 
@@ -134,6 +139,7 @@ def run(args) -> int:
     options = {"max_batch_size": args.batch_size} if args.batch_size and args.backend == "hf" else {}
     engine = make_engine(args.backend, model, tokenizer, **options)
     all_prompts = [format_prompt(tokenizer, p.question, args.prompt_template) for _, ps, _ in loaded for p in ps]
+    warn_unknown_characters(tokenizer, [p.question for _, ps, _ in loaded for p in ps], "prompts")
     max_new = _max_new_tokens(args.max_new_tokens, model, [len(tokenizer(x)["input_ids"]) for x in all_prompts])
     n_samples = args.samples or args.k
 

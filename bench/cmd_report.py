@@ -7,10 +7,12 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from bench.config import TRACKING_URI_DEFAULT
+
     p = sub.add_parser("report", help="write the report of a comparison (from MLflow)", description=__doc__)
     p.add_argument("--experiment", default="pobench", help="MLflow experiment (default: pobench)")
     p.add_argument("--comparison", help="comparison id (default: the experiment's most recent comparison)")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLFLOW_TRACKING_URI or the local store)")
+    p.add_argument("--tracking-uri", help=f"MLflow tracking URI (default: {TRACKING_URI_DEFAULT})")
     p.add_argument("--baseline", help="objective to compare against (default: grpo when present)")
     p.add_argument("--target-acc", type=float, help="convergence target accuracy (default: 95%% of the best "
                    "smoothed held-out accuracy of any run in the comparison)")
@@ -29,10 +31,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from bench.tracking import check_reachable
     from reports.load import _client, list_comparisons, resolve_tracking_uri
     from reports.report import build_report
 
-    uri = resolve_tracking_uri(args.tracking_uri)
+    uri = check_reachable(resolve_tracking_uri(args.tracking_uri))
     if args.comparison is None:  # say which one is reported when there is a choice
         from reports.load import get_experiment
 

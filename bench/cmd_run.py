@@ -34,11 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out-root", default="reports/out", help="report folder root (default: reports/out)")
     p.add_argument("--no-report", action="store_true", help="train only; `bench report` writes the report later")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
-    add_config_flags(p, skip=SKIP)
-    for name, value in DEFAULTS.train.items():  # show the defaults `bench run` actually uses
-        action = p._option_string_actions.get("--" + name.replace("_", "-"))
-        if action is not None and action.help:
-            action.help = action.help.rsplit(" (default:", 1)[0] + f" (default of bench run: {value!r})"
+    add_config_flags(p, skip=SKIP, defaults=DEFAULTS.train, default_label="default of bench run")
     p.set_defaults(func=run)
 
 
@@ -56,7 +52,10 @@ def run(args: argparse.Namespace) -> int:
     baseline = args.baseline or (DEFAULTS.baseline if DEFAULTS.baseline in algos else None)
     if args.baseline and args.baseline not in algos:
         raise ValueError(f"--baseline {args.baseline!r} is not among the objectives run ({', '.join(algos)})")
+    from bench.tracking import check_reachable
     from bench.train import TrainingDiverged  # noqa: F401  (import errors surface before any run starts)
+
+    check_reachable(cfg.tracking_uri)
 
     try:
         res = run_comparison(cfg, algos, seeds, params, force=args.force, progress=not args.no_progress,

@@ -11,9 +11,11 @@ import typing
 from bench.config import TrainConfig
 
 
-def add_config_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
-    """One flag per TrainConfig field (``--prompts-per-step``), help text from the field's doc; default None so
-    that only flags the user gives override the YAML file / defaults."""
+def add_config_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), defaults: dict | None = None,
+                     default_label: str = "default") -> None:
+    """One flag per TrainConfig field (``--prompts-per-step``), help text from the field's doc and its default, stated
+    once: ``defaults`` (e.g. `bench run`'s) replace the field's own default where given. The parser default is None
+    so that only flags the user gives override the YAML file / defaults."""
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         if f.name in skip:
@@ -21,7 +23,11 @@ def add_config_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> 
         flag = "--" + f.name.replace("_", "-")
         doc = f.metadata.get("doc", "")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        help_text = f"{doc} (default: {default!r})".replace("%", "%%")
+        label = "default"
+        if defaults and f.name in defaults:
+            default, label = defaults[f.name], default_label
+        # None = unset: the field's doc says what happens then (and states that default itself, once)
+        help_text = (doc if default is None else f"{doc} ({label}: {default!r})").replace("%", "%%")
         hint = hints[f.name]
         if hint is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
@@ -43,17 +49,18 @@ def config_from_args(args: argparse.Namespace, **fixed) -> TrainConfig:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train one objective", description=__doc__,
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser("train", help="train one objective", description=__doc__)
     p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
     add_config_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from bench.tracking import check_reachable
     from bench.train import TrainingDiverged, train
 
     cfg = config_from_args(args)
+    check_reachable(cfg.tracking_uri)  # an unreachable server: one line now, not minutes later after the model loads
     try:
         result = train(cfg)
     except TrainingDiverged as e:

@@ -98,7 +98,10 @@ def spec_from_args(args: argparse.Namespace) -> tune.TuneSpec:
 def main(args: argparse.Namespace) -> int:
     if args.show:
         return show(args)
+    from bench.tracking import check_reachable
+
     spec = spec_from_args(args)
+    check_reachable(spec.base.tracking_uri)
     try:
         study = tune.run_study(spec)
     except KeyboardInterrupt:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from reports.load import DEFAULT_TRACKING_URI
 
 
 def _f(default: Any, doc: str, **kw: Any) -> Any:
@@ -24,10 +27,12 @@ def _f(default: Any, doc: str, **kw: Any) -> Any:
 
 
 BUILTIN_MODEL = "builtin:tiny-arith"
+# what every `--tracking-uri` help states as the default (bench.tracking.tracking_uri resolves it)
+TRACKING_URI_DEFAULT = f"$MLFLOW_TRACKING_URI, else {DEFAULT_TRACKING_URI} in the working folder"
 
 # Fields that distinguish runs of one comparison: everything else must be identical across its runs.
 PER_RUN_FIELDS = ("algo", "objective_overrides", "seed", "control", "run_name", "output_dir", "resume",
-                  "tracking_uri", "experiment", "comparison", "tags", "threads")
+                  "tracking_uri", "experiment", "comparison", "tags", "threads", "keep_checkpoints")
 
 
 @dataclass
@@ -38,7 +43,7 @@ class TrainConfig:
     algo: str = _f("grpo", "Registered objective name (`bench list`).")
     objective_overrides: dict = _f({}, "Objective config fields to override, e.g. {kl_coef: 0.1}.")
     control: str | None = _f(None, "Objective-independent control: `random-reward` replaces the verifier reward by a "
-                                   "coin flip with the same mean (checks that gains are reward-driven).")
+                                   "coin flip with the same mean (checks that gains are reward-driven); default: none.")
     model: str = _f(BUILTIN_MODEL, "Policy: `builtin:tiny-arith` (shipped warm-started tiny model), a local folder "
                                    "or a Hugging Face hub id.")
     prompt_template: str = _f("auto", "`auto` (chat template if the tokenizer has one, else plain), `chat`, `plain`, "
@@ -52,8 +57,9 @@ class TrainConfig:
     task: str = _f("arith", "Training task: a benchmark name (arith, gsm8k, math, ...).")
     data: str | None = _f(None, "Local file/folder or hub id for the training task (default: the benchmark's own).")
     eval_task: str | None = _f(None, "Held-out benchmark (default: same as task).")
-    eval_data: str | None = _f(None, "Local file/folder or hub id for the held-out benchmark.")
+    eval_data: str | None = _f(None, "Local file/folder or hub id for the held-out benchmark (default: its own).")
     difficulty: int = _f(2, "Difficulty of the built-in arith task (1 = easiest).")
+    skip_bad_rows: bool = _f(False, "Skip (and count) malformed rows of the data / eval_data files instead of failing.")
     # --- rollouts
     steps: int = _f(40, "Number of training steps (one rollout batch each).")
     prompts_per_step: int = _f(16, "Prompts sampled per step.")
@@ -82,10 +88,13 @@ class TrainConfig:
     # --- bookkeeping
     seed: int = _f(0, "Seed for data order, sampling and initialisation.")
     checkpoint_every: int = _f(10, "Checkpoint every N steps (and at the end); 0 = only at the end.")
+    keep_checkpoints: int = _f(1, "Checkpoints kept per run: the newest N (older ones are deleted; kept ones before "
+                                  "the newest lose their optimizer state, which only a resume from the newest reads). "
+                                  "The final weights are saved apart in <run>/final.")
     output_dir: str = _f(".pobench/runs", "Where checkpoints and resolved configs are written.")
     run_name: str | None = _f(None, "MLflow run name (default: <algo>-s<seed>).")
     experiment: str = _f("pobench", "MLflow experiment name.")
-    tracking_uri: str | None = _f(None, "MLflow tracking URI (default: MLFLOW_TRACKING_URI or ./mlruns).")
+    tracking_uri: str | None = _f(None, f"MLflow tracking URI (default: {TRACKING_URI_DEFAULT}).")
     comparison: str | None = _f(None, "Comparison id tag (set by `bench run`).")
     tags: dict = _f({}, "Extra MLflow tags.")
     resume: bool = _f(False, "Resume from the last checkpoint in output_dir (same MLflow run).")
@@ -96,12 +105,19 @@ class TrainConfig:
             raise ValueError(f"config field `{name}`={getattr(self, name)!r}: {why}")
 
         for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "update_epochs", "minibatches",
-                     "micro_batch_size", "eval_problems", "eval_samples"):
+                     "micro_batch_size", "eval_problems", "eval_samples", "keep_checkpoints"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 bad(name, "must be an integer >= 1")
         for name in ("eval_every", "checkpoint_every", "samples_every", "warmup_steps", "difficulty", "threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 bad(name, "must be an integer >= 0")
+        for f in fields(self):  # nan / inf pass comparisons like `lr > 0` and diverge at step 2
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                bad(f.name, "must be a finite number")
+        if self.group_size < 2:
+            bad("group_size", "must be >= 2: advantages are relative to the other completions of the same prompt, "
+                              "so with one completion per prompt every advantage is 0 and nothing is learned")
         if not (self.lr > 0):
             bad("lr", "must be > 0")
         if self.temperature <= 0:

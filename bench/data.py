@@ -18,7 +18,7 @@ class TrainData:
     """The prompt source of one run."""
 
     def __init__(self, task: str, *, seed: int, steps: int, prompts_per_step: int, data: str | None = None,
-                 difficulty: int = 2) -> None:
+                 difficulty: int = 2, skip_bad_rows: bool = False) -> None:
         self.prompts_per_step = prompts_per_step
         self.seed = seed
         self.benchmark = _benchmark(task, difficulty)
@@ -28,7 +28,7 @@ class TrainData:
             stream = self.benchmark.train_stream(seed)
             self.pool: list[Problem] = list(itertools.islice(stream, steps * prompts_per_step + 4096))
         else:
-            pool = self.benchmark.load(split="train", data=data)
+            pool = self.benchmark.load(split="train", data=data, skip_bad_rows=skip_bad_rows)
             if not pool:
                 raise ValueError(f"task {task}: the training split is empty")
             self.pool = list(pool)
@@ -48,10 +48,12 @@ def _benchmark(task: str, difficulty: int):
     return get_benchmark(task, difficulty=difficulty) if task == "arith" else get_benchmark(task)
 
 
-def eval_problems(task: str, *, limit: int, data: str | None = None, difficulty: int = 2):
+def eval_problems(task: str, *, limit: int, data: str | None = None, difficulty: int = 2,
+                  skip_bad_rows: bool = False):
     """(benchmark, held-out problems) for periodic evaluation."""
     bench = _benchmark(task, difficulty)
-    problems = bench.load(split="test", data=data, limit=limit)
+    extra = {"skip_bad_rows": True} if skip_bad_rows and task != "arith" else {}  # arith is generated: no rows
+    problems = bench.load(split="test", data=data, limit=limit, **extra)
     if not problems:
         raise ValueError(f"held-out task {task}: no problems loaded")
     return bench, problems

@@ -55,7 +55,10 @@ def resolve_algos(algos: str | list[str] | None, ablation: str | list[str] | Non
     from algorithms import objective_groups, resolve_names
 
     names: list[str] = []
-    if algos:
+    if algos is not None:  # given but empty (`--algos ''`) is an error, never the defaults
+        if not [a for a in (algos.split(",") if isinstance(algos, str) else algos) if a.strip()]:
+            raise ValueError(f"--algos {algos!r} names no objective; give registered names (`bench list`) or leave "
+                             f"the flag out for the defaults ({','.join(DEFAULTS.algos)})")
         names += resolve_names(algos)
     for root in ([ablation] if isinstance(ablation, str) else ablation or []):
         for r in [x.strip() for x in root.split(",") if x.strip()]:

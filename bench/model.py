@@ -134,3 +134,30 @@ def format_prompt(tokenizer, question: str, template: str = "auto") -> str:
 def count_parameters(model) -> int:
     """Number of distinct parameters (tied embeddings counted once)."""
     return sum(p.numel() for p in model.parameters())
+
+
+def unknown_characters(tokenizer, texts: list[str]) -> tuple[int, str, str]:
+    """(how many of ``texts`` hold a character the tokenizer can only encode as its unknown token, one such character,
+    one such text). (0, "", "") for tokenizers without an unknown token (byte-level BPE encodes everything)."""
+    unk = tokenizer.unk_token_id
+    if unk is None:
+        return 0, "", ""
+    chars = sorted({c for t in texts for c in t})
+    bad = {c for c in chars if unk in tokenizer(c, add_special_tokens=False)["input_ids"]}
+    hits = [t for t in texts if bad.intersection(t)]
+    if not hits:
+        return 0, "", ""
+    return len(hits), next(c for c in hits[0] if c in bad), hits[0]
+
+
+def warn_unknown_characters(tokenizer, texts: list[str], what: str) -> int:
+    """Print one warning line when some ``texts`` hold characters the tokenizer does not know; returns the count."""
+    import sys
+
+    n, char, text = unknown_characters(tokenizer, texts)
+    if n:
+        short = text if len(text) <= 60 else text[:57] + "..."
+        print(f"bench: warning: {n} of {len(texts)} {what} contain characters the tokenizer does not know (they "
+              f"become {tokenizer.unk_token}, so the model cannot read them), e.g. {char!r} in {short!r}",
+              file=sys.stderr)
+    return n

@@ -21,7 +21,43 @@ MAX_BATCH = 1000  # MLflow's log_batch limit on metrics per call
 
 def tracking_uri(uri: str | None) -> str:
     """Explicit URI, else MLFLOW_TRACKING_URI, else MLflow's default local store in the working folder."""
-    return uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
+    resolved = uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
+    if resolved.startswith("postgres"):  # an MLflow backend store in PostgreSQL: name the installed driver
+        from bench.dburl import with_driver
+
+        resolved = with_driver(resolved)
+    return resolved
+
+
+TIMEOUT_ENV = "POBENCH_MLFLOW_TIMEOUT"  # seconds the reachability check of an MLflow server waits
+DEFAULT_TIMEOUT_S = 5.0
+
+
+def check_reachable(uri: str | None) -> str:
+    """Resolve the tracking URI and, for an MLflow server (http/https), check that it answers within
+    ``$POBENCH_MLFLOW_TIMEOUT`` seconds (default 5): one ValueError line naming the URI otherwise, before any model
+    is loaded. (MLflow's own client retries a refused connection for about four minutes before it gives up.) Local
+    stores (sqlite, file) need no check. Returns the resolved URI."""
+    import urllib.error
+    import urllib.request
+
+    resolved = tracking_uri(uri)
+    if not resolved.startswith(("http://", "https://")):
+        return resolved
+    try:
+        timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_ENV}={os.environ[TIMEOUT_ENV]!r}: expected a number of seconds") from None
+    try:
+        with urllib.request.urlopen(resolved.rstrip("/") + "/health", timeout=timeout):
+            pass
+    except urllib.error.HTTPError:  # the server answered (maybe 401 / 404 behind a proxy): it is reachable
+        pass
+    except (OSError, ValueError) as e:  # URLError (refused, DNS), timeouts, malformed URLs
+        why = getattr(e, "reason", None) or e
+        raise ValueError(f"MLflow tracking server {resolved} cannot be reached within {timeout:g} s ({why}); start it, "
+                         f"or fix --tracking-uri / MLFLOW_TRACKING_URI ({TIMEOUT_ENV} sets the wait)") from None
+    return resolved
 
 
 def git_commit() -> str:

@@ -29,7 +29,7 @@ from algorithms.aggregation import masked_mean
 from bench import checkpoint
 from bench.config import BUILTIN_MODEL, TrainConfig
 from bench.data import TrainData, eval_problems
-from bench.model import format_prompt, load_policy
+from bench.model import format_prompt, load_policy, warn_unknown_characters
 from bench.rollout import SamplingParams, make_engine
 from bench.scoring import score
 from bench.tracking import RunLogger, flatten, git_commit
@@ -114,9 +114,11 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
 
     # --- data: same prompts at the same step for every objective and seed-matched run
     data = TrainData(cfg.task, seed=cfg.seed, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
-                     data=cfg.data, difficulty=cfg.difficulty)
+                     data=cfg.data, difficulty=cfg.difficulty, skip_bad_rows=cfg.skip_bad_rows)
     eval_bench, eval_set = eval_problems(cfg.eval_task or cfg.task, limit=cfg.eval_problems, data=cfg.eval_data,
-                                         difficulty=cfg.difficulty)
+                                         difficulty=cfg.difficulty, skip_bad_rows=cfg.skip_bad_rows)
+    warn_unknown_characters(tok, [p.question for p in data.pool], "training prompts")
+    warn_unknown_characters(tok, [p.question for p in eval_set], "held-out prompts")
 
     # --- MLflow run (new, or the same one when resuming)
     logger = RunLogger(cfg.tracking_uri, cfg.experiment)
@@ -157,7 +159,8 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
 
     def save_checkpoint(step: int) -> None:
         checkpoint.save(run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler,
-                        state={"run_id": logger.run_id, "elapsed": elapsed, "pending": logger.pending})
+                        state={"run_id": logger.run_id, "elapsed": elapsed, "pending": logger.pending},
+                        keep=cfg.keep_checkpoints)
         logger.flush()
 
     final_eval: dict[str, float] = {}
@@ -301,6 +304,8 @@ def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, 
         zero_adv += int(((shaped.max(1).values - shaped.min(1).values) == 0).sum())
         n_groups += len(problems)
         gen_tokens += int(length.sum())
+        if r == 0:  # the step's own prompts, sampled alike by every objective: the like-for-like metrics below
+            ent_0, truncated_0, zero_adv_0 = len(entropies), truncated, zero_adv
         for p in range(len(problems)):
             if keep[p] and len(kept) < P:
                 kept.append(Group(problems[p].question, ro.prompt_ids[p], ro.completion_ids[p * G:(p + 1) * G],
@@ -311,19 +316,26 @@ def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, 
         adv = objective.advantages(torch.stack([g.rewards for g in kept]))  # (K, G)
         for g, a in zip(kept, adv):
             g.advantages = a
-    correct_all, rewards_all, length_all = torch.cat(all_correct), torch.cat(all_rewards), torch.cat(lengths)
-    ent = torch.cat(entropies) if entropies else torch.zeros(0)
+    # rollout/* describe round 0 only, so every objective's curves measure the same thing; what dynamic sampling's
+    # refill rounds add has its own rollout/refill_* metrics (docs/METRICS.md)
+    correct_0, rewards_0, length_0 = all_correct[0], all_rewards[0], lengths[0]
+    ent = torch.cat(entropies[:ent_0]) if ent_0 else torch.zeros(0)
     pct = percentiles(ent)
+    refill_correct = torch.cat(all_correct[1:]) if len(all_correct) > 1 else torch.zeros(0)
     metrics = {
-        "rollout/reward_mean": float(rewards_all.mean()), "rollout/reward_std": float(rewards_all.std()),
-        "rollout/accuracy": float(correct_all.mean()),
+        "rollout/reward_mean": float(rewards_0.mean()), "rollout/reward_std": float(rewards_0.std()),
+        "rollout/accuracy": float(correct_0.mean()),
         "rollout/entropy_mean": float(ent.mean()) if ent.numel() else float("nan"),
         "rollout/entropy_p10": pct[10], "rollout/entropy_p50": pct[50], "rollout/entropy_p90": pct[90],
-        "rollout/zero_adv_frac": zero_adv / n_groups, "rollout/length_mean": float(length_all.float().mean()),
-        "rollout/length_max": float(length_all.max()), "rollout/truncation_rate": truncated / len(length_all),
+        "rollout/zero_adv_frac": zero_adv_0 / P, "rollout/length_mean": float(length_0.float().mean()),
+        "rollout/length_max": float(length_0.max()), "rollout/truncation_rate": truncated_0 / len(length_0),
         "rollout/tokens_per_s": gen_tokens / max(gen_s, 1e-9), "rollout/sampling_rounds": float(r + 1),
         "rollout/kept_groups": float(len(kept)),
     }
+    if rounds > 1:  # objectives with dynamic sampling
+        metrics["rollout/refill_completions"] = float(refill_correct.numel())
+        metrics["rollout/refill_accuracy"] = float(refill_correct.mean()) if refill_correct.numel() else float("nan")
+        metrics["rollout/refill_zero_adv_frac"] = (zero_adv - zero_adv_0) / max(1, n_groups - P)
     return kept, metrics
 
 

@@ -232,8 +232,13 @@ def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_re
 
     from sqlalchemy.engine import make_url
 
+    from bench.dburl import INSTALL_HINT, with_driver
+
     try:
+        url = with_driver(url)  # postgresql:// -> the installed driver (SQLAlchemy versions differ in the default)
         backend = make_url(url).get_backend_name()
+    except ValueError as e:  # no driver installed
+        raise ValueError(f"--storage {e}") from None
     except Exception as e:
         raise ValueError(f"--storage {url!r}: not a SQLAlchemy URL ({e})") from e
     engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
@@ -261,7 +266,7 @@ def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_re
                                               heartbeat_stale_trial_callback=stale)
     except ModuleNotFoundError as e:
         raise ValueError(f"--storage {redact(url)}: database driver missing ({e.name}); for PostgreSQL "
-                         f"`pip install pobench[postgres]`") from e
+                         f"{INSTALL_HINT}") from e
     except Exception as e:  # sqlalchemy OperationalError / ArgumentError and friends: one line naming the cause
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"--storage {redact(url)}: cannot be reached: {first}") from e

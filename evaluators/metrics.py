@@ -1,7 +1,9 @@
-"""Benchmark metrics over per-problem results: greedy accuracy, pass@1, unbiased pass@k, maj@k, bootstrap CIs.
+"""Benchmark metrics over per-problem results: greedy accuracy, pass@1, unbiased pass@k, maj@k, 95% intervals.
 
-Every metric is a mean over problems of a per-problem score, so one percentile bootstrap over problems gives its 95%
-interval.
+Every metric is a mean over problems of a per-problem score. When every score is 0 or 1 (greedy accuracy, maj@k, and
+pass@k whenever each problem is all right or all wrong) the mean is a binomial proportion and its interval is the
+Wilson score interval, which stays honest at 0/n and n/n (a bootstrap of a constant would give [0, 0]). Fractional
+scores (pass@1 over several samples, unbiased pass@k) get a percentile bootstrap over problems.
 """
 
 from __future__ import annotations
@@ -57,9 +59,36 @@ def bootstrap_ci(scores: Sequence[float], confidence: float = 0.95, resamples: i
     return float(lo), float(hi)
 
 
+def wilson_ci(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (Wilson 1927): correct coverage near 0 and 1, never [0, 0].
+
+        centre = (p + z^2 / 2n) / (1 + z^2 / n),   half-width = z sqrt(p (1 - p) / n + z^2 / 4n^2) / (1 + z^2 / n)
+    """
+    if n == 0:
+        return (float("nan"), float("nan"))
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * float(np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))) / denom
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)  # exact at the ends (no 1e-17 rounding residue)
+    hi = 1.0 if successes == n else min(1.0, centre + half)
+    return lo, hi
+
+
+def interval(scores: Sequence[float], confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
+    """95% interval of the mean of per-problem scores: Wilson when all are 0/1 (a proportion), else bootstrap."""
+    x = np.asarray(scores, dtype=float)  # (P,)
+    if x.size and np.all((x == 0) | (x == 1)):
+        return wilson_ci(int(x.sum()), int(x.size), confidence)
+    return bootstrap_ci(scores, confidence, seed=seed)
+
+
 @dataclass
 class Metric:
-    """A mean over problems with its bootstrap interval."""
+    """A mean over problems with its 95% interval (`interval`: Wilson for proportions, else bootstrap)."""
 
     value: float
     ci_low: float
@@ -71,7 +100,7 @@ class Metric:
 
 
 def mean_with_ci(scores: Sequence[float], confidence: float = 0.95, seed: int = 0) -> Metric:
-    lo, hi = bootstrap_ci(scores, confidence, seed=seed)
+    lo, hi = interval(scores, confidence, seed=seed)
     return Metric(float(np.mean(scores)) if len(scores) else float("nan"), lo, hi, len(scores))
 
 

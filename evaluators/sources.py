@@ -34,7 +34,7 @@ class SourceRows:
 
 def read_jsonl(path: Path, skip_bad_rows: bool = False) -> SourceRows:
     rows, where, skipped = [], [], []
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8-sig") as f:  # -sig: a UTF-8 byte-order mark (common on Windows) is dropped
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -54,7 +54,7 @@ def read_jsonl(path: Path, skip_bad_rows: bool = False) -> SourceRows:
 
 
 def read_json(path: Path, skip_bad_rows: bool = False) -> SourceRows:
-    text = Path(path).read_text(encoding="utf-8")
+    text = Path(path).read_text(encoding="utf-8-sig")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

@@ -130,8 +130,15 @@ FRACTION_KEYS = [("objective/clip_frac_low", "clipped (low side)"), ("objective/
                  ("objective/selected_frac", "selected tokens (kl_cov, forking)")]
 
 
+def fraction_panels(runs) -> list[tuple[str, str]]:
+    """The fraction panels worth drawing: quantities that vary (an all-zero panel says nothing)."""
+    from reports.checks import varies
+
+    return [(k, t) for k, t in FRACTION_KEYS if varies(runs, k)]
+
+
 def fractions_figure(runs, out_dir: Path, name: str = "clip_masked_fractions") -> list[Path]:
-    panels = [(k, t) for k, t in FRACTION_KEYS if any(r.series.get(k) for r in runs)]
+    panels = fraction_panels(runs)
     if not panels:
         return []
     with plt.rc_context(STYLE):

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 # series every report reads (others are ignored)
 SERIES_KEYS = (
     "eval/accuracy", "eval/accuracy_sampled",
-    "rollout/reward_mean", "rollout/entropy_mean", "rollout/zero_adv_frac",
+    "rollout/reward_mean", "rollout/accuracy", "rollout/refill_completions", "rollout/entropy_mean",
+    "rollout/zero_adv_frac",
     "train/grad_norm", "train/kl_ref",
     "objective/clip_frac_low", "objective/clip_frac_high", "objective/masked_frac", "objective/detached_frac",
     "objective/selected_frac",

@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reports import figures
+from reports import checks, figures
 from reports.derived import KEY_ACC, DerivedSettings, RunDerived, default_target, derive, store
 from reports.load import Comparison, load_comparison
 from reports.tables import Table, fmt, fmt_mean_ci, mean_ci, paired_test
@@ -182,11 +182,16 @@ def runs_table(cmp: Comparison, derived: dict[str, RunDerived]) -> Table:
                 shown.append("none")
             else:
                 shown.append(fmt(v, 5 if c == "entropy_slope" else 3))
-        rows.append([r.name, r.objective, str(r.seed), *shown])
-        csv_rows.append([r.run_id, r.name, r.objective, r.seed, *vals])
+        n_problems = r.params.get("eval_problems", "")
+        lo, hi = checks.final_acc_interval(d.final_acc, int(n_problems) if n_problems.isdigit() else None)
+        rows.append([r.name, r.objective, str(r.seed), *shown, "n/a" if lo is None else f"[{lo:.3f}, {hi:.3f}]"])
+        csv_rows.append([r.run_id, r.name, r.objective, r.seed, *vals, lo, hi])
     return Table("runs", "Per-run derived metrics",
-                 "The per-objective tables of report.md are means over these per-run values.",
-                 ["run", "objective", "seed", *RUN_COLS], rows, ["run_id", "run", "objective", "seed", *RUN_COLS],
+                 "The per-objective tables of report.md are means over these per-run values. final_acc_ci95: Wilson "
+                 "95% interval of the run's final held-out accuracy as a proportion of its eval_problems problems "
+                 "(correct at 0 and 1; n/a when the run did not log eval_problems).",
+                 ["run", "objective", "seed", *RUN_COLS, "final_acc_ci95"], rows,
+                 ["run_id", "run", "objective", "seed", *RUN_COLS, "final_acc_ci95_low", "final_acc_ci95_high"],
                  csv_rows)
 
 
@@ -252,6 +257,14 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
     if at0:
         notes.append(f"{len(at0)}/{len(cmp.runs)} runs meet the convergence target already at step 0 (before any "
                      f"update), so time to convergence does not separate them; fix a target with --target-acc.")
+    ranking = checks.ranking_note({o: _vals([d for _, d in rs], "final_acc") for o, rs in groups.items()}, mean_ci)
+    if ranking:
+        notes.append(ranking)
+    first_eval = [next((s for s, _ in sorted(r.series[KEY_ACC]) if s > 0), None) for r in cmp.runs]
+    late = checks.first_evaluation_note([derived[r.run_id].ttc_step for r in cmp.runs], first_eval, target,
+                                        _vals(list(derived.values()), "initial_acc"))
+    if late:
+        notes.append(late)
     conv = convergence_rows(groups, baseline)
     tables = {t.name: t for t in (accuracy_table(groups), convergence_table(conv, target, baseline, why_no_base),
                                   stability_table(groups, settings), paired_table(groups, baseline, why_no_base),
@@ -263,19 +276,30 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
         files: list[Path] = []
         for t in tables.values():
             files += t.write(tmp)
+        def series(key: str, ylabel: str, title: str, name: str) -> list[Path] | str:
+            """The figure of ``key``, or why it is not drawn (a quantity that never varies)."""
+            if not checks.varies(cmp.runs, key):
+                return checks.constant_reason(cmp.runs, key)
+            return figures.series_figure(cmp.runs, key, ylabel, title, tmp, name)
+
         figs = {} if not figures_too else {
             "accuracy_vs_step": figures.series_figure(cmp.runs, KEY_ACC, "held-out accuracy (greedy)",
                                                       "Held-out accuracy vs step", tmp, "accuracy_vs_step"),
             "accuracy_vs_time": figures.accuracy_time_figure(cmp.runs, tmp),
-            "entropy": figures.series_figure(cmp.runs, "rollout/entropy_mean", "mean token entropy (nats)",
-                                             "Rollout entropy vs step", tmp, "entropy_vs_step"),
-            "reward": figures.series_figure(cmp.runs, "rollout/reward_mean", "mean reward",
-                                            "Training reward vs step", tmp, "reward_vs_step"),
-            "fractions": figures.fractions_figure(cmp.runs, tmp),
+            "train_accuracy": series("rollout/accuracy", "verifier accuracy of rollouts",
+                                     "Training accuracy vs step (verifier, first round)", "train_accuracy_vs_step"),
+            "reward": series("rollout/reward_mean", "mean shaped reward",
+                             "Training reward vs step (as shaped by each objective)", "reward_vs_step"),
+            "refill": series("rollout/refill_completions", "completions",
+                             "Refill-round completions per step (dynamic sampling)", "refill_vs_step"),
+            "entropy": series("rollout/entropy_mean", "mean token entropy (nats)", "Rollout entropy vs step",
+                              "entropy_vs_step"),
+            "fractions": figures.fractions_figure(cmp.runs, tmp) or
+            "no clip / mask / selection fraction varies in any run",
             "ttc": figures.ttc_figure(conv, target, tmp),
         }
         for v in figs.values():
-            files += v
+            files += v if isinstance(v, list) else []
         (tmp / "report.md").write_text(_markdown(cmp, tables, figs, target, baseline, settings, notes))
         files.append(tmp / "report.md")
         if out_dir.exists():
@@ -298,7 +322,7 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
     return rep
 
 
-def _markdown(cmp: Comparison, tables: dict[str, Table], figs: dict[str, list[Path]], target: float,
+def _markdown(cmp: Comparison, tables: dict[str, Table], figs: dict[str, list[Path] | str], target: float,
               baseline: str | None, s: DerivedSettings, notes: list[str]) -> str:
     p = cmp.runs[0].params
     setup = ", ".join(f"{k}={p[k]}" for k in PARAMS_SHOWN if k in p)
@@ -308,6 +332,8 @@ def _markdown(cmp: Comparison, tables: dict[str, Table], figs: dict[str, list[Pa
         paths = figs.get(key) or []
         if not figs:
             return f"*{alt}: figures not drawn (figures_too=False).*\n"
+        if isinstance(paths, str):
+            return f"*{alt}: not drawn: {paths}.*\n"
         if not paths:
             return f"*{alt}: no run logged these series.*\n"
         png = next(x.name for x in paths if x.suffix == ".png")
@@ -332,7 +358,9 @@ def _markdown(cmp: Comparison, tables: dict[str, Table], figs: dict[str, list[Pa
     lines += [tab("accuracy"), tab("paired_test"), tab("convergence"), tab("stability"),
               "## Figures\n",
               img("accuracy_vs_step", "held-out accuracy vs step"), img("accuracy_vs_time", "accuracy vs time"),
-              img("reward", "reward vs step"), img("entropy", "entropy vs step"),
+              img("train_accuracy", "training verifier accuracy vs step"),
+              img("reward", "shaped reward vs step"), img("refill", "refill-round completions vs step"),
+              img("entropy", "entropy vs step"),
               img("fractions", "clip and masked fractions"), img("ttc", "time to convergence"),
               "Per-run values: [runs.md](runs.md), [runs.csv](runs.csv).\n"]
     return "\n".join(lines)

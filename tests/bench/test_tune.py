@@ -388,3 +388,35 @@ def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server, tiny_
     assert len(ran) == 1
     for k, v in best["objective_overrides"].items():
         assert float(ran[0].data.params[f"objective.{k}"]) == pytest.approx(v)
+
+
+def test_postgresql_url_without_driver_gets_the_installed_one(monkeypatch):
+    """SQLAlchemy 2.0 reads `postgresql://` as psycopg2, 2.1 as psycopg 3: the URL names the installed driver."""
+    import importlib.util
+
+    from bench import dburl
+
+    installed = [m for m in dburl.POSTGRES_DRIVERS if importlib.util.find_spec(m) is not None]
+    if not installed:
+        pytest.skip("no PostgreSQL driver installed (the `postgres` extra installs psycopg2)")
+    assert dburl.with_driver("postgresql://u:pw@h:5432/db") == f"postgresql+{installed[0]}://u:pw@h:5432/db"
+    assert dburl.with_driver("postgres://u@h/db") == f"postgresql+{installed[0]}://u@h/db"
+    assert dburl.with_driver("postgresql+psycopg://u@h/db") == "postgresql+psycopg://u@h/db"  # named: kept
+    assert dburl.with_driver("sqlite:///x.db") == "sqlite:///x.db"
+    monkeypatch.setattr(dburl, "POSTGRES_DRIVERS", ("no_such_driver_module",))
+    with pytest.raises(ValueError, match=r"postgresql://u:\*\*\*@h/db: no PostgreSQL driver.*\[postgres\]"):
+        tune.open_storage("postgresql://u:secret@h/db")
+
+
+def test_readme_postgresql_url_works_against_a_real_server(postgres, capsys):
+    """`bench tune --storage postgresql://...` as the README writes it, with the `postgres` extra installed."""
+    from bench import cli
+
+    plain = postgres.create_database(f"optuna_{_uid()}").replace("postgresql+psycopg2://", "postgresql://")
+    assert plain.startswith("postgresql://")
+    storage = tune.open_storage(plain)
+    study = optuna.create_study(study_name="readme", storage=storage)
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=2)
+    assert cli.main(["tune", "--storage", plain, "--show"]) == 2  # connects, lists the studies, asks for --study
+    err = capsys.readouterr().err
+    assert f"studies in {plain}: readme" in err, err

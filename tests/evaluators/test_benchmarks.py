@@ -153,3 +153,14 @@ def test_data_dir_environment_variable(tmp_path, monkeypatch):
     _write_jsonl(tmp_path / "gsm8k" / "test.jsonl", GSM)
     monkeypatch.setenv("POBENCH_DATA_DIR", str(tmp_path))
     assert [p.answer for p in get_benchmark("gsm8k").load()] == ["5", "999"]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_utf8_bom_files_are_read(tmp_path, suffix):
+    """A UTF-8 byte-order mark (Windows editors write one) is not a malformed row."""
+    path = tmp_path / f"test{suffix}"
+    body = "".join(json.dumps(r) + "\n" for r in GSM) if suffix == ".jsonl" else json.dumps(GSM)
+    path.write_bytes(b"\xef\xbb\xbf" + body.replace("\n", "\r\n").encode("utf-8"))
+    problems = get_benchmark("gsm8k").load(data=path)
+    assert [p.answer for p in problems] == ["5", "999"]
+    assert problems[0].question.startswith("Ann")

@@ -59,3 +59,24 @@ def test_summarize():
         assert metric.ci_low <= metric.value <= metric.ci_high and metric.n == 3
     with pytest.raises(ValueError, match="k=5 is larger"):
         summarize(None, samples, keys, k=5)
+
+
+def test_wilson_interval_by_hand_and_at_the_boundaries():
+    from evaluators.metrics import wilson_ci
+
+    # 0/5: z = 1.96, upper = (z^2 / 10 + z sqrt(z^2 / 100)) / (1 + z^2 / 5) = z^2 / (5 + z^2) = 0.4345
+    lo, hi = wilson_ci(0, 5)
+    assert lo == 0.0 and hi == pytest.approx(1.959964 ** 2 / (5 + 1.959964 ** 2), abs=1e-6)
+    lo, hi = wilson_ci(5, 5)
+    assert hi == 1.0 and lo == pytest.approx(5 / (5 + 1.959964 ** 2), abs=1e-6)
+    lo, hi = wilson_ci(30, 100)  # textbook value: [0.2189, 0.3958]
+    assert (round(lo, 4), round(hi, 4)) == (0.2189, 0.3958)
+
+
+def test_proportion_at_zero_or_one_gets_a_nonempty_interval():
+    """A 0/5 greedy accuracy is not "[0.0, 0.0]": that is a bootstrap of a constant, not a binomial interval."""
+    m = summarize([False] * 5, [[False, False]] * 5, [["1", "2"]] * 5, k=2)
+    for name in ("greedy_acc", "pass@1", "pass@2", "maj@2"):
+        assert m[name].value == 0.0 and m[name].ci_low == 0.0 and m[name].ci_high > 0.4, name
+    m = summarize([True] * 5, None, None, k=1)
+    assert m["greedy_acc"].ci_high == 1.0 and m["greedy_acc"].ci_low < 0.6

@@ -83,6 +83,9 @@ class TrainConfig:
     lora_target_modules: list = _f(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
                                    "Module names that get a LoRA adapter (all linear layers of a Llama / Qwen2 "
                                    "block by default).")
+    length_grouped_micro_batches: bool = _f(True, "Split each minibatch into micro-batches of similar lengths (less "
+                                                  "padding work; the same gradient for split-invariant objectives, "
+                                                  "which are the only ones it applies to).")
     track_ref_kl: bool = _f(True, "Log KL to the reference policy every step even when the objective does not use it "
                                   "(one extra forward pass).")
     # --- evaluation

@@ -26,6 +26,7 @@ import torch
 from algorithms import PolicyBatch, get_objective, kl_estimate
 from algorithms.aggregation import masked_mean
 from bench import checkpoint
+from bench.batching import length_grouped
 from bench.config import BUILTIN_MODEL, TrainConfig
 from bench.data import TrainData, eval_problems
 from bench.model import format_prompt, load_policy
@@ -343,6 +344,7 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
     temp = cfg.temperature
     mb = cfg.micro_batch_size
     device = next(model.parameters()).device
+    c_len, p_len = [len(c) for c in completions], [len(p) for p in prompts]
 
     # --- scoring passes without gradient: sampling policy (when off-policy updates follow) and reference
     t0 = time.perf_counter()
@@ -360,7 +362,8 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
     for epoch in range(cfg.update_epochs):
         order = torch.randperm(N, generator=torch.Generator().manual_seed(derive_seed(cfg.seed, "perm", step, epoch)))
         for minibatch in torch.tensor_split(order, cfg.minibatches):
-            micro = torch.split(minibatch, mb)
+            micro = (length_grouped(minibatch, c_len, p_len, mb)  # less padding, same gradient (bench/batching.py)
+                     if cfg.length_grouped_micro_batches and objective.split_invariant else torch.split(minibatch, mb))
             masks = [pad([torch.ones(len(completions[i])) for i in idx], max(len(completions[i]) for i in idx))
                      for idx in micro]
             w_total = float(sum(objective.loss_weight(m) for m in masks))

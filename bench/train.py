@@ -410,14 +410,19 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
 
 def _score_rows(model, prompts, completions, temperature, mb, chunk_mb: float = 256.0
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Per-completion 1-D log-prob and entropy tensors (no gradient), scored in micro-batches."""
-    lps, ents = [], []
-    for s in range(0, len(completions), mb):
-        lp, ent, _ = score(model, prompts[s:s + mb], completions[s:s + mb], temperature, grad=False,
-                           chunk_mb=chunk_mb)
-        for j, c in enumerate(completions[s:s + mb]):
-            lps.append(lp[j, : len(c)].cpu())
-            ents.append(ent[j, : len(c)].cpu())
+    """Per-completion 1-D log-prob and entropy tensors (no gradient), scored in micro-batches of similar lengths
+    (less padding; bench/batching.py), returned in the input order."""
+    n = len(completions)
+    order = sorted(range(n), key=lambda i: (len(completions[i]), len(prompts[i])))
+    lps: list[torch.Tensor] = [torch.zeros(0)] * n
+    ents: list[torch.Tensor] = [torch.zeros(0)] * n
+    for s in range(0, n, mb):
+        rows = order[s:s + mb]
+        lp, ent, _ = score(model, [prompts[i] for i in rows], [completions[i] for i in rows], temperature,
+                           grad=False, chunk_mb=chunk_mb)
+        for j, i in enumerate(rows):
+            lps[i] = lp[j, : len(completions[i])].cpu()
+            ents[i] = ent[j, : len(completions[i])].cpu()
     return lps, ents
 
 

@@ -77,3 +77,21 @@ def test_update_with_length_grouped_micro_batches_gives_the_same_gradient(algo):
     padding = (padded_tokens(torch.split(perm, 4), c_len, p_len), padded_tokens(length_grouped(perm, c_len, p_len, 4),
                                                                                  c_len, p_len))
     assert padding[1] < padding[0]  # the grouped split really differs from the random one
+
+
+def test_scoring_rows_in_length_order_returns_them_in_input_order():
+    from bench.scoring import score
+    from bench.train import _score_rows
+
+    tok = build_char_tokenizer()
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(tiny_config(tok)).eval()
+    g = torch.Generator().manual_seed(3)
+    comps = [torch.randint(3, 90, (int(n),), generator=g).tolist() for n in (9, 2, 7, 1, 5, 3)]
+    prompts = [torch.randint(3, 90, (int(n),), generator=g).tolist() for n in (4, 6, 3, 5, 2, 7)]
+    lps, ents = _score_rows(model, prompts, comps, 1.0, 2)
+    for i in range(len(comps)):  # each row alone: no padding at all
+        lp, ent, _ = score(model, prompts[i:i + 1], comps[i:i + 1])
+        torch.testing.assert_close(lps[i], lp[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ents[i], ent[0], atol=1e-5, rtol=1e-5)

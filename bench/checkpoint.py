@@ -33,7 +33,7 @@ def save(run_dir: str | Path, step: int, *, model: torch.nn.Module, optimizer: t
     tmp = run_dir / f"{PREFIX}{step:07d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    torch.save(model.state_dict(), tmp / "model.pt")
+    torch.save(_weights(model), tmp / "model.pt")  # with LoRA: the adapter only
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "torch_rng": torch.get_rng_state()}, tmp / "optim.pt")
     (tmp / "state.json").write_text(json.dumps({**state, "step": step}))
@@ -51,9 +51,24 @@ def load(path: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Opt
          ) -> dict[str, Any]:
     path = Path(path)
     device = next(model.parameters()).device
-    model.load_state_dict(torch.load(path / "model.pt", map_location=device))
+    weights = torch.load(path / "model.pt", map_location=device)
+    if hasattr(model, "peft_config"):
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, weights)
+    else:
+        model.load_state_dict(weights)
     extra = torch.load(path / "optim.pt", map_location=device, weights_only=False)
     optimizer.load_state_dict(extra["optimizer"])
     scheduler.load_state_dict(extra["scheduler"])
     torch.set_rng_state(extra["torch_rng"])
     return json.loads((path / "state.json").read_text())
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a checkpoint keeps of the model: every weight, or only the adapter of a peft (LoRA) model."""
+    if hasattr(model, "peft_config"):
+        from peft import get_peft_model_state_dict
+
+        return get_peft_model_state_dict(model)
+    return model.state_dict()

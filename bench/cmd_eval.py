@@ -1,6 +1,7 @@
 """`bench eval`: evaluate a model on benchmarks with the shared rollout engine; table, JSON/CSV files, MLflow run.
 
     bench eval --model PATH_OR_ID --benchmarks gsm8k,math500,aime24 --k 8 [--limit N] [--data ../shared/data]
+    bench eval --benchmarks arith    # without --model: the built-in model (as `bench train` / `bench run`)
     bench eval ... --harness lm-eval     # also run lm-evaluation-harness on the same rows and prompts (greedy)
 """
 
@@ -16,12 +17,13 @@ DEFAULT_MAX_NEW_TOKENS = 512
 
 
 def register(sub) -> None:
-    from bench.config import TRACKING_URI_DEFAULT
+    from bench.config import BUILTIN_MODEL, TRACKING_URI_DEFAULT
     from evaluators import list_benchmarks
 
     p = sub.add_parser("eval", help="evaluate a model on math benchmarks (greedy, pass@k, maj@k, with 95%% CIs)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="builtin:tiny-arith, a local model folder or a hub id")
+    p.add_argument("--model", default=BUILTIN_MODEL,
+                   help=f"builtin:tiny-arith, a local model folder or a hub id (default: {BUILTIN_MODEL})")
     p.add_argument("--benchmarks", required=True,
                    help=f"comma-separated benchmark names; valid: {', '.join(list_benchmarks())}")
     p.add_argument("--data", action="append", default=[], metavar="[NAME=]PATH",

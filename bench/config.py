@@ -77,6 +77,21 @@ class TrainConfig:
     update_epochs: int = _f(1, "μ: passes over each rollout batch.")
     minibatches: int = _f(1, "Optimizer steps per epoch (the rollout batch is split into this many minibatches).")
     micro_batch_size: int = _f(64, "Completions per forward/backward (gradient accumulation within a minibatch).")
+    # --- memory (real models on one GPU; docs/SCALE.md)
+    activation_checkpointing: bool = _f(False, "Recompute each decoder layer's activations in the backward pass "
+                                               "instead of keeping them (less memory, ~1/3 more compute).")
+    scoring_chunk_mb: float = _f(256.0, "Float32 logits held at once when scoring (MiB): chosen-token log-probs "
+                                        "and entropies are computed in chunks of tokens; 0 = the (B, T, V) logits "
+                                        "in one piece.")
+    lora_rank: int = _f(0, "LoRA rank r (peft); 0 = full fine-tuning. The reference policy is then the base model "
+                           "with the adapter disabled.")
+    lora_alpha: float = _f(16.0, "LoRA scaling alpha (the update is alpha / r * B A).")
+    lora_target_modules: list = _f(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                   "Module names that get a LoRA adapter (all linear layers of a Llama / Qwen2 "
+                                   "block by default).")
+    length_grouped_micro_batches: bool = _f(True, "Split each minibatch into micro-batches of similar lengths (less "
+                                                  "padding work; the same gradient for split-invariant objectives, "
+                                                  "which are the only ones it applies to).")
     track_ref_kl: bool = _f(True, "Log KL to the reference policy every step even when the objective does not use it "
                                   "(one extra forward pass).")
     # --- evaluation
@@ -142,6 +157,17 @@ class TrainConfig:
             bad("control", "valid: None, random-reward")
         if self.prompts_per_step * self.group_size < self.minibatches:
             bad("minibatches", "more minibatches than completions per step")
+        if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            bad("lora_rank", "must be an integer >= 0 (0 = full fine-tuning)")
+        if self.lora_rank and not self.lora_alpha > 0:
+            bad("lora_alpha", "must be > 0")
+        if self.lora_rank and (not self.lora_target_modules
+                               or not all(isinstance(m, str) for m in self.lora_target_modules)):
+            bad("lora_target_modules", "must be a non-empty list of module names")
+        if self.lora_rank and self.backend == "vllm":
+            bad("backend", "LoRA training with the vllm backend is not supported yet; use --backend hf")
+        if not self.scoring_chunk_mb >= 0:
+            bad("scoring_chunk_mb", "must be >= 0 (0 = no chunking)")
         if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
             bad("adam_betas", "must be two numbers in [0, 1)")
         from algorithms import get_objective  # raises with the valid names / fields

@@ -116,7 +116,8 @@ class HFEngine:
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         # transformers >= 5.2x names the KV-cache argument `cache`; older versions `past_key_values`
-        self.cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        net = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model passes **kwargs on
+        self.cache_kw = "cache" if "cache" in inspect.signature(net.forward).parameters else "past_key_values"
 
     def update_weights(self, model) -> None:
         """No-op: this engine samples with the training module itself."""

@@ -6,11 +6,24 @@ as left-padded prompts followed by right-padded completions, with position ids c
 as the Hugging Face rollout engine lays them out while sampling::
 
     [pad pad p1 p2 p3 | c1 c2 c3 pad]      attention mask 0 on pads, positions 0.. over the real tokens
+
+Memory: the full-vocabulary logits are never materialised as one (B, T, V) tensor. For architectures whose output
+head is a plain linear layer (``CHUNKABLE``), the backbone's last hidden states of the real completion tokens are
+gathered and sent through the head in chunks of at most ``chunk_mb`` MiB of float32 logits; with gradient each chunk
+runs under activation checkpointing (its logits are recomputed in the backward pass), so only the (N, H) hidden states
+are kept between forward and backward. Other architectures (or ``chunk_mb=0``) take the model's own logits.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
+from torch.utils.checkpoint import checkpoint
+
+# model types whose logits are exactly lm_head(last hidden state): no soft-capping or scaling after the head
+CHUNKABLE = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"})
+DEFAULT_CHUNK_MB = 256.0  # float32 logits per chunk: 441 tokens at Qwen2.5's vocabulary of 151,936
 
 
 def layout(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int = 0,
@@ -57,22 +70,68 @@ def token_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float)
 
 
 def score(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], temperature: float = 1.0,
-          grad: bool = False, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+          grad: bool = False, pad_id: int = 0, chunk_mb: float = DEFAULT_CHUNK_MB
+          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token (logprobs (B,T), entropies (B,T), mask (B,T)) of the completions; zeros where mask is 0.
 
     Log-probs and entropies are those of softmax(logits / temperature) (temperature 0 counts as 1), in float32.
     `grad` keeps the autograd graph (the current policy); otherwise it runs under ``torch.no_grad``.
-    The mask is float32: 1.0 on completion tokens, 0.0 on padding.
+    The mask is float32: 1.0 on completion tokens, 0.0 on padding. `chunk_mb` bounds the float32 logits held at once
+    (module docstring); 0 computes the (B, T, V) logits in one piece (the reference the chunked path equals).
+    `model` may be a ``peft`` model: its adapters apply unless disabled (``model.disable_adapter()``).
     """
     device = next(model.parameters()).device
     ids, attn, pos, lp, lc = layout(prompt_ids, completion_ids, pad_id=pad_id, device=device)
+    parts = _backbone_and_head(model) if chunk_mb > 0 else None
     with torch.set_grad_enabled(grad):
-        # logits of the last lc+1 positions: those at lp-1 .. lp+lc-2 predict completion tokens 0 .. lc-1
-        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=lc + 1)
-        logits = out.logits[:, :-1, :]                                   # (B, T, V)
         targets = ids[:, lp:]                                            # (B, T)
-        logprobs, entropies = token_stats(logits, targets, temperature)  # (B, T), (B, T)
         mask = attn[:, lp:].to(torch.float32)                            # (B, T)
-        logprobs = logprobs * mask
-        entropies = entropies * mask
+        if parts is None:
+            # logits of the last lc+1 positions: those at lp-1 .. lp+lc-2 predict completion tokens 0 .. lc-1
+            out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=lc + 1)
+            logits = out.logits[:, :-1, :]                               # (B, T, V)
+            logprobs, entropies = token_stats(logits, targets, temperature)  # (B, T), (B, T)
+            return logprobs * mask, entropies * mask, mask
+        backbone, head = parts
+        hidden = backbone(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+        real = mask.bool()                                               # (B, T)
+        h = hidden[:, lp - 1:-1, :][real]                                # (N, H): states predicting real tokens
+        y = targets[real]                                                # (N,)
+        rows = max(1, int(chunk_mb * 2**20) // (4 * head.out_features))
+        lps, ents = [], []
+        for s in range(0, h.shape[0], rows):
+            if grad and torch.is_grad_enabled():
+                c_lp, c_ent = checkpoint(_head_stats, head, h[s:s + rows], y[s:s + rows], temperature,
+                                         use_reentrant=False)
+            else:
+                c_lp, c_ent = _head_stats(head, h[s:s + rows], y[s:s + rows], temperature)
+            lps.append(c_lp)
+            ents.append(c_ent)
+        where = real.nonzero(as_tuple=True)
+        zeros = torch.zeros_like(mask)
+        logprobs = zeros.index_put(where, torch.cat(lps))                # (B, T)
+        entropies = zeros.index_put(where, torch.cat(ents))              # (B, T)
     return logprobs, entropies, mask
+
+
+def _head_stats(head, h: torch.Tensor, y: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chosen-token log-probs and entropies of one chunk: h (n, H), y (n,) -> (n,), (n,)."""
+    return token_stats(head(h), y, temperature)
+
+
+_warned: set[str] = set()
+
+
+def _backbone_and_head(model):
+    """(backbone, lm_head) when logits = lm_head(backbone(...).last_hidden_state) exactly, else None."""
+    net = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft: the injected model
+    kind = getattr(getattr(net, "config", None), "model_type", None)
+    head = net.get_output_embeddings() if hasattr(net, "get_output_embeddings") else None
+    backbone = net.get_decoder() if hasattr(net, "get_decoder") else None
+    if kind in CHUNKABLE and isinstance(head, torch.nn.Linear) and backbone is not None:
+        return backbone, head
+    if kind not in _warned:
+        _warned.add(kind)
+        warnings.warn(f"scoring: model type {kind!r} is not in bench.scoring.CHUNKABLE; its (B, T, V) logits are "
+                      "computed in one piece", stacklevel=3)
+    return None

@@ -10,7 +10,6 @@ Objectives differ only in `algorithms/`: this file never branches on an objectiv
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import math
@@ -27,10 +26,12 @@ import torch
 from algorithms import PolicyBatch, get_objective, kl_estimate
 from algorithms.aggregation import masked_mean
 from bench import checkpoint
+from bench.batching import length_grouped
 from bench.config import BUILTIN_MODEL, TrainConfig
 from bench.data import TrainData, eval_problems
 from bench.model import format_prompt, load_policy, warn_unknown_characters
 from bench.rollout import SamplingParams, make_engine
+from bench.scale import Reference, is_peft, merged_for_export, prepare_policy, trainable_parameters
 from bench.scoring import score
 from bench.tracking import RunLogger, flatten, git_commit
 
@@ -105,10 +106,11 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
 
     # --- policy, reference, rollout engine, optimizer
     model, tok = load_policy(cfg.model, cfg.device, cfg.dtype)
+    model = prepare_policy(model, cfg)  # LoRA adapter, activation checkpointing (bench/scale.py)
     need_ref = objective.needs_reference or cfg.track_ref_kl
-    ref_model = copy.deepcopy(model).requires_grad_(False) if need_ref else None
+    ref_model = Reference(model) if need_ref else None  # LoRA: the base model with the adapter disabled
     engine = make_engine(cfg.backend, model, tok)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas),
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, betas=tuple(cfg.adam_betas),
                                   weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
 
@@ -222,7 +224,9 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
     finally:
         restore_sigterm()
     logger.end("FINISHED")
-    model.save_pretrained(run_dir / "final")
+    if is_peft(model):
+        model.save_pretrained(run_dir / "final" / "adapter")
+    merged_for_export(model).save_pretrained(run_dir / "final")
     tok.save_pretrained(run_dir / "final")
     return TrainResult(logger.run_id, step, run_dir, final_eval, stopped_early)
 
@@ -352,14 +356,16 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
     temp = cfg.temperature
     mb = cfg.micro_batch_size
     device = next(model.parameters()).device
+    c_len, p_len = [len(c) for c in completions], [len(p) for p in prompts]
 
     # --- scoring passes without gradient: sampling policy (when off-policy updates follow) and reference
     t0 = time.perf_counter()
     old_lp = old_ent = ref_lp = ref_ent = None
     if not on_policy:
-        old_lp, old_ent = _score_rows(model, prompts, completions, temp, mb)
+        old_lp, old_ent = _score_rows(model, prompts, completions, temp, mb, cfg.scoring_chunk_mb)
     if ref_model is not None:
-        ref_lp, ref_ent = _score_rows(ref_model, prompts, completions, temp, mb)
+        with ref_model.policy() as ref:
+            ref_lp, ref_ent = _score_rows(ref, prompts, completions, temp, mb, cfg.scoring_chunk_mb)
     scoring_s = time.perf_counter() - t0
 
     sums: dict[str, float] = {}
@@ -368,7 +374,8 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
     for epoch in range(cfg.update_epochs):
         order = torch.randperm(N, generator=torch.Generator().manual_seed(derive_seed(cfg.seed, "perm", step, epoch)))
         for minibatch in torch.tensor_split(order, cfg.minibatches):
-            micro = torch.split(minibatch, mb)
+            micro = (length_grouped(minibatch, c_len, p_len, mb)  # less padding, same gradient (bench/batching.py)
+                     if cfg.length_grouped_micro_batches and objective.split_invariant else torch.split(minibatch, mb))
             masks = [pad([torch.ones(len(completions[i])) for i in idx], max(len(completions[i]) for i in idx))
                      for idx in micro]
             w_total = float(sum(objective.loss_weight(m) for m in masks))
@@ -376,7 +383,7 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
             for k, idx in enumerate(micro):
                 ids = idx.tolist()
                 lp, ent, mask = score(model, [prompts[i] for i in ids], [completions[i] for i in ids], temp,
-                                      grad=True)
+                                      grad=True, chunk_mb=cfg.scoring_chunk_mb)
                 T = lp.shape[1]
                 batch = PolicyBatch(
                     logprobs=lp, mask=mask, advantages=adv[idx].to(device), max_length=cfg.max_new_tokens,
@@ -413,14 +420,21 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
     return out
 
 
-def _score_rows(model, prompts, completions, temperature, mb) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Per-completion 1-D log-prob and entropy tensors (no gradient), scored in micro-batches."""
-    lps, ents = [], []
-    for s in range(0, len(completions), mb):
-        lp, ent, _ = score(model, prompts[s:s + mb], completions[s:s + mb], temperature, grad=False)
-        for j, c in enumerate(completions[s:s + mb]):
-            lps.append(lp[j, : len(c)].cpu())
-            ents.append(ent[j, : len(c)].cpu())
+def _score_rows(model, prompts, completions, temperature, mb, chunk_mb: float = 256.0
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per-completion 1-D log-prob and entropy tensors (no gradient), scored in micro-batches of similar lengths
+    (less padding; bench/batching.py), returned in the input order."""
+    n = len(completions)
+    order = sorted(range(n), key=lambda i: (len(completions[i]), len(prompts[i])))
+    lps: list[torch.Tensor] = [torch.zeros(0)] * n
+    ents: list[torch.Tensor] = [torch.zeros(0)] * n
+    for s in range(0, n, mb):
+        rows = order[s:s + mb]
+        lp, ent, _ = score(model, [prompts[i] for i in rows], [completions[i] for i in rows], temperature,
+                           grad=False, chunk_mb=chunk_mb)
+        for j, i in enumerate(rows):
+            lps[i] = lp[j, : len(completions[i])].cpu()
+            ents[i] = ent[j, : len(completions[i])].cpu()
     return lps, ents
 
 

@@ -3,9 +3,13 @@
 Same tiny model, same 32 prompts x 8 completions (256), 48 new tokens, one update per rollout, measured in ONE process
 so that the ratios compare like with like on whatever machine runs it:
 
-    python benchmarks/step_vs_trl.py [--steps 4] [--prompts 32] [--group 8] [--max-new-tokens 48]
+    python benchmarks/step_vs_trl.py [--steps 4] [--prompts 32] [--group 8] [--max-new-tokens 48] [--rounds 3]
+                                     [--threads 2]
 
-Prints seconds per step (ours, TRL) and their ratio; our rollout tokens/s against raw `model.generate`; the floor
+Ours and TRL's step are timed in interleaved rounds (A B, then B A, ...: slow drifts of a shared machine hit both
+alike), each round a fresh run whose first step (warm-up) is excluded, with the same torch thread count pinned for
+both; the ratio is reported as the median over rounds with its min and max. Prints seconds per step (ours, TRL) and
+their ratio; our rollout tokens/s against raw `model.generate`; the floor
 (raw generate + one forward/backward over the same tokens) and our step's ratio to it; peak RSS after each part.
 Targets (issue #3): ours <= 0.7x TRL, <= 1.2x the floor; rollout >= 90% of raw generate.
 """
@@ -82,7 +86,7 @@ def our_rollout_and_floor(prompts, group, max_new, repeats) -> dict[str, float]:
     return {"rollout_s": sec, "rollout_tok_s": toks / sec, "fwd_bwd_s": statistics.median(fb)}
 
 
-def our_step(steps: int, prompts: int, group: int, max_new: int, workdir: str) -> float:
+def our_step(steps: int, prompts: int, group: int, max_new: int, workdir: str, threads: int = 0) -> float:
     """Median `time/step_s` of our loop (GRPO without KL, one update per rollout, one micro-batch)."""
     from mlflow.tracking import MlflowClient
 
@@ -93,7 +97,7 @@ def our_step(steps: int, prompts: int, group: int, max_new: int, workdir: str) -
     cfg = TrainConfig(algo="grpo", objective_overrides={"kl_coef": 0.0}, steps=steps, prompts_per_step=prompts,
                       group_size=group, max_new_tokens=max_new, micro_batch_size=prompts * group, eval_every=0,
                       checkpoint_every=10_000, samples_every=0, track_ref_kl=False, output_dir=f"{workdir}/runs",
-                      tracking_uri=uri, experiment="bench-step")
+                      tracking_uri=uri, experiment="bench-step", threads=threads or torch.get_num_threads())
     res = train(cfg)
     hist = MlflowClient(uri).get_metric_history(res.run_id, "time/step_s")
     return statistics.median(m.value for m in sorted(hist, key=lambda m: m.step)[1:])  # first step = warm-up
@@ -149,6 +153,23 @@ def trl_step(steps: int, prompts: list[str], group: int, max_new: int, workdir: 
     return statistics.median(gaps[1:] if len(gaps) > 1 else gaps)
 
 
+def interleaved(a, prompts: list[str], work: str, threads: int) -> list[tuple[float, float]]:
+    """(our step s, TRL step s) per round; rounds alternate which goes first; threads re-pinned before each."""
+    rounds = []
+    for r in range(a.rounds):
+        times = {}
+        for who in (("ours", "trl") if r % 2 == 0 else ("trl", "ours")):
+            torch.set_num_threads(threads)
+            if who == "ours":
+                times[who] = our_step(a.steps, a.prompts, a.group, a.max_new_tokens, f"{work}/ours-{r}", threads)
+            else:
+                times[who] = trl_step(a.steps, prompts, a.group, a.max_new_tokens, f"{work}/trl-{r}")
+        print(f"round {r + 1}/{a.rounds}: ours {times['ours']:.3f} s, TRL {times['trl']:.3f} s, "
+              f"ratio {times['ours'] / times['trl']:.2f}", flush=True)
+        rounds.append((times["ours"], times["trl"]))
+    return rounds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=4)
@@ -156,7 +177,11 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of (ours, TRL); the order alternates")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads for both (default: torch's default)")
     a = ap.parse_args()
+    threads = a.threads or torch.get_num_threads()
+    torch.set_num_threads(threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     prompts = prompts_for(a.prompts)
     work = tempfile.mkdtemp(prefix="pobench-bench-")
@@ -166,10 +191,11 @@ def main() -> None:
     rss_raw = rss_mib()
     ours = our_rollout_and_floor(prompts, a.group, a.max_new_tokens, a.repeats)
     floor = raw_s + ours["fwd_bwd_s"]
-    step = our_step(a.steps, a.prompts, a.group, a.max_new_tokens, work)
-    rss_ours = rss_mib()
-    trl = trl_step(a.steps, prompts, a.group, a.max_new_tokens, work)
-    rss_trl = rss_mib()
+    rounds = interleaved(a, prompts, work, threads)
+    step = statistics.median(r[0] for r in rounds)
+    trl = statistics.median(r[1] for r in rounds)
+    ratios = [o / t for o, t in rounds]
+    rss_ours = rss_trl = rss_mib()
     rows = [
         ("raw model.generate (s)", f"{raw_s:.3f}", f"{raw_tps:.0f} tok/s"),
         ("our rollout (s)", f"{ours['rollout_s']:.3f}",
@@ -177,8 +203,10 @@ def main() -> None:
         ("one forward/backward (s)", f"{ours['fwd_bwd_s']:.3f}", ""),
         ("floor = raw generate + fwd/bwd (s)", f"{floor:.3f}", ""),
         ("our step (s)", f"{step:.3f}", f"{step / floor:.2f}x floor (target <= 1.2)"),
-        ("TRL GRPOTrainer step (s)", f"{trl:.3f}", f"ours = {step / trl:.2f}x TRL (target <= 0.7)"),
-        ("peak RSS after raw / ours / TRL (MiB)", f"{rss_raw:.0f} / {rss_ours:.0f} / {rss_trl:.0f}", ""),
+        ("TRL GRPOTrainer step (s)", f"{trl:.3f}", ""),
+        (f"ours / TRL over {len(rounds)} rounds", f"{statistics.median(ratios):.2f}",
+         f"median [min {min(ratios):.2f}, max {max(ratios):.2f}] (target <= 0.7)"),
+        ("peak RSS after raw / both loops (MiB)", f"{rss_raw:.0f} / {max(rss_ours, rss_trl):.0f}", ""),
     ]
     w = max(len(r[0]) for r in rows)
     for name, val, note in rows:

@@ -128,3 +128,15 @@ def test_bench_eval_skip_bad_rows_counts_them(model_dir, tmp_path, capsys):
     assert code == 0
     assert "gsm8k: skipped 2 bad row(s)" in capsys.readouterr().err
     assert len(json.loads((tmp_path / "out" / "results.json").read_text())["benchmarks"][0]["rows"]) == 1
+
+
+def test_bench_eval_without_model_evaluates_the_builtin_model(tmp_path, capsys):
+    """As a new user types it: no --model means the built-in model, as for `bench train` / `bench run`."""
+    out = tmp_path / "out"
+    code = main(["eval", "--benchmarks", "arith", "--limit", "3", "--temperature", "0", "--max-new-tokens", "16",
+                 "--no-mlflow", "--out", str(out)])
+    assert code == 0, capsys.readouterr().err
+    results = json.loads((out / "results.json").read_text())
+    assert results["model"] == "builtin:tiny-arith"
+    assert len(results["benchmarks"][0]["rows"]) == 3
+    assert results["benchmarks"][0]["metrics"]["greedy_acc"]["value"] > 0  # the warm-started model solves arith

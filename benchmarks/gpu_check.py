@@ -1,0 +1,185 @@
+"""GPU check at real size: a randomly initialised Qwen2.5-1.5B-architecture model on one GPU, no network.
+
+    python benchmarks/gpu_check.py [--steps 3] [--out gpu_check.json]     # one GPU (written for an H200)
+    python benchmarks/gpu_check.py --tiny --device cpu                    # the same code path on a CPU, in minutes
+
+Prints (and writes as JSON):
+1. Peak GPU memory of ONE scoring pass with gradient (forward + backward, bf16) of 8 completions x 2,048 tokens:
+   chunked (``scoring_chunk_mb`` 256) vs the one-piece (B, T, V) logits (0), and chunked with a LoRA adapter.
+2. A few `tepo` steps of the native loop (bench.train.train) in bf16 for: full fine-tuning with and without chunked
+   scoring, with activation checkpointing, and LoRA (r=16): peak GPU memory, seconds per step (median), rollout
+   tokens/s and update tokens/s.
+
+The model: the Qwen2.5-1.5B shape (hidden 1536, MLP 8960, 28 layers, 12 heads / 2 KV heads, vocabulary 151,936,
+tied embeddings, 1.54B parameters) as a Llama block with q/k/v biases (Qwen2's block; Llama's config puts the bias on
+o_proj too: 1,536 x 28 extra parameters), because the built-in character tokenizer only loads with a Llama folder
+(bench/model.py). The tokenizer knows 98 ids: sampled ids beyond it decode to nothing, rewards are all 0, so the
+numbers measure memory and speed only. Random weights rarely emit eos: completions run to max_new_tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                  num_key_value_heads=2, vocab_size=151_936, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True,
+                  attention_bias=True)
+TINY = dict(QWEN25_15B, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2)
+
+
+def build_model_dir(root: Path, shape: dict) -> Path:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from bench.model import build_char_tokenizer
+
+    tok = build_char_tokenizer(model_max_length=shape["max_position_embeddings"])
+    cfg = LlamaConfig(**shape, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None,
+                      mlp_bias=False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    out = root / "qwen2.5-1.5b-shape"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e9:.3f}B parameters -> {out}", flush=True)
+    return out
+
+
+class Peak:
+    """Peak device memory (GiB) above what was allocated on entry; RSS high-water mark on a CPU."""
+
+    def __init__(self, device: str):
+        self.cuda = device.startswith("cuda")
+
+    def __enter__(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.peak_gib = torch.cuda.max_memory_allocated() / 2**30
+            self.extra_gib = (torch.cuda.max_memory_allocated() - self.base) / 2**30
+        else:
+            import resource
+
+            self.peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+            self.extra_gib = float("nan")
+
+
+def scoring_memory(model_dir: Path, device: str, batch: int, length: int) -> dict:
+    from bench.model import load_policy
+    from bench.scale import apply_lora
+    from bench.scoring import score
+
+    model, _ = load_policy(str(model_dir), device, "bfloat16")
+    g = torch.Generator().manual_seed(0)
+    V = model.config.vocab_size
+    prompts = torch.randint(3, 98, (batch, 128), generator=g).tolist()
+    comps = torch.randint(3, V, (batch, length), generator=g).tolist()
+    out = {}
+    for name, chunk in (("chunked_256mb", 256.0), ("one_piece", 0.0)):
+        with Peak(device) as p:
+            t0 = time.perf_counter()
+            lp, ent, mask = score(model, prompts, comps, grad=True, chunk_mb=chunk)
+            (lp.sum() + ent.sum()).backward()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            secs = time.perf_counter() - t0
+        model.zero_grad(set_to_none=True)
+        del lp, ent, mask
+        out[name] = {"peak_gib": p.peak_gib, "extra_gib": p.extra_gib, "seconds": secs}
+        print(f"scoring {batch}x{length} {name}: {out[name]}", flush=True)
+    model = apply_lora(model, 16, 32.0, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    with Peak(device) as p:
+        lp, ent, mask = score(model, prompts, comps, grad=True, chunk_mb=256.0)
+        (lp.sum() + ent.sum()).backward()
+    out["lora16_chunked_256mb"] = {"peak_gib": p.peak_gib, "extra_gib": p.extra_gib}
+    print(f"scoring {batch}x{length} lora16_chunked_256mb: {out['lora16_chunked_256mb']}", flush=True)
+    del model, lp, ent, mask
+    return out
+
+
+def train_variant(model_dir: Path, root: Path, device: str, name: str, steps: int, prompts: int, group: int,
+                  max_new: int, **fields) -> dict:
+    from bench.config import TrainConfig
+    from bench.train import train
+
+    per_step: list[dict] = []
+    cfg = TrainConfig(model=str(model_dir), algo="tepo", dtype="bfloat16", device=device, steps=steps,
+                      prompts_per_step=prompts, group_size=group, max_new_tokens=max_new, micro_batch_size=16,
+                      eval_every=0, checkpoint_every=0, samples_every=0, lr=1e-6, output_dir=str(root / "runs"),
+                      run_name=name, tracking_uri=f"sqlite:///{root}/mlflow.db", experiment="gpu-check", **fields)
+    with Peak(device) as p:
+        train(cfg, on_step=lambda step, m: per_step.append(dict(m)))
+    later = per_step[1:] or per_step  # the first step includes warm-up (kernels, allocator)
+    tokens = prompts * group * max_new
+    med = {k: statistics.median(m[k] for m in later) for k in ("time/step_s", "time/rollout_s", "time/update_s",
+                                                             "time/scoring_s", "rollout/tokens_per_s",
+                                                             "rollout/length_mean")}
+    res = {"peak_gib": p.peak_gib, "step_s": med["time/step_s"], "rollout_s": med["time/rollout_s"],
+           "ref_scoring_s": med["time/scoring_s"], "update_s": med["time/update_s"],
+           "rollout_tokens_per_s": med["rollout/tokens_per_s"], "mean_completion_tokens": med["rollout/length_mean"],
+           "update_tokens_per_s": med["rollout/length_mean"] * prompts * group / max(med["time/update_s"], 1e-9),
+           "completions_per_step": prompts * group, "max_tokens_per_step": tokens, "fields": fields}
+    print(f"train {name}: {json.dumps(res)}", flush=True)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tiny", action="store_true", help="hidden 64, 2 layers (same vocabulary): a CPU dry run")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=512)
+    ap.add_argument("--score-batch", type=int, default=8)
+    ap.add_argument("--score-length", type=int, default=2048)
+    ap.add_argument("--only", default="", help="comma-separated variants to run (default: all)")
+    ap.add_argument("--out", default="gpu_check.json")
+    args = ap.parse_args()
+    results: dict = {"device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
+                     "torch": torch.__version__, "args": vars(args)}
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model_dir = build_model_dir(root, TINY if args.tiny else QWEN25_15B)
+        results["scoring"] = scoring_memory(model_dir, args.device, args.score_batch, args.score_length)
+        variants = {
+            "full_chunked": {},
+            "full_one_piece": {"scoring_chunk_mb": 0.0},
+            "full_chunked_ckpt": {"activation_checkpointing": True},
+            "lora16_chunked": {"lora_rank": 16, "lora_alpha": 32.0},
+            "lora16_chunked_ckpt": {"lora_rank": 16, "lora_alpha": 32.0, "activation_checkpointing": True},
+        }
+        only = [v for v in args.only.split(",") if v]
+        results["train"] = {}
+        for name, fields in variants.items():
+            if only and name not in only:
+                continue
+            try:
+                results["train"][name] = train_variant(model_dir, root, args.device, name, args.steps, args.prompts,
+                                                       args.group, args.max_new_tokens, **fields)
+            except torch.OutOfMemoryError as e:
+                results["train"][name] = {"error": f"out of memory: {e}"[:300]}
+                print(f"train {name}: out of memory", flush=True)
+            if args.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

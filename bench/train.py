@@ -363,7 +363,7 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
     grad_norms = []
     for epoch in range(cfg.update_epochs):
         order = torch.randperm(N, generator=torch.Generator().manual_seed(derive_seed(cfg.seed, "perm", step, epoch)))
-        for minibatch in torch.tensor_split(order, cfg.minibatches):
+        for minibatch in torch.tensor_split(order, min(cfg.minibatches, N)):  # dynamic sampling may keep < M rows
             micro = torch.split(minibatch, mb)
             masks = [pad([torch.ones(len(completions[i])) for i in idx], max(len(completions[i]) for i in idx))
                      for idx in micro]

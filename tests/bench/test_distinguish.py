@@ -125,3 +125,21 @@ def test_warning_before_a_run_and_probe_artifact(tmp_path):
     quiet = io.StringIO()
     warn_before_run(base_config(), ["grpo", "dapo"], stream=quiet)
     assert quiet.getvalue() == ""  # nothing coincides, no inert term: no warning
+
+
+def test_fewer_completions_than_minibatches_still_updates():
+    """Dynamic sampling can keep fewer completions than `minibatches` (one group of 2 with M = 4): the loop makes one
+    update per completion instead of failing on empty mini-batches."""
+    from algorithms import get_objective
+    from bench.train import Group, update
+
+    cfg = TrainConfig(prompts_per_step=2, group_size=2, minibatches=4, max_new_tokens=16, lr=1e-4)
+    model, tok = load_policy(cfg.model)
+    engine = make_engine("hf", model, tok)
+    r = engine.generate([format_prompt(tok, ArithTask(2).test_set(1)[0].question)], 2,
+                        SamplingParams(max_new_tokens=16), seed=0)
+    group = Group("q", r.prompt_ids[0], r.completion_ids, r.texts, torch.tensor([1.0, 0.0]),
+                  torch.tensor([1.0, 0.0]), torch.tensor([0.7, -0.7]), logprobs=r.logprobs, entropies=r.entropies)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+    out = update(cfg, get_objective("dapo"), model, None, opt, engine, [group], 1, {"clean": True})
+    assert out["train/abs_log_ratio"] > 0  # the second completion was trained after one update

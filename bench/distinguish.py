@@ -30,10 +30,15 @@ def probe_config(cfg: TrainConfig, algos: list[str], params: dict[str, dict[str,
 
 
 def warn_before_run(cfg: TrainConfig, algos: list[str], params: dict[str, dict[str, Any]] | None = None, *,
-                    client=None, run_id: str | None = None, stream=sys.stderr) -> ProbeResult:
+                    client=None, run_id: str | None = None, stream=sys.stderr) -> ProbeResult | None:
     """Print a warning naming coinciding objectives and inert terms (nothing when there are none); log the probe
-    as ``probe.json`` on MLflow run ``run_id`` when given."""
-    result = probe_config(cfg, algos, params)
+    as ``probe.json`` on MLflow run ``run_id`` when given. A probe that fails (e.g. a plugin objective that needs
+    tensors the probe does not build) is reported in one line and does not stop the run."""
+    try:
+        result = probe_config(cfg, algos, params)
+    except Exception as e:  # the probe is advice: never block training on it
+        print(f"WARNING: the distinguishability probe failed ({type(e).__name__}: {e}); training anyway", file=stream)
+        return None
     lines = result.warnings()
     if lines:
         print(f"WARNING: under this configuration ({result.regime.describe()}) the distinguishability probe finds:",

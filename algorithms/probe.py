@@ -21,7 +21,8 @@ The probe builds one synthetic micro-batch with the regime's properties and comp
 - **inert terms** (per objective): a coefficient (a ``switch`` field or a ``*_coef`` field) whose term leaves the
   gradient unchanged when set to 0; a clip side that removes no token's gradient (``*clip_frac_low`` /
   ``*clip_frac_high`` metrics = 0); a token selection (other ``*_frac`` metrics) of at most one token of the
-  micro-batch; a direct ablation (registered with this objective as its base) with the same gradient.
+  micro-batch (an empty one only when a ``*_frac`` config field asks for a selection); a direct ablation (registered
+  with this objective as its base) with the same gradient.
 
 Pure tensors: no bench imports. ``Regime.from_loop`` maps the training loop's settings to a regime (see its doc for
 the assumption it makes); the caller may also measure the drift (``train/abs_log_ratio``) and pass it.
@@ -348,8 +349,10 @@ def _inert_terms(name: str, overrides: dict, pb: Sequence[ProbeBatch], grad: tor
             out.append(f"{side} clip never binds ({short} = 0)")
         elif short.endswith("_frac") and not short.startswith("clip_frac"):
             count = metrics.get(f"count:{key}", v * n_tokens)
-            off = any(getattr(config, f.name) == 0 for f in dataclasses.fields(config) if f.metadata.get("switch"))
-            if count <= 1 + 1e-9 and not (count == 0 and off):
+            # an empty selection counts when the config asks for one (a `*_frac` field > 0); otherwise it belongs to
+            # a term that is off (TEPO's mask with β = 0) or is caught by the switch-off comparison above
+            asked = any(f.name.endswith("_frac") and getattr(config, f.name) for f in dataclasses.fields(config))
+            if count <= 1 + 1e-9 and (count > 0 or asked):
                 out.append(f"{short}: selects {count:.2g} of ~{n_tokens:.0f} tokens per micro-batch")
     if ablations:
         for abl in list_objectives():

@@ -89,9 +89,12 @@ def test_default_regime_separates_the_issue_groups(default):
 
 
 def test_inert_kl_and_tiny_selection_are_reported():
-    res = probe(["grpo", "clip_cov"], Regime(updates_before=0, ref_log_ratio=0.0, completions=16), ablations=False)
+    res = probe(["grpo", ("clip_cov", {"clip_cov_frac": 1e-6}), ("forking_tokens", {"forking_frac": 0.5})],
+                Regime(updates_before=0, ref_log_ratio=0.0, completions=16), ablations=False)
     assert any(t.startswith("kl_coef=0.04") for t in res.inert["grpo"])  # π_θ = π_ref: the KL term does nothing
-    assert any(t.startswith("detached_frac: selects 1 of") for t in res.inert["clip_cov"])
+    tiny = [t for t in res.inert["clip_cov(clip_cov_frac=1e-06)"] if t.startswith("detached_frac: selects")]
+    assert len(tiny) == 1 and float(tiny[0].split()[2]) <= 1  # 1e-6 of ~800 tokens: at most one
+    assert not any("selects" in t for t in res.inert["forking_tokens(forking_frac=0.5)"])
 
 
 def test_relative_difference():

@@ -48,7 +48,9 @@ from .registry import get_objective, get_spec, list_objectives
 #: ("Training regime and the distinguishability probe").
 #: For other models / optimisers it is an assumption: pass a measured ``log_ratio_per_update`` instead.
 LOG_RATIO_PER_LR = 60.0
-#: Mean |lp − ref| of the current policy a few steps into training (measured like LOG_RATIO_PER_LR: train/kl_ref).
+#: Mean |lp − ref| of the current policy a few steps into training. An assumption (not logged by the loop): its
+#: ``train/kl_ref`` (k3) reaches 0.005-0.02 within the default 10 steps; the value only needs to make the KL terms
+#: act (their gradient is ~β·(lp − ref)), and the inert-term check reports when one does not.
 REF_LOG_RATIO = 0.02
 DEFAULT_TOLERANCE = 1e-6
 MAX_LOG_RATIO = 2.0  # largest |log r| the probe draws (the loop's train/abs_log_ratio_max stays below ~2)

@@ -1,4 +1,5 @@
-"""`bench list`: every registered objective with its description; `--details NAME` its config fields."""
+"""`bench list`: every registered objective with its description; `--details NAME` its config fields;
+`--compare NAMES` which of them can differ at all under a training configuration (the distinguishability probe)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list", help="list registered objectives", description=__doc__)
     p.add_argument("--details", metavar="NAME", help="config fields, defaults and paper reference of one objective")
     p.add_argument("--markdown", action="store_true", help="print the defaults tables of docs/objectives.md")
+    p.add_argument("--compare", metavar="NAMES", help="comma-separated objectives / groups (@tepo): print which have "
+                   "the same gradient and which terms are inert under the `bench run` configuration (its defaults < "
+                   "--config < the flags below); see docs/objectives.md")
+    p.add_argument("--config", help="with --compare: YAML file of TrainConfig fields")
+    p.add_argument("--params", metavar="FILE", help="with --compare: YAML of objective-config overrides (as bench run)")
+    p.add_argument("--update-epochs", type=int, help="with --compare: μ, passes over each rollout batch")
+    p.add_argument("--minibatches", type=int, help="with --compare: optimizer steps per epoch")
+    p.add_argument("--lr", type=float, help="with --compare: learning rate (sets the assumed drift per update)")
     p.set_defaults(func=run)
 
 
@@ -18,6 +27,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.details:
         print(details_text(args.details))
+        return 0
+    if args.compare:
+        from bench.distinguish import probe_config
+        from bench.harness import base_config, load_params, resolve_algos
+
+        algos = resolve_algos(args.compare)
+        cfg = base_config(args.config, update_epochs=args.update_epochs, minibatches=args.minibatches, lr=args.lr)
+        cfg.validate()
+        print(probe_config(cfg, algos, load_params(args.params, algos)).text(), end="")
         return 0
     if args.markdown:
         print(defaults_markdown(), end="")

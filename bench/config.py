@@ -68,14 +68,17 @@ class TrainConfig:
     temperature: float = _f(1.0, "Sampling temperature for training rollouts.")
     top_p: float = _f(1.0, "Nucleus sampling for training rollouts.")
     # --- optimisation
-    lr: float = _f(1e-4, "AdamW learning rate (peak).")
+    lr: float = _f(3e-5, "AdamW learning rate (peak); 3e-5 suits the default 4 mini-batch updates per rollout.")
     lr_schedule: str = _f("constant", "constant | cosine | linear (after warm-up).")
     warmup_steps: int = _f(0, "Linear warm-up steps.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     adam_betas: list = _f([0.9, 0.999], "AdamW betas.")
     max_grad_norm: float = _f(1.0, "Gradient clipping (global norm); 0 disables.")
     update_epochs: int = _f(1, "μ: passes over each rollout batch.")
-    minibatches: int = _f(1, "Optimizer steps per epoch (the rollout batch is split into this many minibatches).")
+    minibatches: int = _f(4, "Optimizer steps per epoch (the rollout batch is split into this many minibatches). The "
+                             "default 4 makes every rollout batch feed 4 updates, so all but the first are off-policy "
+                             "(importance ratios leave 1 and clips can bind), as in DAPO's / verl's recipes; "
+                             "update_epochs=1 with minibatches=1 is the on-policy regime.")
     micro_batch_size: int = _f(64, "Completions per forward/backward (gradient accumulation within a minibatch).")
     # --- memory (real models on one GPU; docs/SCALE.md)
     activation_checkpointing: bool = _f(False, "Recompute each decoder layer's activations in the backward pass "

@@ -106,6 +106,9 @@ class HFEngine:
     """
 
     backend = "hf"
+    #: the log-probs / entropies it returns are those of the training module's scoring pass (to ~1e-5, tested), so
+    #: the training loop takes the sampling policy's log-probs from the rollout instead of scoring it again
+    exact_logprobs = True
 
     def __init__(self, model, tokenizer, max_batch_size: int | None = None):
         if max_batch_size is not None and max_batch_size < 1:

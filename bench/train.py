@@ -268,6 +268,8 @@ class Group:
     rewards: torch.Tensor  # (G,) shaped rewards the objective trains on
     correct: torch.Tensor  # (G,) verifier outcome
     advantages: torch.Tensor | None = None  # (G,)
+    logprobs: list[list[float]] = field(default_factory=list)  # per completion: the sampling policy's log-probs
+    entropies: list[list[float]] = field(default_factory=list)  # ... and entropies, as the engine returned them
 
 
 def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, step: int
@@ -313,7 +315,8 @@ def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, 
         for p in range(len(problems)):
             if keep[p] and len(kept) < P:
                 kept.append(Group(problems[p].question, ro.prompt_ids[p], ro.completion_ids[p * G:(p + 1) * G],
-                                  ro.texts[p * G:(p + 1) * G], shaped[p], correct[p * G:(p + 1) * G]))
+                                  ro.texts[p * G:(p + 1) * G], shaped[p], correct[p * G:(p + 1) * G],
+                                  logprobs=ro.logprobs[p * G:(p + 1) * G], entropies=ro.entropies[p * G:(p + 1) * G]))
         if len(kept) >= P:
             break
     if kept:
@@ -358,10 +361,14 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
     device = next(model.parameters()).device
     c_len, p_len = [len(c) for c in completions], [len(p) for p in prompts]
 
-    # --- scoring passes without gradient: sampling policy (when off-policy updates follow) and reference
+    # --- the sampling policy (when off-policy updates follow): the rollout's own log-probs and entropies when the
+    # engine's are exact for the training module (HF engine), otherwise one scoring pass without gradient; reference
     t0 = time.perf_counter()
     old_lp = old_ent = ref_lp = ref_ent = None
-    if not on_policy:
+    if not on_policy and getattr(engine, "exact_logprobs", False):
+        old_lp = [torch.tensor(x) for g in groups for x in g.logprobs]
+        old_ent = [torch.tensor(x) for g in groups for x in g.entropies]
+    elif not on_policy:
         old_lp, old_ent = _score_rows(model, prompts, completions, temp, mb, cfg.scoring_chunk_mb)
     if ref_model is not None:
         with ref_model.policy() as ref:
@@ -370,10 +377,11 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
 
     sums: dict[str, float] = {}
     weight_total = 0.0
+    drift = {"abs": 0.0, "tokens": 0.0, "max": 0.0, "seq": 0.0, "seqs": 0.0}  # how far the policy moved from π_old
     grad_norms = []
     for epoch in range(cfg.update_epochs):
         order = torch.randperm(N, generator=torch.Generator().manual_seed(derive_seed(cfg.seed, "perm", step, epoch)))
-        for minibatch in torch.tensor_split(order, cfg.minibatches):
+        for minibatch in torch.tensor_split(order, min(cfg.minibatches, N)):  # dynamic sampling may keep < M rows
             micro = (length_grouped(minibatch, c_len, p_len, mb)  # less padding, same gradient (bench/batching.py)
                      if cfg.length_grouped_micro_batches and objective.split_invariant else torch.split(minibatch, mb))
             masks = [pad([torch.ones(len(completions[i])) for i in idx], max(len(completions[i]) for i in idx))
@@ -403,6 +411,12 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
                 if batch.ref_logprobs is not None:
                     m["train/kl_ref"] = masked_mean(kl_estimate(lp.detach(), batch.ref_logprobs, "k3"), mask)
                 m["train/loss"] = loss.detach()
+                log_r = (lp.detach() - batch.old_logprobs) * mask  # (B, T)
+                drift["abs"] += float(log_r.abs().sum())
+                drift["tokens"] += float(mask.sum())
+                drift["max"] = max(drift["max"], float(log_r.abs().max()))
+                drift["seq"] += float((log_r.sum(-1) / mask.sum(-1).clamp(min=1.0)).abs().sum())
+                drift["seqs"] += float(mask.shape[0])
                 for key, v in m.items():
                     sums[key] = sums.get(key, 0.0) + float(v) * w
                 weight_total += w
@@ -416,6 +430,9 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
             engine.update_weights(model)
     out = {k: v / weight_total for k, v in sums.items()}
     out["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
+    out["train/abs_log_ratio"] = drift["abs"] / max(drift["tokens"], 1.0)
+    out["train/abs_log_ratio_max"] = drift["max"]
+    out["train/abs_seq_log_ratio"] = drift["seq"] / max(drift["seqs"], 1.0)
     out["time/scoring_s"] = scoring_s
     return out
 

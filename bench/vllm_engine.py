@@ -53,6 +53,7 @@ class VLLMEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.logprobs_source = logprobs_source
+        self.exact_logprobs = logprobs_source == "hf"  # vLLM's own log-probs differ from the training module's
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         param = next(model.parameters())

@@ -16,7 +16,7 @@ SERIES_KEYS = (
     "eval/accuracy", "eval/accuracy_sampled",
     "rollout/reward_mean", "rollout/accuracy", "rollout/refill_completions", "rollout/entropy_mean",
     "rollout/zero_adv_frac",
-    "train/grad_norm", "train/kl_ref",
+    "train/grad_norm", "train/kl_ref", "train/abs_log_ratio",
     "objective/clip_frac_low", "objective/clip_frac_high", "objective/masked_frac", "objective/detached_frac",
     "objective/selected_frac",
     "time/elapsed_s",

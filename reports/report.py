@@ -266,9 +266,13 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
     if late:
         notes.append(late)
     conv = convergence_rows(groups, baseline)
+    from reports.distinguish import probe_table
+
+    probe_tab, probe_warnings = probe_table(cmp)  # what can differ at all under this configuration
+    notes += [f"Probe: {w}." for w in probe_warnings]
     tables = {t.name: t for t in (accuracy_table(groups), convergence_table(conv, target, baseline, why_no_base),
                                   stability_table(groups, settings), paired_table(groups, baseline, why_no_base),
-                                  runs_table(cmp, derived))}
+                                  runs_table(cmp, derived), probe_tab)}
     out_dir = Path(out_root) / _safe(experiment)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
@@ -355,7 +359,7 @@ def _markdown(cmp: Comparison, tables: dict[str, Table], figs: dict[str, list[Pa
     ]
     if notes:
         lines.append("**Notes.** " + " ".join(notes) + "\n")
-    lines += [tab("accuracy"), tab("paired_test"), tab("convergence"), tab("stability"),
+    lines += [tab("distinguishability"), tab("accuracy"), tab("paired_test"), tab("convergence"), tab("stability"),
               "## Figures\n",
               img("accuracy_vs_step", "held-out accuracy vs step"), img("accuracy_vs_time", "accuracy vs time"),
               img("train_accuracy", "training verifier accuracy vs step"),

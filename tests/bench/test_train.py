@@ -127,7 +127,8 @@ def test_real_mlflow_server_receives_the_run(tmp_path, mlflow_server):
 
 @pytest.mark.slow
 def test_divergence_stops_with_step_and_keeps_checkpoint(tmp_path, uri):
-    cfg = tiny(tmp_path, uri, algo="grpo", steps=4, lr=1e30, max_grad_norm=0.0, checkpoint_every=1,
+    # one update per step, so that step 1 finishes (its one update is on-policy) and step 2 diverges
+    cfg = tiny(tmp_path, uri, algo="grpo", steps=4, lr=1e30, max_grad_norm=0.0, checkpoint_every=1, minibatches=1,
                run_name="nan")
     with pytest.raises(TrainingDiverged, match=r"step [2-4]"):
         train(cfg)

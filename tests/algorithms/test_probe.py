@@ -1,0 +1,103 @@
+"""The distinguishability probe: its batch has the regime's properties, its gradients are the objectives' true
+gradients, and it reports the coinciding groups and inert terms measured on identical float64 tensors (issue #11)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from algorithms import get_objective
+from algorithms.probe import Regime, gradient, make_batch, probe, relative_difference
+
+# the objectives registered when issue #11 listed the on-policy coincidences (a fixed list: objectives registered
+# later, e.g. KL to π_old, coincide on-policy for reasons of their own)
+ISSUE_11 = ["grpo", "dr_grpo", "dapo", "gspo", "entropy_reg", "clip_cov", "kl_cov", "forking_tokens", "tepo",
+            "tepo-no-mask", "tepo-mask-all", "tepo-mask-adv", "tepo-mask-entropy", "tepo-token-ratio",
+            "tepo-seq-mean", "tepo-likelihood-credit", ("grpo", {"kl_coef": 0.0})]
+ONE_UPDATE = Regime.from_loop(update_epochs=1, minibatches=1, lr=3e-5, prompts_per_step=16, group_size=8,
+                              micro_batch_size=64, max_new_tokens=48)
+DEFAULT = Regime.from_loop(update_epochs=1, minibatches=4, lr=3e-5, prompts_per_step=16, group_size=8,
+                           micro_batch_size=64, max_new_tokens=48)
+
+
+@pytest.fixture(scope="module")
+def one_update():
+    return probe(ISSUE_11, ONE_UPDATE)
+
+
+@pytest.fixture(scope="module")
+def default():
+    return probe(ISSUE_11, DEFAULT)
+
+
+def test_regime_from_loop_counts_updates_and_micro_batch():
+    assert ONE_UPDATE.on_policy and ONE_UPDATE.completions == 64
+    assert DEFAULT.updates_before == 3 and DEFAULT.completions == 32  # 128 completions / 4 mini-batches
+    assert Regime.from_loop(update_epochs=2, minibatches=4, lr=1e-4, prompts_per_step=16, group_size=8,
+                            micro_batch_size=16, max_new_tokens=48).updates_before == 7
+    assert DEFAULT.log_ratio_scale == pytest.approx(3 * DEFAULT.log_ratio_per_update)
+
+
+def test_probe_batch_has_the_regime_properties():
+    on, off = make_batch(ONE_UPDATE), make_batch(DEFAULT)
+    assert torch.equal(on.old_logprobs, on.logprobs) and torch.equal(on.old_entropy, on.entropy)
+    m = off.mask
+    assert ((off.logprobs - off.old_logprobs).abs() * m).sum() / m.sum() == pytest.approx(DEFAULT.log_ratio_scale)
+    assert ((off.logprobs - off.old_logprobs) * (1 - m)).abs().max() == 0  # padding does not move
+    assert (off.logprobs[m > 0] <= 0).all() and (off.entropy[m > 0] >= 0).all()
+    assert m.sum(-1).max() == DEFAULT.max_length and m.sum(-1).min() < DEFAULT.max_length  # padding present
+    assert torch.equal(make_batch(DEFAULT).old_logprobs, off.old_logprobs)  # deterministic for a seed
+
+
+def test_gradient_is_the_objective_gradient():
+    """DAPO on-policy: ∂L/∂lp_it = −Â_i·m_it / Σ m (token-mean of −r·Â); no entropy gradient."""
+    pb = make_batch(ONE_UPDATE)
+    g, _ = gradient("dapo", {}, [pb])
+    adv = get_objective("dapo").advantages(pb.rewards).reshape(-1, 1)
+    expected = -adv * pb.mask / pb.mask.sum()
+    n = pb.mask.numel()
+    assert torch.allclose(g[:n].view_as(pb.mask), expected, atol=1e-15)
+    assert g[n:].abs().max() == 0
+    g_ent, _ = gradient("entropy_reg", {}, [pb])  # the entropy bonus differentiates the entropies
+    assert g_ent[n:].abs().max() > 0
+
+
+def test_one_update_regime_reports_exactly_the_issue_groups(one_update):
+    groups = {frozenset(g) for g in one_update.groups}
+    assert groups == {frozenset({"dapo", "kl_cov", "tepo-no-mask"}), frozenset({"tepo", "tepo-token-ratio"}),
+                      frozenset({"gspo", "grpo(kl_coef=0.0)"})}
+    # the closest pair that does not coincide is far above the tolerance (no accidental near-ties)
+    others = [d for (a, b), d in one_update.distance.items() if not any({a, b} <= set(g) for g in groups)]
+    assert min(others) > 1e3 * one_update.tolerance
+
+
+def test_one_update_regime_reports_inert_terms(one_update):
+    inert = one_update.inert
+    assert all(any("clip never binds" in t for t in inert[lab]) for lab in one_update.labels)
+    assert any(t.startswith("kl_cov_coef=") for t in inert["kl_cov"])  # |lp − old| is 0 on-policy
+    assert any("tepo-token-ratio" in t for t in inert["tepo"])  # the sequence-likelihood link is inert
+    assert not any(t.startswith("kl_coef=") for t in inert["grpo"])  # KL to the reference acts
+    warnings = one_update.warnings()
+    assert any("dapo == kl_cov == tepo-no-mask" in w and "dynamic_sampling" in w for w in warnings)
+
+
+def test_default_regime_separates_the_issue_groups(default):
+    assert default.groups == []
+    assert not any("clip never binds" in t for t in default.inert["dapo"])  # token clips bind off-policy
+    assert not any("clip never binds" in t for t in default.inert["gspo"])
+    assert not any(t.startswith("kl_cov_coef=") for t in default.inert["kl_cov"])
+
+
+def test_inert_kl_and_tiny_selection_are_reported():
+    res = probe(["grpo", ("clip_cov", {"clip_cov_frac": 1e-6}), ("forking_tokens", {"forking_frac": 0.5})],
+                Regime(updates_before=0, ref_log_ratio=0.0, completions=16), ablations=False)
+    assert any(t.startswith("kl_coef=0.04") for t in res.inert["grpo"])  # π_θ = π_ref: the KL term does nothing
+    tiny = [t for t in res.inert["clip_cov(clip_cov_frac=1e-06)"] if t.startswith("detached_frac: selects")]
+    assert len(tiny) == 1 and float(tiny[0].split()[2]) <= 1  # 1e-6 of ~800 tokens: at most one
+    assert not any("selects" in t for t in res.inert["forking_tokens(forking_frac=0.5)"])
+
+
+def test_relative_difference():
+    a = torch.tensor([1.0, 2.0, 2.0])
+    assert relative_difference(a, a) == 0 and relative_difference(a * 0, a * 0) == 0
+    assert relative_difference(a, 2 * a) == pytest.approx(0.5)

@@ -365,7 +365,9 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
     # engine's are exact for the training module (HF engine), otherwise one scoring pass without gradient; reference
     t0 = time.perf_counter()
     old_lp = old_ent = ref_lp = ref_ent = None
-    if not on_policy and getattr(engine, "exact_logprobs", False):
+    from_rollout = getattr(engine, "exact_logprobs", False) and all(len(g.logprobs) == len(g.completion_ids)
+                                                                     for g in groups)
+    if not on_policy and from_rollout:
         old_lp = [torch.tensor(x) for g in groups for x in g.logprobs]
         old_ent = [torch.tensor(x) for g in groups for x in g.entropies]
     elif not on_policy:

@@ -261,6 +261,9 @@ class Group:
     rewards: torch.Tensor  # (G,) shaped rewards the objective trains on
     correct: torch.Tensor  # (G,) verifier outcome
     advantages: torch.Tensor | None = None  # (G,)
+    problem: Any = None  # the benchmark problem (scores the greedy baseline completion when the estimator needs one)
+    sampler_logprobs: list[list[float]] | None = None  # per completion: the rollout engine's log-probs
+    truncated: torch.Tensor | None = None  # (G,) bool: finished by length, not by a stop token
 
 
 def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, step: int
@@ -298,17 +301,22 @@ def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, 
         lengths.append(length)
         entropies.extend(torch.tensor(e) for e in ro.entropies if e)
         truncated += sum(f == "length" for f in ro.finish_reasons)
+        by_length = torch.tensor([f == "length" for f in ro.finish_reasons])  # (P·G,)
         zero_adv += int(((shaped.max(1).values - shaped.min(1).values) == 0).sum())
         n_groups += len(problems)
         gen_tokens += int(length.sum())
         for p in range(len(problems)):
             if keep[p] and len(kept) < P:
                 kept.append(Group(problems[p].question, ro.prompt_ids[p], ro.completion_ids[p * G:(p + 1) * G],
-                                  ro.texts[p * G:(p + 1) * G], shaped[p], correct[p * G:(p + 1) * G]))
+                                  ro.texts[p * G:(p + 1) * G], shaped[p], correct[p * G:(p + 1) * G],
+                                  problem=problems[p], sampler_logprobs=ro.logprobs[p * G:(p + 1) * G],
+                                  truncated=by_length[p * G:(p + 1) * G]))
         if len(kept) >= P:
             break
+    extra: dict[str, torch.Tensor] = {}
     if kept:
-        adv = objective.advantages(torch.stack([g.rewards for g in kept]))  # (K, G)
+        extra = advantage_inputs(cfg, objective, engine, tok, data, kept, step)
+        adv = objective.advantages(torch.stack([g.rewards for g in kept]), **extra)  # (K, G)
         for g, a in zip(kept, adv):
             g.advantages = a
     correct_all, rewards_all, length_all = torch.cat(all_correct), torch.cat(all_rewards), torch.cat(lengths)
@@ -324,7 +332,27 @@ def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, 
         "rollout/tokens_per_s": gen_tokens / max(gen_s, 1e-9), "rollout/sampling_rounds": float(r + 1),
         "rollout/kept_groups": float(len(kept)),
     }
+    if "greedy_rewards" in extra:
+        metrics["rollout/greedy_reward_mean"] = float(extra["greedy_rewards"].mean())
     return kept, metrics
+
+
+def advantage_inputs(cfg: TrainConfig, objective, engine, tok, data: TrainData, groups: list[Group], step: int
+                     ) -> dict[str, torch.Tensor]:
+    """What the objective's advantage estimator declares it needs beyond the rewards (``advantage_needs``):
+    completion lengths, and/or the shaped reward of one greedy completion per prompt (ReMax), generated only then."""
+    needs = objective.advantage_needs
+    out: dict[str, torch.Tensor] = {}
+    if "lengths" in needs:
+        out["lengths"] = torch.tensor([[len(c) for c in g.completion_ids] for g in groups])
+    if "greedy_rewards" in needs:
+        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=0.0)
+        prompts = [format_prompt(tok, g.question, cfg.prompt_template) for g in groups]
+        ro = engine.generate(prompts, 1, params, seed=derive_seed(cfg.seed, "greedy-baseline", step))
+        correct = torch.tensor([data.benchmark.reward(ro.texts[i], g.problem) for i, g in enumerate(groups)])
+        length = torch.tensor([len(c) for c in ro.completion_ids])
+        out["greedy_rewards"] = objective.shape_rewards(correct, length, cfg.max_new_tokens)
+    return out
 
 
 def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, groups: list[Group], step: int,
@@ -335,6 +363,8 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
     prompts = [g.prompt_ids for g in groups for _ in g.completion_ids]
     completions = [c for g in groups for c in g.completion_ids]
     adv = torch.cat([g.advantages for g in groups]).float()  # (N,)
+    samp_lp = [lp for g in groups for lp in g.sampler_logprobs]  # the rollout engine's (rollout correction)
+    truncated = torch.cat([g.truncated for g in groups])  # (N,)
     N = len(completions)
     on_policy = cfg.update_epochs == 1 and cfg.minibatches == 1
     temp = cfg.temperature
@@ -372,7 +402,9 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
                     old_entropy=ent.detach() if on_policy else pad([old_ent[i] for i in ids], T).to(device),
                     ref_logprobs=None if ref_lp is None else pad([ref_lp[i] for i in ids], T).to(device),
                     ref_entropy=None if ref_ent is None else pad([ref_ent[i] for i in ids], T).to(device),
-                    entropy=ent if objective.needs_entropy_grad else ent.detach())
+                    entropy=ent if objective.needs_entropy_grad else ent.detach(),
+                    sampler_logprobs=pad([torch.tensor(samp_lp[i]) for i in ids], T).to(device),
+                    truncated=truncated[idx].to(device))
                 gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "objective", step, epoch, k))
                 loss, m = objective.loss(batch, generator=gen)
                 w = float(objective.loss_weight(mask))

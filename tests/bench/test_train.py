@@ -157,3 +157,15 @@ def test_existing_checkpoints_need_resume(tmp_path, uri):
     (tmp_path / "runs" / "grpo-s0" / "ckpt-0000001" / "state.json").write_text("{}")
     with pytest.raises(ValueError, match="--resume"):
         train(tiny(tmp_path, uri, algo="grpo"))
+
+
+@pytest.mark.slow
+def test_rollout_correction_and_truncation_masking_reach_the_loss(tmp_path, uri):
+    """The loop passes the engine's log-probs and the truncation flags: the HF engine samples with the training
+    model, so the measured sampler/trainer mismatch is ~0 and no IS weight is cut; 8 tokens truncate completions."""
+    over = {"rollout_correction": "token-mask", "rollout_correction_cap": 2.0, "mask_truncated": True}
+    res = train(tiny(tmp_path, uri, algo="dapo", objective_overrides=over, max_new_tokens=8, run_name="rc"))
+    m = MlflowClient(uri).get_run(res.run_id).data.metrics
+    assert m["objective/mismatch_kl_k3"] < 1e-4 and m["objective/is_cut_frac"] == 0.0
+    assert m["objective/is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert m["objective/truncated_masked_frac"] > 0

@@ -42,7 +42,7 @@ CASES = {  # case -> (our objective, our overrides, TRL loss_type, TRL config kw
                                                          "delta": 1.5}, 0.6),
     "dapo-off-policy-mask": ("dapo", {"off_policy_mask_threshold": 0.02}, "dapo",
                              {"beta": 0.0, "epsilon": 0.2, "epsilon_high": 0.28, "off_policy_mask_threshold": 0.02},
-                             0.15),
+                             0.3),
     "cispo-kl": ("cispo", {"clip_high": 0.2, "kl_coef": 0.05}, "cispo", {"beta": 0.05, "epsilon_high": 1.2,
                                                                          "use_bias_correction_kl": False}, 0.3),
 }
@@ -133,6 +133,14 @@ def test_loss_and_gradients_match_trl(model_dir, tmp_path, case):
     ours_name, overrides, loss_type, kwargs, noise = CASES[case]
     trainer = make_trainer(model_dir, tmp_path, loss_type, kwargs)
     inputs, _ = tensors(trainer, noise)
+    if "off_policy_mask_threshold" in kwargs:  # the case must drop a sequence, or it tests nothing
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+        att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+        with torch.no_grad():
+            lp = trainer._get_per_token_logps_and_entropies(trainer.model, ids, att, T_COMPLETION)[0]
+        keep = trainer.get_off_policy_mask(inputs["advantages"][:, None], lp, inputs["old_per_token_logps"],
+                                           inputs["completion_mask"].float(), kwargs["off_policy_mask_threshold"])
+        assert (keep == 0).any()
     compare(trainer, inputs, get_objective(ours_name, **overrides))
 
 

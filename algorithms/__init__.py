@@ -15,7 +15,8 @@ from .aggregation import aggregate, aggregation_weight
 from .base import Objective, ObjectiveConfig, param
 from .batch import PolicyBatch
 from .kl import kl_estimate
-from .policy_gradient import GSPO, ClippedPG
+from .pg_variants import CISPO, GMPO, GPG, SAPO, VESPO
+from .policy_gradient import GSPO, ClippedPG, PolicyGradient
 from .registry import (
     default_config,
     get_objective,
@@ -31,9 +32,9 @@ from .selective import ClipCov, ForkingTokens, KLCov
 from .tepo import TEPOObjective
 
 __all__ = [
-    "Objective", "ObjectiveConfig", "PolicyBatch", "aggregate", "aggregation_weight", "default_config",
-    "get_objective", "get_spec", "group_advantages", "kl_estimate", "list_objectives", "objective_groups", "param",
-    "register", "resolve_names", "search_space", "unregister",
+    "Objective", "ObjectiveConfig", "PolicyBatch", "PolicyGradient", "aggregate", "aggregation_weight",
+    "default_config", "get_objective", "get_spec", "group_advantages", "kl_estimate", "list_objectives",
+    "objective_groups", "param", "register", "resolve_names", "search_space", "unregister",
 ]
 
 register("grpo", ClippedPG, paper="arXiv 2402.03300",
@@ -77,3 +78,46 @@ register("tepo-kl-old", base="tepo", description="TEPO ablation: masked KL to π
          kl_target="old")
 register("tepo-entropy-old", base="tepo", description="TEPO ablation: entropy baseline H_old instead of H_ref.",
          entropy_baseline="old")
+
+# --- issue 12: the objectives TRL (GRPOConfig.loss_type and experimental trainers) and verl (policy-loss registry,
+# advantage estimators) offer beyond the above; docs/objectives.md maps each to their names.
+register("bnpo", ClippedPG, paper="TRL loss_type='bnpo'",
+         description="BNPO (TRL's name): GRPO surrogate with token-mean over the batch, no KL (TRL's defaults).",
+         aggregation="token-mean", kl_coef=0.0)
+register("luspo", GSPO, paper="arXiv 2602.05261",
+         description="LUSPO: GSPO's clipped sequence ratio, each sequence's loss summed over its tokens "
+                     "(length-unbiased), mean over sequences.",
+         aggregation="seq-mean-token-sum")
+register("ppo_dual_clip", ClippedPG, paper="arXiv 1912.09729",
+         description="Dual-clip PPO (verl 'vanilla' with clip_ratio_c = 3): loss of a token with Â < 0 at most −3·Â.",
+         dual_clip_c=3.0, aggregation="token-mean", kl_coef=0.0)
+register("cispo", CISPO, paper="arXiv 2506.13585",
+         description="CISPO: −sg[clip(r, 0, 5)]·Â·lp, token-mean: the IS weight is clipped, every token keeps its "
+                     "gradient.")
+register("sapo", SAPO, paper="arXiv 2511.20347",
+         description="SAPO: −(4/τ)σ(τ(r − 1))·Â, soft gate instead of the clip, τ_pos = 1, τ_neg = 1.05.")
+register("gmpo", GMPO, paper="arXiv 2507.20673",
+         description="GMPO (verl 'geo_mean'): geometric mean of token ratios clipped in log space to ±0.4, "
+                     "per sequence.")
+register("gpg", GPG, paper="arXiv 2504.02546",
+         description="GPG: −Â·lp (no ratio, no clip), token-mean, GPG advantage α(R − mean_g R).")
+register("vespo", VESPO, paper="arXiv 2602.10693",
+         description="VESPO: −sg[φ(w_i)]·Â·lp with φ(w) = e^λ w^k e^{−λw} of the sequence ratio w_i, token-mean.")
+register("rloo", ClippedPG, paper="arXiv 2402.14740",
+         description="RLOO: leave-one-out baseline Â_i = R_i − mean_{j≠i} R_j on the GRPO surrogate, no KL.",
+         advantage_estimator="rloo", kl_coef=0.0)
+register("reinforce_pp", ClippedPG, paper="arXiv 2501.03262",
+         description="REINFORCE++: batch-whitened reward as advantage (no group baseline), token-mean, no KL.",
+         advantage_estimator="reinforce++", aggregation="token-mean", kl_coef=0.0)
+register("reinforce_pp_baseline", ClippedPG, paper="arXiv 2501.03262",
+         description="REINFORCE++-baseline: group-mean baseline, then batch whitening, token-mean, no KL.",
+         advantage_estimator="reinforce++-baseline", aggregation="token-mean", kl_coef=0.0)
+register("grpo_passk", ClippedPG, paper="arXiv 2503.19595",
+         description="Pass@k training: only each group's best completion gets Â = (R_max − R_2nd)/std, GRPO surrogate.",
+         advantage_estimator="grpo-passk")
+register("opo", ClippedPG, paper="arXiv 2505.23585",
+         description="OPO: on-policy, length-weighted optimal baseline R_i − Σ|y|R/Σ|y|, token-mean, no KL.",
+         advantage_estimator="opo", aggregation="token-mean", kl_coef=0.0)
+register("remax", ClippedPG, paper="arXiv 2310.10505",
+         description="ReMax: the reward of one greedy completion per prompt as baseline, no KL.",
+         advantage_estimator="remax", kl_coef=0.0)

@@ -1,26 +1,105 @@
-"""Advantage estimators from grouped scalar rewards (one group = the G completions of one prompt)."""
+"""Advantage estimators from grouped scalar rewards (one group = the G completions of one prompt).
+
+Every estimator maps (P, G) rewards to (P, G) advantages, one value per completion (outcome rewards: the advantage
+is the same for every token of a completion). Some need more than the rewards; ``ESTIMATOR_NEEDS`` declares it, and
+the training loop provides exactly what the selected estimator declares (no branching on names):
+
+- ``lengths``: (P, G) completion lengths |y_i| (OPO's length-weighted baseline; REINFORCE++'s token-weighted
+  batch whitening);
+- ``greedy_rewards``: (P,) reward of one greedy completion per prompt (ReMax's baseline).
+"""
 
 from __future__ import annotations
 
 import torch
 
-ADVANTAGE_ESTIMATORS = ("group", "group-no-std")
+ADVANTAGE_ESTIMATORS = ("group", "group-no-std", "group-batch-std", "rloo", "reinforce++", "reinforce++-baseline",
+                        "grpo-passk", "opo", "gpg", "remax")
+ESTIMATOR_NEEDS: dict[str, tuple[str, ...]] = {
+    "reinforce++": ("lengths",), "reinforce++-baseline": ("lengths",), "opo": ("lengths",),
+    "remax": ("greedy_rewards",),
+}
 STD_EPS = 1e-6
+WHITEN_EPS = 1e-8  # verl's masked_whiten
 
 
-def group_advantages(rewards: torch.Tensor, estimator: str) -> torch.Tensor:
+def _group_std(rewards: torch.Tensor) -> torch.Tensor:
+    if rewards.shape[1] < 2:
+        return torch.zeros_like(rewards[:, :1])
+    return rewards.std(dim=1, keepdim=True)
+
+
+def _token_whiten(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Whiten per-completion values as if repeated over their tokens (verl's masked_whiten on outcome returns):
+    mean and Bessel-corrected variance weighted by |y_i|, Â = (v − μ) / sqrt(var + 1e-8)."""
+    w = lengths.to(values.dtype)
+    n = w.sum().clamp(min=1.0)
+    mean = (w * values).sum() / n
+    var = (w * (values - mean) ** 2).sum() / n
+    var = var * n / (n - 1).clamp(min=1.0)
+    return (values - mean) * torch.rsqrt(var + WHITEN_EPS)
+
+
+def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Tensor | None = None,
+                     greedy_rewards: torch.Tensor | None = None) -> torch.Tensor:
     """Advantages for rewards of shape (P, G): one row per prompt.
 
     - ``group``: Â_i = (R_i − mean_g R) / (std_g R + 1e-6)  (GRPO, arXiv 2402.03300; std with Bessel's correction,
       as in TRL)
     - ``group-no-std``: Â_i = R_i − mean_g R  (Dr. GRPO, arXiv 2503.20783)
+    - ``group-batch-std``: Â_i = (R_i − mean_g R) / (std_batch R + 1e-6)  (TRL ``scale_rewards="batch"``,
+      arXiv 2508.08221)
+    - ``rloo``: Â_i = R_i − mean_{j≠i} R_j = G/(G−1)·(R_i − mean_g R)  (arXiv 2402.14740)
+    - ``reinforce++``: Â_i = whiten_batch(R_i), token-weighted (arXiv 2501.03262; γ = 1, outcome reward)
+    - ``reinforce++-baseline``: Â_i = whiten_batch(R_i − mean_g R), token-weighted (arXiv 2501.03262)
+    - ``grpo-passk``: only the best completion of a group gets Â = (R_max − R_second) / (std_g R + 1e-6), every
+      other completion 0 (arXiv 2503.19595, as verl)
+    - ``opo``: Â_i = R_i − Σ_g |y_g| R_g / Σ_g |y_g|  (optimal length-weighted baseline, arXiv 2505.23585)
+    - ``gpg``: Â_i = α (R_i − mean_g R), α = N / #{R ≠ 0 in the batch}  (arXiv 2504.02546, as verl, F_norm = 1)
+    - ``remax``: Â_i = R_i − R_greedy(prompt)  (arXiv 2310.10505)
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must have shape (prompts, group_size), got {tuple(rewards.shape)}")
+    if estimator not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; valid: {', '.join(ADVANTAGE_ESTIMATORS)}")
+    needs = ESTIMATOR_NEEDS.get(estimator, ())
+    if "lengths" in needs and (lengths is None or lengths.shape != rewards.shape):
+        raise ValueError(f"advantage estimator {estimator!r} needs completion lengths of shape "
+                         f"{tuple(rewards.shape)}, got {None if lengths is None else tuple(lengths.shape)}")
+    if "greedy_rewards" in needs and (greedy_rewards is None or greedy_rewards.shape != rewards.shape[:1]):
+        got = None if greedy_rewards is None else tuple(greedy_rewards.shape)
+        raise ValueError(f"advantage estimator {estimator!r} needs one greedy-completion reward per prompt, shape "
+                         f"({rewards.shape[0]},), got {got}")
+    P, G = rewards.shape
     centred = rewards - rewards.mean(dim=1, keepdim=True)  # (P, G)
     if estimator == "group-no-std":
         return centred
     if estimator == "group":
-        std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(rewards[:, :1])
+        return centred / (_group_std(rewards) + STD_EPS)
+    if estimator == "group-batch-std":
+        std = rewards.std() if rewards.numel() > 1 else torch.zeros(())
         return centred / (std + STD_EPS)
-    raise ValueError(f"unknown advantage estimator {estimator!r}; valid: {', '.join(ADVANTAGE_ESTIMATORS)}")
+    if estimator == "rloo":
+        return centred * G / (G - 1) if G > 1 else rewards.clone()
+    if estimator == "reinforce++":
+        return _token_whiten(rewards.flatten(), lengths.flatten()).view(P, G)
+    if estimator == "reinforce++-baseline":
+        base = centred if G > 1 else rewards
+        return _token_whiten(base.flatten(), lengths.flatten()).view(P, G)
+    if estimator == "grpo-passk":
+        if G < 2:
+            raise ValueError("advantage estimator 'grpo-passk' needs at least 2 completions per prompt")
+        top = torch.topk(rewards, 2, dim=1)
+        gap = (top.values[:, 0] - top.values[:, 1]) / (_group_std(rewards)[:, 0] + STD_EPS)  # (P,)
+        out = torch.zeros_like(rewards)
+        out[torch.arange(P), top.indices[:, 0]] = gap
+        return out
+    if estimator == "opo":
+        w = lengths.to(rewards.dtype)
+        base = (w * rewards).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp(min=1.0)
+        return rewards - base if G > 1 else rewards.clone()
+    if estimator == "gpg":
+        alpha = rewards.numel() / torch.count_nonzero(rewards).clamp(min=1)
+        return alpha * centred if G > 1 else alpha * rewards
+    # remax
+    return rewards - greedy_rewards[:, None].to(rewards.dtype)

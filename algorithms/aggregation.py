@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum")
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, max_length: int) -> torch.Tensor:
@@ -13,6 +13,7 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, max_length: i
     - ``token-mean``: Σ_i Σ_t m ℓ / Σ_i Σ_t m  (DAPO, arXiv 2503.14476)
     - ``seq-mean-token-mean``: mean_i (Σ_t m ℓ / |y_i|)  (GRPO, arXiv 2402.03300)
     - ``seq-mean-token-sum-norm``: Σ_i Σ_t m ℓ / (B · L_max)  (Dr. GRPO, arXiv 2503.20783)
+    - ``seq-mean-token-sum``: mean_i Σ_t m ℓ  (LUSPO, arXiv 2602.05261: each sequence weighted by its length)
     """
     masked = values * mask  # (B, T)
     if mode == "token-mean":
@@ -22,6 +23,8 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str, max_length: i
         return per_seq.mean()
     if mode == "seq-mean-token-sum-norm":
         return masked.sum() / (values.shape[0] * max_length)
+    if mode == "seq-mean-token-sum":
+        return masked.sum() / values.shape[0]
     raise ValueError(f"unknown aggregation {mode!r}; valid: {', '.join(AGGREGATIONS)}")
 
 
@@ -32,7 +35,7 @@ def aggregation_weight(mask: torch.Tensor, mode: str) -> torch.Tensor:
     """
     if mode == "token-mean":
         return mask.sum()
-    if mode in ("seq-mean-token-mean", "seq-mean-token-sum-norm"):
+    if mode in ("seq-mean-token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"):
         return torch.tensor(float(mask.shape[0]))
     raise ValueError(f"unknown aggregation {mode!r}; valid: {', '.join(AGGREGATIONS)}")
 

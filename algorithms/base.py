@@ -13,9 +13,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from .advantages import ADVANTAGE_ESTIMATORS, group_advantages
+from .advantages import ADVANTAGE_ESTIMATORS, ESTIMATOR_NEEDS, group_advantages
 from .aggregation import AGGREGATIONS, aggregation_weight
 from .batch import PolicyBatch
+from .correction import BATCH_OPTIONS, ROLLOUT_CORRECTIONS
 
 
 def param(default: Any, doc: str, *, paper: str | None = None, search: tuple | None = None,
@@ -40,7 +41,7 @@ class ObjectiveConfig:
 
     aggregation: str = param("seq-mean-token-mean", "How per-token terms are reduced to the loss.",
                              paper="arXiv 2402.03300", choices=AGGREGATIONS)
-    advantage_estimator: str = param("group", "Advantage from grouped rewards: group (z-score) or group-no-std.",
+    advantage_estimator: str = param("group", "Advantage from grouped rewards (algorithms/advantages.py).",
                                      paper="arXiv 2402.03300", choices=ADVANTAGE_ESTIMATORS)
     dynamic_sampling: bool = param(False, "Drop groups whose verifier outcomes (accuracy) are all equal and refill "
                                           "the batch (DAPO).")
@@ -48,6 +49,16 @@ class ObjectiveConfig:
     overlong_shaping: bool = param(False, "DAPO's soft overlong punishment added to the reward.")
     overlong_buffer_frac: float = param(0.2, "L_cache as a fraction of L_max (DAPO: 4096 of 20480 tokens).",
                                         paper="arXiv 2503.14476")
+    mask_truncated: bool = param(False, "Drop completions that hit L_max (no stop token) from the loss (DAPO; TRL "
+                                 "mask_truncated_completions).", paper="arXiv 2503.14476")
+    rollout_correction: str = param("none", "Sampler/trainer mismatch correction: IS weight exp(old − sampler) "
+                                    "truncated at C or masked outside [1/C, C], per token or sequence.",
+                                    paper="arXiv 2512.02556", choices=ROLLOUT_CORRECTIONS)
+    rollout_correction_cap: float = param(3.0, "C: cap of the rollout-correction IS weight (TRL's default 3).",
+                                          paper="arXiv 2512.02556")
+    off_policy_mask_threshold: float = param(0.0, "δ: drop sequences with Â < 0 and mean_t (sampler − lp) > δ "
+                                             "(DeepSeek-V3.2 off-policy sequence mask; 0 disables it).",
+                                             paper="arXiv 2512.02556", search=(0.05, 2.0, True), switch=True)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -62,6 +73,10 @@ class ObjectiveConfig:
             self._bad("max_sampling_rounds", "must be >= 1")
         if not (0.0 < self.overlong_buffer_frac < 1.0):
             self._bad("overlong_buffer_frac", "must be in (0, 1)")
+        if self.rollout_correction_cap <= 1.0:
+            self._bad("rollout_correction_cap", "must be > 1")
+        if self.off_policy_mask_threshold < 0:
+            self._bad("off_policy_mask_threshold", "must be >= 0 (0 disables the mask)")
 
     def _bad(self, name: str, why: str) -> None:
         raise ValueError(f"{type(self).__name__}.{name}={getattr(self, name)!r}: {why}")
@@ -106,10 +121,18 @@ class Objective:
     #: False when the loss selects tokens across the whole batch (top-k by covariance or entropy): then a split batch
     #: is not equivalent to the whole one, and the selection is made per micro-batch.
     split_invariant: ClassVar[bool] = True
+    #: True when ``loss`` applies ``correction.prepare`` (truncated masking, rollout correction, off-policy mask);
+    #: an objective that does not refuses those fields at any value but their "off" one (no silent no-op).
+    supports_batch_options: ClassVar[bool] = False
 
     def __init__(self, config: ObjectiveConfig, name: str = "") -> None:
         if not isinstance(config, self.config_class):
             raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")
+        if not self.supports_batch_options:
+            for key, off in BATCH_OPTIONS.items():
+                if getattr(config, key) != off:
+                    raise ValueError(f"objective {name or type(self).__name__!r} does not implement {key}; "
+                                     f"leave it at {off!r}")
         self.config = config
         self.name = name or type(self).__name__
 
@@ -127,6 +150,22 @@ class Objective:
         """Whether ``PolicyBatch.entropy`` must carry gradient (entropy bonus)."""
         return False
 
+    @property
+    def needs_sampler_logprobs(self) -> bool:
+        """Whether ``PolicyBatch.sampler_logprobs`` (the rollout engine's log-probs) must be given."""
+        return self.config.rollout_correction != "none"
+
+    @property
+    def needs_truncated(self) -> bool:
+        """Whether ``PolicyBatch.truncated`` must be given."""
+        return self.config.mask_truncated
+
+    @property
+    def advantage_needs(self) -> tuple[str, ...]:
+        """What ``advantages`` needs beyond the rewards: ``lengths`` and/or ``greedy_rewards`` (one greedy completion
+        per prompt, scored like the sampled ones; the loop generates it only when this says so)."""
+        return ESTIMATOR_NEEDS.get(self.config.advantage_estimator, ())
+
     # --- the loss
     def loss(self, batch: PolicyBatch, generator: torch.Generator | None = None
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -138,9 +177,12 @@ class Objective:
         return aggregation_weight(mask, self.config.aggregation)
 
     # --- rollout-side hooks
-    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
-        """(P, G) rewards -> (P, G) advantages."""
-        return group_advantages(rewards, self.config.advantage_estimator)
+    def advantages(self, rewards: torch.Tensor, *, lengths: torch.Tensor | None = None,
+                   greedy_rewards: torch.Tensor | None = None) -> torch.Tensor:
+        """(P, G) rewards -> (P, G) advantages (``lengths`` (P, G) and ``greedy_rewards`` (P,) when the estimator
+        declares it needs them: ``advantage_needs``)."""
+        return group_advantages(rewards, self.config.advantage_estimator, lengths=lengths,
+                                greedy_rewards=greedy_rewards)
 
     def keep_groups(self, rewards: torch.Tensor, outcomes: torch.Tensor) -> torch.Tensor:
         """(P, G) shaped rewards and (P, G) verifier outcomes -> (P,) bool: which groups enter the batch.

@@ -24,20 +24,27 @@ class PolicyBatch:
     entropy: torch.Tensor | None = None  # (B, T) H_θ at each position, current policy (may carry gradient)
     old_entropy: torch.Tensor | None = None  # (B, T) H_old
     ref_entropy: torch.Tensor | None = None  # (B, T) H_ref
+    sampler_logprobs: torch.Tensor | None = None  # (B, T) log-probs the rollout engine reported (rollout correction)
+    truncated: torch.Tensor | None = None  # (B,) bool: the completion hit L_max without a stop token
 
     def __post_init__(self) -> None:
         B, T = self.logprobs.shape
         if self.advantages.shape != (B,):
             raise ValueError(f"PolicyBatch.advantages must have shape ({B},), got {tuple(self.advantages.shape)}")
-        for name in ("old_logprobs", "mask", "ref_logprobs", "entropy", "old_entropy", "ref_entropy"):
+        for name in ("old_logprobs", "mask", "ref_logprobs", "entropy", "old_entropy", "ref_entropy",
+                     "sampler_logprobs"):
             t = getattr(self, name)
             if t is not None and t.shape != (B, T):
                 raise ValueError(f"PolicyBatch.{name} must have shape ({B}, {T}), got {tuple(t.shape)}")
+        if self.truncated is not None:
+            if self.truncated.shape != (B,):
+                raise ValueError(f"PolicyBatch.truncated must have shape ({B},), got {tuple(self.truncated.shape)}")
+            self.truncated = self.truncated.to(torch.bool)
         if self.max_length < 1:
             raise ValueError(f"PolicyBatch.max_length must be >= 1, got {self.max_length}")
         self.mask = self.mask.to(self.logprobs.dtype)
         # constants by definition: no objective can leak gradient into them
-        for name in ("old_logprobs", "advantages", "ref_logprobs", "old_entropy", "ref_entropy"):
+        for name in ("old_logprobs", "advantages", "ref_logprobs", "old_entropy", "ref_entropy", "sampler_logprobs"):
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, t.detach())

@@ -1,11 +1,14 @@
-"""Clipped policy-gradient objectives: GRPO, Dr. GRPO, DAPO, the entropy-regularised variant, and GSPO.
+"""Policy-gradient objectives sharing one loss skeleton (``PolicyGradient``), and the clipped family: GRPO, Dr. GRPO,
+DAPO, BNPO, LUSPO, dual-clip PPO, the entropy-regularised variant, and GSPO.
 
-Per-token term (token ratio r_it = exp(lp − old), Â_i broadcast over tokens):
+Per-token term (ratio r = exp(lp − old) per token, or ρ_i = exp(Σ_t m (lp − old) / |y_i|) per sequence; Â_i
+broadcast over tokens; w the rollout-correction weight × off-policy mask of ``correction.prepare``):
 
-    ℓ_it = −min(r_it Â_i, clip(r_it, 1 − ε_low, 1 + ε_high) Â_i) + β·KL_it − α·H_θ(i,t)
+    ℓ_it = w_it · policy_term_it + β·KL_it (· r_it with ``kl_is_correction``) − α·H_θ(i,t)
 
-reduced by the objective's aggregation. GSPO (arXiv 2507.18071) replaces r_it by the sequence ratio
-ρ_i = exp(Σ_t m (lp − old) / |y_i|).
+reduced by the objective's aggregation. The clipped surrogate's policy term is
+−min(min(r, δ) Â_i, clip(r, 1 − ε_low, 1 + ε_high) Â_i), and with dual clip (Â_i < 0) at most −c·Â_i.
+Other policy terms (CISPO, SAPO, GMPO, GPG, VESPO) live in ``pg_variants.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 from .aggregation import aggregate, masked_mean
 from .base import Objective, ObjectiveConfig, param
 from .batch import PolicyBatch
+from .correction import prepare
 from .kl import KL_ESTIMATORS, kl_estimate
 
 
@@ -56,34 +60,36 @@ def entropy_metric(batch: PolicyBatch) -> torch.Tensor:
     return masked_mean(h.detach(), batch.mask)
 
 
-@dataclass(frozen=True)
-class ClippedPGConfig(ObjectiveConfig):
-    """Token-ratio clipped surrogate with optional KL to the reference and entropy bonus (GRPO family)."""
+RATIO_LEVELS = ("token", "sequence")
 
-    clip_low: float = param(0.2, "ε_low: lower clip range of the ratio.", paper="arXiv 2402.03300",
-                            search=(0.05, 0.4, False))
-    clip_high: float = param(0.2, "ε_high: upper clip range of the ratio (DAPO's clip-higher: 0.28).",
-                             paper="arXiv 2402.03300", search=(0.05, 0.4, False))
+
+@dataclass(frozen=True)
+class PGConfig(ObjectiveConfig):
+    """Fields of every ``PolicyGradient`` objective: ratio level, KL to the reference, entropy bonus."""
+
+    ratio_level: str = param("token", "Importance ratio per token r_it, or per sequence ρ_i = exp(mean_t (lp − old)) "
+                             "(TRL importance_sampling_level).", paper="arXiv 2507.18071", choices=RATIO_LEVELS)
     kl_coef: float = param(0.04, "β: weight of the per-token KL to the reference policy (0 disables it).",
                            paper="arXiv 2402.03300", search=(1e-3, 1e-1, True), switch=True)
     kl_estimator: str = param("k3", "Per-token KL estimator: k1, k2 or k3.", paper="arXiv 2402.03300",
                               choices=KL_ESTIMATORS)
+    kl_is_correction: bool = param(False, "Multiply the KL by the importance ratio (unbiased off-policy KL, r·k3; "
+                                   "TRL use_bias_correction_kl).", paper="arXiv 2512.02556")
     entropy_coef: float = param(0.0, "α: entropy bonus weight, loss −= α·H_θ per token (0 disables it).",
                                 search=(1e-4, 1e-2, True), switch=True)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check_clip()
         self._check_nonneg("kl_coef", "entropy_coef")
 
-    def _check_clip(self) -> None:
-        self._check_epsilon("clip_low", "clip_high")
 
+class PolicyGradient(Objective):
+    """The shared loss skeleton; subclasses implement ``policy_term`` (and optionally ``select``)."""
 
-class ClippedPG(Objective):
-    """GRPO-family objective (grpo, dr_grpo, dapo, entropy_reg differ only in config defaults)."""
-
-    config_class = ClippedPGConfig
+    config_class = PGConfig
+    supports_batch_options = True
+    #: True when ``policy_term`` applies the rollout-correction weights itself (then the skeleton does not)
+    folds_is_weights = False
 
     @property
     def needs_reference(self) -> bool:
@@ -94,8 +100,17 @@ class ClippedPG(Objective):
         return self.config.entropy_coef > 0
 
     def ratio(self, batch: PolicyBatch) -> torch.Tensor:
-        """Importance ratio: token level, (B, T)."""
-        return torch.exp(batch.logprobs - batch.old_logprobs)
+        """Importance ratio: (B, T) at token level, (B, 1) at sequence level (gradient flows through both)."""
+        log_ratio = batch.logprobs - batch.old_logprobs
+        if self.config.ratio_level == "token":
+            return torch.exp(log_ratio)
+        seq = (log_ratio * batch.mask).sum(-1) / batch.mask.sum(-1).clamp(min=1.0)  # (B,)
+        return torch.exp(seq)[:, None]
+
+    def policy_term(self, batch: PolicyBatch, ratio: torch.Tensor, adv: torch.Tensor, is_w: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """(policy term (B, T), clipped-low mask, clipped-high mask, extra metrics)."""
+        raise NotImplementedError
 
     def select(self, pg: torch.Tensor, batch: PolicyBatch, generator: torch.Generator | None
                ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
@@ -105,13 +120,21 @@ class ClippedPG(Objective):
     def loss(self, batch: PolicyBatch, generator: torch.Generator | None = None
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         c = self.config
+        batch, is_w, keep, batch_metrics = prepare(batch, c)
         ratio = self.ratio(batch)
         adv = batch.advantages[:, None]  # (B, 1)
-        pg, low, high = clipped_surrogate(ratio, adv, c.clip_low, c.clip_high)  # (B, T)
+        pg, low, high, term_metrics = self.policy_term(batch, ratio, adv, is_w)
+        pg = pg.expand_as(batch.logprobs)
         pg, penalty, extra_metrics = self.select(pg, batch, generator)
+        if keep is not None:
+            pg = pg * keep
+        if is_w is not None and not self.folds_is_weights:
+            pg = pg * is_w
         if c.kl_coef > 0:
-            penalty = penalty + c.kl_coef * kl_estimate(batch.logprobs, batch.require("ref_logprobs", self.name),
-                                                        c.kl_estimator)
+            kl = kl_estimate(batch.logprobs, batch.require("ref_logprobs", self.name), c.kl_estimator)
+            if c.kl_is_correction:
+                kl = kl * ratio
+            penalty = penalty + c.kl_coef * kl
         per_token = pg + penalty
         if c.entropy_coef > 0:
             per_token = per_token - c.entropy_coef * batch.require("entropy", self.name)
@@ -121,15 +144,67 @@ class ClippedPG(Objective):
             "objective/kl_term": aggregate(penalty, batch.mask, c.aggregation, batch.max_length).detach(),
             "objective/entropy": entropy_metric(batch),
             **surrogate_metrics(ratio, low, high, batch.mask),
+            **term_metrics,
             **extra_metrics,
+            **batch_metrics,
         }
         return loss, metrics
+
+
+@dataclass(frozen=True)
+class ClippedPGConfig(PGConfig):
+    """Ratio clipped to [1 − ε_low, 1 + ε_high] (GRPO family), with optional two-sided and dual clip."""
+
+    clip_low: float = param(0.2, "ε_low: lower clip range of the ratio.", paper="arXiv 2402.03300",
+                            search=(0.05, 0.4, False))
+    clip_high: float = param(0.2, "ε_high: upper clip range of the ratio (DAPO's clip-higher: 0.28).",
+                             paper="arXiv 2402.03300", search=(0.05, 0.4, False))
+    clip_delta: float = param(0.0, "δ: two-sided clip, the unclipped ratio is capped at δ (INTELLECT-2 uses 4; "
+                              "0 disables it; TRL delta).", paper="arXiv 2505.07291", search=(1.5, 10.0, True),
+                              switch=True)
+    dual_clip_c: float = param(0.0, "c: dual clip, the loss of a token with Â < 0 is at most −c·Â (paper: 3; 0 "
+                               "disables it; verl clip_ratio_c).", paper="arXiv 1912.09729",
+                               search=(1.5, 10.0, True), switch=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_clip()
+        if self.clip_delta != 0 and self.clip_delta <= 1.0 + self.clip_high:
+            self._bad("clip_delta", "must be 0 (off) or > 1 + clip_high")
+        if self.dual_clip_c != 0 and self.dual_clip_c <= 1.0:
+            self._bad("dual_clip_c", "must be 0 (off) or > 1")
+
+    def _check_clip(self) -> None:  # Clip-Cov overrides it (its released scripts use ε = 1)
+        self._check_epsilon("clip_low", "clip_high")
+
+
+class ClippedPG(PolicyGradient):
+    """GRPO-family objective (grpo, dr_grpo, dapo, bnpo, luspo, ppo_dual_clip, entropy_reg differ only in config)."""
+
+    config_class = ClippedPGConfig
+
+    def policy_term(self, batch, ratio, adv, is_w):
+        c = self.config
+        unclipped = ratio.clamp(max=c.clip_delta) if c.clip_delta > 0 else ratio
+        term = -torch.min(unclipped * adv, torch.clamp(ratio, 1.0 - c.clip_low, 1.0 + c.clip_high) * adv)
+        low = (ratio < 1.0 - c.clip_low) & (adv < 0)
+        high = (ratio > 1.0 + c.clip_high) & (adv > 0)
+        shape = batch.logprobs.shape
+        metrics = {}
+        if c.dual_clip_c > 0:
+            cap = -c.dual_clip_c * adv  # (B, 1)
+            dual = (adv < 0) & (term > cap)
+            term = torch.where(adv < 0, torch.minimum(term, cap), term)
+            metrics["objective/dual_clip_frac"] = masked_mean(dual.expand(shape).to(batch.mask.dtype), batch.mask)
+        return term.expand(shape), low.expand(shape), high.expand(shape), metrics
 
 
 @dataclass(frozen=True)
 class GSPOConfig(ClippedPGConfig):
     """GSPO: the sequence ratio is clipped, with a much tighter range."""
 
+    ratio_level: str = param("sequence", "Importance ratio per token r_it, or per sequence ρ_i = exp(mean_t (lp − "
+                             "old)) (GSPO: sequence).", paper="arXiv 2507.18071", choices=RATIO_LEVELS)
     clip_low: float = param(3e-4, "ε_low on the sequence ratio ρ_i.", paper="arXiv 2507.18071",
                             search=(1e-4, 2e-3, True))
     clip_high: float = param(4e-4, "ε_high on the sequence ratio ρ_i.", paper="arXiv 2507.18071",
@@ -142,8 +217,3 @@ class GSPO(ClippedPG):
     """Group Sequence Policy Optimization: ρ_i = exp(mean_t (lp − old)) clipped per sequence."""
 
     config_class = GSPOConfig
-
-    def ratio(self, batch: PolicyBatch) -> torch.Tensor:
-        log_ratio = (batch.logprobs - batch.old_logprobs) * batch.mask  # (B, T)
-        seq = log_ratio.sum(-1) / batch.mask.sum(-1).clamp(min=1.0)  # (B,)
-        return torch.exp(seq)[:, None]  # (B, 1)

@@ -268,8 +268,10 @@ class Group:
     rewards: torch.Tensor  # (G,) shaped rewards the objective trains on
     correct: torch.Tensor  # (G,) verifier outcome
     advantages: torch.Tensor | None = None  # (G,)
-    logprobs: list[list[float]] = field(default_factory=list)  # per completion: the sampling policy's log-probs
+    logprobs: list[list[float]] = field(default_factory=list)  # per completion: the rollout engine's log-probs
     entropies: list[list[float]] = field(default_factory=list)  # ... and entropies, as the engine returned them
+    problem: Any = None  # the benchmark problem (scores the greedy baseline completion when the estimator needs one)
+    truncated: torch.Tensor | None = None  # (G,) bool: finished by length, not by a stop token
 
 
 def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, step: int
@@ -307,6 +309,7 @@ def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, 
         lengths.append(length)
         entropies.extend(torch.tensor(e) for e in ro.entropies if e)
         truncated += sum(f == "length" for f in ro.finish_reasons)
+        by_length = torch.tensor([f == "length" for f in ro.finish_reasons])  # (P·G,)
         zero_adv += int(((shaped.max(1).values - shaped.min(1).values) == 0).sum())
         n_groups += len(problems)
         gen_tokens += int(length.sum())
@@ -316,11 +319,14 @@ def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, 
             if keep[p] and len(kept) < P:
                 kept.append(Group(problems[p].question, ro.prompt_ids[p], ro.completion_ids[p * G:(p + 1) * G],
                                   ro.texts[p * G:(p + 1) * G], shaped[p], correct[p * G:(p + 1) * G],
-                                  logprobs=ro.logprobs[p * G:(p + 1) * G], entropies=ro.entropies[p * G:(p + 1) * G]))
+                                  logprobs=ro.logprobs[p * G:(p + 1) * G], entropies=ro.entropies[p * G:(p + 1) * G],
+                                  problem=problems[p], truncated=by_length[p * G:(p + 1) * G]))
         if len(kept) >= P:
             break
+    extra: dict[str, torch.Tensor] = {}
     if kept:
-        adv = objective.advantages(torch.stack([g.rewards for g in kept]))  # (K, G)
+        extra = advantage_inputs(cfg, objective, engine, tok, data, kept, step)
+        adv = objective.advantages(torch.stack([g.rewards for g in kept]), **extra)  # (K, G)
         for g, a in zip(kept, adv):
             g.advantages = a
     # rollout/* describe round 0 only, so every objective's curves measure the same thing; what dynamic sampling's
@@ -343,7 +349,27 @@ def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, 
         metrics["rollout/refill_completions"] = float(refill_correct.numel())
         metrics["rollout/refill_accuracy"] = float(refill_correct.mean()) if refill_correct.numel() else float("nan")
         metrics["rollout/refill_zero_adv_frac"] = (zero_adv - zero_adv_0) / max(1, n_groups - P)
+    if "greedy_rewards" in extra:
+        metrics["rollout/greedy_reward_mean"] = float(extra["greedy_rewards"].mean())
     return kept, metrics
+
+
+def advantage_inputs(cfg: TrainConfig, objective, engine, tok, data: TrainData, groups: list[Group], step: int
+                     ) -> dict[str, torch.Tensor]:
+    """What the objective's advantage estimator declares it needs beyond the rewards (``advantage_needs``):
+    completion lengths, and/or the shaped reward of one greedy completion per prompt (ReMax), generated only then."""
+    needs = objective.advantage_needs
+    out: dict[str, torch.Tensor] = {}
+    if "lengths" in needs:
+        out["lengths"] = torch.tensor([[len(c) for c in g.completion_ids] for g in groups])
+    if "greedy_rewards" in needs:
+        params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=0.0)
+        prompts = [format_prompt(tok, g.question, cfg.prompt_template) for g in groups]
+        ro = engine.generate(prompts, 1, params, seed=derive_seed(cfg.seed, "greedy-baseline", step))
+        correct = torch.tensor([data.benchmark.reward(ro.texts[i], g.problem) for i, g in enumerate(groups)])
+        length = torch.tensor([len(c) for c in ro.completion_ids])
+        out["greedy_rewards"] = objective.shape_rewards(correct, length, cfg.max_new_tokens)
+    return out
 
 
 def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, groups: list[Group], step: int,
@@ -354,6 +380,10 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
     prompts = [g.prompt_ids for g in groups for _ in g.completion_ids]
     completions = [c for g in groups for c in g.completion_ids]
     adv = torch.cat([g.advantages for g in groups]).float()  # (N,)
+    has_engine_lp = all(len(g.logprobs) == len(g.completion_ids) for g in groups)
+    samp_lp = [lp for g in groups for lp in g.logprobs] if has_engine_lp else None  # (rollout correction)
+    truncated = torch.cat([g.truncated if g.truncated is not None else torch.zeros(len(g.completion_ids), dtype=bool)
+                           for g in groups])  # (N,)
     N = len(completions)
     on_policy = cfg.update_epochs == 1 and cfg.minibatches == 1
     temp = cfg.temperature
@@ -365,9 +395,7 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
     # engine's are exact for the training module (HF engine), otherwise one scoring pass without gradient; reference
     t0 = time.perf_counter()
     old_lp = old_ent = ref_lp = ref_ent = None
-    from_rollout = getattr(engine, "exact_logprobs", False) and all(len(g.logprobs) == len(g.completion_ids)
-                                                                     for g in groups)
-    if not on_policy and from_rollout:
+    if not on_policy and has_engine_lp and getattr(engine, "exact_logprobs", False):
         old_lp = [torch.tensor(x) for g in groups for x in g.logprobs]
         old_ent = [torch.tensor(x) for g in groups for x in g.entropies]
     elif not on_policy:
@@ -401,7 +429,10 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
                     old_entropy=ent.detach() if on_policy else pad([old_ent[i] for i in ids], T).to(device),
                     ref_logprobs=None if ref_lp is None else pad([ref_lp[i] for i in ids], T).to(device),
                     ref_entropy=None if ref_ent is None else pad([ref_ent[i] for i in ids], T).to(device),
-                    entropy=ent if objective.needs_entropy_grad else ent.detach())
+                    entropy=ent if objective.needs_entropy_grad else ent.detach(),
+                    sampler_logprobs=None if samp_lp is None else pad([torch.tensor(samp_lp[i]) for i in ids],
+                                                                      T).to(device),
+                    truncated=truncated[idx].to(device))
                 gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "objective", step, epoch, k))
                 loss, m = objective.loss(batch, generator=gen)
                 w = float(objective.loss_weight(mask))

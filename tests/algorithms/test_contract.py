@@ -18,6 +18,15 @@ def run(name: str, t: dict, seed: int = 0):
     return obj, *obj.loss(as_batch(t), generator=torch.Generator().manual_seed(seed))
 
 
+V1 = ["grpo", "dr_grpo", "dapo", "gspo", "entropy_reg", "clip_cov", "kl_cov", "forking_tokens", "tepo"]
+ISSUE_12 = ["bnpo", "luspo", "ppo_dual_clip", "cispo", "sapo", "gmpo", "gpg", "vespo", "rloo", "reinforce_pp",
+            "reinforce_pp_baseline", "grpo_passk", "opo", "remax"]
+
+
+def test_every_named_objective_registered():
+    assert set(V1 + ISSUE_12) <= set(ALL)
+
+
 @pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_finite_loss_and_scalar_metrics(name, seed):

@@ -35,7 +35,7 @@ def test_unknown_field_lists_valid_and_suggests():
 @pytest.mark.parametrize("name,field,value", [
     ("tepo", "kl_coef", -0.1), ("grpo", "clip_low", 0.0), ("dapo", "clip_high", 1.0), ("tepo", "clip_low", 1.2),
     ("clip_cov", "clip_cov_frac", 1.5), ("kl_cov", "kl_cov_frac", -0.1), ("forking_tokens", "forking_frac", 2.0),
-    ("grpo", "kl_estimator", "k4"), ("tepo", "aggregation", "sum"), ("grpo", "advantage_estimator", "rloo"),
+    ("grpo", "kl_estimator", "k4"), ("tepo", "aggregation", "sum"), ("grpo", "advantage_estimator", "loo"),
     ("tepo", "kl_coef", float("nan")), ("dapo", "overlong_buffer_frac", 1.0),
 ])
 def test_invalid_values_raise_with_field_name(name, field, value):

@@ -13,6 +13,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engin
 pytest.importorskip("vllm", reason="vllm is not installed (optional extra `pobench[vllm]`; CPU build: `tox -e vllm`)")
 
 import copy  # noqa: E402
+import math  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -83,3 +84,27 @@ def test_vllm_follows_the_weights_after_a_sync(setup):
     finally:
         engine.update_weights(model)
     assert engine.generate(prompts, 1, params, seed=0).completion_ids == before.completion_ids
+
+
+def test_rollout_correction_measures_the_vllm_mismatch(setup):
+    """vLLM's log-probs against the trainer's scoring pass, through the rollout correction every objective accepts:
+    on the CPU build they agree (mismatch ~0, no weight cut); a synthetic shift of the sampler's log-probs is seen."""
+    from algorithms import PolicyBatch, get_objective
+
+    model, tok, engine, prompts = setup
+    r = engine.generate(prompts, 4, SamplingParams(max_new_tokens=48, temperature=1.0), seed=1)
+    lp, _, mask = score(model, [r.prompt_ids[i // r.n] for i in range(len(r))], r.completion_ids, temperature=1.0)
+    sampler = torch.zeros_like(lp)
+    for i, x in enumerate(r.logprobs):
+        sampler[i, :len(x)] = torch.tensor(x)
+    adv = torch.linspace(-1, 1, len(r))
+
+    def metrics(s):
+        b = PolicyBatch(logprobs=lp.clone().requires_grad_(True), old_logprobs=lp, advantages=adv, mask=mask,
+                        max_length=48, sampler_logprobs=s)
+        return get_objective("dapo", rollout_correction="token-mask", rollout_correction_cap=2.0).loss(b)[1]
+
+    m = metrics(sampler)
+    assert m["objective/mismatch_kl_k3"] < 1e-6 and m["objective/is_cut_frac"] == 0
+    m = metrics(sampler - mask)  # the sampler under-states every token by 1 nat: weights e > C = 2 are masked
+    assert m["objective/is_cut_frac"] == 1.0 and m["objective/mismatch_kl_k3"] == pytest.approx(math.e - 2, rel=1e-5)

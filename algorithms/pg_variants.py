@@ -1,0 +1,201 @@
+"""Policy terms other than the clipped surrogate, on the shared ``PolicyGradient`` skeleton (KL, entropy bonus,
+aggregation, rollout correction and the batch options come from there):
+
+- CISPO (arXiv 2506.13585): −sg[clip(r, 1 − ε_low, 1 + ε_high)] · Â · lp
+- SAPO (arXiv 2511.20347): −(4/τ) σ(τ (r − 1)) · Â, τ = τ_pos if Â > 0 else τ_neg
+- GMPO (arXiv 2507.20673): −Â · exp(mean_t sgn(Â)·min(sgn(Â) log r, sgn(Â) clip(log r, −ε_low, ε_high))), per sequence
+- GPG (arXiv 2504.02546): −Â · lp
+- VESPO (arXiv 2602.10693): −sg[φ(w_i)] · Â · lp, w_i = exp(Σ_t m (lp − old)), φ(w) = e^λ w^k e^{−λ w}
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .advantages import ADVANTAGE_ESTIMATORS
+from .aggregation import AGGREGATIONS
+from .base import param
+from .policy_gradient import PGConfig, PolicyGradient
+
+
+def _no_clip(batch):
+    z = torch.zeros_like(batch.mask, dtype=torch.bool)
+    return z, z
+
+
+@dataclass(frozen=True)
+class CISPOConfig(PGConfig):
+    aggregation: str = param("token-mean", "How per-token terms are reduced to the loss (CISPO: token-mean).",
+                             paper="arXiv 2506.13585", choices=AGGREGATIONS)
+    clip_low: float = param(1.0, "ε_low: the IS weight is clipped below at 1 − ε_low (1 = no lower bound, as "
+                            "MiniMax-M1 and TRL).", paper="arXiv 2506.13585")
+    clip_high: float = param(4.0, "ε_high: the IS weight is clipped above at 1 + ε_high (ScaleRL / TRL ε_max = 5).",
+                             paper="arXiv 2510.13786", search=(0.2, 8.0, True))
+    kl_coef: float = param(0.0, "β: weight of the per-token KL to the reference policy (CISPO uses none).",
+                           paper="arXiv 2506.13585", search=(1e-3, 1e-1, True), switch=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (0.0 < self.clip_low <= 1.0):
+            self._bad("clip_low", "must be in (0, 1]")
+        if self.clip_high <= 0:
+            self._bad("clip_high", "must be > 0")
+
+
+class CISPO(PolicyGradient):
+    """Clipped IS-weight policy optimization: the clipped ratio is a constant weight on Â·∇lp; no token loses its
+    gradient."""
+
+    config_class = CISPOConfig
+
+    def policy_term(self, batch, ratio, adv, is_w):
+        c = self.config
+        w = torch.clamp(ratio, 1.0 - c.clip_low, 1.0 + c.clip_high).detach()
+        low = (ratio < 1.0 - c.clip_low).expand_as(batch.mask)
+        high = (ratio > 1.0 + c.clip_high).expand_as(batch.mask)
+        return -w * adv * batch.logprobs, low, high, {}
+
+
+@dataclass(frozen=True)
+class SAPOConfig(PGConfig):
+    tau_pos: float = param(1.0, "τ_pos: gate temperature for Â > 0.", paper="arXiv 2511.20347",
+                           search=(0.25, 4.0, True))
+    tau_neg: float = param(1.05, "τ_neg: gate temperature for Â ≤ 0.", paper="arXiv 2511.20347",
+                           search=(0.25, 4.0, True))
+    kl_coef: float = param(0.0, "β: weight of the per-token KL to the reference policy (SAPO uses none).",
+                           paper="arXiv 2511.20347", search=(1e-3, 1e-1, True), switch=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("tau_pos", "tau_neg"):
+            if getattr(self, name) <= 0:
+                self._bad(name, "must be > 0")
+
+
+class SAPO(PolicyGradient):
+    """Soft adaptive policy optimization: a sigmoid gate of the ratio replaces the hard clip (gradient at r = 1
+    equals the plain policy gradient for any τ)."""
+
+    config_class = SAPOConfig
+
+    def policy_term(self, batch, ratio, adv, is_w):
+        c = self.config
+        tau = torch.where(adv > 0, torch.full_like(adv, c.tau_pos), torch.full_like(adv, c.tau_neg))
+        gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+        return -gate * adv, *_no_clip(batch), {}
+
+
+@dataclass(frozen=True)
+class GMPOConfig(PGConfig):
+    clip_low: float = param(0.4, "ε_low: log r is clipped below at −ε_low (ratio range (e^−0.4, e^0.4)).",
+                            paper="arXiv 2507.20673", search=(0.1, 1.0, False))
+    clip_high: float = param(0.4, "ε_high: log r is clipped above at ε_high.", paper="arXiv 2507.20673",
+                             search=(0.1, 1.0, False))
+    kl_coef: float = param(0.0, "β: weight of the per-token KL to the reference policy (GMPO uses none).",
+                           paper="arXiv 2507.20673", search=(1e-3, 1e-1, True), switch=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ratio_level != "token":
+            self._bad("ratio_level", "GMPO clips token ratios before their geometric mean: must be 'token'")
+        for name in ("clip_low", "clip_high"):
+            if getattr(self, name) <= 0:
+                self._bad(name, "must be > 0")
+
+
+class GMPO(PolicyGradient):
+    """Geometric-mean policy optimization: the sequence ratio is the geometric mean of token-clipped ratios.
+    With the default seq-mean-token-mean aggregation the loss is mean_i (the per-sequence term), as in verl."""
+
+    config_class = GMPOConfig
+    folds_is_weights = True
+
+    def policy_term(self, batch, ratio, adv, is_w):
+        c = self.config
+        log_r = batch.logprobs - batch.old_logprobs
+        sgn = torch.sign(adv)
+        clamped = torch.clamp(log_r, -c.clip_low, c.clip_high)
+        log_min = sgn * torch.min(sgn * log_r, sgn * clamped)
+        n = batch.mask.sum(-1, keepdim=True).clamp(min=1.0)
+        seq_ratio = torch.exp((log_min * batch.mask).sum(-1, keepdim=True) / n)  # (B, 1)
+        term = -adv * seq_ratio
+        if is_w is not None:  # rollout correction: geometric mean of the token weights per sequence (as verl)
+            log_w = torch.log(is_w + 1e-10)
+            term = term * (torch.exp((log_w * batch.mask).sum(-1, keepdim=True) / n) if log_w.shape[1] > 1
+                           else is_w)
+        clipped = log_r != clamped
+        return term, clipped & (adv < 0), clipped & (adv > 0), {}
+
+
+@dataclass(frozen=True)
+class GPGConfig(PGConfig):
+    aggregation: str = param("token-mean", "How per-token terms are reduced to the loss (GPG: token-mean).",
+                             paper="arXiv 2504.02546", choices=AGGREGATIONS)
+    advantage_estimator: str = param("gpg", "Advantage from grouped rewards (algorithms/advantages.py).",
+                                     paper="arXiv 2504.02546",
+                                     choices=ADVANTAGE_ESTIMATORS)
+    kl_coef: float = param(0.0, "β: weight of the per-token KL to the reference policy (GPG uses none).",
+                           paper="arXiv 2504.02546", search=(1e-3, 1e-1, True), switch=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ratio_level != "token":
+            self._bad("ratio_level", "GPG has no importance ratio: must be 'token'")
+
+
+class GPG(PolicyGradient):
+    """Group policy gradient: plain REINFORCE on the group advantage, no ratio, no clip."""
+
+    config_class = GPGConfig
+
+    def policy_term(self, batch, ratio, adv, is_w):
+        return -adv * batch.logprobs, *_no_clip(batch), {}
+
+
+@dataclass(frozen=True)
+class VESPOConfig(PGConfig):
+    aggregation: str = param("token-mean", "How per-token terms are reduced to the loss (VESPO: token-mean, as TRL).",
+                             paper="arXiv 2602.10693", choices=AGGREGATIONS)
+    k_pos: float = param(2.0, "k for Â ≥ 0: power of w in φ (down-weights w < 1).", paper="arXiv 2602.10693",
+                         search=(0.5, 6.0, False))
+    lambda_pos: float = param(3.0, "λ for Â ≥ 0: exponential decay of φ (down-weights w > 1).",
+                              paper="arXiv 2602.10693", search=(0.5, 6.0, False))
+    k_neg: float = param(3.0, "k for Â < 0.", paper="arXiv 2602.10693", search=(0.5, 6.0, False))
+    lambda_neg: float = param(2.0, "λ for Â < 0.", paper="arXiv 2602.10693", search=(0.5, 6.0, False))
+    kl_coef: float = param(0.0, "β: weight of the per-token KL to the reference policy (VESPO uses none).",
+                           paper="arXiv 2602.10693", search=(1e-3, 1e-1, True), switch=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ratio_level != "token":
+            self._bad("ratio_level", "VESPO's weight is built from the sequence ratio itself: must be 'token'")
+        if self.rollout_correction.startswith("sequence"):
+            self._bad("rollout_correction", "VESPO folds token-level IS weights into w: use none or token-*")
+        self._check_nonneg("k_pos", "lambda_pos", "k_neg", "lambda_neg")
+
+
+class VESPO(PolicyGradient):
+    """Variational sequence-level soft policy optimization: a detached Gamma-shaped weight of the (product) sequence
+    ratio, φ(1) = 1, scales Â·∇lp. Rollout-correction weights enter w (as TRL), not the loss."""
+
+    config_class = VESPOConfig
+    folds_is_weights = True
+
+    def policy_term(self, batch, ratio, adv, is_w):
+        c = self.config
+        floor = math.log(1e-8)
+        log_r = torch.clamp(batch.logprobs - batch.old_logprobs, -20.0, 20.0).detach()
+        seq = (log_r * batch.mask).sum(-1, keepdim=True)  # (B, 1)
+        if is_w is not None:
+            seq = seq + (torch.clamp(torch.log(is_w), floor, 20.0) * batch.mask).sum(-1, keepdim=True)
+        log_w = torch.clamp(seq, floor, 20.0)
+        nonneg = adv >= 0
+        k = torch.where(nonneg, torch.full_like(adv, c.k_pos), torch.full_like(adv, c.k_neg))
+        lam = torch.where(nonneg, torch.full_like(adv, c.lambda_pos), torch.full_like(adv, c.lambda_neg)).clamp(
+            min=1e-4)
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+        metrics = {"objective/vespo_weight_mean": phi.mean()}
+        return -phi * adv * batch.logprobs, *_no_clip(batch), metrics

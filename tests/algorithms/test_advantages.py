@@ -1,0 +1,92 @@
+"""Hand-computed 2 x 3 cases for every advantage estimator (2 prompts, 3 completions each)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from algorithms import get_objective, group_advantages
+from algorithms.advantages import ADVANTAGE_ESTIMATORS, ESTIMATOR_NEEDS
+
+R = [[1.0, 0.0, 0.5], [0.0, 0.0, 1.0]]
+L = [[4, 2, 6], [3, 5, 1]]
+
+
+def adv(estimator, **kw):
+    t = {k: torch.tensor(v, dtype=torch.float64) for k, v in kw.items()}
+    return group_advantages(torch.tensor(R, dtype=torch.float64), estimator, **t).tolist()
+
+
+def close(a, b):
+    for ra, rb in zip(a, b):
+        assert ra == pytest.approx(rb, abs=1e-9)
+
+
+def test_rloo_leave_one_out_baseline():
+    close(adv("rloo"), [[r - (sum(row) - r) / 2 for r in row] for row in R])
+
+
+def test_group_batch_std():
+    sd = statistics.stdev([r for row in R for r in row])
+    close(adv("group-batch-std"), [[(r - sum(row) / 3) / (sd + 1e-6) for r in row] for row in R])
+
+
+def whiten(values, weights):
+    n = sum(weights)
+    mu = sum(w * v for v, w in zip(values, weights)) / n
+    var = sum(w * (v - mu) ** 2 for v, w in zip(values, weights)) / n * n / (n - 1)
+    return [(v - mu) / math.sqrt(var + 1e-8) for v in values]
+
+
+def test_reinforce_pp_token_weighted_batch_whitening():
+    flat = whiten([r for row in R for r in row], [x for row in L for x in row])
+    close(adv("reinforce++", lengths=L), [flat[:3], flat[3:]])
+
+
+def test_reinforce_pp_baseline_subtracts_the_group_mean_first():
+    centred = [r - sum(row) / 3 for row in R for r in row]
+    flat = whiten(centred, [x for row in L for x in row])
+    close(adv("reinforce++-baseline", lengths=L), [flat[:3], flat[3:]])
+
+
+def test_grpo_passk_only_the_best_completion():
+    sd0, sd1 = statistics.stdev(R[0]), statistics.stdev(R[1])
+    close(adv("grpo-passk"), [[(1.0 - 0.5) / (sd0 + 1e-6), 0.0, 0.0], [0.0, 0.0, 1.0 / (sd1 + 1e-6)]])
+
+
+def test_opo_length_weighted_baseline():
+    b = [sum(r * n for r, n in zip(R[p], L[p])) / sum(L[p]) for p in range(2)]
+    close(adv("opo", lengths=L), [[r - b[p] for r in R[p]] for p in range(2)])
+
+
+def test_gpg_scales_by_batch_over_nonzero_rewards():
+    alpha = 6 / 3  # three non-zero rewards among six
+    close(adv("gpg"), [[alpha * (r - sum(row) / 3) for r in row] for row in R])
+
+
+def test_remax_greedy_baseline():
+    close(adv("remax", greedy_rewards=[0.5, 1.0]), [[0.5, -0.5, 0.0], [-1.0, -1.0, 0.0]])
+
+
+@pytest.mark.parametrize("estimator", sorted(ESTIMATOR_NEEDS))
+def test_missing_inputs_are_named(estimator):
+    with pytest.raises(ValueError, match=estimator.replace("+", r"\+")):
+        group_advantages(torch.tensor(R), estimator)
+
+
+def test_objective_declares_what_its_estimator_needs():
+    assert get_objective("remax").advantage_needs == ("greedy_rewards",)
+    assert get_objective("opo").advantage_needs == ("lengths",)
+    assert get_objective("grpo").advantage_needs == ()
+    assert get_objective("grpo", advantage_estimator="remax").advantage_needs == ("greedy_rewards",)
+    got = get_objective("dapo", advantage_estimator="opo").advantages(torch.tensor(R), lengths=torch.tensor(L))
+    assert got.shape == (2, 3)
+
+
+@pytest.mark.parametrize("estimator", ADVANTAGE_ESTIMATORS)
+def test_every_estimator_is_finite_and_shaped(estimator):
+    out = group_advantages(torch.tensor(R), estimator, lengths=torch.tensor(L), greedy_rewards=torch.tensor([0., 1.]))
+    assert out.shape == (2, 3) and torch.isfinite(out).all()

@@ -1,0 +1,233 @@
+"""Hand-computed 2 x 3 cases for the objectives, options and batch corrections of issue 12 (values and gradients).
+
+Same tensors as test_formulas.py (sequence 0: 3 tokens, Â = +1; sequence 1: 2 tokens + 1 pad, Â = −1); expected
+values in plain Python arithmetic from the formulas of docs/objectives.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from algorithms import get_objective
+
+from .test_formulas import ADV, DELTA, LP, MASK, OLD, REF, batch, clip_term, k3, tokens
+
+N_TOK = 5
+
+
+def grad(loss, b):
+    (g,) = torch.autograd.grad(loss, b.logprobs)
+    return g
+
+
+def sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+def seq_mean(values: dict) -> float:
+    """seq-mean-token-mean of a {(i, t): value} dict over the completion tokens."""
+    return sum(sum(values[(i, t)] for t in range(3) if MASK[i][t]) / sum(MASK[i]) for i in range(2)) / 2
+
+
+def test_cispo_weight_is_clipped_and_detached():
+    b = batch()
+    loss, m = get_objective("cispo", clip_high=0.2).loss(b)
+    w = {(i, t): min(math.exp(DELTA[i][t]), 1.2) for i, t in tokens()}  # token (0,0): e^0.3 -> 1.2
+    expected = sum(-w[k] * ADV[k[0]] * LP[k[0]][k[1]] for k in w) / N_TOK
+    assert loss.item() == pytest.approx(expected, abs=1e-12)
+    g = grad(loss, b)
+    for (i, t), wi in w.items():  # ∂/∂lp = −w·Â / N: the clipped token keeps its gradient (unlike PPO's clip)
+        assert g[i, t].item() == pytest.approx(-wi * ADV[i] / N_TOK, abs=1e-12)
+    assert m["objective/clip_frac_high"].item() == pytest.approx(1 / 5)
+
+
+def test_sapo_soft_gate_value_and_gradient():
+    b = batch()
+    loss, _ = get_objective("sapo").loss(b)
+    tau = {0: 1.0, 1: 1.05}  # Â > 0 -> τ_pos, else τ_neg
+    term = {(i, t): -4 / tau[i] * sigmoid(tau[i] * (math.exp(DELTA[i][t]) - 1)) * ADV[i] for i, t in tokens()}
+    assert loss.item() == pytest.approx(seq_mean(term), abs=1e-12)
+    g = grad(loss, b)
+    for i, t in tokens():
+        r, s = math.exp(DELTA[i][t]), sigmoid(tau[i] * (math.exp(DELTA[i][t]) - 1))
+        assert g[i, t].item() == pytest.approx(-4 * s * (1 - s) * r * ADV[i] / (2 * sum(MASK[i])), abs=1e-12)
+
+
+def test_sapo_gradient_at_ratio_one_is_the_policy_gradient():
+    b = batch(old=LP)
+    loss, _ = get_objective("sapo").loss(b)
+    g = grad(loss, b)
+    for i, t in tokens():
+        assert g[i, t].item() == pytest.approx(-ADV[i] / (2 * sum(MASK[i])), abs=1e-12)
+
+
+def test_gmpo_geometric_mean_of_log_clipped_ratios():
+    b = batch()
+    loss, m = get_objective("gmpo", clip_low=0.2, clip_high=0.2).loss(b)
+    # seq 0 (Â>0): log r = [0.3, −0.1, 0] -> min(log r, clip) = [0.2, −0.1, 0]
+    # seq 1 (Â<0): log r = [−0.4, 0.05] -> max(log r, clip) = [−0.2, 0.05]
+    rho0, rho1 = math.exp((0.2 - 0.1 + 0.0) / 3), math.exp((-0.2 + 0.05) / 2)
+    assert loss.item() == pytest.approx((-rho0 * 1 + rho1 * 1) / 2, abs=1e-12)
+    g = grad(loss, b)
+    expected = [[0.0, -rho0 / 3 / 2, -rho0 / 3 / 2], [0.0, rho1 / 2 / 2, 0.0]]  # clipped tokens: no gradient
+    torch.testing.assert_close(g, torch.tensor(expected, dtype=torch.float64))
+    assert m["objective/clip_frac_high"].item() == pytest.approx(1 / 5)
+    assert m["objective/clip_frac_low"].item() == pytest.approx(1 / 5)
+
+
+def test_gpg_plain_policy_gradient():
+    b = batch()
+    loss, _ = get_objective("gpg").loss(b)
+    assert loss.item() == pytest.approx(sum(-ADV[i] * LP[i][t] for i, t in tokens()) / N_TOK, abs=1e-12)
+    g = grad(loss, b)
+    for i, t in tokens():
+        assert g[i, t].item() == pytest.approx(-ADV[i] / N_TOK, abs=1e-12)
+
+
+def test_vespo_gamma_weight_of_the_sequence_ratio():
+    b = batch()
+    loss, _ = get_objective("vespo").loss(b)
+    phi = {}
+    for i, (k, lam) in enumerate([(2.0, 3.0), (3.0, 2.0)]):  # Â ≥ 0: (k_pos, λ_pos); Â < 0: (k_neg, λ_neg)
+        w = math.exp(sum(DELTA[i][t] for t in range(3) if MASK[i][t]))
+        phi[i] = math.exp(lam) * w ** k * math.exp(-lam * w)
+    assert loss.item() == pytest.approx(sum(-phi[i] * ADV[i] * LP[i][t] for i, t in tokens()) / N_TOK, abs=1e-12)
+    g = grad(loss, b)
+    for i, t in tokens():
+        assert g[i, t].item() == pytest.approx(-phi[i] * ADV[i] / N_TOK, abs=1e-12)
+
+
+BIG = [[1.5, -0.1, 0.0], [1.5, 0.05, 0.0]]  # token (·,0): r = e^1.5 = 4.48
+OLD_BIG = [[LP[i][t] - BIG[i][t] for t in range(3)] for i in range(2)]
+
+
+def test_dual_clip_caps_negative_advantage_loss():
+    b = batch(old=OLD_BIG)
+    loss, m = get_objective("ppo_dual_clip").loss(b)
+    term = {(i, t): clip_term(math.exp(BIG[i][t]), ADV[i], 0.2, 0.2) for i, t in tokens()}
+    assert term[(1, 0)] == pytest.approx(math.exp(1.5))  # −r·Â with Â = −1: unbounded without dual clip
+    term[(1, 0)] = 3.0  # min(term, −c·Â), c = 3
+    assert loss.item() == pytest.approx(sum(term.values()) / N_TOK, abs=1e-12)
+    g = grad(loss, b)
+    assert g[1, 0].item() == 0.0 and g[1, 1].item() != 0.0
+    assert m["objective/dual_clip_frac"].item() == pytest.approx(1 / 5)
+
+
+def test_two_sided_clip_delta():
+    b = batch(old=OLD_BIG)
+    loss, _ = get_objective("dapo", clip_delta=2.0).loss(b)
+    term = {(i, t): -min(min(math.exp(BIG[i][t]), 2.0) * ADV[i],
+                         min(max(math.exp(BIG[i][t]), 0.8), 1.28) * ADV[i]) for i, t in tokens()}
+    assert term[(1, 0)] == pytest.approx(2.0)
+    assert loss.item() == pytest.approx(sum(term.values()) / N_TOK, abs=1e-12)
+    assert grad(loss, b)[1, 0].item() == 0.0
+
+
+def test_sequence_level_ratio_for_the_clipped_surrogate():
+    b = batch()
+    loss, _ = get_objective("grpo", ratio_level="sequence", kl_coef=0.0).loss(b)
+    rho = [math.exp(sum(DELTA[i][t] for t in range(3) if MASK[i][t]) / sum(MASK[i])) for i in range(2)]
+    term = {(i, t): clip_term(rho[i], ADV[i], 0.2, 0.2) for i, t in tokens()}
+    assert loss.item() == pytest.approx(seq_mean(term), abs=1e-12)
+    g = grad(loss, b)  # ρ0 = e^{0.2/3} inside the clip: ∂/∂lp_0t = −Â ρ0 / 3 (seq-mean over 3 tokens) / 3 / 2
+    assert g[0, 1].item() == pytest.approx(-rho[0] / 3 / 2, abs=1e-12)
+
+
+def test_bias_corrected_kl_is_ratio_times_k3():
+    b = batch()
+    loss, _ = get_objective("grpo", kl_is_correction=True).loss(b)
+    pg = {(i, t): clip_term(math.exp(DELTA[i][t]), ADV[i], 0.2, 0.2) for i, t in tokens()}
+    ell = {(i, t): pg[(i, t)] + 0.04 * math.exp(DELTA[i][t]) * k3(LP[i][t], REF[i][t]) for i, t in tokens()}
+    assert loss.item() == pytest.approx(seq_mean(ell), abs=1e-12)
+    # token (0,1) unclipped: ∂/∂lp [−r Â + β r k3] = −rÂ + β r (k3 + 1 − e^{ref−lp})
+    r, d = math.exp(DELTA[0][1]), REF[0][1] - LP[0][1]
+    dk = r * k3(LP[0][1], REF[0][1]) + r * (1 - math.exp(d))
+    assert grad(loss, b)[0, 1].item() == pytest.approx((-r + 0.04 * dk) / 3 / 2, abs=1e-12)
+
+
+def test_luspo_sums_tokens_then_averages_sequences():
+    b = batch()
+    loss, _ = get_objective("luspo").loss(b)
+    rho = [math.exp(sum(DELTA[i][t] for t in range(3) if MASK[i][t]) / sum(MASK[i])) for i in range(2)]
+    term = {(i, t): clip_term(rho[i], ADV[i], 3e-4, 4e-4) for i, t in tokens()}
+    assert loss.item() == pytest.approx(sum(term.values()) / 2, abs=1e-12)
+
+
+def test_bnpo_is_token_mean():
+    loss, _ = get_objective("bnpo").loss(batch())
+    assert loss.item() == pytest.approx(sum(per for per in (clip_term(math.exp(DELTA[i][t]), ADV[i], 0.2, 0.2)
+                                                            for i, t in tokens())) / N_TOK, abs=1e-12)
+
+
+def test_off_policy_sequence_mask_drops_negative_advantage_drifted_sequences():
+    b = batch()
+    # mean_t (old − lp): seq 0 = −0.2/3 (kept anyway, Â > 0), seq 1 = (0.4 − 0.05)/2 = 0.175 > δ = 0.1 -> dropped
+    loss, m = get_objective("dapo", off_policy_mask_threshold=0.1).loss(b)
+    kept = sum(clip_term(math.exp(DELTA[0][t]), 1.0, 0.2, 0.28) for t in range(3))
+    assert loss.item() == pytest.approx(kept / N_TOK, abs=1e-12)  # the normaliser still counts seq 1's tokens
+    assert m["objective/off_policy_masked_frac"].item() == pytest.approx(0.5)
+    loss2, _ = get_objective("dapo", off_policy_mask_threshold=0.2).loss(batch())
+    assert loss2.item() != pytest.approx(loss.item())
+
+
+def test_truncated_completions_leave_the_loss():
+    b = batch(truncated=[False, True])
+    loss, m = get_objective("dapo", mask_truncated=True).loss(b)
+    kept = sum(clip_term(math.exp(DELTA[0][t]), 1.0, 0.2, 0.28) for t in range(3))
+    assert loss.item() == pytest.approx(kept / 3, abs=1e-12)  # token-mean over the 3 tokens that remain
+    assert torch.all(grad(loss, b)[1] == 0)
+    assert m["objective/truncated_masked_frac"].item() == 0.5
+    with pytest.raises(ValueError, match="truncated"):
+        get_objective("dapo", mask_truncated=True).loss(batch())
+
+
+S = [[0.5, -0.1, 0.0], [-1.5, 0.2, 7.0]]  # synthetic mismatch old − sampler (pad entry must not matter)
+SAMPLER = [[OLD[i][t] - S[i][t] for t in range(3)] for i in range(2)]
+
+
+@pytest.mark.parametrize("mode", ["token-truncate", "token-mask", "sequence-truncate", "sequence-mask"])
+def test_rollout_correction_weights_on_a_synthetic_mismatch(mode):
+    C = 1.4
+    b = batch(sampler_logprobs=SAMPLER)
+    loss, m = get_objective("bnpo", rollout_correction=mode, rollout_correction_cap=C).loss(b)
+    if mode.startswith("token"):
+        raw = {(i, t): math.exp(S[i][t]) for i, t in tokens()}
+    else:
+        seq = [math.exp(sum(S[i][t] for t in range(3) if MASK[i][t])) for i in range(2)]
+        raw = {(i, t): seq[i] for i, t in tokens()}
+    if mode.endswith("truncate"):
+        w = {k: min(v, C) for k, v in raw.items()}
+    else:
+        w = {k: v if 1 / C <= v <= C else 0.0 for k, v in raw.items()}
+    pg = {(i, t): clip_term(math.exp(DELTA[i][t]), ADV[i], 0.2, 0.2) for i, t in tokens()}
+    assert loss.item() == pytest.approx(sum(w[k] * pg[k] for k in pg) / N_TOK, abs=1e-12)
+    d = {(i, t): S[i][t] for i, t in tokens()}  # log(π_old/π_sampler)
+    assert m["objective/mismatch_kl_k3"].item() == pytest.approx(
+        sum(math.exp(v) - v - 1 for v in d.values()) / N_TOK, abs=1e-12)
+    assert m["objective/mismatch_kl_k1"].item() == pytest.approx(-sum(d.values()) / N_TOK, abs=1e-12)
+    assert m["objective/is_weight_max"].item() == pytest.approx(max(raw.values()), abs=1e-12)
+    assert m["objective/is_cut_frac"].item() > 0
+
+
+def test_rollout_correction_is_identity_without_mismatch():
+    base, _ = get_objective("grpo").loss(batch())
+    for mode in ("token-truncate", "sequence-mask"):
+        loss, m = get_objective("grpo", rollout_correction=mode).loss(batch(sampler_logprobs=OLD))
+        assert loss.item() == pytest.approx(base.item(), abs=1e-12)
+        assert m["objective/is_weight_mean"].item() == pytest.approx(1.0)
+        assert m["objective/mismatch_kl_k3"].item() == pytest.approx(0.0)
+
+
+def test_rollout_correction_needs_sampler_logprobs():
+    obj = get_objective("grpo", rollout_correction="token-mask")
+    assert obj.needs_sampler_logprobs
+    with pytest.raises(ValueError, match="sampler_logprobs"):
+        obj.loss(batch())
+
+
+def test_objectives_without_batch_options_refuse_them():
+    with pytest.raises(ValueError, match="rollout_correction"):
+        get_objective("tepo", rollout_correction="token-truncate")

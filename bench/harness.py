@@ -304,6 +304,14 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
 
     todo = [p for p in pairs if p.action != "reuse"]
     n_workers = resolve_workers(workers, len(todo), cfg)
+    if n_workers > 1 and on_eval is not None:
+        import pickle
+
+        try:
+            pickle.dumps(on_eval)
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"on_eval runs in the worker processes and must be picklable (a module-level function) "
+                             f"({e}); or pass workers=1") from None
     jobs = [PairJob(i, cfg, p, cid, parent, exp_id, force) for i, p in enumerate(todo)]
     # the starting policy's held-out evaluation, once for the comparison (pairs that start from scratch need it)
     fresh = sorted({p.seed for p in todo if p.action == "train"})

@@ -194,4 +194,5 @@ def test_two_bench_runs_at_once_in_a_fresh_folder_train_each_pair_once(tmp_path,
     # every pair trained by exactly one of the two; the other waited (saying so) or found it finished
     for seed in (0, 1):
         finished = sum(f"{'grpo':<24} seed {seed}: finished" in o for o in outs)
-        assert finished == 1, text[-4000:]
+        reused = sum(f"{'grpo':<24} seed {seed}: reused" in o for o in outs)
+        assert (finished, reused) == (1, 1), text[-4000:]

@@ -196,3 +196,40 @@ def test_two_bench_runs_at_once_in_a_fresh_folder_train_each_pair_once(tmp_path,
         finished = sum(f"{'grpo':<24} seed {seed}: finished" in o for o in outs)
         reused = sum(f"{'grpo':<24} seed {seed}: reused" in o for o in outs)
         assert (finished, reused) == (1, 1), text[-4000:]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_workers_cleanly(tmp_path, model_dir):
+    """Ctrl-C in a terminal (SIGINT to the whole process group) while two workers train: exit 130 with one line, both
+    runs KILLED with a checkpoint to resume from, and no process of the group left behind."""
+    import signal
+    import time
+
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump({**TINY, "steps": 200, "eval_every": 0, "model": model_dir}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "run", "--config", "long.yaml", "--algos", "grpo,tepo",
+                             "--seeds", "0", "--workers", "2", "--no-report", "--no-progress"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    runs = tmp_path / ".pobench" / "runs" / "pobench"
+    deadline = time.time() + 400
+    while len({c.parent for c in runs.glob("*/ckpt-*")}) < 2:   # both pairs have trained a step
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(1)
+    os.killpg(proc.pid, signal.SIGINT)
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted; rerun the same command to resume" in out and "Traceback" not in out, out[-3000:]
+    for _ in range(30):   # the workers (and multiprocessing's helper) have exited with the parent
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(1)
+    else:
+        pytest.fail("processes of the interrupted `bench run` are still alive")
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("pobench")
+    train_runs = client.search_runs([exp.experiment_id], "tags.`pobench.kind` = 'train'")
+    assert sorted(r.info.status for r in train_runs) == ["KILLED", "KILLED"]
+    assert all(len(list(d.glob("ckpt-*"))) >= 1 for d in runs.iterdir() if d.is_dir() and d.name != ".locks")

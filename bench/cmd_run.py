@@ -27,8 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--params", metavar="FILE", help="YAML of objective-config overrides (e.g. written by `bench "
                    "tune`): {field: value}, optionally under `objective_overrides:`, or {objective: {field: value}}")
     p.add_argument("--workers", type=int, metavar="N", help="pairs trained at once, each in its own process with one "
-                   "torch thread; 1 = one after another in this process; results are identical either way (default: "
-                   "0 = one per CPU core, one on a GPU, at most the number of pairs to train)")
+                   "torch thread; 0 = one per CPU core (one on a GPU), at most the number of pairs to train; 1 = one "
+                   "after another in this process; results are identical either way (default: "
+                   f"{DEFAULTS.workers})")
     p.add_argument("--force", action="store_true", help="redo pairs that already finished (default: reuse them)")
     p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
     p.add_argument("--baseline", help=f"objective the report compares against (default: {DEFAULTS.baseline})")

@@ -166,7 +166,13 @@ def _pool_pair(job: PairJob, on_eval, step0) -> PairResult:
 
 
 def _pool_step0(cfg: TrainConfig, seeds: list[int]) -> dict[int, dict[str, float]]:
-    return initial_evals(cfg, seeds)
+    _WORKER["busy"] = True
+    try:
+        return initial_evals(cfg, seeds)
+    except KeyboardInterrupt:  # stopped by the parent: nothing to keep
+        return {}
+    finally:
+        _WORKER["busy"] = False
 
 
 # ------------------------------------------------------------------ the parent side

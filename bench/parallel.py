@@ -92,7 +92,7 @@ def run_pair(job: PairJob, notify: Notify, on_eval=None, step0: dict[str, float]
     from bench import checkpoint
     from bench.harness import finished_run, pair_config, run_dir
     from bench.store import locks_dir, open_client, pair_lock
-    from bench.train import StopTraining, TrainingDiverged, train  # noqa: F401
+    from bench.train import TrainingDiverged, train
 
     p, cfg = job.pair, job.cfg
     what = f"{p.variant} seed {p.seed}"

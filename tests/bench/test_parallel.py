@@ -174,13 +174,14 @@ def test_processes_creating_a_fresh_store_at_once_do_not_corrupt_it(tmp_path):
 
 @pytest.mark.slow
 def test_two_bench_runs_at_once_in_a_fresh_folder_train_each_pair_once(tmp_path, model_dir):
-    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({**TINY, "steps": 1, "model": model_dir}))
+    # long enough (a few seconds per pair) that both processes are at the pairs at the same time
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({**TINY, "steps": 6, "eval_every": 3, "model": model_dir}))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)  # the default store: sqlite:///mlflow.db in the working folder
     cmd = [sys.executable, "-m", "bench.cli", "run", "--config", "tiny.yaml", "--algos", "grpo", "--seeds", "0,1",
            "--no-report", "--no-progress"]
     procs = [subprocess.Popen(cmd + ["--workers", w], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for w in ("2", "1")]
+                              stderr=subprocess.STDOUT, text=True) for w in ("2", "2")]
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n----\n".join(o[-3000:] for o in outs)
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")

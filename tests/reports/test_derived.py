@@ -41,7 +41,7 @@ def test_seconds_at_convergence_uses_elapsed_at_that_step():
 def test_default_target_is_a_fraction_of_the_baselines_improvement_over_step0():
     base = [[(0, 0.5), (10, 0.5), (20, 0.8)], [(0, 0.5), (10, 0.7), (20, 0.8)]]  # smoothed w=3: .5,.5,.6 / .5,.6,.6667
     other = [(0, 0.5), (10, 0.9), (20, 0.95)]                                    # a faster objective
-    t = D.default_target(base + [other], base, D.DerivedSettings(smooth_window=3, target_frac=0.5))
+    t = D.default_target(base + [other], base)        # the defaults: trailing 3 evaluations, half the improvement
     best = (0.6 + 2.0 / 3) / 2                                                   # top of the seed-mean curve
     assert (t.start, t.reference_best) == (0.5, pytest.approx(best))
     assert t.value == pytest.approx(0.5 + 0.5 * (best - 0.5))

@@ -26,11 +26,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seeds", help=f"comma-separated seeds (default: {','.join(map(str, DEFAULTS.seeds))})")
     p.add_argument("--params", metavar="FILE", help="YAML of objective-config overrides (e.g. written by `bench "
                    "tune`): {field: value}, optionally under `objective_overrides:`, or {objective: {field: value}}")
+    p.add_argument("--workers", type=int, metavar="N", help="pairs trained at once, each in its own process with one "
+                   "torch thread; 0 = one per CPU core (one on a GPU), at most the number of pairs to train; 1 = one "
+                   "after another in this process; results are identical either way (default: "
+                   f"{DEFAULTS.workers})")
     p.add_argument("--force", action="store_true", help="redo pairs that already finished (default: reuse them)")
     p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
     p.add_argument("--baseline", help=f"objective the report compares against (default: {DEFAULTS.baseline})")
-    p.add_argument("--target-acc", type=float, help="convergence target accuracy (default: 95%% of the best "
-                   "smoothed held-out accuracy of any run in the comparison)")
+    p.add_argument("--target-acc", type=float, help="convergence target accuracy (default: step-0 accuracy + half "
+                   "of the improvement the baseline achieves over it; docs/REPORTS.md)")
     p.add_argument("--out-root", default="reports/out", help="report folder root (default: reports/out)")
     p.add_argument("--no-report", action="store_true", help="train only; `bench report` writes the report later")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
@@ -60,12 +64,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = run_comparison(cfg, algos, seeds, params, force=args.force, progress=not args.no_progress,
                              report=not args.no_report, baseline=baseline, target_acc=args.target_acc,
-                             out_root=args.out_root)
+                             out_root=args.out_root, workers=args.workers)
     except KeyboardInterrupt:
         print("bench run: interrupted; rerun the same command to resume where it stopped", file=sys.stderr)
         return 130
     print(f"comparison {res.comparison} in experiment {res.experiment!r} ({res.tracking_uri}): "
-          f"{len(res.pairs)} runs in {res.seconds:.0f} s")
+          f"{len(res.pairs)} runs in {res.seconds:.0f} s on {res.workers} worker(s)")
     for p in res.pairs:
         print(f"  {p.variant:<24} seed {p.seed}: {p.outcome}")
     if res.report is not None:

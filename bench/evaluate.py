@@ -179,15 +179,15 @@ def log_to_mlflow(results: list[EvalResult], *, params: dict[str, Any], artifact
     import mlflow
     from mlflow.entities import Metric as MlflowMetric
     from mlflow.entities import Param
-    from mlflow.tracking import MlflowClient
 
     import bench
+    from bench.store import open_client
     from bench.tracking import git_commit
     from bench.tracking import tracking_uri as resolve_uri
 
     active = mlflow.active_run()
     parent = parent_run_id or (active.info.run_id if active is not None else None)
-    client = MlflowClient(resolve_uri(tracking_uri))
+    client = open_client(resolve_uri(tracking_uri))
     if parent is not None:
         experiment_id = client.get_run(parent).info.experiment_id
     else:

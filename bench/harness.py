@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -34,8 +34,11 @@ class RunDefaults:
     a 2-core CPU). ``train`` overrides TrainConfig defaults; a ``--config`` file and flags override these."""
 
     algos: tuple[str, ...] = ("grpo", "dapo", "tepo")
-    seeds: tuple[int, ...] = (0, 1)
+    seeds: tuple[int, ...] = (0, 1, 2)
     baseline: str = "grpo"
+    # pairs trained at once, each in its own process with one torch thread (bench/parallel.py); 0 = one per CPU core
+    # this process may use (one on a GPU), never more than the pairs to train; 1 = one after another, in-process
+    workers: int = 0
     train: dict[str, Any] = field(default_factory=lambda: {
         # 16 prompts x 8 completions, 4 mini-batch updates per rollout (TrainConfig.minibatches) at lr 3e-5 is the
         # recipe that measurably improves the built-in model off-policy; greedy held-out accuracy on 400 problems
@@ -165,6 +168,7 @@ class HarnessResult:
     pairs: list[Pair]
     report: Any = None               # reports.report.Report when written
     seconds: float = 0.0
+    workers: int = 1                 # processes the pairs were trained on
 
     @property
     def failed(self) -> list[Pair]:
@@ -199,17 +203,39 @@ def plan(cfg: TrainConfig, algos: list[str], seeds: list[int], params: dict[str,
         for s in seeds:
             p = Pair(a, s, ov, v, run_name=f"{v}-s{s}-{h[:6]}")
             if exp is not None and not force:
-                done = client.search_runs([exp.experiment_id], filter_string=(
-                    f"tags.`pobench.kind` = 'train' and tags.`pobench.config_hash` = '{h}' and "
-                    f"tags.`pobench.objective` = '{a}' and tags.`pobench.seed` = '{s}' and "
-                    f"tags.`pobench.overrides` = '{_canon(ov)}' and attributes.status = 'FINISHED'"),
-                    order_by=["attributes.start_time DESC"], max_results=1)
-                if done:
-                    p.action, p.run_id = "reuse", done[0].info.run_id
+                done = finished_run(client, exp.experiment_id, cfg, p)
+                if done is not None:
+                    p.action, p.run_id = "reuse", done
             if p.action != "reuse" and not force and checkpoint.latest(run_dir(cfg, p)) is not None:
                 p.action = "resume"
             pairs.append(p)
     return cid, pairs
+
+
+def finished_run(client, experiment_id: str, cfg: TrainConfig, p: Pair) -> str | None:
+    """The id of the newest FINISHED run with the pair's identity, or None."""
+    done = client.search_runs([experiment_id], filter_string=(
+        f"tags.`pobench.kind` = 'train' and tags.`pobench.config_hash` = '{cfg.comparison_hash()}' and "
+        f"tags.`pobench.objective` = '{p.algo}' and tags.`pobench.seed` = '{p.seed}' and "
+        f"tags.`pobench.overrides` = '{_canon(p.overrides)}' and attributes.status = 'FINISHED'"),
+        order_by=["attributes.start_time DESC"], max_results=1)
+    return done[0].info.run_id if done else None
+
+
+def resolve_workers(workers: int | None, n_todo: int, cfg: TrainConfig) -> int:
+    """Processes to train ``n_todo`` pairs with (RunDefaults.workers when None): 0 = one per usable CPU core (one
+    when the model runs on a GPU), capped by ``n_todo``."""
+    n = DEFAULTS.workers if workers is None else int(workers)
+    if n < 0:
+        raise ValueError(f"--workers must be >= 0 (0 = one per CPU core), got {n}")
+    if n == 0:
+        from bench.model import resolve_device
+
+        if resolve_device(cfg.device).type != "cpu":
+            n = 1
+        else:
+            n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(n, n_todo))
 
 
 def run_dir(cfg: TrainConfig, p: Pair) -> Path:
@@ -229,14 +255,18 @@ def pair_config(cfg: TrainConfig, p: Pair, cid: str, parent_id: str | None) -> T
 
 # ------------------------------------------------------------------ running
 def _comparison_run(client, exp_id: str, cid: str, cfg: TrainConfig, algos, seeds) -> str:
-    found = client.search_runs([exp_id], filter_string=(
-        f"tags.`pobench.kind` = 'comparison' and tags.`pobench.comparison` = '{cid}'"), max_results=1)
-    if found:
-        client.update_run(found[0].info.run_id, status="RUNNING")
-        return found[0].info.run_id
-    run = client.create_run(exp_id, run_name=f"comparison-{cid}", tags={
-        "pobench.kind": "comparison", "pobench.comparison": cid, "pobench.config_hash": cfg.comparison_hash(),
-        "pobench.objectives": ",".join(algos), "pobench.seeds": ",".join(map(str, seeds))})
+    from bench.store import locks_dir, pair_lock
+
+    # one parent run per comparison, also when two `bench run` of it start at once
+    with pair_lock(locks_dir(cfg.output_dir, cfg.experiment) / f"comparison-{cid}.lock", f"comparison {cid}"):
+        found = client.search_runs([exp_id], filter_string=(
+            f"tags.`pobench.kind` = 'comparison' and tags.`pobench.comparison` = '{cid}'"), max_results=1)
+        if found:
+            client.update_run(found[0].info.run_id, status="RUNNING")
+            return found[0].info.run_id
+        run = client.create_run(exp_id, run_name=f"comparison-{cid}", tags={
+            "pobench.kind": "comparison", "pobench.comparison": cid, "pobench.config_hash": cfg.comparison_hash(),
+            "pobench.objectives": ",".join(algos), "pobench.seeds": ",".join(map(str, seeds))})
     client.log_text(run.info.run_id, yaml.safe_dump(cfg.to_dict(), sort_keys=False), "config.yaml")
     return run.info.run_id
 
@@ -244,14 +274,14 @@ def _comparison_run(client, exp_id: str, cid: str, cfg: TrainConfig, algos, seed
 def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
                    params: dict[str, dict[str, Any]] | None = None, *, force: bool = False, progress: bool = True,
                    report: bool = True, baseline: str | None = None, target_acc: float | None = None,
-                   out_root: str | Path = "reports/out",
+                   out_root: str | Path = "reports/out", workers: int | None = None,
                    on_eval: Callable[[Pair, int, dict[str, float]], None] | None = None) -> HarnessResult:
     """Train the missing pairs of the comparison, then (``report``) write its report. ``on_eval(pair, step,
-    metrics)`` is called after each held-out evaluation (it may raise ``bench.train.StopTraining``)."""
-    from mlflow import MlflowClient
-
+    metrics)`` is called after each held-out evaluation (it may raise ``bench.train.StopTraining``); with more than
+    one worker it runs in the worker processes, so it must be picklable. ``workers``: see ``RunDefaults.workers``."""
+    from bench.parallel import PairJob, PairResult, execute
+    from bench.store import get_or_create_experiment, open_client
     from bench.tracking import tracking_uri
-    from bench.train import TrainingDiverged, train
 
     t_start = time.perf_counter()
     params = params or {a: {} for a in algos}
@@ -259,10 +289,9 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
         replace(cfg, algo=a, objective_overrides=dict(params.get(a, {}))).validate()
     uri = tracking_uri(cfg.tracking_uri)
     cfg = replace(cfg, tracking_uri=uri)
-    client = MlflowClient(tracking_uri=uri)
+    client = open_client(uri)  # a fresh local store is created under a lock (bench/store.py)
     cid, pairs = plan(cfg, algos, seeds, params, force=force, client=client)
-    exp = client.get_experiment_by_name(cfg.experiment)
-    exp_id = exp.experiment_id if exp is not None else client.create_experiment(cfg.experiment)
+    exp_id = get_or_create_experiment(client, uri, cfg.experiment)
     parent = _comparison_run(client, exp_id, cid, cfg, algos, seeds)
     from bench.distinguish import warn_before_run  # names coinciding objectives and inert terms before training
 
@@ -282,53 +311,66 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
             shutil.rmtree(run_dir(cfg, p), ignore_errors=True)
 
     todo = [p for p in pairs if p.action != "reuse"]
-    display = _Display(cid, pairs, cfg.steps, enabled=progress)
-    train_kw = {}
+    n_workers = resolve_workers(workers, len(todo), cfg)
+    if n_workers > 1 and on_eval is not None:
+        import pickle
+
+        try:
+            pickle.dumps(on_eval)
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"on_eval runs in the worker processes and must be picklable (a module-level function) "
+                             f"({e}); or pass workers=1") from None
+    jobs = [PairJob(i, cfg, p, cid, parent, exp_id, force) for i, p in enumerate(todo)]
+    # the starting policy's held-out evaluation, once for the comparison (pairs that start from scratch need it)
+    fresh = sorted({p.seed for p in todo if p.action == "train"})
+    step0_cfg = cfg if fresh and cfg.eval_every > 0 and cfg.backend == "hf" else None
+    display = _Display(cid, pairs, cfg.steps, enabled=progress, workers=n_workers)
     status = "FINISHED"
+
+    def finished(r: PairResult) -> None:
+        nonlocal status
+        p = todo[r.index]
+        p.outcome = r.outcome
+        if r.action:
+            p.action = r.action
+        p.run_id = r.run_id or p.run_id
+        if r.outcome.startswith("failed"):
+            status = "FAILED"
+        display.done(r.index, p, r.error)
+
     try:
         with display:
-            for i, p in enumerate(todo):
-                display.start(i, p)
-
-                def cb(step: int, metrics: dict[str, float], p=p) -> None:
-                    display.eval(step, metrics)
-                    if on_eval is not None:
-                        on_eval(p, step, metrics)
-
-                if "on_step" in inspect.signature(train).parameters:
-                    train_kw["on_step"] = display.step
-                try:
-                    res = train(pair_config(cfg, p, cid, parent), on_eval=cb, **train_kw)
-                    p.run_id = res.run_id
-                    client.set_tag(res.run_id, f"pobench.in.{cid}", "1")  # a resumed run may predate this id
-                    p.outcome = "stopped early" if res.stopped_early else "finished"
-                except TrainingDiverged as e:
-                    p.outcome = f"failed: {e}"
-                    status = "FAILED"
-                display.done(p)
+            execute(jobs, workers=n_workers, notify=display.event, on_eval=on_eval, step0_cfg=step0_cfg,
+                    step0_seeds=fresh, on_result=finished)
     except BaseException:
         client.set_terminated(parent, status="KILLED")
         raise
     client.set_terminated(parent, status=status)
-    if report and any(p.outcome in ("reused", "finished", "stopped early") for p in pairs):
+    if report and any(p.outcome.startswith(("reused", "finished", "stopped early")) for p in pairs):
         from reports.report import build_report
 
         result.report = build_report(cfg.experiment, cid, uri, out_root=out_root, baseline=baseline,
                                      target_acc=target_acc, objectives=[p.variant for p in pairs], seeds=seeds,
                                      client=client)
     result.seconds = time.perf_counter() - t_start
+    result.workers = n_workers
     return result
 
 
 class _Display:
-    """Rich live progress: overall bar with ETA, and the current run's step, reward and held-out accuracy."""
+    """Rich live progress: an overall bar with ETA, and one line per pair being trained (step, reward, held-out
+    accuracy); messages (a pair waiting for another process, a failure) are printed above it."""
 
-    def __init__(self, cid: str, pairs: list[Pair], steps: int, enabled: bool) -> None:
+    def __init__(self, cid: str, pairs: list[Pair], steps: int, enabled: bool, workers: int = 1) -> None:
+        import sys
+
         self.enabled = enabled
         self.todo = [p for p in pairs if p.action != "reuse"]
         self.steps = steps
-        self.reward = self.acc = float("nan")
-        self.n_done = 0
+        self.at = [0] * len(self.todo)
+        self.info = [[float("nan"), float("nan")] for _ in self.todo]  # reward, held-out accuracy
+        self.tasks: dict[int, Any] = {}
+        self.err = sys.stderr
         if not enabled:
             return
         from rich.progress import (
@@ -344,9 +386,9 @@ class _Display:
                                  TextColumn("steps"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                                  TextColumn("{task.fields[info]}"))
         reused = len(pairs) - len(self.todo)
-        self.overall = self.progress.add_task(f"comparison {cid}", total=max(1, len(self.todo) * steps),
-                                              info=f"{len(self.todo)} runs to do, {reused} reused")
-        self.current = self.progress.add_task("", total=steps, info="", visible=False)
+        self.overall = self.progress.add_task(
+            f"comparison {cid}", total=max(1, len(self.todo) * steps),
+            info=f"{len(self.todo)} runs to do on {workers} worker{'s' if workers > 1 else ''}, {reused} reused")
 
     def __enter__(self):
         if self.enabled:
@@ -357,33 +399,43 @@ class _Display:
         if self.enabled:
             self.progress.__exit__(*exc)
 
-    def _info(self) -> str:
-        r = "-" if self.reward != self.reward else f"{self.reward:.3f}"
-        a = "-" if self.acc != self.acc else f"{self.acc:.3f}"
-        return f"reward {r}  held-out acc {a}"
+    def _info(self, i: int) -> str:
+        r, a = self.info[i]
+        return f"reward {'-' if r != r else f'{r:.3f}'}  held-out acc {'-' if a != a else f'{a:.3f}'}"
 
-    def start(self, i: int, p: Pair) -> None:
-        self.reward = self.acc = float("nan")
-        self.n_done = i
+    def print(self, text: str) -> None:
         if self.enabled:
-            what = "resume" if p.action == "resume" else "train"
-            self.progress.update(self.current, description=f"[{i + 1}/{len(self.todo)}] {what} {p.variant} "
-                                 f"seed {p.seed}", completed=0, visible=True, info=self._info())
+            self.progress.console.print(text, markup=False, highlight=False)
+        else:
+            print(text, file=self.err)
 
-    def _at(self, step: int) -> None:
+    def event(self, kind: str, i: int, *payload: Any) -> None:
+        """``notify`` of bench.parallel: start / step / eval / msg events of pair ``i`` (-1: the comparison)."""
+        if kind == "msg":
+            self.print(f"  {payload[0]}")  # messages name their pair
+            return
+        if kind == "start":
+            p = self.todo[i]
+            if self.enabled:
+                what = "resume" if payload[0] == "resume" else "train"
+                self.tasks[i] = self.progress.add_task(f"[{i + 1}/{len(self.todo)}] {what} {p.variant} seed "
+                                                       f"{p.seed}", total=self.steps, info=self._info(i))
+            return
+        step, value = payload
+        self.info[i][0 if kind == "step" else 1] = value
+        self._at(i, step)
+
+    def _at(self, i: int, step: int) -> None:
+        self.at[i] = step
         if self.enabled:
-            self.progress.update(self.current, completed=step, info=self._info())
-            self.progress.update(self.overall, completed=self.n_done * self.steps + step)
+            if i in self.tasks:
+                self.progress.update(self.tasks[i], completed=step, info=self._info(i))
+            self.progress.update(self.overall, completed=sum(self.at))
 
-    def step(self, step: int, metrics: dict[str, float]) -> None:
-        self.reward = metrics.get("rollout/reward_mean", self.reward)
-        self._at(step)
-
-    def eval(self, step: int, metrics: dict[str, float]) -> None:
-        self.acc = metrics.get("eval/accuracy", self.acc)
-        self._at(step)
-
-    def done(self, p: Pair) -> None:
-        if self.enabled:
-            self.progress.console.print(f"  {p.variant} seed {p.seed}: {p.outcome} (run {p.run_id})")
-            self._at(self.steps)
+    def done(self, i: int, p: Pair, error: str = "") -> None:
+        self.print(f"  {p.variant} seed {p.seed}: {p.outcome} (run {p.run_id})")
+        if error and not p.outcome.startswith("failed: step"):  # a divergence needs no traceback
+            self.print(error.rstrip())
+        self._at(i, self.steps)
+        if self.enabled and i in self.tasks:
+            self.progress.remove_task(self.tasks.pop(i))

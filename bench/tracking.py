@@ -12,7 +12,6 @@ from typing import Any
 
 import mlflow
 from mlflow.entities import Metric, RunStatus
-from mlflow.tracking import MlflowClient
 
 import bench
 
@@ -86,12 +85,11 @@ class RunLogger:
     """One MLflow run: create or reopen it, buffer metrics, flush them when a checkpoint covers their steps."""
 
     def __init__(self, uri: str | None, experiment: str) -> None:
+        from bench.store import get_or_create_experiment, open_client
+
         self.uri = tracking_uri(uri)
-        self.client = MlflowClient(self.uri)
-        exp = self.client.get_experiment_by_name(experiment)
-        if exp is not None and exp.lifecycle_stage == "deleted":
-            self.client.restore_experiment(exp.experiment_id)
-        self.experiment_id = exp.experiment_id if exp is not None else self.client.create_experiment(experiment)
+        self.client = open_client(self.uri)  # a fresh local store is created under a lock (bench/store.py)
+        self.experiment_id = get_or_create_experiment(self.client, self.uri, experiment)
         self.run_id: str | None = None
         self.pending: list[tuple[str, float, int, int]] = []  # (key, value, timestamp ms, step)
 

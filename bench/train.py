@@ -85,12 +85,35 @@ def percentiles(values: torch.Tensor, qs=(10, 50, 90)) -> dict[int, float]:
     return {q: float(x) for q, x in zip(qs, v)}
 
 
+def held_out_result(cfg: TrainConfig, engine, tok, eval_bench, eval_set):
+    """One held-out evaluation of the engine's current policy -> ``bench.evaluate.EvalResult``."""
+    from bench.evaluate import evaluate
+
+    return evaluate(engine, tok, eval_bench, eval_set, k=1 if cfg.eval_temperature > 0 else 0,
+                    temperature=cfg.eval_temperature or 1.0, seed=derive_seed(cfg.seed, "eval"),
+                    n_samples=cfg.eval_samples if cfg.eval_temperature > 0 else 0,
+                    max_new_tokens=cfg.max_new_tokens, prompt_template=cfg.prompt_template)
+
+
+def eval_metrics(res) -> dict[str, float]:
+    """The ``eval/*`` metrics logged for one held-out evaluation (and ``time/eval_s``)."""
+    m = res.flat_metrics()
+    m["eval/accuracy"] = res.metrics["greedy_acc"].value
+    if "pass@1" in res.metrics:
+        m["eval/accuracy_sampled"] = res.metrics["pass@1"].value
+    m["time/eval_s"] = res.seconds
+    return m
+
+
 def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] | None = None,
-          on_step: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
+          on_step: Callable[[int, dict[str, float]], None] | None = None,
+          step0_eval: dict[str, float] | None = None) -> TrainResult:
     """Train `cfg.algo` as configured; log to MLflow; checkpoint; resume with ``cfg.resume``.
 
     ``on_eval(step, eval_metrics)`` after each held-out evaluation (may raise StopTraining); ``on_step(step,
-    metrics)`` after each training step (progress displays)."""
+    metrics)`` after each training step (progress displays). ``step0_eval``: the step-0 (before training) held-out
+    metrics already computed for this exact policy and evaluation (`bench run` evaluates the shared starting policy
+    once per comparison): logged at step 0 instead of evaluating again."""
     cfg.validate()  # out-of-range config: error before any work starts
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
     run_name = cfg.run_name or f"{cfg.algo}-s{cfg.seed}"
@@ -143,19 +166,8 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
         cfg.save(run_dir / "config.yaml")
         logger.log_artifact(run_dir / "config.yaml")
 
-    def evaluate_now(step: int) -> dict[str, float]:
-        from bench.evaluate import evaluate
-
-        t0 = time.perf_counter()
-        res = evaluate(engine, tok, eval_bench, eval_set, k=1 if cfg.eval_temperature > 0 else 0,
-                       temperature=cfg.eval_temperature or 1.0, seed=derive_seed(cfg.seed, "eval"),
-                       n_samples=cfg.eval_samples if cfg.eval_temperature > 0 else 0,
-                       max_new_tokens=cfg.max_new_tokens, prompt_template=cfg.prompt_template)
-        m = res.flat_metrics()
-        m["eval/accuracy"] = res.metrics["greedy_acc"].value
-        if "pass@1" in res.metrics:
-            m["eval/accuracy_sampled"] = res.metrics["pass@1"].value
-        m["time/eval_s"] = time.perf_counter() - t0
+    def evaluate_now(step: int, given: dict[str, float] | None = None) -> dict[str, float]:
+        m = dict(given) if given is not None else eval_metrics(held_out_result(cfg, engine, tok, eval_bench, eval_set))
         logger.log(m, step)
         return m
 
@@ -172,7 +184,7 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
     restore_sigterm = _sigterm_as_interrupt()
     try:
         if start_step == 0 and cfg.eval_every > 0:
-            final_eval = evaluate_now(0)
+            final_eval = evaluate_now(0, step0_eval)
             try:
                 _call(on_eval, 0, {**final_eval, "time/elapsed_s": 0.0})
             except StopTraining:

@@ -494,9 +494,10 @@ class StudyRuns:
     """
 
     def __init__(self, uri: str, experiment: str, study: str) -> None:
-        from mlflow.tracking import MlflowClient
 
-        self.client, self.study, self.parent_id = MlflowClient(uri), study, ""
+        from bench.store import open_client
+
+        self.client, self.study, self.parent_id = open_client(uri), study, ""
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
             try:

@@ -10,6 +10,11 @@ Definitions (also in ``docs/REPORTS.md``):
   smoothed accuracy reaches the target" never looks ahead);
 - time to convergence: first evaluation step (and the wall-clock ``time/elapsed_s`` at that step) at which the
   smoothed held-out accuracy is >= the target;
+- default target: ``a0 + target_frac x (B - a0)``, where a0 is the step-0 (before training) held-out accuracy (the
+  highest over the runs; they all start from the same policy, and a greedy evaluation gives them the same value) and
+  B the highest point of the reference (baseline) objective's seed-mean smoothed accuracy curve: a fraction of the
+  improvement the baseline actually achieves. No run meets it at step 0, the baseline's mean curve reaches it; when the
+  baseline does not improve (B <= a0) there is no target;
 - entropy collapse: first step at which the mean rollout entropy falls below ``frac`` x its first logged value;
 - entropy slope: least-squares slope of the mean rollout entropy against the step (nats per step);
 - accuracy drawdown: the largest fall of the held-out accuracy below an earlier peak, ``max_j (max_{i<=j} a_i - a_j)``;
@@ -45,7 +50,7 @@ class DerivedSettings:
     """Parameters of the derived metrics (all stated in the report)."""
 
     smooth_window: int = 3          # evaluations in the trailing mean of the held-out accuracy
-    target_frac: float = 0.95       # default target = target_frac x best smoothed accuracy of any run
+    target_frac: float = 0.5        # default target = step-0 acc. + target_frac x the baseline's improvement over it
     collapse_frac: float = 0.5      # entropy collapse: below collapse_frac x initial entropy
     spike_k: float = 3.0            # gradient spike: above spike_k x running median
     spike_window: int = 20          # steps in the running median
@@ -184,12 +189,39 @@ class RunDerived:
         return asdict(self)
 
 
-def default_target(all_acc: Sequence[Series], settings: DerivedSettings = DerivedSettings()) -> float:
-    """``target_frac`` x the best smoothed held-out accuracy reached by any of the runs."""
-    bests = [b for a in all_acc if (b := best_smoothed(a, settings.smooth_window)) is not None]
-    if not bests:
-        raise ValueError("no run has a held-out accuracy series (eval/accuracy): cannot set a convergence target")
-    return settings.target_frac * max(bests)
+@dataclass(frozen=True)
+class Target:
+    """The default convergence target and what it is made of (stated in the report)."""
+
+    value: float | None        # None: the reference did not improve over step 0, so there is no target
+    start: float               # a0: step-0 held-out accuracy (highest over the runs)
+    reference_best: float      # B: highest point of the reference's seed-mean smoothed accuracy curve
+    frac: float
+
+
+def mean_curve(runs: Sequence[Series], window: int = 3) -> list[tuple[int, float]]:
+    """Seed-mean of the runs' smoothed accuracy at the evaluation steps every run has."""
+    smoothed = [dict(smooth(a, window)) for a in runs if _clean(a)]
+    if not smoothed:
+        return []
+    common = sorted(set.intersection(*(set(d) for d in smoothed)))
+    return [(s, float(np.mean([d[s] for d in smoothed]))) for s in common]
+
+
+def default_target(all_acc: Sequence[Series], reference_acc: Sequence[Series],
+                   settings: DerivedSettings = DerivedSettings()) -> Target:
+    """``a0 + target_frac x (B - a0)`` (module docstring); ``value`` None when B <= a0."""
+    starts = [pts[0][1] for a in all_acc if (pts := _clean(a)) and pts[0][0] == 0]
+    if not starts:
+        raise ValueError("no run has a step-0 held-out accuracy (eval/accuracy at step 0): cannot set a convergence "
+                         "target from the improvement over the starting policy; give one explicitly (--target-acc)")
+    curve = mean_curve(reference_acc, settings.smooth_window)
+    if not curve:
+        raise ValueError("the reference objective has no held-out accuracy series (eval/accuracy): cannot set a "
+                         "convergence target")
+    a0, best = max(starts), max(v for _, v in curve)
+    value = a0 + settings.target_frac * (best - a0) if best > a0 + 1e-12 else None
+    return Target(value, a0, best, settings.target_frac)
 
 
 def derive(series: Mapping[str, Series], target: float, settings: DerivedSettings = DerivedSettings()) -> RunDerived:

@@ -81,9 +81,14 @@ class Comparison:
 
 
 def _client(uri: str):
-    from mlflow import MlflowClient
+    try:  # a fresh local store is created under the training side's lock (bench/store.py)
+        from bench.store import open_client
 
-    return MlflowClient(tracking_uri=uri)
+        return open_client(uri)
+    except ImportError:
+        from mlflow import MlflowClient
+
+        return MlflowClient(tracking_uri=uri)
 
 
 def get_experiment(client, experiment: str):

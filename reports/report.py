@@ -79,11 +79,20 @@ def convergence_rows(groups, baseline: str | None) -> list[dict]:
         tm, th = mean_ci(secs) if all_reached and len(secs) == len(ds) else (None, None)
         out.append({"objective": obj, "n": len(ds), "reached": len(steps), "steps_mean": sm, "steps_ci": sh,
                     "seconds_mean": tm, "seconds_ci": th, "steps_per_seed": [d.ttc_step for d in ds]})
-    base = next((r for r in out if r["objective"] == baseline), None)
+    by_seed = {obj: dict(rs) for obj, rs in groups.items()}
+    base = by_seed.get(baseline) if baseline else None
     for r in out:
-        for unit in ("steps", "seconds"):
-            b = base[f"{unit}_mean"] if base else None
-            r[f"{unit}_ratio"] = r[f"{unit}_mean"] / b if (r[f"{unit}_mean"] is not None and b) else None
+        for unit, attr in (("steps", "ttc_step"), ("seconds", "ttc_seconds")):
+            # per seed: this objective's time / the baseline's time at the same seed; mean ± CI over seeds, given
+            # only when both reached the target at every seed of the objective
+            ratios = []
+            for seed, d in by_seed[r["objective"]].items():
+                b = base.get(seed) if base else None
+                num, den = getattr(d, attr), getattr(b, attr) if b is not None else None
+                if num is not None and den:
+                    ratios.append(num / den)
+            full = base is not None and len(ratios) == r["n"]
+            r[f"{unit}_ratio"], r[f"{unit}_ratio_ci"] = mean_ci(ratios) if full else (None, None)
     return out
 
 
@@ -97,19 +106,22 @@ def convergence_table(conv: list[dict], target: float, baseline: str | None, why
             reached = ", ".join(str(s) for s in r["steps_per_seed"] if s is not None)
             st = f"not reached by {r['n'] - r['reached']}/{r['n']} seeds" + (f" (others: {reached})" if reached else "")
             se = "not reached"
-        ratio = [fmt(r["steps_ratio"], 2) if r["steps_ratio"] is not None else "n/a",
-                 fmt(r["seconds_ratio"], 2) if r["seconds_ratio"] is not None else "n/a"]
+        ratio = [(fmt(r[f"{u}_ratio"], 2) + (f" ± {fmt(r[f'{u}_ratio_ci'], 2)}" if r[f"{u}_ratio_ci"] is not None
+                                               else "")) if r[f"{u}_ratio"] is not None else "n/a"
+                 for u in ("steps", "seconds")]
         rows.append([r["objective"], str(r["n"]), f"{r['reached']}/{r['n']}", st, se, *ratio])
         csv_rows.append([r["objective"], r["n"], r["reached"], r["steps_mean"], r["steps_ci"], r["seconds_mean"],
-                         r["seconds_ci"], r["steps_ratio"], r["seconds_ratio"]])
+                         r["seconds_ci"], r["steps_ratio"], r["steps_ratio_ci"], r["seconds_ratio"],
+                         r["seconds_ratio_ci"]])
     base = f"ratio to {baseline}" if baseline else "ratio to baseline"
     return Table("convergence", "Time to convergence",
                  f"First evaluation step (and training wall-clock seconds) at which the smoothed held-out accuracy "
                  f"reaches {target:.4f}; mean ± 95% CI over seeds, given only when every seed reached it. Ratio = "
-                 f"mean / baseline mean. {why_no_base}".strip(),
+                 f"the objective's time / the baseline's time at the same seed, mean ± 95% CI over seeds (given when "
+                 f"both reached the target at every seed). {why_no_base}".strip(),
                  ["objective", "n", "reached", "steps", "seconds", f"steps {base}", f"seconds {base}"], rows,
                  ["objective", "n", "reached", "steps_mean", "steps_ci95", "seconds_mean", "seconds_ci95",
-                  "steps_ratio", "seconds_ratio"], csv_rows)
+                  "steps_ratio", "steps_ratio_ci95", "seconds_ratio", "seconds_ratio_ci95"], csv_rows)
 
 
 STAB = [("entropy_slope", "entropy slope /step", 5), ("acc_drawdown", "acc. drawdown", 3),
@@ -224,25 +236,20 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
     if lacking:
         raise ValueError(f"run(s) {', '.join(lacking)} have no held-out accuracy series ({KEY_ACC}): cannot compare "
                          f"accuracy or convergence (was eval_every 0?)")
-    target = target_acc if target_acc is not None else default_target([r.series[KEY_ACC] for r in cmp.runs], settings)
     notes: list[str] = []
-    if target_acc is None and target <= 0:
-        notes.append("No run's held-out accuracy ever rose above 0, so there is no convergence target: time to "
-                     "convergence is reported as not reached.")
-        target = float("inf")
-    derived = {r.run_id: derive(r.series, target, settings) for r in cmp.runs}
-    groups = _group(cmp, derived)
-
     explicit = baseline is not None
     baseline = baseline or DEFAULT_BASELINE
     why_no_base = ""
-    if baseline not in groups:
+    if baseline not in cmp.objectives:
         if explicit:
             raise ValueError(f"baseline {baseline!r} has no finished run in comparison {cmp.comparison_id!r}; "
-                             f"objectives: {', '.join(groups)}")
+                             f"objectives: {', '.join(cmp.objectives)}")
         why_no_base = f"No ratio or test: the default baseline {baseline} is not in this comparison (--baseline)."
         notes.append(why_no_base)
         baseline = None
+    target, target_how = _target(cmp, target_acc, baseline, settings, notes)
+    derived = {r.run_id: derive(r.series, target, settings) for r in cmp.runs}
+    groups = _group(cmp, derived)
     seeds_of = {o: sorted(s for s, _ in rs) for o, rs in groups.items()}
     if len({tuple(v) for v in seeds_of.values()}) > 1:
         notes.append("Objectives do not share the same seeds: " +
@@ -304,7 +311,7 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
         }
         for v in figs.values():
             files += v if isinstance(v, list) else []
-        (tmp / "report.md").write_text(_markdown(cmp, tables, figs, target, baseline, settings, notes))
+        (tmp / "report.md").write_text(_markdown(cmp, tables, figs, target_how, baseline, settings, notes))
         files.append(tmp / "report.md")
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -326,7 +333,25 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
     return rep
 
 
-def _markdown(cmp: Comparison, tables: dict[str, Table], figs: dict[str, list[Path] | str], target: float,
+def _target(cmp: Comparison, target_acc: float | None, baseline: str | None, settings: DerivedSettings,
+            notes: list[str]) -> tuple[float, str]:
+    """The convergence target and the sentence that states it in the report (inf = no target)."""
+    if target_acc is not None:
+        return target_acc, f"smoothed held-out accuracy ≥ {target_acc:.4f} (given with --target-acc)"
+    ref = baseline or cmp.objectives[0]
+    t = default_target([r.series[KEY_ACC] for r in cmp.runs],
+                       [r.series[KEY_ACC] for r in cmp.runs if r.objective == ref], settings)
+    made = (f"step-0 accuracy {t.start:.4f} + {t.frac:g} × the improvement of {ref}'s seed-mean smoothed accuracy "
+            f"(best {t.reference_best:.4f})")
+    if t.value is None:
+        notes.append(f"{ref} did not improve over the step-0 accuracy ({t.start:.4f}; best seed-mean smoothed "
+                     f"{t.reference_best:.4f}), so there is no default convergence target: time to convergence is "
+                     "reported as not reached (give one with --target-acc).")
+        return float("inf"), f"none ({made} does not exist)"
+    return t.value, f"smoothed held-out accuracy ≥ {t.value:.4f} = {made}"
+
+
+def _markdown(cmp: Comparison, tables: dict[str, Table], figs: dict[str, list[Path] | str], target_how: str,
               baseline: str | None, s: DerivedSettings, notes: list[str]) -> str:
     p = cmp.runs[0].params
     setup = ", ".join(f"{k}={p[k]}" for k in PARAMS_SHOWN if k in p)
@@ -353,8 +378,8 @@ def _markdown(cmp: Comparison, tables: dict[str, Table], figs: dict[str, list[Pa
         f"# Comparison `{cmp.comparison_id}` — experiment `{cmp.experiment}`\n",
         f"{len(cmp.runs)} finished runs: objectives {', '.join(cmp.objectives)}; seeds {', '.join(map(str, seeds))}. "
         f"Identical conditions (config hash `{cmp.config_hash}`){': ' + setup if setup else ''}. "
-        f"Baseline: {baseline or 'none'}. Convergence target: smoothed held-out accuracy ≥ {target:.4f} "
-        f"(trailing mean of {s.smooth_window} evaluations). Read from MLflow at `{cmp.tracking_uri}`. "
+        f"Baseline: {baseline or 'none'}. Convergence target: {target_how} "
+        f"(smoothed = trailing mean of {s.smooth_window} evaluations). Read from MLflow at `{cmp.tracking_uri}`. "
         f"Bands in figures: min-max over seeds around the seed mean. Definitions: `docs/REPORTS.md`.\n",
     ]
     if notes:

@@ -213,14 +213,15 @@ def test_interrupted_comparison_resumes_only_missing_pairs(tmp_path, model_dir):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_comparison(cfg, ["grpo", "tepo"], [0], out_root=tmp_path / "out", progress=False, on_eval=interrupt)
+        run_comparison(cfg, ["grpo", "tepo"], [0], out_root=tmp_path / "out", progress=False, on_eval=interrupt,
+                       workers=1)
     client = MlflowClient(cfg.tracking_uri)
     before = {r.data.tags["pobench.objective"]: r for r in _runs(client, "resume")}
     assert before["grpo"].info.status == "FINISHED" and before["tepo"].info.status == "KILLED"
 
     trained: list[tuple[str, int]] = []
     res = run_comparison(cfg, ["grpo", "tepo"], [0], out_root=tmp_path / "out", progress=False,
-                         on_eval=lambda p, step, m: trained.append((p.algo, step)))
+                         on_eval=lambda p, step, m: trained.append((p.algo, step)), workers=1)
     assert {p.algo: p.action for p in res.pairs} == {"grpo": "reuse", "tepo": "resume"}
     assert {a for a, _ in trained} == {"tepo"}            # only the missing pair ran
     assert [s for _, s in trained] == [2, 3]              # from its checkpoint at step 1, not from scratch

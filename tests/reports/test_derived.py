@@ -38,13 +38,27 @@ def test_seconds_at_convergence_uses_elapsed_at_that_step():
     assert D.seconds_at_step(elapsed, None) is None
 
 
-def test_default_target_is_fraction_of_best_smoothed_over_runs():
-    a = [(0, 0.0), (10, 0.4), (20, 0.4)]
-    b = [(0, 0.0), (10, 0.6), (20, 1.0)]  # smoothed w=3: 0, 0.3, 0.5333
-    t = D.default_target([a, b], D.DerivedSettings(smooth_window=3, target_frac=0.9))
-    assert t == pytest.approx(0.9 * (1.6 / 3))
+def test_default_target_is_a_fraction_of_the_baselines_improvement_over_step0():
+    base = [[(0, 0.5), (10, 0.5), (20, 0.8)], [(0, 0.5), (10, 0.7), (20, 0.8)]]  # smoothed w=3: .5,.5,.6 / .5,.6,.6667
+    other = [(0, 0.5), (10, 0.9), (20, 0.95)]                                    # a faster objective
+    t = D.default_target(base + [other], base)        # the defaults: trailing 3 evaluations, half the improvement
+    best = (0.6 + 2.0 / 3) / 2                                                   # top of the seed-mean curve
+    assert (t.start, t.reference_best) == (0.5, pytest.approx(best))
+    assert t.value == pytest.approx(0.5 + 0.5 * (best - 0.5))
+    # nobody meets it at step 0; the baseline's seed-mean curve (and here each seed) reaches it
+    for acc in base + [other]:
+        assert D.time_to_convergence(acc, t.value, 3) != 0
+    assert D.time_to_convergence(other, t.value, 3) == 10
+    assert D.time_to_convergence(base[0], t.value, 3) == 20
+    assert D.time_to_convergence(base[1], t.value, 3) == 10
+    # step 0 is the highest starting accuracy of any run
+    assert D.default_target([[(0, 0.55), (10, 0.6)]] + base, base).start == 0.55
+    # a baseline that never improves gives no target; no step 0 or no baseline series is an error
+    assert D.default_target(base, [[(0, 0.5), (10, 0.4), (20, 0.5)]]).value is None
+    with pytest.raises(ValueError, match="step-0"):
+        D.default_target([[(10, 0.5)]], base)
     with pytest.raises(ValueError, match="eval/accuracy"):
-        D.default_target([[], []])
+        D.default_target(base, [[], []])
 
 
 def test_entropy_collapse_at_step_k():

@@ -72,18 +72,31 @@ def test_report_files_and_numbers_equal_recomputed_from_mlflow(handmade, local_u
     want = stats.ttest_rel([final["tepo"][s] for s in (0, 1)], [final["grpo"][s] for s in (0, 1)])
     assert _num(pt[0]["p_value"]) == pytest.approx(want.pvalue) and int(pt[0]["n"]) == 2
 
-    # time to convergence: default target = 0.95 x best trailing-3 mean of any run
+    # time to convergence: default target = step-0 accuracy + 0.5 x the improvement of the baseline's (grpo)
+    # seed-mean trailing-3 mean curve over it
     def sm(acc):
         return [np.mean([v for _, v in acc[max(0, j - 2): j + 1]]) for j in range(len(acc))]
     accs = {(r.data.tags["pobench.objective"], int(r.data.tags["pobench.seed"])):
             _history(client, r.info.run_id, "eval/accuracy") for r in runs}
-    target = 0.95 * max(max(sm(a)) for a in accs.values())
-    assert rep.target_acc == pytest.approx(target)
+    a0 = max(a[0][1] for a in accs.values())
+    base_curve = np.mean([sm(accs[("grpo", s)]) for s in (0, 1)], axis=0)
+    target = a0 + 0.5 * (max(base_curve) - a0)
+    assert rep.target_acc == pytest.approx(target) and max(base_curve) > target > a0
+    assert f"≥ {target:.4f} = step-0 accuracy {a0:.4f} + 0.5 × the improvement of grpo's" in \
+        (out / "report.md").read_text()
     per_run = {(r["objective"], int(r["seed"])): r for r in _csv(out / "runs.csv")}
+    ttc = {}
     for key, acc in accs.items():
         first = next((s for (s, _), v in zip(acc, sm(acc)) if v >= target - 1e-12), None)
         got = per_run[key]["ttc_step"]
-        assert (None if got == "" else int(float(got))) == first
+        assert (None if got == "" else int(float(got))) == first and first != 0
+        ttc[key] = first
+    conv = {r["objective"]: r for r in _csv(out / "convergence.csv")}
+    ratios = [ttc[("tepo", s)] / ttc[("grpo", s)] for s in (0, 1)]   # per seed, then mean ± t CI
+    assert _num(conv["tepo"]["steps_ratio"]) == pytest.approx(np.mean(ratios))
+    assert _num(conv["tepo"]["steps_ratio_ci95"]) == pytest.approx(
+        stats.t.ppf(0.975, 1) * np.std(ratios, ddof=1) / math.sqrt(2))
+    assert _num(conv["grpo"]["steps_ratio"]) == 1.0
     # stored back into each run
     for r in runs:
         m = client.get_run(r.info.run_id).data.metrics

@@ -3,19 +3,12 @@ under a derived bound on a model with Qwen2.5's vocabulary."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
-
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from bench.scoring import score
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.memtrack import LiveTensorBytes
 
 
 def _model(vocab: int, hidden: int = 32, layers: int = 2, seed: int = 0, tied: bool = True):
@@ -67,7 +60,7 @@ def test_chunked_scoring_without_grad_matches_and_keeps_no_graph():
 
 # --- peak memory -----------------------------------------------------------------------------------------------
 # One scoring pass with gradient (forward + backward) of B=2 completions of T=256 tokens after 16-token prompts,
-# with Qwen2.5's vocabulary V=151,936 and hidden size H=64 (2 layers, tied embeddings), in a fresh process.
+# with Qwen2.5's vocabulary V=151,936 and hidden size H=64 (2 layers, tied embeddings).
 # The one-piece path holds the (B, T, V) float32 logits: 2*256*151936*4 B = 297 MiB, and log_softmax, its exp and the
 # product for the entropy are tensors of the same size (plus their gradients in backward): several x 297 MiB.
 # The chunked path with chunk_mb = C = 8 holds at most, for one chunk (forward, or its recomputation in backward):
@@ -76,21 +69,15 @@ def test_chunked_scoring_without_grad_matches_and_keeps_no_graph():
 # gradient of the chunk being accumulated, the embedding's dense gradient): 3*V*H*4 B = 111 MiB; plus the backbone's
 # activations and the (N, H) hidden states, under 8 MiB here (B*(T+P)*H*4 B = 0.14 MiB per tensor).
 # Bound: 6 C + 111 MiB + 8 MiB = 167 MiB, under ONE (B, T, V) float32 tensor (the one-piece path measures ~1.5 GiB).
-# Measured as (peak RSS after the pass: ru_maxrss) - (RSS just before it): an upper bound of the pass's own peak,
-# since the high-water mark also covers anything earlier (model building and a warm-up pass stay below it here).
-# glibc serves allocations above a *dynamic* threshold (up to 32 MiB) from the heap, where freed chunk buffers get
-# fragmented by small long-lived tensors and the heap grows without live data (we saw 167 to 1011 MiB for the same
-# pass); MALLOC_MMAP_THRESHOLD_ fixes the threshold at 64 KiB so that RSS follows the live tensors.
+# Measured as the peak of live tensor storage allocated during the pass (tests/memtrack.py), which does not depend on
+# the allocator: the process RSS did (the same pass measured 154 MiB here and 649 MiB on another machine).
 B, T, P, V, H, CHUNK_MB = 2, 256, 16, 151_936, 64, 8.0
 BOUND_MIB = 6 * CHUNK_MB + 3 * V * H * 4 / 2**20 + 8
 FULL_TENSOR_MIB = B * T * V * 4 / 2**20
 
-_SCRIPT = textwrap.dedent("""
-    import json, resource, sys
-    import psutil, torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-    from bench.scoring import score
-    B, T, P, V, H, chunk = {B}, {T}, {P}, {V}, {H}, float(sys.argv[1])
+
+def _peak_mib(chunk_mb: float) -> tuple[float, bool]:
+    """Peak MiB of tensor storage alive during one scoring pass with gradient, and whether its log-probs are finite."""
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=2 * H, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512,
@@ -99,33 +86,19 @@ _SCRIPT = textwrap.dedent("""
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(2, V, (B, P), generator=g).tolist()
     comps = torch.randint(2, V, (B, T), generator=g).tolist()
-    lp, ent, m = score(model, [p[:4] for p in prompts], [c[:4] for c in comps], grad=True, chunk_mb=chunk)  # warm-up
-    (lp.sum() + ent.sum()).backward()
-    model.zero_grad(set_to_none=True)
-    del lp, ent, m
-    before = psutil.Process().memory_info().rss
-    lp, ent, m = score(model, prompts, comps, grad=True, chunk_mb=chunk)
-    (lp.sum() + ent.sum()).backward()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({{"delta_mib": (peak - before) / 2**20, "finite": bool(torch.isfinite(lp).all())}}))
-""").format(B=B, T=T, P=P, V=V, H=H)
-
-
-def _peak_delta(chunk_mb: float) -> dict:
-    out = subprocess.run([sys.executable, "-c", _SCRIPT, str(chunk_mb)], capture_output=True, text=True, cwd=ROOT,
-                         env={"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
-                              "MALLOC_MMAP_THRESHOLD_": "65536"},
-                         timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    with LiveTensorBytes() as mem:
+        lp, ent, _ = score(model, prompts, comps, grad=True, chunk_mb=chunk_mb)
+        (lp.sum() + ent.sum()).backward()
+    assert model.get_input_embeddings().weight.grad is not None  # the backward pass ran under the tracker
+    return mem.peak / 2**20, bool(torch.isfinite(lp).all())
 
 
 @pytest.mark.slow
 def test_peak_memory_of_a_scoring_pass_with_qwen_vocabulary_stays_under_the_bound():
     assert BOUND_MIB < FULL_TENSOR_MIB
-    chunked = _peak_delta(CHUNK_MB)
-    assert chunked["finite"]
-    assert chunked["delta_mib"] < BOUND_MIB, chunked
+    chunked, finite = _peak_mib(CHUNK_MB)
+    assert finite
+    assert chunked < BOUND_MIB, chunked
     # control: the same measurement sees the one-piece (B, T, V) logits, so the bound above is not vacuous
-    full = _peak_delta(0)
-    assert full["delta_mib"] > 3 * FULL_TENSOR_MIB, full
+    full, _ = _peak_mib(0)
+    assert full > 3 * FULL_TENSOR_MIB, full

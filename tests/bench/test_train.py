@@ -168,10 +168,14 @@ def test_existing_checkpoints_need_resume(tmp_path, uri):
 @pytest.mark.slow
 def test_rollout_correction_and_truncation_masking_reach_the_loss(tmp_path, uri):
     """The loop passes the engine's log-probs and the truncation flags: the HF engine samples with the training
-    model, so the measured sampler/trainer mismatch is ~0 and no IS weight is cut; 8 tokens truncate completions."""
+    model, so the measured sampler/trainer mismatch is ~0 and no IS weight is cut; 24 tokens truncate some
+    completions (not all: with every completion masked the metrics would be vacuous, and DAPO's filter skips groups
+    whose outcomes are all equal). One update per rollout: the trainer's log-probs then come from the scoring pass,
+    not from the rollout, so the mismatch compares two computations (misaligned sampler log-probs would show)."""
     over = {"rollout_correction": "token-mask", "rollout_correction_cap": 2.0, "mask_truncated": True}
-    res = train(tiny(tmp_path, uri, algo="dapo", objective_overrides=over, max_new_tokens=8, run_name="rc"))
+    res = train(tiny(tmp_path, uri, algo="dapo", objective_overrides=over, max_new_tokens=24, minibatches=1,
+                     run_name="rc"))
     m = MlflowClient(uri).get_run(res.run_id).data.metrics
     assert m["objective/mismatch_kl_k3"] < 1e-4 and m["objective/is_cut_frac"] == 0.0
     assert m["objective/is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
-    assert m["objective/truncated_masked_frac"] > 0
+    assert 0 < m["objective/truncated_masked_frac"] < 1

@@ -190,10 +190,9 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            import difflib
+            from evaluators.hints import did_you_mean
 
-            hints = [f"{u} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(u, known, 1)) else u
-                     for u in unknown]
+            hints = [u + did_you_mean(u, known, quote=False) for u in unknown]
             raise ValueError(f"unknown config field(s): {', '.join(hints)}; valid: {', '.join(sorted(known))}")
         return cls(**d)
 

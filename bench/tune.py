@@ -140,12 +140,11 @@ def resolve_space(algo: str, spec: str | None = None, overrides: dict[str, Any] 
     space = declared_space(algo, overrides)
     for name, rng in parse_space(spec).items():
         if name not in fields_by_name:
-            import difflib
+            from evaluators.hints import did_you_mean
 
-            hint = difflib.get_close_matches(name, list(fields_by_name), 1)
-            raise ValueError(f"--space: objective {algo!r} has no parameter {name!r}"
-                             + (f" (did you mean {hint[0]!r}?)" if hint else "")
-                             + f"; its fields: {', '.join(fields_by_name)}")
+            hint = did_you_mean(name, fields_by_name)
+            raise ValueError(f"--space: objective {algo!r} has no parameter {name!r}{hint}; its fields: "
+                             f"{', '.join(fields_by_name)}")
         if rng.kind == "float" and _field_kind(fields_by_name[name]) == "int":
             if int(rng.low) != rng.low or int(rng.high) != rng.high:
                 raise ValueError(f"--space {name}: integer field, bounds must be integers")

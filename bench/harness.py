@@ -78,6 +78,9 @@ def resolve_algos(algos: str | list[str] | None, ablation: str | list[str] | Non
 
 
 def parse_seeds(seeds: str | list[int] | None) -> list[int]:
+    """The seeds of ``--seeds`` (``bench run`` and ``bench tune``): comma-separated integers, in the order given; a
+    repeated seed is dropped (it would train or evaluate the same run twice), an empty list is an error; None gives
+    ``RunDefaults.seeds``."""
     if seeds is None:
         return list(DEFAULTS.seeds)
     if isinstance(seeds, str):

@@ -113,7 +113,8 @@ def objective_groups() -> dict[str, list[str]]:
 
 
 def resolve_names(names: list[str] | str) -> list[str]:
-    """Expand a list of names and groups (``tepo-ablations`` / a group root given as ``@tepo``) into objectives."""
+    """Expand a comma-separated string or list of objective names and groups (``@tepo``: the registered objective
+    ``tepo`` and its ablations, see :func:`objective_groups`) into objectives, in order, without repeats."""
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
     out: list[str] = []

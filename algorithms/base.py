@@ -113,8 +113,9 @@ class ObjectiveConfig:
 class Objective:
     """A policy-optimization objective: ``loss(batch) -> (loss, metrics)`` plus rollout-side hooks.
 
-    Subclasses set ``config_class`` and implement ``per_token_terms``-style logic in ``loss``. Objectives are pure:
-    no logging, no ``.item()``, no global random state.
+    Subclasses set ``config_class`` and implement ``loss``; the rollout-side hooks (``advantages``, ``keep_groups``,
+    ``shape_rewards``, ``loss_weight``) have defaults. Objectives are pure: no logging, no ``.item()``, no global
+    random state.
     """
 
     config_class: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig

@@ -7,9 +7,10 @@ Ablations are registered as a base objective plus field overrides.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from typing import Any
+
+from evaluators.hints import did_you_mean
 
 from .base import Objective, ObjectiveConfig
 
@@ -32,8 +33,7 @@ _REGISTRY: dict[str, ObjectiveSpec] = {}
 
 
 def _did_you_mean(word: str, options: list[str]) -> str:
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return did_you_mean(word, options, cutoff=0.5)
 
 
 def _check_fields(config_class: type[ObjectiveConfig], keys: list[str], who: str) -> None:
@@ -113,7 +113,8 @@ def objective_groups() -> dict[str, list[str]]:
 
 
 def resolve_names(names: list[str] | str) -> list[str]:
-    """Expand a list of names and groups (``tepo-ablations`` / a group root given as ``@tepo``) into objectives."""
+    """Expand a comma-separated string or list of objective names and groups (``@tepo``: the registered objective
+    ``tepo`` and its ablations, see :func:`objective_groups`) into objectives, in order, without repeats."""
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
     out: list[str] = []

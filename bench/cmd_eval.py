@@ -161,11 +161,12 @@ def run(args) -> int:
                             "backend": args.backend}
     out_dir = Path(args.out or Path(".pobench") / "eval" / time.strftime("%Y%m%d-%H%M%S"))
     if args.harness == "lm-eval":
+        from bench.model import format_prompt, resolve_device, resolve_model_path
         from evaluators.lm_eval_bridge import compare_with_ours, run_lm_eval
 
-        harness = run_lm_eval(args.model, [(b, ps) for b, ps, _ in loaded], out_dir / "lm_eval",
-                              max_new_tokens=max_new, prompt_template=args.prompt_template, device=args.device,
-                              dtype=args.dtype)
+        harness = run_lm_eval(resolve_model_path(args.model), [(b, ps) for b, ps, _ in loaded], out_dir / "lm_eval",
+                              max_new_tokens=max_new, prompt=lambda tok, q: format_prompt(tok, q, args.prompt_template),
+                              device=str(resolve_device(args.device)), dtype=args.dtype)
         for r in results:
             if r.benchmark in harness.scores:
                 comparison = compare_with_ours(harness, r)

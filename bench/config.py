@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from reports.load import DEFAULT_TRACKING_URI
+from reports.record import DEFAULT_TRACKING_URI
 
 
 def _f(default: Any, doc: str, **kw: Any) -> Any:
@@ -27,7 +27,7 @@ def _f(default: Any, doc: str, **kw: Any) -> Any:
 
 
 BUILTIN_MODEL = "builtin:tiny-arith"
-# what every `--tracking-uri` help states as the default (bench.tracking.tracking_uri resolves it)
+# what every `--tracking-uri` help states as the default (reports.record.tracking_uri resolves it)
 TRACKING_URI_DEFAULT = f"$MLFLOW_TRACKING_URI, else {DEFAULT_TRACKING_URI} in the working folder"
 
 # Fields that distinguish runs of one comparison: everything else must be identical across its runs.
@@ -190,10 +190,9 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            import difflib
+            from evaluators.hints import did_you_mean
 
-            hints = [f"{u} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(u, known, 1)) else u
-                     for u in unknown]
+            hints = [u + did_you_mean(u, known, quote=False) for u in unknown]
             raise ValueError(f"unknown config field(s): {', '.join(hints)}; valid: {', '.join(sorted(known))}")
         return cls(**d)
 

@@ -180,20 +180,19 @@ def log_to_mlflow(results: list[EvalResult], *, params: dict[str, Any], artifact
     from mlflow.entities import Metric as MlflowMetric
     from mlflow.entities import Param
 
-    import bench
-    from bench.store import open_client
-    from bench.tracking import git_commit
     from bench.tracking import tracking_uri as resolve_uri
+    from bench.tracking import version_tags
+    from reports.record import get_or_create_experiment, log_batch, open_client
 
     active = mlflow.active_run()
     parent = parent_run_id or (active.info.run_id if active is not None else None)
-    client = open_client(resolve_uri(tracking_uri))
+    uri = resolve_uri(tracking_uri)
+    client = open_client(uri)
     if parent is not None:
         experiment_id = client.get_run(parent).info.experiment_id
     else:
-        exp = client.get_experiment_by_name(experiment)
-        experiment_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
-    all_tags = {"pobench.kind": "eval", "pobench.version": bench.__version__, "pobench.git_commit": git_commit(),
+        experiment_id = get_or_create_experiment(client, uri, experiment)
+    all_tags = {"pobench.kind": "eval", **version_tags(),
                 **({"mlflow.parentRunId": parent} if parent else {}), **(tags or {})}
     run_id = client.create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
     metrics: dict[str, float] = {}
@@ -204,8 +203,8 @@ def log_to_mlflow(results: list[EvalResult], *, params: dict[str, Any], artifact
         if "lm_eval" in r.extra:  # the lm-evaluation-harness accuracy on the same rows (`--harness lm-eval`)
             metrics[f"eval/{r.benchmark}/lm_eval_acc"] = r.extra["lm_eval"]["lm_eval_acc"]
     now = int(time.time() * 1000)
-    client.log_batch(run_id, metrics=[MlflowMetric(k, float(v), now, step) for k, v in metrics.items()],
-                     params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+    log_batch(client, run_id, metrics=[MlflowMetric(k, float(v), now, step) for k, v in metrics.items()],
+              params=[Param(k, str(v)[:6000]) for k, v in params.items()])
     for path in artifacts:
         client.log_artifact(run_id, str(path))
     client.set_terminated(run_id)

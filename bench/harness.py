@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from bench.config import TrainConfig
+from reports.record import member_tag
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,9 @@ def resolve_algos(algos: str | list[str] | None, ablation: str | list[str] | Non
 
 
 def parse_seeds(seeds: str | list[int] | None) -> list[int]:
+    """The seeds of ``--seeds`` (``bench run`` and ``bench tune``): comma-separated integers, in the order given; a
+    repeated seed is dropped (it would train or evaluate the same run twice), an empty list is an error; None gives
+    ``RunDefaults.seeds``."""
     if seeds is None:
         return list(DEFAULTS.seeds)
     if isinstance(seeds, str):
@@ -243,7 +247,7 @@ def run_dir(cfg: TrainConfig, p: Pair) -> Path:
 
 
 def pair_config(cfg: TrainConfig, p: Pair, cid: str, parent_id: str | None) -> TrainConfig:
-    tags = {**cfg.tags, f"pobench.in.{cid}": "1", "pobench.overrides": _canon(p.overrides)}
+    tags = {**cfg.tags, member_tag(cid): "1", "pobench.overrides": _canon(p.overrides)}
     if p.variant != p.algo:
         tags["pobench.variant"] = p.variant
     if parent_id:
@@ -280,8 +284,8 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
     metrics)`` is called after each held-out evaluation (it may raise ``bench.train.StopTraining``); with more than
     one worker it runs in the worker processes, so it must be picklable. ``workers``: see ``RunDefaults.workers``."""
     from bench.parallel import PairJob, PairResult, execute
-    from bench.store import get_or_create_experiment, open_client
     from bench.tracking import tracking_uri
+    from reports.record import get_or_create_experiment, open_client
 
     t_start = time.perf_counter()
     params = params or {a: {} for a in algos}
@@ -300,14 +304,14 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
 
     for p in pairs:
         if p.action == "reuse":
-            client.set_tag(p.run_id, f"pobench.in.{cid}", "1")
+            client.set_tag(p.run_id, member_tag(cid), "1")
             p.outcome = "reused"
     if force:  # runs this comparison redoes stop counting as its members
         for p in pairs:
             for r in client.search_runs([exp_id], filter_string=(
-                    f"tags.`pobench.kind` = 'train' and tags.`pobench.in.{cid}` = '1' and "
+                    f"tags.`pobench.kind` = 'train' and tags.`{member_tag(cid)}` = '1' and "
                     f"tags.`pobench.objective` = '{p.algo}' and tags.`pobench.seed` = '{p.seed}'")):
-                client.set_tag(r.info.run_id, f"pobench.in.{cid}", "0")
+                client.set_tag(r.info.run_id, member_tag(cid), "0")
             shutil.rmtree(run_dir(cfg, p), ignore_errors=True)
 
     todo = [p for p in pairs if p.action != "reuse"]

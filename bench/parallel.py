@@ -93,6 +93,7 @@ def run_pair(job: PairJob, notify: Notify, on_eval=None, step0: dict[str, float]
     from bench.harness import finished_run, pair_config, run_dir
     from bench.store import locks_dir, open_client, pair_lock
     from bench.train import TrainingDiverged, train
+    from reports.record import member_tag
 
     p, cfg = job.pair, job.cfg
     what = f"{p.variant} seed {p.seed}"
@@ -103,7 +104,7 @@ def run_pair(job: PairJob, notify: Notify, on_eval=None, step0: dict[str, float]
             if not job.force or not free:
                 done = finished_run(client, job.experiment_id, cfg, p)
                 if done is not None:
-                    client.set_tag(done, f"pobench.in.{job.cid}", "1")
+                    client.set_tag(done, member_tag(job.cid), "1")
                     how = "reused" if free else "reused (trained by another process)"
                     return PairResult(job.index, how, "reuse", done)
             action = "resume" if checkpoint.latest(run_dir(cfg, p)) is not None else "train"
@@ -120,7 +121,7 @@ def run_pair(job: PairJob, notify: Notify, on_eval=None, step0: dict[str, float]
                 notify("step", job.index, step, metrics.get("rollout/reward_mean", float("nan")))
 
             res = train(pcfg, on_eval=cb, on_step=on_step, step0_eval=step0 if action == "train" else None)
-            client.set_tag(res.run_id, f"pobench.in.{job.cid}", "1")  # a resumed run may predate this id
+            client.set_tag(res.run_id, member_tag(job.cid), "1")  # a resumed run may predate this id
             return PairResult(job.index, "stopped early" if res.stopped_early else "finished", action, res.run_id)
     except TrainingDiverged as e:
         return PairResult(job.index, f"failed: {e}", "train", error=traceback.format_exc())

@@ -8,7 +8,8 @@ Several processes write to one store: the workers of one `bench run` (a process 
    ``Online migration expected to match one row``) and every later command in that folder fails.
    :func:`open_client` takes an exclusive file lock (``<db>.lock`` next to ``mlflow.db``) around the first
    connection of each process, so exactly one process creates and migrates the store and the others find it ready.
-   Experiment creation (:func:`get_or_create_experiment`) happens under the same lock.
+   Experiment creation (:func:`get_or_create_experiment`) happens under the same lock. Both are defined in
+   ``reports/record.py`` (``bench report`` opens the store too) and re-exported here.
 2. **Training one pair twice.** :func:`pair_lock` is an exclusive lock file per pair in the output folder
    (``<output_dir>/<experiment>/.locks/<run name>.lock``), held for the whole time the pair is trained. The harness
    decides reuse / resume / train only once it holds that lock, so a second process waits for the first (with a
@@ -27,70 +28,9 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-_READY: set[str] = set()  # URIs whose store this process has already opened under the lock
+from reports.record import get_or_create_experiment, open_client, store_lock, store_lock_path
 
-
-def store_lock_path(uri: str) -> Path | None:
-    """The lock file that guards a local store's creation (``<db>.lock`` / ``<folder>.lock``); None if remote."""
-    if uri.startswith("sqlite:"):
-        from sqlalchemy.engine import make_url
-
-        db = make_url(uri).database
-        if not db or db == ":memory:":
-            return None
-        p = Path(db)
-        return p.with_name(p.name + ".lock")
-    if uri.startswith("file:") or "://" not in uri:  # MLflow's file store: a folder
-        from urllib.parse import urlparse
-
-        p = Path(urlparse(uri).path if uri.startswith("file:") else uri)
-        return p.with_name(p.name + ".lock")
-    return None
-
-
-@contextlib.contextmanager
-def store_lock(uri: str) -> Iterator[None]:
-    """Exclusive lock on a local store (a no-op for remote ones)."""
-    path = store_lock_path(uri)
-    if path is None:
-        yield
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path)):
-        yield
-
-
-def open_client(uri: str):
-    """An ``MlflowClient`` on ``uri`` whose store exists and is fully migrated.
-
-    The first call of a process for a local store connects under :func:`store_lock`, so concurrent processes never
-    create / migrate the same fresh store at once."""
-    from mlflow import MlflowClient
-
-    if uri in _READY or store_lock_path(uri) is None:
-        return MlflowClient(tracking_uri=uri)
-    with store_lock(uri):
-        client = MlflowClient(tracking_uri=uri)
-        client.search_experiments(max_results=1)  # the first connection: creates and migrates the store
-    _READY.add(uri)
-    return client
-
-
-def get_or_create_experiment(client, uri: str, name: str) -> str:
-    """The id of experiment ``name`` (restored if deleted, created if absent), safe against concurrent creators."""
-    with store_lock(uri):
-        exp = client.get_experiment_by_name(name)
-        if exp is not None and exp.lifecycle_stage == "deleted":
-            client.restore_experiment(exp.experiment_id)
-        if exp is not None:
-            return exp.experiment_id
-        try:
-            return client.create_experiment(name)
-        except Exception:  # a remote store: another process created it between the two calls
-            exp = client.get_experiment_by_name(name)
-            if exp is None:
-                raise
-            return exp.experiment_id
+__all__ = ["get_or_create_experiment", "locks_dir", "open_client", "pair_lock", "store_lock", "store_lock_path"]
 
 
 def locks_dir(output_dir: str | Path, experiment: str) -> Path:

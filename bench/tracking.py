@@ -14,13 +14,14 @@ import mlflow
 from mlflow.entities import Metric, RunStatus
 
 import bench
-
-MAX_BATCH = 1000  # MLflow's log_batch limit on metrics per call
+from reports import record
 
 
 def tracking_uri(uri: str | None) -> str:
-    """Explicit URI, else MLFLOW_TRACKING_URI, else MLflow's default local store in the working folder."""
-    resolved = uri or os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
+    """The tracking URI of :func:`reports.record.tracking_uri` (explicit, else ``$MLFLOW_TRACKING_URI``, else
+    ``sqlite:///mlflow.db`` in the working folder), with the installed driver named in a PostgreSQL backend store URI
+    (bench/dburl.py)."""
+    resolved = record.tracking_uri(uri)
     if resolved.startswith("postgres"):  # an MLflow backend store in PostgreSQL: name the installed driver
         from bench.dburl import with_driver
 
@@ -59,6 +60,11 @@ def check_reachable(uri: str | None) -> str:
     return resolved
 
 
+def version_tags(commit: bool = True) -> dict[str, str]:
+    """``pobench.version`` of this package, and ``pobench.git_commit`` of its checkout when ``commit``."""
+    return record.version_tags(bench.__version__, git_commit() if commit else None)
+
+
 def git_commit() -> str:
     """The commit of the checkout the package runs from, or 'unknown'."""
     try:
@@ -85,7 +91,7 @@ class RunLogger:
     """One MLflow run: create or reopen it, buffer metrics, flush them when a checkpoint covers their steps."""
 
     def __init__(self, uri: str | None, experiment: str) -> None:
-        from bench.store import get_or_create_experiment, open_client
+        from reports.record import get_or_create_experiment, open_client
 
         self.uri = tracking_uri(uri)
         self.client = open_client(self.uri)  # a fresh local store is created under a lock (bench/store.py)
@@ -96,9 +102,7 @@ class RunLogger:
     def start(self, run_name: str, tags: dict[str, str], params: dict[str, str]) -> str:
         run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
-        items = list(params.items())
-        for i in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=[mlflow.entities.Param(k, v) for k, v in items[i:i + 100]])
+        record.log_batch(self.client, self.run_id, params=[mlflow.entities.Param(k, v) for k, v in params.items()])
         return self.run_id
 
     def reopen(self, run_id: str, pending: list[tuple[str, float, int, int]]) -> None:
@@ -118,9 +122,7 @@ class RunLogger:
         """Send the buffered metrics (call after a checkpoint that covers them has been written)."""
         if not self.pending or self.run_id is None:
             return
-        batch = [Metric(k, v, ts, step) for k, v, ts, step in self.pending]
-        for i in range(0, len(batch), MAX_BATCH):
-            self.client.log_batch(self.run_id, metrics=batch[i:i + MAX_BATCH])
+        record.log_batch(self.client, self.run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in self.pending])
         self.pending = []
 
     def set_tags(self, tags: dict[str, str]) -> None:

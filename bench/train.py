@@ -33,7 +33,7 @@ from bench.model import format_prompt, load_policy, warn_unknown_characters
 from bench.rollout import SamplingParams, make_engine
 from bench.scale import Reference, is_peft, merged_for_export, prepare_policy, trainable_parameters
 from bench.scoring import score
-from bench.tracking import RunLogger, flatten, git_commit
+from bench.tracking import RunLogger, flatten, version_tags
 
 
 class StopTraining(Exception):
@@ -154,14 +154,15 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
         logger.reopen(state["run_id"], [tuple(p) for p in state["pending"]])
         start_step, elapsed = state["step"], state["elapsed"]
     else:
+        written_by = version_tags()  # pobench.version, pobench.git_commit
         tags = {"pobench.kind": "train", "pobench.objective": cfg.algo, "pobench.seed": str(cfg.seed),
-                "pobench.config_hash": cfg.comparison_hash(), "pobench.version": _version(),
-                "pobench.git_commit": git_commit(), "pobench.model": cfg.model, "pobench.task": cfg.task,
+                "pobench.config_hash": cfg.comparison_hash(), **written_by,
+                "pobench.model": cfg.model, "pobench.task": cfg.task,
                 "pobench.control": cfg.control or "none", **({"pobench.comparison": cfg.comparison}
                                                             if cfg.comparison else {}),
                 **{k: str(v) for k, v in cfg.tags.items()}}
         params = {**flatten(cfg.to_dict()), **flatten({"objective": vars_of(objective.config)}),
-                  "pobench.version": _version(), "pobench.git_commit": git_commit()}
+                  **written_by}
         logger.start(run_name, tags, params)
         cfg.save(run_dir / "config.yaml")
         logger.log_artifact(run_dir / "config.yaml")
@@ -261,12 +262,6 @@ def vars_of(cfg) -> dict[str, Any]:
     import dataclasses
 
     return dataclasses.asdict(cfg)
-
-
-def _version() -> str:
-    import bench
-
-    return bench.__version__
 
 
 @dataclass

@@ -140,12 +140,11 @@ def resolve_space(algo: str, spec: str | None = None, overrides: dict[str, Any] 
     space = declared_space(algo, overrides)
     for name, rng in parse_space(spec).items():
         if name not in fields_by_name:
-            import difflib
+            from evaluators.hints import did_you_mean
 
-            hint = difflib.get_close_matches(name, list(fields_by_name), 1)
-            raise ValueError(f"--space: objective {algo!r} has no parameter {name!r}"
-                             + (f" (did you mean {hint[0]!r}?)" if hint else "")
-                             + f"; its fields: {', '.join(fields_by_name)}")
+            hint = did_you_mean(name, fields_by_name)
+            raise ValueError(f"--space: objective {algo!r} has no parameter {name!r}{hint}; its fields: "
+                             f"{', '.join(fields_by_name)}")
         if rng.kind == "float" and _field_kind(fields_by_name[name]) == "int":
             if int(rng.low) != rng.low or int(rng.high) != rng.high:
                 raise ValueError(f"--space {name}: integer field, bounds must be integers")
@@ -494,21 +493,10 @@ class StudyRuns:
     """
 
     def __init__(self, uri: str, experiment: str, study: str) -> None:
-
-        from bench.store import open_client
+        from reports.record import get_or_create_experiment, open_client
 
         self.client, self.study, self.parent_id = open_client(uri), study, ""
-        exp = self.client.get_experiment_by_name(experiment)
-        if exp is None:
-            try:
-                self.experiment_id = self.client.create_experiment(experiment)
-            except Exception:  # another worker created it first
-                exp = self.client.get_experiment_by_name(experiment)
-                if exp is None:
-                    raise
-                self.experiment_id = exp.experiment_id
-        else:
-            self.experiment_id = exp.experiment_id
+        self.experiment_id = get_or_create_experiment(self.client, uri, experiment)  # safe against other workers
 
     def create_parent(self, study: optuna.Study, spec: TuneSpec) -> None:
         run = self.client.create_run(self.experiment_id, run_name=f"tune-{spec.study}",
@@ -563,6 +551,8 @@ class StudyRuns:
         """Log the seed-mean eval curve and the objective value, then close the run with the trial's state."""
         from mlflow.entities import Metric as MlMetric
 
+        from reports.record import log_batch
+
         now = int(time.time() * 1000)
         batch = []
         for step in sorted({s for c in curves for s in c}):
@@ -572,8 +562,7 @@ class StudyRuns:
                 batch.append(MlMetric(key, float(sum(vals) / len(vals)), now, int(step)))
         if value is not None:
             batch.append(MlMetric("tune/objective", float(value), now, 0))
-        for i in range(0, len(batch), 900):
-            self.client.log_batch(run_id, metrics=batch[i:i + 900])
+        log_batch(self.client, run_id, metrics=batch)
         self.client.set_tag(run_id, "pobench.trial_state", state)
         if reason:
             self.client.set_tag(run_id, "pobench.fail_reason", reason)
@@ -620,6 +609,6 @@ class StudyRuns:
 
 
 def _version_tags() -> dict[str, str]:
-    import bench
+    from bench.tracking import version_tags
 
-    return {"pobench.version": str(getattr(bench, "__version__", "unknown"))}
+    return version_tags(commit=False)  # pobench.version (tune runs carry no commit tag)

@@ -7,7 +7,6 @@ answer rules change, so that two scores with the same (name, version) were compu
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 from dataclasses import dataclass
@@ -233,9 +232,10 @@ def get_benchmark(name: str, **options: Any) -> Any:
 
         return ArithTask(**options)
     if name not in _BY_NAME:
-        close = difflib.get_close_matches(name, list_benchmarks(), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown benchmark {name!r}{hint}; valid: {', '.join(list_benchmarks())}")
+        from evaluators.hints import did_you_mean
+
+        raise ValueError(f"unknown benchmark {name!r}{did_you_mean(name, list_benchmarks())}; "
+                         f"valid: {', '.join(list_benchmarks())}")
     if options:
         raise ValueError(f"benchmark {name!r} takes no options, got {', '.join(options)}")
     return _BY_NAME[name]

@@ -11,6 +11,7 @@ with ours. For the same model, greedy decoding and the same prompts the two accu
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,26 +113,26 @@ class HarnessResult:
     raw: dict[str, Any] = field(default_factory=dict)
 
 
-def run_lm_eval(model: str, benchmarks: list[tuple[Any, list]], out_dir: str | Path, *, max_new_tokens: int,
-                prompt_template: str = "auto", device: str = "cpu", dtype: str = "float32",
+def run_lm_eval(path: str, benchmarks: list[tuple[Any, list]], out_dir: str | Path, *, max_new_tokens: int,
+                prompt: Callable[[Any, str], str], device: str = "cpu", dtype: str = "float32",
                 batch_size: int = 1) -> HarnessResult:
-    """Run lm-eval (its HF model class, greedy) on `benchmarks` = [(benchmark, problems)] with our prompts."""
+    """Run lm-eval (its HF model class, greedy) on `benchmarks` = [(benchmark, problems)] with our prompts.
+
+    ``path``: the model folder; ``prompt(tokenizer, question)``: the prompt text `bench eval` gives the model;
+    ``device``: a torch device name (``cpu``, ``cuda``, ``cuda:0``). The caller (bench/cmd_eval.py) resolves all
+    three, so evaluators never import bench."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
-
-    from bench.model import format_prompt, resolve_device, resolve_model_path
-
-    path = resolve_model_path(model)
     from transformers import AutoConfig, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     context = _context_length(AutoConfig.from_pretrained(path), tokenizer)
-    entries = [(b, ps, [format_prompt(tokenizer, p.question, prompt_template) for p in ps]) for b, ps in benchmarks]
+    entries = [(b, ps, [prompt(tokenizer, p.question) for p in ps]) for b, ps in benchmarks]
     out = Path(out_dir)
     names = write_tasks(entries, out, max_new_tokens)
     manager = TaskManager(include_path=str(out.resolve()))
-    lm = HFLM(pretrained=path, dtype=dtype, device=str(resolve_device(device)), batch_size=batch_size)
+    lm = HFLM(pretrained=path, dtype=dtype, device=device, batch_size=batch_size)
     # lm-eval bounds a completion with generate(max_length=prompt + max_gen_toks); a `max_new_tokens` in the model
     # folder's generation_config.json would take precedence over it, so it is cleared: the task's limit applies.
     lm.model.generation_config.max_new_tokens = None

@@ -262,6 +262,8 @@ def store(client, run_id: str, d: RunDerived, comparison: str | None = None) -> 
 
     from mlflow.entities import Metric, RunTag
 
+    from reports.record import log_batch
+
     now = int(time.time() * 1000)
     metrics, tags = [], []
     for name in STORED:
@@ -276,4 +278,4 @@ def store(client, run_id: str, d: RunDerived, comparison: str | None = None) -> 
         tags.append(RunTag(f"pobench.derived.{name}", why))
     if comparison:
         tags.append(RunTag("pobench.derived.comparison", comparison))
-    client.log_batch(run_id, metrics=metrics, tags=tags)
+    log_batch(client, run_id, metrics=metrics, tags=tags)

@@ -7,9 +7,16 @@ conditions). All its runs must share ``pobench.config_hash``; anything else is a
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from reports.record import (  # noqa: F401  (DEFAULT_TRACKING_URI, member_tag: re-exported)
+    DEFAULT_TRACKING_URI,
+    MEMBER_PREFIX,
+    member_tag,
+    open_client,
+)
+from reports.record import tracking_uri as resolve_tracking_uri
 
 # series every report reads (others are ignored)
 SERIES_KEYS = (
@@ -21,26 +28,6 @@ SERIES_KEYS = (
     "objective/selected_frac",
     "time/elapsed_s",
 )
-
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-
-
-def resolve_tracking_uri(uri: str | None) -> str:
-    """Explicit URI, else ``MLFLOW_TRACKING_URI``, else the training loop's default local store."""
-    if uri:
-        return uri
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    try:  # the training loop owns the default; follow it
-        from bench.tracking import tracking_uri
-
-        return tracking_uri(None)
-    except ImportError:
-        return DEFAULT_TRACKING_URI
-
-
-def member_tag(comparison: str) -> str:
-    return f"pobench.in.{comparison}"
 
 
 @dataclass
@@ -81,14 +68,7 @@ class Comparison:
 
 
 def _client(uri: str):
-    try:  # a fresh local store is created under the training side's lock (bench/store.py)
-        from bench.store import open_client
-
-        return open_client(uri)
-    except ImportError:
-        from mlflow import MlflowClient
-
-        return MlflowClient(tracking_uri=uri)
+    return open_client(uri)  # a fresh local store is created under a lock (reports/record.py)
 
 
 def get_experiment(client, experiment: str):
@@ -115,7 +95,7 @@ def list_comparisons(client, exp_id: str) -> dict[str, int]:
     found: dict[str, int] = {}
     for r in _search(client, exp_id, "tags.`pobench.kind` = 'train'"):
         ids = {r.data.tags.get("pobench.comparison")} | {
-            k[len("pobench.in."):] for k, v in r.data.tags.items() if k.startswith("pobench.in.") and v == "1"}
+            k[len(MEMBER_PREFIX):] for k, v in r.data.tags.items() if k.startswith(MEMBER_PREFIX) and v == "1"}
         for cid in ids - {None, ""}:
             found[cid] = max(found.get(cid, 0), r.info.start_time or 0)
     return found

@@ -11,7 +11,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import shutil  # noqa: E402
-import socket
 import subprocess
 import sys
 import time
@@ -19,11 +18,7 @@ import urllib.request
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.net import free_port
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +27,7 @@ def mlflow_server(tmp_path_factory):
     if shutil.which("mlflow") is None:
         pytest.skip("the `mlflow` command is not on PATH")
     root = tmp_path_factory.mktemp("mlflow_server")
-    port = _free_port()
+    port = free_port()
     log = open(root / "server.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",

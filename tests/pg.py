@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.net import free_port
+
 INSTALL_HINT = "apt-get install -y postgresql"
 
 
@@ -47,12 +49,6 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PostgresServer:
     """``with PostgresServer() as pg: url = pg.create_database("optuna")``."""
 
@@ -61,7 +57,7 @@ class PostgresServer:
         if reason:
             raise RuntimeError(reason)
         self.bin = find_bin_dir()
-        self.port = _free_port()
+        self.port = free_port()
         self.root = Path(tempfile.mkdtemp(prefix="pobench-pg-"))  # not under pytest's 0700 root-owned tmp folders
         self.data = self.root / "data"
         self.as_root = os.geteuid() == 0

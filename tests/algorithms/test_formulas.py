@@ -1,7 +1,7 @@
 """Hand-computed tiny cases (2 sequences, 3 tokens) that pin each objective's formula.
 
-Expected values are written out in plain Python arithmetic from the formulas of objectives-spec.md, independent of
-the implementation's tensor code.
+Expected values are written out in plain Python arithmetic from the formulas of docs/objectives.md (the project's
+statement of each objective, "The objectives"), independent of the implementation's tensor code.
 """
 
 from __future__ import annotations

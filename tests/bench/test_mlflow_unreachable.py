@@ -9,6 +9,7 @@ import time
 import pytest
 
 from bench import cli, tracking  # noqa: F401  (imported here: the time bound measures the wait, not imports)
+from tests.net import free_port
 
 cli.build_parser()  # imports every subcommand module once, so the time bounds below measure the wait, not imports
 
@@ -24,9 +25,7 @@ CMDS = {
 @pytest.fixture
 def closed_port() -> int:
     """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 @pytest.fixture

@@ -95,11 +95,9 @@ def test_unreachable_storage_fails_before_any_trial(tmp_path):
 
 
 def _closed_port() -> int:
-    import socket
+    from tests.net import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # closed once the socket is: nothing listens there
+    return free_port()  # closed once the socket is: nothing listens there
 
 
 def test_cli_bad_input_exits_before_creating_anything(tmp_path, capsys):

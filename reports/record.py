@@ -1,0 +1,161 @@
+"""The MLflow record of pobench, defined once: tag names, the tracking URI, the store and its experiments, version
+tags and batch logging.
+
+Both sides of the record use this module: ``bench`` writes runs (``bench train`` / ``run`` / ``tune`` / ``eval``),
+``reports`` reads them and writes the derived numbers and the comparison run. Imports point one way (``bench`` uses
+``algorithms``, ``evaluators`` and ``reports``, never the reverse), so the definitions both need live here, on the
+``reports`` side, and depend on MLflow only.
+
+Tags (``pobench.*``) of a training run: ``kind=train``, ``objective``, ``seed``, ``config_hash``, ``version``,
+``git_commit``, ``model``, ``task``, ``control``, ``comparison`` (the comparison that trained it), the membership tag
+``pobench.in.<comparison id>`` (``"1"``: a member, also when reused by a later comparison; ``"0"``: redone by
+``--force``), ``overrides``, ``variant``; after a report, ``derived.<name>``. docs/METRICS.md and docs/REPORTS.md
+describe every tag and metric; tests/bench/test_record_keys.py pins the keys ``bench run`` writes.
+
+The local store: several processes write to one store (the workers of one ``bench run``, two commands started at
+once in one folder). MLflow creates its tables and runs its migrations on the first connection; two processes doing
+that at once corrupt a fresh SQLite store. :func:`open_client` takes an exclusive file lock (``<db>.lock`` next to
+``mlflow.db``) around the first connection of each process, so exactly one process creates and migrates the store;
+:func:`get_or_create_experiment` creates experiments under the same lock. The locks are ``fcntl`` locks
+(``filelock``), released by the kernel when a process dies. Remote stores (``http(s)://``, PostgreSQL) need no lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+# ------------------------------------------------------------------ tag names
+KIND = "pobench.kind"                # train | comparison | eval | tune-study | tune-trial
+COMPARISON = "pobench.comparison"    # on a training run: the comparison that trained it; on a comparison run: its id
+CONFIG_HASH = "pobench.config_hash"  # identical across the runs of one comparison
+OBJECTIVE = "pobench.objective"
+SEED = "pobench.seed"
+VARIANT = "pobench.variant"          # objective name + override label, when overrides are given
+OVERRIDES = "pobench.overrides"
+VERSION = "pobench.version"
+GIT_COMMIT = "pobench.git_commit"
+MEMBER_PREFIX = "pobench.in."
+
+
+def member_tag(comparison: str) -> str:
+    """The membership tag of a comparison, ``pobench.in.<id>`` (``"1"`` on its member runs)."""
+    return f"{MEMBER_PREFIX}{comparison}"
+
+
+def version_tags(version: str, commit: str | None = None) -> dict[str, str]:
+    """``pobench.version`` (and ``pobench.git_commit`` when ``commit`` is given): what wrote a run."""
+    return {VERSION: str(version), **({GIT_COMMIT: commit} if commit is not None else {})}
+
+
+# ------------------------------------------------------------------ tracking URI
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+
+
+def tracking_uri(uri: str | None) -> str:
+    """The MLflow tracking URI every command uses: ``uri`` when given, else ``$MLFLOW_TRACKING_URI``, else MLflow's
+    own default, which is :data:`DEFAULT_TRACKING_URI` (``sqlite:///mlflow.db``) in the working folder, made absolute.
+
+    (MLflow resolves its default: the URI set by ``mlflow.set_tracking_uri`` in this process if any; a working folder
+    that already holds a file store with runs in ``./mlruns`` makes MLflow choose that file store instead.)"""
+    if uri:
+        return uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    import mlflow
+
+    return mlflow.get_tracking_uri()
+
+
+# ------------------------------------------------------------------ the store and its experiments
+_READY: set[str] = set()  # URIs whose store this process has already opened under the lock
+
+
+def store_lock_path(uri: str) -> Path | None:
+    """The lock file that guards a local store's creation (``<db>.lock`` / ``<folder>.lock``); None if remote."""
+    if uri.startswith("sqlite:"):
+        from sqlalchemy.engine import make_url
+
+        db = make_url(uri).database
+        if not db or db == ":memory:":
+            return None
+        p = Path(db)
+        return p.with_name(p.name + ".lock")
+    if uri.startswith("file:") or "://" not in uri:  # MLflow's file store: a folder
+        from urllib.parse import urlparse
+
+        p = Path(urlparse(uri).path if uri.startswith("file:") else uri)
+        return p.with_name(p.name + ".lock")
+    return None
+
+
+@contextlib.contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """Exclusive lock on a local store (a no-op for remote ones)."""
+    path = store_lock_path(uri)
+    if path is None:
+        yield
+        return
+    from filelock import FileLock
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path)):
+        yield
+
+
+def open_client(uri: str):
+    """An ``MlflowClient`` on ``uri`` whose store exists and is fully migrated.
+
+    The first call of a process for a local store connects under :func:`store_lock`, so concurrent processes never
+    create / migrate the same fresh store at once."""
+    from mlflow import MlflowClient
+
+    if uri in _READY or store_lock_path(uri) is None:
+        return MlflowClient(tracking_uri=uri)
+    with store_lock(uri):
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)  # the first connection: creates and migrates the store
+    _READY.add(uri)
+    return client
+
+
+def get_or_create_experiment(client, uri: str, name: str) -> str:
+    """The id of experiment ``name`` (restored if deleted, created if absent), safe against concurrent creators."""
+    with store_lock(uri):
+        exp = client.get_experiment_by_name(name)
+        if exp is not None and exp.lifecycle_stage == "deleted":
+            client.restore_experiment(exp.experiment_id)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            return client.create_experiment(name)
+        except Exception:  # a remote store: another process created it between the two calls
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            return exp.experiment_id
+
+
+# ------------------------------------------------------------------ batch logging
+MAX_BATCH = 1000  # MLflow's limit on the metrics (and on all entries) of one log_batch call
+MAX_BATCH_PARAMS_TAGS = 100  # MLflow's limit on the params, and on the tags, of one log_batch call
+
+
+def log_batch(client, run_id: str, metrics: Iterable[Any] = (), params: Iterable[Any] = (),
+              tags: Iterable[Any] = ()) -> None:
+    """``client.log_batch`` in as many calls as MLflow's limits need (one call when everything fits in one)."""
+    metrics, params, tags = list(metrics), list(params), list(tags)
+    if len(metrics) + len(params) + len(tags) <= MAX_BATCH and len(params) <= MAX_BATCH_PARAMS_TAGS \
+            and len(tags) <= MAX_BATCH_PARAMS_TAGS:
+        if metrics or params or tags:
+            client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
+        return
+    for i in range(0, len(params), MAX_BATCH_PARAMS_TAGS):
+        client.log_batch(run_id, params=params[i:i + MAX_BATCH_PARAMS_TAGS])
+    for i in range(0, len(tags), MAX_BATCH_PARAMS_TAGS):
+        client.log_batch(run_id, tags=tags[i:i + MAX_BATCH_PARAMS_TAGS])
+    for i in range(0, len(metrics), MAX_BATCH):
+        client.log_batch(run_id, metrics=metrics[i:i + MAX_BATCH])

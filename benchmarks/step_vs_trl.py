@@ -4,7 +4,12 @@ Same tiny model, same 32 prompts x 8 completions (256), 48 new tokens, one updat
 so that the ratios compare like with like on whatever machine runs it:
 
     python benchmarks/step_vs_trl.py [--steps 4] [--prompts 32] [--group 8] [--max-new-tokens 48] [--rounds 3]
-                                     [--threads 2]
+                                     [--threads 2] [--minibatches 4]
+
+`--minibatches M` is the several-mini-batch regime: each rollout batch is split into M mini-batches with one optimizer
+step each (ours: `minibatches=M`; TRL: `gradient_accumulation_steps = group / M` with the generation batch of all
+completions, i.e. `steps_per_generation` = M optimizer steps per generation). A "step" is then one rollout plus its M
+optimizer steps on both sides (TRL: the sum of M consecutive optimizer steps, first generation cycle excluded).
 
 Ours and TRL's step are timed in interleaved rounds (A B, then B A, ...: slow drifts of a shared machine hit both
 alike), each round a fresh run whose first step (warm-up) is excluded, with the same torch thread count pinned for
@@ -86,8 +91,9 @@ def our_rollout_and_floor(prompts, group, max_new, repeats) -> dict[str, float]:
     return {"rollout_s": sec, "rollout_tok_s": toks / sec, "fwd_bwd_s": statistics.median(fb)}
 
 
-def our_step(steps: int, prompts: int, group: int, max_new: int, workdir: str, threads: int = 0) -> float:
-    """Median `time/step_s` of our loop (GRPO without KL, one update per rollout, one micro-batch)."""
+def our_step(steps: int, prompts: int, group: int, max_new: int, workdir: str, threads: int = 0,
+             minibatches: int = 1) -> float:
+    """Median `time/step_s` of our loop (GRPO without KL; `minibatches` updates per rollout, one micro-batch each)."""
     from mlflow.tracking import MlflowClient
 
     from bench.config import TrainConfig
@@ -95,7 +101,8 @@ def our_step(steps: int, prompts: int, group: int, max_new: int, workdir: str, t
 
     uri = f"sqlite:///{workdir}/mlflow.db"
     cfg = TrainConfig(algo="grpo", objective_overrides={"kl_coef": 0.0}, steps=steps, prompts_per_step=prompts,
-                      group_size=group, max_new_tokens=max_new, micro_batch_size=prompts * group, eval_every=0,
+                      group_size=group, max_new_tokens=max_new, minibatches=minibatches,
+                      micro_batch_size=prompts * group // minibatches, eval_every=0,
                       checkpoint_every=10_000, samples_every=0, track_ref_kl=False, output_dir=f"{workdir}/runs",
                       tracking_uri=uri, experiment="bench-step", threads=threads or torch.get_num_threads())
     res = train(cfg)
@@ -103,8 +110,9 @@ def our_step(steps: int, prompts: int, group: int, max_new: int, workdir: str, t
     return statistics.median(m.value for m in sorted(hist, key=lambda m: m.step)[1:])  # first step = warm-up
 
 
-def trl_step(steps: int, prompts: list[str], group: int, max_new: int, workdir: str) -> float:
-    """Median seconds per optimizer step of TRL's GRPOTrainer on the same model and batch (warm-up step excluded)."""
+def trl_step(steps: int, prompts: list[str], group: int, max_new: int, workdir: str, minibatches: int = 1) -> float:
+    """Median seconds per generation cycle (one generation + `minibatches` optimizer steps) of TRL's GRPOTrainer on
+    the same model and batch (the first cycle, warm-up, excluded)."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -139,8 +147,9 @@ def trl_step(steps: int, prompts: list[str], group: int, max_new: int, workdir: 
                             "answer": [answers[q] for q in qs] * steps})
     n = len(prompts) * group
     args = GRPOConfig(output_dir=f"{workdir}/trl", per_device_train_batch_size=len(prompts),
-                      gradient_accumulation_steps=group, num_generations=group, max_completion_length=max_new,
-                      max_steps=steps, beta=0.0, loss_type="grpo", learning_rate=1e-4, report_to=[], use_cpu=True,
+                      gradient_accumulation_steps=group // minibatches, num_generations=group,
+                      max_completion_length=max_new, max_steps=steps * minibatches, beta=0.0, loss_type="grpo",
+                      learning_rate=1e-4, report_to=[], use_cpu=True,
                       logging_steps=1000, save_strategy="no", temperature=1.0, top_p=1.0, seed=0,
                       generation_batch_size=n, shuffle_dataset=False,
                       # like for like with our loop: float32 and no activation checkpointing (TRL's defaults on this
@@ -150,7 +159,8 @@ def trl_step(steps: int, prompts: list[str], group: int, max_new: int, workdir: 
                           train_dataset=ds, processing_class=tok, callbacks=[Clock()])
     trainer.train()
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-    return statistics.median(gaps[1:] if len(gaps) > 1 else gaps)
+    cycles = [sum(gaps[i:i + minibatches]) for i in range(0, len(gaps) - minibatches + 1, minibatches)]
+    return statistics.median(cycles[1:] if len(cycles) > 1 else cycles)
 
 
 def interleaved(a, prompts: list[str], work: str, threads: int) -> list[tuple[float, float]]:
@@ -161,9 +171,10 @@ def interleaved(a, prompts: list[str], work: str, threads: int) -> list[tuple[fl
         for who in (("ours", "trl") if r % 2 == 0 else ("trl", "ours")):
             torch.set_num_threads(threads)
             if who == "ours":
-                times[who] = our_step(a.steps, a.prompts, a.group, a.max_new_tokens, f"{work}/ours-{r}", threads)
+                times[who] = our_step(a.steps, a.prompts, a.group, a.max_new_tokens, f"{work}/ours-{r}", threads,
+                                      a.minibatches)
             else:
-                times[who] = trl_step(a.steps, prompts, a.group, a.max_new_tokens, f"{work}/trl-{r}")
+                times[who] = trl_step(a.steps, prompts, a.group, a.max_new_tokens, f"{work}/trl-{r}", a.minibatches)
         print(f"round {r + 1}/{a.rounds}: ours {times['ours']:.3f} s, TRL {times['trl']:.3f} s, "
               f"ratio {times['ours'] / times['trl']:.2f}", flush=True)
         rounds.append((times["ours"], times["trl"]))
@@ -179,14 +190,19 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of (ours, TRL); the order alternates")
     ap.add_argument("--threads", type=int, default=0, help="torch threads for both (default: torch's default)")
+    ap.add_argument("--minibatches", type=int, default=1,
+                    help="optimizer steps per rollout batch (1: the one-update regime); must divide --group")
     a = ap.parse_args()
+    if a.minibatches < 1 or a.group % a.minibatches:
+        ap.error(f"--minibatches {a.minibatches} must be >= 1 and divide --group {a.group}")
     threads = a.threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     prompts = prompts_for(a.prompts)
     work = tempfile.mkdtemp(prefix="pobench-bench-")
     print(f"torch threads: {torch.get_num_threads()}; batch {a.prompts} prompts x {a.group} = "
-          f"{a.prompts * a.group} completions, {a.max_new_tokens} new tokens")
+          f"{a.prompts * a.group} completions, {a.max_new_tokens} new tokens, {a.minibatches} optimizer step(s) "
+          "per rollout")
     raw_s, raw_tps = raw_generate(prompts, a.group, a.max_new_tokens, a.repeats)
     rss_raw = rss_mib()
     ours = our_rollout_and_floor(prompts, a.group, a.max_new_tokens, a.repeats)

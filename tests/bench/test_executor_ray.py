@@ -85,6 +85,28 @@ def test_local_stores_get_absolute_paths(tmp_path):
         assert absolute_tracking_uri(remote, tmp_path) == remote
 
 
+def test_task_setup_forwards_the_environment_and_notes_other_code(tmp_path, monkeypatch):
+    from bench.executors import _code_root, _task_setup, forwarded_env
+
+    monkeypatch.setenv("POBENCH_MLFLOW_TIMEOUT", "7")
+    monkeypatch.setenv("UNRELATED_SECRET", "x")
+    env = forwarded_env("sqlite:////abs/m.db")
+    assert env["MLFLOW_TRACKING_URI"] == "sqlite:////abs/m.db" and env["POBENCH_MLFLOW_TIMEOUT"] == "7"
+    assert "UNRELATED_SECRET" not in env
+    monkeypatch.chdir(tmp_path)
+    for key in env:  # restored after the test, also those _task_setup sets
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
+    seen = []
+    _task_setup({"env": env, "cwd": str(tmp_path), "cpu": False, "code_root": _code_root()},
+                lambda *e: seen.append(e), 0)
+    assert seen == [] and os.environ["MLFLOW_TRACKING_URI"] == "sqlite:////abs/m.db"
+    _task_setup({"env": {}, "cwd": "/no/such/folder", "cpu": False, "code_root": str(tmp_path)},
+                lambda *e: seen.append(e), 3)
+    assert seen == [("msg", 3, f"note: a Ray worker runs pobench from {_code_root()}, this process from {tmp_path}")]
+    assert os.getcwd() == str(tmp_path)   # a folder this node lacks: the working folder stays
+
+
 # ------------------------------------------------------------------ a real local Ray instance (slow)
 @pytest.fixture(scope="module")
 def ray_cluster():

@@ -15,6 +15,7 @@ SKIP = ("algo", "seed", "run_name", "comparison", "resume", "objective_overrides
 
 def register(sub: argparse._SubParsersAction) -> None:
     from bench.cmd_train import add_config_flags
+    from bench.executors import EXECUTORS
     from bench.harness import DEFAULTS
 
     p = sub.add_parser("run", help="compare objectives over seeds, then write the report", description=__doc__,
@@ -28,8 +29,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "tune`): {field: value}, optionally under `objective_overrides:`, or {objective: {field: value}}")
     p.add_argument("--workers", type=int, metavar="N", help="pairs trained at once, each in its own process with one "
                    "torch thread; 0 = one per CPU core (one on a GPU), at most the number of pairs to train; 1 = one "
-                   "after another in this process; results are identical either way (default: "
-                   f"{DEFAULTS.workers})")
+                   "after another in this process; results are identical either way; with --executor ray: the CPUs "
+                   f"of the local Ray instance (ignored with --ray-address) (default: {DEFAULTS.workers})")
+    p.add_argument("--executor", metavar="NAME", help="where the pairs are trained: " + "; ".join(
+        f"{k} = {v}" for k, v in EXECUTORS.items()) + "; reuse, resume, --force and the MLflow records are the same "
+        f"with each (default: {DEFAULTS.executor})")
+    p.add_argument("--ray-address", metavar="ADDR", help="with --executor ray: the Ray cluster to connect to (`auto` = "
+                   "the one `ray start --head` runs on this machine, HOST:PORT, or ray://HOST:10001); every node needs "
+                   "pobench installed (docs/SCALE.md) (default: start a local Ray instance for this command)")
     p.add_argument("--force", action="store_true", help="redo pairs that already finished (default: reuse them)")
     p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
     p.add_argument("--baseline", help=f"objective the report compares against (default: {DEFAULTS.baseline})")
@@ -46,8 +53,10 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
 
     from bench.config import TrainConfig
+    from bench.executors import make_executor
     from bench.harness import DEFAULTS, base_config, load_params, parse_seeds, resolve_algos, run_comparison
 
+    make_executor(args.executor, workers=args.workers, ray_address=args.ray_address)  # bad flags: one line, nothing run
     algos = resolve_algos(args.algos, args.ablation)
     seeds = parse_seeds(args.seeds)
     params = load_params(args.params, algos)
@@ -64,12 +73,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = run_comparison(cfg, algos, seeds, params, force=args.force, progress=not args.no_progress,
                              report=not args.no_report, baseline=baseline, target_acc=args.target_acc,
-                             out_root=args.out_root, workers=args.workers)
+                             out_root=args.out_root, workers=args.workers, executor=args.executor,
+                             ray_address=args.ray_address)
     except KeyboardInterrupt:
         print("bench run: interrupted; rerun the same command to resume where it stopped", file=sys.stderr)
         return 130
     print(f"comparison {res.comparison} in experiment {res.experiment!r} ({res.tracking_uri}): "
-          f"{len(res.pairs)} runs in {res.seconds:.0f} s on {res.workers} worker(s)")
+          f"{len(res.pairs)} runs in {res.seconds:.0f} s on {res.workers} worker(s)"
+          + (" (Ray tasks)" if res.executor == "ray" else ""))
     for p in res.pairs:
         print(f"  {p.variant:<24} seed {p.seed}: {p.outcome}")
     if res.report is not None:

@@ -30,10 +30,12 @@ def probe_config(cfg: TrainConfig, algos: list[str], params: dict[str, dict[str,
 
 
 def warn_before_run(cfg: TrainConfig, algos: list[str], params: dict[str, dict[str, Any]] | None = None, *,
-                    client=None, run_id: str | None = None, stream=sys.stderr) -> ProbeResult | None:
+                    client=None, run_id: str | None = None, stream=None) -> ProbeResult | None:
     """Print a warning naming coinciding objectives and inert terms (nothing when there are none); log the probe
     as ``probe.json`` on MLflow run ``run_id`` when given. A probe that fails (e.g. a plugin objective that needs
-    tensors the probe does not build) is reported in one line and does not stop the run."""
+    tensors the probe does not build) is reported in one line and does not stop the run. ``stream``: default the
+    ``sys.stderr`` of the moment of the call (not of the import: a replaced stderr may be closed since)."""
+    stream = stream or sys.stderr
     try:
         result = probe_config(cfg, algos, params)
     except Exception as e:  # the probe is advice: never block training on it

@@ -40,6 +40,8 @@ class RunDefaults:
     # pairs trained at once, each in its own process with one torch thread (bench/parallel.py); 0 = one per CPU core
     # this process may use (one on a GPU), never more than the pairs to train; 1 = one after another, in-process
     workers: int = 0
+    # where the pairs are trained (bench/executors.py): local (this machine) | ray (one Ray task per pair)
+    executor: str = "local"
     train: dict[str, Any] = field(default_factory=lambda: {
         # 16 prompts x 8 completions, 4 mini-batch updates per rollout (TrainConfig.minibatches) at lr 3e-5 is the
         # recipe that measurably improves the built-in model off-policy; greedy held-out accuracy on 400 problems
@@ -172,7 +174,8 @@ class HarnessResult:
     pairs: list[Pair]
     report: Any = None               # reports.report.Report when written
     seconds: float = 0.0
-    workers: int = 1                 # processes the pairs were trained on
+    workers: int = 1                 # pairs trained at once: processes (local) or Ray task slots (ray)
+    executor: str = "local"          # bench/executors.py
 
     @property
     def failed(self) -> list[Pair]:
@@ -279,20 +282,27 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
                    params: dict[str, dict[str, Any]] | None = None, *, force: bool = False, progress: bool = True,
                    report: bool = True, baseline: str | None = None, target_acc: float | None = None,
                    out_root: str | Path = "reports/out", workers: int | None = None,
-                   on_eval: Callable[[Pair, int, dict[str, float]], None] | None = None) -> HarnessResult:
+                   on_eval: Callable[[Pair, int, dict[str, float]], None] | None = None,
+                   executor: str | None = None, ray_address: str | None = None) -> HarnessResult:
     """Train the missing pairs of the comparison, then (``report``) write its report. ``on_eval(pair, step,
     metrics)`` is called after each held-out evaluation (it may raise ``bench.train.StopTraining``); with more than
-    one worker it runs in the worker processes, so it must be picklable. ``workers``: see ``RunDefaults.workers``."""
-    from bench.parallel import PairJob, PairResult, execute
+    one worker it runs in the worker processes, so it must be picklable (with ``executor="ray"`` it runs in the Ray
+    tasks). ``workers``: see ``RunDefaults.workers`` (with ``ray``: the CPUs of the local Ray instance).
+    ``executor``: ``local`` | ``ray`` (``RunDefaults.executor``); ``ray_address``: the Ray cluster to connect to
+    (default: start a local instance); see bench/executors.py."""
+    from bench.executors import make_executor
+    from bench.parallel import PairJob, PairResult
     from bench.tracking import tracking_uri
     from reports.record import get_or_create_experiment, open_client
 
     t_start = time.perf_counter()
+    ex = make_executor(executor or DEFAULTS.executor, workers=workers, ray_address=ray_address)
     params = params or {a: {} for a in algos}
     for a in algos:  # every objective validates with its overrides before any run starts
         replace(cfg, algo=a, objective_overrides=dict(params.get(a, {}))).validate()
     uri = tracking_uri(cfg.tracking_uri)
-    cfg = replace(cfg, tracking_uri=uri)
+    cfg = ex.prepare(replace(cfg, tracking_uri=uri))
+    uri = cfg.tracking_uri
     client = open_client(uri)  # a fresh local store is created under a lock (bench/store.py)
     cid, pairs = plan(cfg, algos, seeds, params, force=force, client=client)
     exp_id = get_or_create_experiment(client, uri, cfg.experiment)
@@ -315,20 +325,10 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
             shutil.rmtree(run_dir(cfg, p), ignore_errors=True)
 
     todo = [p for p in pairs if p.action != "reuse"]
-    n_workers = resolve_workers(workers, len(todo), cfg)
-    if n_workers > 1 and on_eval is not None:
-        import pickle
-
-        try:
-            pickle.dumps(on_eval)
-        except Exception as e:  # noqa: BLE001
-            raise ValueError(f"on_eval runs in the worker processes and must be picklable (a module-level function) "
-                             f"({e}); or pass workers=1") from None
     jobs = [PairJob(i, cfg, p, cid, parent, exp_id, force) for i, p in enumerate(todo)]
     # the starting policy's held-out evaluation, once for the comparison (pairs that start from scratch need it)
     fresh = sorted({p.seed for p in todo if p.action == "train"})
     step0_cfg = cfg if fresh and cfg.eval_every > 0 and cfg.backend == "hf" else None
-    display = _Display(cid, pairs, cfg.steps, enabled=progress, workers=n_workers)
     status = "FINISHED"
 
     def finished(r: PairResult) -> None:
@@ -343,12 +343,16 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
         display.done(r.index, p, r.error)
 
     try:
+        n_workers = ex.start(len(todo), cfg, on_eval)  # the pool's size, or the Ray connection and task resources
+        display = _Display(cid, pairs, cfg.steps, enabled=progress, workers=n_workers)
         with display:
-            execute(jobs, workers=n_workers, notify=display.event, on_eval=on_eval, step0_cfg=step0_cfg,
-                    step0_seeds=fresh, on_result=finished)
+            ex.execute(jobs, notify=display.event, on_eval=on_eval, step0_cfg=step0_cfg, step0_seeds=fresh,
+                       on_result=finished)
     except BaseException:
         client.set_terminated(parent, status="KILLED")
         raise
+    finally:
+        ex.close()
     client.set_terminated(parent, status=status)
     if report and any(p.outcome.startswith(("reused", "finished", "stopped early")) for p in pairs):
         from reports.report import build_report
@@ -358,6 +362,7 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
                                      client=client)
     result.seconds = time.perf_counter() - t_start
     result.workers = n_workers
+    result.executor = ex.name
     return result
 
 

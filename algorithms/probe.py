@@ -196,10 +196,28 @@ def _entries(objectives: Sequence[str | tuple]) -> list[Entry]:
     return out
 
 
+def _advantage_inputs(obj, pb: ProbeBatch) -> dict[str, torch.Tensor]:
+    """What the objective's advantage estimator needs beyond the rewards, from the synthetic batch: completion lengths
+    (P, G) from the mask, and for ReMax the greedy completion's reward (P,), taken as the group's majority outcome
+    (ties: wrong), a stand-in for one more sample of the same policy."""
+    needs = obj.advantage_needs
+    P, G = pb.rewards.shape
+    out: dict[str, torch.Tensor] = {}
+    if "lengths" in needs:
+        out["lengths"] = pb.mask.sum(-1).view(P, G).to(pb.rewards.dtype)
+    if "greedy_rewards" in needs:
+        out["greedy_rewards"] = (pb.rewards.mean(-1) > 0.5).to(pb.rewards.dtype)
+    unknown = set(needs) - set(out)
+    if unknown:
+        raise ValueError(f"probe: {obj.name}'s advantage estimator needs {sorted(unknown)}, which the probe cannot "
+                         "synthesise")
+    return out
+
+
 def _gradient_one(name: str, overrides: dict[str, Any], pb: ProbeBatch, seed: int
                   ) -> tuple[torch.Tensor, dict[str, float]]:
     obj = get_objective(name, **overrides)
-    adv = obj.advantages(pb.rewards).reshape(-1).to(torch.float64)  # (B,)
+    adv = obj.advantages(pb.rewards, **_advantage_inputs(obj, pb)).reshape(-1).to(torch.float64)  # (B,)
     lp = pb.logprobs.clone().requires_grad_(True)
     ent = pb.entropy.clone().requires_grad_(True)
     batch = PolicyBatch(logprobs=lp, old_logprobs=pb.old_logprobs, advantages=adv, mask=pb.mask,

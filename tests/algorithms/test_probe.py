@@ -101,3 +101,27 @@ def test_relative_difference():
     a = torch.tensor([1.0, 2.0, 2.0])
     assert relative_difference(a, a) == 0 and relative_difference(a * 0, a * 0) == 0
     assert relative_difference(a, 2 * a) == pytest.approx(0.5)
+
+
+def test_every_registered_objective_is_probed_including_length_and_greedy_estimators():
+    """REINFORCE++ and OPO need completion lengths, ReMax a greedy reward per prompt: the probe supplies them (it
+    stopped with "needs completion lengths" before), so `bench list --compare` covers every registered objective."""
+    from algorithms import list_objectives
+
+    names = list_objectives()
+    assert {"reinforce_pp", "opo", "remax"} <= set(names)
+    res = probe(names, DEFAULT, ablations=False, batches=1)
+    assert res.labels == names and all(v == v for v in res.distance.values())  # every pair compared, no NaN
+
+
+def test_probe_advantage_inputs_are_the_batch_lengths_and_the_majority_outcome():
+    from algorithms.probe import _advantage_inputs
+
+    pb = make_batch(DEFAULT)
+    P, G = pb.rewards.shape
+    lengths = _advantage_inputs(get_objective("opo"), pb)["lengths"]
+    for i in range(P * G):  # completion i of prompt i // G: its number of real tokens
+        assert lengths[i // G, i % G] == int((pb.mask[i] > 0).sum())
+    greedy = _advantage_inputs(get_objective("remax"), pb)["greedy_rewards"]
+    assert greedy.tolist() == [1.0 if 2 * row.sum() > G else 0.0 for row in pb.rewards]
+    assert _advantage_inputs(get_objective("grpo"), pb) == {}

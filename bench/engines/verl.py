@@ -302,9 +302,10 @@ def _chat_template(template: str) -> str | None:
     if "{question}" not in template:
         raise ValueError(f"prompt template {template!r} must be auto, chat, plain, or a string containing {{question}}")
     before, after = template.split("{question}", 1)
-    raw = "{%- raw -%}{}{%- endraw -%}"
-    text = (raw.replace("{}", before) if before else "") + "{{ messages[-1]['content'] }}"
-    return text + (raw.replace("{}", after) if after else "")
+    # string literals in expression tags: no block tag, so trim_blocks / lstrip_blocks (Hugging Face's chat-template
+    # environment) cannot eat a newline or an indent of the literal text
+    literal = [f"{{{{ {json.dumps(t, ensure_ascii=False)} }}}}" if t else "" for t in (before, after)]
+    return literal[0] + "{{ messages[-1]['content'] }}" + literal[1]
 
 
 def problem_rows(benchmark_name: str, problems, answer_kind: str, split: str) -> list[dict]:

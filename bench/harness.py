@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from bench.config import TrainConfig
-from reports.record import member_tag
+from reports.record import member_tag, retry_locked
 
 
 @dataclass(frozen=True)
@@ -349,11 +349,11 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
             ex.execute(jobs, notify=display.event, on_eval=on_eval, step0_cfg=step0_cfg, step0_seeds=fresh,
                        on_result=finished)
     except BaseException:
-        client.set_terminated(parent, status="KILLED")
+        retry_locked(client.set_terminated, parent, status="KILLED")
         raise
     finally:
         ex.close()
-    client.set_terminated(parent, status=status)
+    retry_locked(client.set_terminated, parent, status=status)
     if report and any(p.outcome.startswith(("reused", "finished", "stopped early")) for p in pairs):
         from reports.report import build_report
 

@@ -100,7 +100,7 @@ class RunLogger:
         self.pending: list[tuple[str, float, int, int]] = []  # (key, value, timestamp ms, step)
 
     def start(self, run_name: str, tags: dict[str, str], params: dict[str, str]) -> str:
-        run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+        run = record.retry_locked(self.client.create_run, self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
         record.log_batch(self.client, self.run_id, params=[mlflow.entities.Param(k, v) for k, v in params.items()])
         return self.run_id
@@ -108,7 +108,7 @@ class RunLogger:
     def reopen(self, run_id: str, pending: list[tuple[str, float, int, int]]) -> None:
         """Continue an existing run; re-log buffered metrics of the checkpoint that never reached the store."""
         self.run_id = run_id
-        self.client.update_run(run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+        record.retry_locked(self.client.update_run, run_id, status=RunStatus.to_string(RunStatus.RUNNING))
         keys = {k for k, _, _, _ in pending}
         have = {(k, m.step) for k in keys for m in self.client.get_metric_history(run_id, k)}
         self.pending = [p for p in pending if (p[0], p[3]) not in have]
@@ -127,7 +127,7 @@ class RunLogger:
 
     def set_tags(self, tags: dict[str, str]) -> None:
         for k, v in tags.items():
-            self.client.set_tag(self.run_id, k, v)
+            record.retry_locked(self.client.set_tag, self.run_id, k, v)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(self.run_id, str(path), artifact_path)
@@ -137,4 +137,4 @@ class RunLogger:
 
     def end(self, status: str = "FINISHED") -> None:
         if self.run_id is not None:
-            self.client.set_terminated(self.run_id, status=status)
+            record.retry_locked(self.client.set_terminated, self.run_id, status=status)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,31 @@ def get_or_create_experiment(client, uri: str, name: str) -> str:
             return exp.experiment_id
 
 
+# ------------------------------------------------------------------ writes that SQLite refused for a moment
+LOCK_ATTEMPTS = 4  # each waits up to MLflow's SQLite busy timeout (20 s), then 0.25, 0.5, 1 s between attempts
+
+
+def retry_locked(fn, *args: Any, attempts: int = LOCK_ATTEMPTS, first_wait: float = 0.25, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, called again (with doubling waits) while it fails with SQLite's "database is locked".
+
+    MLflow's SQLite store waits up to 20 s for the write lock (``busy_timeout``) and then gives up. On Ctrl-C to a
+    `bench run` with 2 workers on a loaded machine, both workers and the driver end their runs at once and one of them
+    hit that limit (CI, 2 cores: a traceback instead of "interrupted; rerun the same command to resume"). The failed
+    transaction is rolled back, so calling again is safe. Any other error is raised at once; the last attempt's error
+    is raised as it is.
+    """
+    wait = first_wait
+    for attempt in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            if "database is locked" not in str(e) or attempt == attempts - 1:
+                raise
+            time.sleep(wait)
+            wait = min(2 * wait, 8.0)
+    raise AssertionError("unreachable")
+
+
 # ------------------------------------------------------------------ batch logging
 MAX_BATCH = 1000  # MLflow's limit on the metrics (and on all entries) of one log_batch call
 MAX_BATCH_PARAMS_TAGS = 100  # MLflow's limit on the params, and on the tags, of one log_batch call
@@ -151,11 +177,11 @@ def log_batch(client, run_id: str, metrics: Iterable[Any] = (), params: Iterable
     if len(metrics) + len(params) + len(tags) <= MAX_BATCH and len(params) <= MAX_BATCH_PARAMS_TAGS \
             and len(tags) <= MAX_BATCH_PARAMS_TAGS:
         if metrics or params or tags:
-            client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
+            retry_locked(client.log_batch, run_id, metrics=metrics, params=params, tags=tags)
         return
     for i in range(0, len(params), MAX_BATCH_PARAMS_TAGS):
-        client.log_batch(run_id, params=params[i:i + MAX_BATCH_PARAMS_TAGS])
+        retry_locked(client.log_batch, run_id, params=params[i:i + MAX_BATCH_PARAMS_TAGS])
     for i in range(0, len(tags), MAX_BATCH_PARAMS_TAGS):
-        client.log_batch(run_id, tags=tags[i:i + MAX_BATCH_PARAMS_TAGS])
+        retry_locked(client.log_batch, run_id, tags=tags[i:i + MAX_BATCH_PARAMS_TAGS])
     for i in range(0, len(metrics), MAX_BATCH):
-        client.log_batch(run_id, metrics=metrics[i:i + MAX_BATCH])
+        retry_locked(client.log_batch, run_id, metrics=metrics[i:i + MAX_BATCH])

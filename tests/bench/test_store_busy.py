@@ -1,0 +1,87 @@
+"""Ending a run while another process holds SQLite's write lock longer than MLflow waits for it: the write is
+retried, not lost to a traceback.
+
+Seen on Ctrl-C to `bench run --workers 2` on a loaded 2-core machine: both workers and the driver end their runs at
+the same moment, and one of them got "database is locked" after MLflow's SQLite busy timeout (20 s). Here a plain
+sqlite3 connection holds the write lock for 23 s.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+import pytest
+from mlflow import MlflowClient
+
+from bench.tracking import RunLogger
+from reports.record import retry_locked
+
+HOLD_S = 23.0  # longer than MLflow's SQLite busy timeout of 20 s
+
+
+def _hold_write_lock(db: str, seconds: float) -> threading.Thread:
+    conn = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    conn.execute("BEGIN IMMEDIATE")  # the write (RESERVED) lock, as another process's open write transaction holds it
+    conn.execute("UPDATE experiments SET name = name")
+
+    def release():
+        time.sleep(seconds)
+        conn.execute("COMMIT")
+        conn.close()
+
+    t = threading.Thread(target=release)
+    t.start()
+    return t
+
+
+@pytest.fixture
+def logger(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    log = RunLogger(uri, "busy")
+    log.start("r", {"pobench.kind": "train"}, {"a": "1"})
+    return log, str(tmp_path / "mlflow.db"), uri
+
+
+@pytest.mark.slow
+def test_mlflow_gives_up_on_a_lock_held_longer_than_its_busy_timeout(logger):
+    """The premise: MLflow's own call fails after its busy timeout (so without the retry a run would not end)."""
+    log, db, _ = logger
+    holder = _hold_write_lock(db, HOLD_S)
+    with pytest.raises(Exception, match="database is locked"):
+        log.client.set_terminated(log.run_id, status="KILLED")
+    holder.join()
+
+
+@pytest.mark.slow
+def test_ending_a_run_under_a_held_lock_waits_and_succeeds(logger):
+    log, db, uri = logger
+    holder = _hold_write_lock(db, HOLD_S)
+    log.log({"m": 1.0}, 1)
+    log.flush()
+    log.set_tags({"pobench.stopped": "early"})
+    log.end("KILLED")
+    holder.join()
+    run = MlflowClient(uri).get_run(log.run_id)
+    assert run.info.status == "KILLED" and run.data.tags["pobench.stopped"] == "early" and run.data.metrics["m"] == 1.0
+
+
+def test_retry_gives_up_after_its_attempts_and_passes_other_errors_at_once():
+    calls = []
+
+    def locked():
+        calls.append(1)
+        raise sqlite3.OperationalError("database is locked")
+
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        retry_locked(locked, attempts=3, first_wait=0.01)
+    assert len(calls) == 3
+
+    def other():
+        calls.append(2)
+        raise ValueError("no such run")
+
+    with pytest.raises(ValueError):
+        retry_locked(other, attempts=3, first_wait=0.01)
+    assert calls.count(2) == 1

@@ -1,24 +1,19 @@
-"""`bench tune`: Optuna search over an objective's tunable fields, its outputs, and `bench tune --show`.
+"""`bench tune`: the command line of an Optuna search over an objective's tunable fields, and `bench tune --show`.
 
-Outputs (in ``--out``, default ``.pobench/tune/<study>/``, also logged to the study's MLflow parent run):
-``best.yaml`` (``{algo, objective_overrides}``, accepted by ``bench run --params``), ``summary.csv`` / ``summary.md``
-(one row per trial), ``history.png``, ``importance.png``, ``contour.png`` (Optuna's matplotlib plots; a plot that
-cannot be drawn yet, e.g. importances with fewer than two complete trials, is listed in ``summary.md`` with the reason).
-See docs/TUNING.md.
+Flags and their checks only; the library is the package ``bench.tune`` (search space, metric, storage, the study
+loop, MLflow runs, outputs). See docs/TUNING.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from bench import tune
 from bench.config import TrainConfig
+from bench.tune.outputs import print_leaderboard, write_outputs  # cmd_tune.write_outputs: tests/bench/test_tune.py
+from bench.tune.outputs import show as show_study
 
 # TrainConfig fields a study sets itself per trial (the rest come from --config and the flags)
 SKIP = ("algo", "seed", "run_name", "comparison", "resume")
@@ -103,160 +98,12 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else tune.DEFAULT_DIR / spec.study
     paths = write_outputs(study, out)
     print_leaderboard(study)
-    runs = tune.StudyRuns(tune.tracking_uri(spec.base), spec.base.experiment, spec.study)
-    runs.parent_id = study.user_attrs.get("mlflow_parent_run_id", "")
-    if runs.parent_id:
-        runs.log_artifacts(out)
+    tune.log_outputs(spec, study, out)
     print(f"outputs in {out}: {', '.join(sorted(p.name for p in paths.values()))}")
     return 0
 
 
 def show(args: argparse.Namespace) -> int:
-    import optuna
-
-    url = args.storage or tune.default_storage_url()
-    storage = tune.open_storage(url)
-    names = optuna.study.get_all_study_names(storage)
-    if not args.study or args.study not in names:
-        raise ValueError(f"--show needs --study NAME of an existing study; studies in {tune.redact(url)}: "
-                         f"{', '.join(names) or '(none)'}")
-    study = optuna.load_study(study_name=args.study, storage=storage)
-    print_leaderboard(study)
-    out = Path(args.out) if args.out else tune.DEFAULT_DIR / args.study
-    write_outputs(study, out)
+    out = show_study(args.study, args.storage, Path(args.out) if args.out else None)
     print(f"outputs in {out}")
     return 0
-
-
-# --------------------------------------------------------------------------------------------------- outputs
-def leaderboard(study: Any) -> list[dict[str, Any]]:
-    """One row per trial: finished trials best first, then the others by number."""
-    from optuna.trial import TrialState
-
-    sign = -1.0 if study.direction.name == "MAXIMIZE" else 1.0
-    rows = []
-    for t in study.get_trials(deepcopy=False):
-        dur = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start \
-            else None
-        last = max(t.intermediate_values) if t.intermediate_values else None
-        rows.append({"trial": t.number, "state": t.state.name, "value": t.value,
-                     "last_report": None if last is None else t.intermediate_values[last],
-                     "duration_s": None if dur is None else round(dur, 1),
-                     "retry_of": t.system_attrs.get("failed_trial"),
-                     "mlflow_run": t.user_attrs.get("mlflow_run_id"), **{f"p.{k}": v for k, v in t.params.items()}})
-    complete = sorted((r for r in rows if r["state"] == TrialState.COMPLETE.name), key=lambda r: sign * r["value"])
-    return complete + [r for r in rows if r["state"] != TrialState.COMPLETE.name]
-
-
-def print_leaderboard(study: Any) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    rows = leaderboard(study)
-    params = sorted({k for r in rows for k in r if k.startswith("p.")})
-    metric = study.user_attrs.get("metric", "")
-    table = Table(title=f"study {study.study_name} ({study.direction.name.lower()} {metric})")
-    for col in ["trial", "state", "value", "last_report", "duration_s", *[p[2:] for p in params]]:
-        table.add_column(col, justify="right" if col not in ("state",) else "left")
-    for r in rows:
-        table.add_row(*[_fmt(r.get(c)) for c in ["trial", "state", "value", "last_report", "duration_s", *params]])
-    Console(width=max(120, 70 + 16 * len(params))).print(table)
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-def best_params_yaml(study: Any) -> str:
-    """``{algo, objective_overrides}`` of the best trial, the format `bench run --params` reads."""
-    best = study.best_trial  # ValueError when no trial completed
-    algo = study.user_attrs.get("algo")
-    if not algo:
-        raise ValueError(f"study {study.study_name!r} was not created by `bench tune` (no algo attribute)")
-    head = (f"# best trial {best.number} of study {study.study_name}: {study.user_attrs.get('metric', 'value')} = "
-            f"{best.value:.6g} (seeds [{study.user_attrs.get('seeds', '?')}], {study.user_attrs.get('steps', '?')} "
-            f"training steps)\n# use: bench run --algos {algo} --params best.yaml\n")
-    return head + yaml.safe_dump({"algo": algo, "objective_overrides": dict(best.params)}, sort_keys=False)
-
-
-def write_outputs(study: Any, out: Path) -> dict[str, Path]:
-    """best.yaml, summary.csv, summary.md and the PNG plots; returns the paths written."""
-    import warnings
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from optuna.visualization import matplotlib as ovm
-
-    out.mkdir(parents=True, exist_ok=True)
-    paths: dict[str, Path] = {}
-    notes: list[str] = []
-    rows = leaderboard(study)
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    with open(out / "summary.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-    paths["summary.csv"] = out / "summary.csv"
-    try:
-        (out / "best.yaml").write_text(best_params_yaml(study))
-        paths["best.yaml"] = out / "best.yaml"
-    except ValueError as e:
-        notes.append(f"best.yaml not written: {e}")
-    top = _top_params(study)
-    plots = {"history.png": lambda: ovm.plot_optimization_history(study),
-             "importance.png": lambda: ovm.plot_param_importances(study, evaluator=_evaluator()),
-             "contour.png": lambda: ovm.plot_contour(study, params=top)}
-    for name, make in plots.items():
-        if name == "contour.png" and len(top) < 2:
-            notes.append("contour.png not drawn: it needs two searched parameters and two complete trials")
-            continue
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                ax = make()
-            fig = (ax.flat[0] if hasattr(ax, "flat") else ax).figure
-            fig.set_size_inches(max(fig.get_size_inches()[0], 7), max(fig.get_size_inches()[1], 5))
-            fig.savefig(out / name, dpi=110, bbox_inches="tight")
-            plt.close(fig)
-            paths[name] = out / name
-        except (ValueError, RuntimeError, ZeroDivisionError) as e:
-            notes.append(f"{name} not drawn: {e}")
-        plt.close("all")
-    md = [f"# Study `{study.study_name}`", "",
-          f"objective `{study.user_attrs.get('algo', '?')}`, metric `{study.user_attrs.get('metric', '?')}` "
-          f"({study.direction.name.lower()}); seeds [{study.user_attrs.get('seeds', '?')}]; "
-          f"{study.user_attrs.get('steps', '?')} training steps per run", "",
-          "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    md += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
-    md += ["", *[f"- {n}" for n in notes]]
-    (out / "summary.md").write_text("\n".join(md) + "\n")
-    paths["summary.md"] = out / "summary.md"
-    for n in notes:
-        print(f"note: {n}", file=sys.stderr)
-    return paths
-
-
-def _evaluator() -> Any:
-    """fANOVA with a fixed seed: the importance plot and the contour's choice of parameters agree."""
-    from optuna.importance import FanovaImportanceEvaluator
-
-    return FanovaImportanceEvaluator(seed=0)
-
-
-def _top_params(study: Any) -> list[str]:
-    """The two most important parameters (fANOVA) for a readable contour; [] when a contour cannot be drawn."""
-    from optuna.importance import get_param_importances
-    from optuna.trial import TrialState
-
-    names = sorted({k for t in study.get_trials(deepcopy=False) for k in t.params})
-    if len(names) < 2 or len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < 2:
-        return []
-    try:
-        ranked = list(get_param_importances(study, evaluator=_evaluator()))
-    except (ValueError, RuntimeError, ZeroDivisionError):
-        ranked = []
-    return list(dict.fromkeys(ranked + names))[:2]

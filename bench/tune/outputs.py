@@ -1,0 +1,170 @@
+"""The outputs of a study, written at the end of every worker's run and by `bench tune --show`.
+
+In ``--out`` (default ``.pobench/tune/<study>/``, also logged to the study's MLflow parent run by
+``bench.tune.runs.log_outputs``): ``best.yaml`` (``{algo, objective_overrides}``, accepted by ``bench run --params``),
+``summary.csv`` / ``summary.md`` (one row per trial), ``history.png``, ``importance.png``, ``contour.png`` (Optuna's
+matplotlib plots; a plot that cannot be drawn yet, e.g. importances with fewer than two complete trials, is listed in
+``summary.md`` with the reason). See docs/TUNING.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.tune.storage import DEFAULT_DIR, default_storage_url, open_storage, redact
+
+
+def show(study_name: str | None, storage_url: str | None = None, out: Path | None = None) -> Path:
+    """`bench tune --show`: print the leaderboard of an existing study and write its outputs (to ``out``, default
+    ``.pobench/tune/<study>``); ValueError listing the studies of the storage when ``study_name`` is not one."""
+    import optuna
+
+    url = storage_url or default_storage_url()
+    storage = open_storage(url)
+    names = optuna.study.get_all_study_names(storage)
+    if not study_name or study_name not in names:
+        raise ValueError(f"--show needs --study NAME of an existing study; studies in {redact(url)}: "
+                         f"{', '.join(names) or '(none)'}")
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    print_leaderboard(study)
+    out = out or DEFAULT_DIR / study_name
+    write_outputs(study, out)
+    return out
+
+
+def leaderboard(study: Any) -> list[dict[str, Any]]:
+    """One row per trial: finished trials best first, then the others by number."""
+    from optuna.trial import TrialState
+
+    sign = -1.0 if study.direction.name == "MAXIMIZE" else 1.0
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        dur = (t.datetime_complete - t.datetime_start).total_seconds() if t.datetime_complete and t.datetime_start \
+            else None
+        last = max(t.intermediate_values) if t.intermediate_values else None
+        rows.append({"trial": t.number, "state": t.state.name, "value": t.value,
+                     "last_report": None if last is None else t.intermediate_values[last],
+                     "duration_s": None if dur is None else round(dur, 1),
+                     "retry_of": t.system_attrs.get("failed_trial"),
+                     "mlflow_run": t.user_attrs.get("mlflow_run_id"), **{f"p.{k}": v for k, v in t.params.items()}})
+    complete = sorted((r for r in rows if r["state"] == TrialState.COMPLETE.name), key=lambda r: sign * r["value"])
+    return complete + [r for r in rows if r["state"] != TrialState.COMPLETE.name]
+
+
+def print_leaderboard(study: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = leaderboard(study)
+    params = sorted({k for r in rows for k in r if k.startswith("p.")})
+    metric = study.user_attrs.get("metric", "")
+    table = Table(title=f"study {study.study_name} ({study.direction.name.lower()} {metric})")
+    for col in ["trial", "state", "value", "last_report", "duration_s", *[p[2:] for p in params]]:
+        table.add_column(col, justify="right" if col not in ("state",) else "left")
+    for r in rows:
+        table.add_row(*[_fmt(r.get(c)) for c in ["trial", "state", "value", "last_report", "duration_s", *params]])
+    Console(width=max(120, 70 + 16 * len(params))).print(table)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def best_params_yaml(study: Any) -> str:
+    """``{algo, objective_overrides}`` of the best trial, the format `bench run --params` reads."""
+    best = study.best_trial  # ValueError when no trial completed
+    algo = study.user_attrs.get("algo")
+    if not algo:
+        raise ValueError(f"study {study.study_name!r} was not created by `bench tune` (no algo attribute)")
+    head = (f"# best trial {best.number} of study {study.study_name}: {study.user_attrs.get('metric', 'value')} = "
+            f"{best.value:.6g} (seeds [{study.user_attrs.get('seeds', '?')}], {study.user_attrs.get('steps', '?')} "
+            f"training steps)\n# use: bench run --algos {algo} --params best.yaml\n")
+    return head + yaml.safe_dump({"algo": algo, "objective_overrides": dict(best.params)}, sort_keys=False)
+
+
+def write_outputs(study: Any, out: Path) -> dict[str, Path]:
+    """best.yaml, summary.csv, summary.md and the PNG plots; returns the paths written."""
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as ovm
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    notes: list[str] = []
+    rows = leaderboard(study)
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    with open(out / "summary.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    paths["summary.csv"] = out / "summary.csv"
+    try:
+        (out / "best.yaml").write_text(best_params_yaml(study))
+        paths["best.yaml"] = out / "best.yaml"
+    except ValueError as e:
+        notes.append(f"best.yaml not written: {e}")
+    top = _top_params(study)
+    plots = {"history.png": lambda: ovm.plot_optimization_history(study),
+             "importance.png": lambda: ovm.plot_param_importances(study, evaluator=_evaluator()),
+             "contour.png": lambda: ovm.plot_contour(study, params=top)}
+    for name, make in plots.items():
+        if name == "contour.png" and len(top) < 2:
+            notes.append("contour.png not drawn: it needs two searched parameters and two complete trials")
+            continue
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ax = make()
+            fig = (ax.flat[0] if hasattr(ax, "flat") else ax).figure
+            fig.set_size_inches(max(fig.get_size_inches()[0], 7), max(fig.get_size_inches()[1], 5))
+            fig.savefig(out / name, dpi=110, bbox_inches="tight")
+            plt.close(fig)
+            paths[name] = out / name
+        except (ValueError, RuntimeError, ZeroDivisionError) as e:
+            notes.append(f"{name} not drawn: {e}")
+        plt.close("all")
+    md = [f"# Study `{study.study_name}`", "",
+          f"objective `{study.user_attrs.get('algo', '?')}`, metric `{study.user_attrs.get('metric', '?')}` "
+          f"({study.direction.name.lower()}); seeds [{study.user_attrs.get('seeds', '?')}]; "
+          f"{study.user_attrs.get('steps', '?')} training steps per run", "",
+          "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    md += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
+    md += ["", *[f"- {n}" for n in notes]]
+    (out / "summary.md").write_text("\n".join(md) + "\n")
+    paths["summary.md"] = out / "summary.md"
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+    return paths
+
+
+def _evaluator() -> Any:
+    """fANOVA with a fixed seed: the importance plot and the contour's choice of parameters agree."""
+    from optuna.importance import FanovaImportanceEvaluator
+
+    return FanovaImportanceEvaluator(seed=0)
+
+
+def _top_params(study: Any) -> list[str]:
+    """The two most important parameters (fANOVA) for a readable contour; [] when a contour cannot be drawn."""
+    from optuna.importance import get_param_importances
+    from optuna.trial import TrialState
+
+    names = sorted({k for t in study.get_trials(deepcopy=False) for k in t.params})
+    if len(names) < 2 or len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < 2:
+        return []
+    try:
+        ranked = list(get_param_importances(study, evaluator=_evaluator()))
+    except (ValueError, RuntimeError, ZeroDivisionError):
+        ranked = []
+    return list(dict.fromkeys(ranked + names))[:2]

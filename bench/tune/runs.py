@@ -1,0 +1,162 @@
+"""MLflow bookkeeping of a study: one parent run per study (kind ``tune-study``), one nested run per trial (kind
+``tune-trial``) holding its parameters, reported curve and state; each seed's training run is nested under its trial
+run by the tags ``bench.tune.study`` gives it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import optuna
+from optuna.trial import TrialState
+
+from bench.tune.storage import count, default_storage_url, redact
+
+if TYPE_CHECKING:
+    from bench.config import TrainConfig
+    from bench.tune.study import TuneSpec
+
+
+def tracking_uri(cfg: TrainConfig) -> str:
+    """The MLflow URI the training loop will use for ``cfg`` (resolved once, passed to every trial explicitly)."""
+    from bench.tracking import tracking_uri as resolve
+
+    return resolve(cfg.tracking_uri)
+
+
+class StudyRuns:
+    """MLflow bookkeeping of one study: a parent run and one nested run per trial.
+
+    Uses ``MlflowClient`` only (never the fluent API), so the training loop's own active run is never disturbed.
+    """
+
+    def __init__(self, uri: str, experiment: str, study: str) -> None:
+        from reports.record import get_or_create_experiment, open_client
+
+        self.client, self.study, self.parent_id = open_client(uri), study, ""
+        self.experiment_id = get_or_create_experiment(self.client, uri, experiment)  # safe against other workers
+
+    def create_parent(self, study: optuna.Study, spec: TuneSpec) -> None:
+        run = self.client.create_run(self.experiment_id, run_name=f"tune-{spec.study}",
+                                     tags={"pobench.kind": "tune-study", "pobench.study": spec.study,
+                                           "pobench.objective": spec.algo, **_version_tags()})
+        self.parent_id = run.info.run_id
+        params = {"algo": spec.algo, "metric": spec.metric.spec, "direction": spec.metric.direction,
+                  "seeds": ",".join(map(str, spec.seeds)), "trials": spec.trials, "steps": spec.base.steps,
+                  "storage": redact(spec.storage or default_storage_url()), "pruner": spec.pruner,
+                  "config_hash": spec.base.comparison_hash(),
+                  **{f"space.{n}": r.describe() for n, r in spec.space.items()}}
+        for k, v in params.items():
+            self.client.log_param(self.parent_id, k, v)
+        study.set_user_attr("mlflow_parent_run_id", self.parent_id)
+
+    def join_parent(self, study: optuna.Study, spec: TuneSpec) -> None:
+        deadline = time.monotonic() + 30
+        while not (pid := study.user_attrs.get("mlflow_parent_run_id")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        try:
+            run = self.client.get_run(pid) if pid else None
+        except Exception:  # a different tracking server than the creating worker's
+            run = None
+        if run is None:
+            self.create_parent(study, spec)
+            return
+        self.parent_id = pid
+        if run.info.status != "RUNNING":
+            self.client.update_run(pid, status="RUNNING")
+
+    def start_trial(self, trial: optuna.Trial, params: dict[str, Any], spec: TuneSpec) -> str:
+        tags = {"mlflow.parentRunId": self.parent_id, "pobench.kind": "tune-trial", "pobench.study": spec.study,
+                "pobench.trial": str(trial.number), "pobench.objective": spec.algo, **_version_tags()}
+        origin = trial.user_attrs.get("origin_trial")  # user attributes are copied into a re-queued trial
+        if origin is None:
+            trial.set_user_attr("origin_trial", trial.number)
+        elif origin != trial.number:
+            tags["pobench.retry_of"] = str(origin)
+        run = self.client.create_run(self.experiment_id, run_name=f"{spec.study}-t{trial.number}", tags=tags)
+        rid = run.info.run_id
+        for k, v in params.items():
+            self.client.log_param(rid, k, v)
+        self.client.log_param(rid, "seeds", ",".join(map(str, spec.seeds)))
+        trial.set_user_attr("mlflow_run_id", rid)
+        return rid
+
+    def log_intermediate(self, run_id: str, value: float, step: int) -> None:
+        self.client.log_metric(run_id, "tune/intermediate", float(value), step=int(step))
+
+    def end_trial(self, run_id: str, state: str, curves: list[dict[int, dict[str, float]]], value: float | None,
+                  spec: TuneSpec, reason: str | None = None) -> None:
+        """Log the seed-mean eval curve and the objective value, then close the run with the trial's state."""
+        from mlflow.entities import Metric as MlMetric
+
+        from reports.record import log_batch
+
+        now = int(time.time() * 1000)
+        batch = []
+        for step in sorted({s for c in curves for s in c}):
+            rows = [c[step] for c in curves if step in c]
+            for key in sorted({k for r in rows for k in r if k.startswith("eval/")}):
+                vals = [r[key] for r in rows if key in r]
+                batch.append(MlMetric(key, float(sum(vals) / len(vals)), now, int(step)))
+        if value is not None:
+            batch.append(MlMetric("tune/objective", float(value), now, 0))
+        log_batch(self.client, run_id, metrics=batch)
+        self.client.set_tag(run_id, "pobench.trial_state", state)
+        if reason:
+            self.client.set_tag(run_id, "pobench.fail_reason", reason)
+        self.client.set_terminated(run_id, {"COMPLETE": "FINISHED", "PRUNED": "KILLED"}.get(state, "FAILED"))
+
+    def close_stale_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        """A trial whose worker died: mark its run, and the training run left open under it, FAILED."""
+        rid = trial.user_attrs.get("mlflow_run_id")
+        if not rid:
+            return
+        children = self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{rid}'")
+        for run in [self.client.get_run(rid), *children]:
+            if run.info.status == "RUNNING":
+                self.client.set_tag(run.info.run_id, "pobench.trial_state", "FAIL")
+                self.client.set_tag(run.info.run_id, "pobench.fail_reason", "worker heartbeat lost")
+                self.client.set_terminated(run.info.run_id, "FAILED")
+
+    def log_progress(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.value is not None:
+            self.client.log_metric(self.parent_id, "tune/value", float(trial.value), step=trial.number)
+        try:
+            self.client.log_metric(self.parent_id, "tune/best_value", float(study.best_value), step=trial.number)
+        except ValueError:  # no complete trial yet
+            pass
+        for name, state in (("complete", TrialState.COMPLETE), ("pruned", TrialState.PRUNED),
+                            ("failed", TrialState.FAIL)):
+            self.client.log_metric(self.parent_id, f"tune/n_{name}", count(study, state), step=trial.number)
+
+    def finish_parent(self, study: optuna.Study, spec: TuneSpec, complete: bool) -> None:
+        try:
+            best = study.best_trial
+        except ValueError:
+            best = None
+        if best is not None:
+            self.client.set_tag(self.parent_id, "pobench.best_trial", str(best.number))
+            self.client.set_tag(self.parent_id, "pobench.best_value", f"{best.value:.6g}")
+            for k, v in best.params.items():
+                self.client.set_tag(self.parent_id, f"best.{k}", str(v))
+        if complete:
+            self.client.set_terminated(self.parent_id, "FINISHED")
+
+    def log_artifacts(self, folder: Path) -> None:
+        self.client.log_artifacts(self.parent_id, str(folder), artifact_path="tune")
+
+
+def _version_tags() -> dict[str, str]:
+    from bench.tracking import version_tags
+
+    return version_tags(commit=False)  # pobench.version (tune runs carry no commit tag)
+
+
+def log_outputs(spec: TuneSpec, study: optuna.Study, out: Path) -> None:
+    """Log the output folder of a study (``bench.tune.outputs``) to its MLflow parent run, when it has one."""
+    runs = StudyRuns(tracking_uri(spec.base), spec.base.experiment, spec.study)
+    runs.parent_id = study.user_attrs.get("mlflow_parent_run_id", "")
+    if runs.parent_id:
+        runs.log_artifacts(out)

@@ -1,0 +1,107 @@
+"""Where a study lives and what stops its trials early: the Optuna storage (any SQLAlchemy URL, default a local
+SQLite file; heartbeats detect workers that died mid-trial, whose trials are failed and re-queued with the same
+parameters), the pruner (``--pruner``), and counts of trials by state.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+DEFAULT_DIR = Path(".pobench/tune")
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+def default_storage_url(root: Path = DEFAULT_DIR) -> str:
+    return f"sqlite:///{(root / 'optuna.db').resolve()}"
+
+
+def redact(url: str) -> str:
+    """A storage URL with its password hidden (for logs and MLflow params)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL sqlalchemy understands: shown as given minus anything that looks like user:pass@
+        return re.sub(r"//[^/@]*@", "//***@", url)
+
+
+def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_retry: int = 3,
+                 on_stale: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None
+                 ) -> optuna.storages.RDBStorage:
+    """Connect to (and create the tables of) an Optuna RDB storage; ValueError naming the cause if unreachable.
+
+    Trials whose worker stops sending heartbeats for ``grace`` seconds are failed and re-queued (up to ``max_retry``
+    times per original trial); ``on_stale`` runs after the re-queueing (used to close the trial's MLflow run).
+    """
+    import warnings
+
+    from sqlalchemy.engine import make_url
+
+    from bench.dburl import INSTALL_HINT, with_driver
+
+    try:
+        url = with_driver(url)  # postgresql:// -> the installed driver (SQLAlchemy versions differ in the default)
+        backend = make_url(url).get_backend_name()
+    except ValueError as e:  # no driver installed
+        raise ValueError(f"--storage {e}") from None
+    except Exception as e:
+        raise ValueError(f"--storage {url!r}: not a SQLAlchemy URL ({e})") from e
+    engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if backend == "sqlite":
+        db = make_url(url).database
+        if db and db != ":memory:":
+            Path(db).parent.mkdir(parents=True, exist_ok=True)
+        engine_kwargs["connect_args"] = {"timeout": 60}
+    elif backend == "postgresql":
+        engine_kwargs["connect_args"] = {"connect_timeout": 10}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+
+    def stale(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        retry(study, trial)
+        if on_stale is not None:
+            on_stale(study, trial)
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat,
+                                              grace_period=grace or 4 * heartbeat,
+                                              heartbeat_stale_trial_callback=stale)
+    except ModuleNotFoundError as e:
+        raise ValueError(f"--storage {redact(url)}: database driver missing ({e.name}); for PostgreSQL "
+                         f"{INSTALL_HINT}") from e
+    except Exception as e:  # sqlalchemy OperationalError / ArgumentError and friends: one line naming the cause
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"--storage {redact(url)}: cannot be reached: {first}") from e
+
+
+def make_pruner(spec: str = "median", warmup: int = 1, startup: int = 2) -> optuna.pruners.BasePruner:
+    """``median`` | ``percentile:P`` | ``hyperband`` | ``none``; warmup = reports before pruning may start."""
+    name, _, arg = (spec or "median").partition(":")
+    if name == "median" and not arg:
+        return optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=warmup)
+    if name == "percentile":
+        try:
+            p = float(arg)
+        except ValueError:
+            p = -1.0
+        if not 0 < p < 100:
+            raise ValueError(f"--pruner {spec!r}: percentile needs a number in (0, 100), e.g. percentile:25")
+        return optuna.pruners.PercentilePruner(p, n_startup_trials=startup, n_warmup_steps=warmup)
+    if name == "hyperband" and not arg:
+        return optuna.pruners.HyperbandPruner()
+    if name == "none" and not arg:
+        return optuna.pruners.NopPruner()
+    raise ValueError(f"--pruner {spec!r}: valid: median, percentile:P, hyperband, none")
+
+
+def count(study: optuna.Study, *states: TrialState) -> int:
+    return len(study.get_trials(deepcopy=False, states=states))

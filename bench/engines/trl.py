@@ -478,8 +478,9 @@ def grpo_config(cfg: TrainConfig, run_dir: Path, world: int):
         save_steps=max(1, cfg.checkpoint_every) * geo["updates_per_step"], save_total_limit=cfg.keep_checkpoints,
         save_only_model=False, use_cpu=cfg.device == "cpu", beta=0.0, loss_type="grpo",
         mask_truncated_completions=False, vllm_importance_sampling_correction=False,
-        gradient_checkpointing=cfg.activation_checkpointing, report_to="none", eval_strategy="no",
-        remove_unused_columns=False, disable_dropout=True,
+        **({"gradient_checkpointing": True} if cfg.activation_checkpointing else {}), report_to="none",
+        eval_strategy="no",
+        remove_unused_columns=False, disable_dropout=True, bf16=False, fp16=False,  # autocast: engine_args
     )
     kw.update(cfg.engine_args)
     return GRPOConfig(**kw)

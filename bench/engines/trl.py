@@ -536,7 +536,11 @@ def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
     logger = None
     if main:
         logger = RunLogger(cfg.tracking_uri, cfg.experiment)
-        logger.start(run_name, *run_tags_and_params(cfg, objective))
+        tags, params = run_tags_and_params(cfg, objective)
+        acc = trainer.accelerator
+        tags.update({"pobench.engine_distributed": str(acc.distributed_type).split(".")[-1],
+                     "pobench.engine_processes": str(acc.num_processes)})
+        logger.start(run_name, tags, params)
         cfg.save(run_dir / "config.yaml")
         logger.log_artifact(run_dir / "config.yaml")
     record = _callback_class()(cfg, logger, tok, eval_set, on_eval, on_step, step0_eval)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -241,9 +242,11 @@ def _report_columns(out: Path) -> dict[str, list[str]]:
     for f in sorted(out.rglob("*.csv")):
         with f.open() as fh:
             cols[f.name] = next(csv.reader(fh), [])
-    heads = [ln for ln in (out / "report.md").read_text().splitlines() if ln.startswith(("#", "| ---", "|"))
-             and not ln[2:3].isdigit()]
-    cols["report.md headings"] = [h for h in heads if h.startswith("#")]
+    lines = (out / "report.md").read_text().splitlines()
+    tables = [lines[i - 1] for i, ln in enumerate(lines) if i and ln.replace(" ", "").startswith("|---")]
+    headings = [re.sub(r"`[^`]*`", "`id`", ln) for ln in lines if ln.startswith("#")]
+    cols["report.md headings"] = headings
+    cols["report.md table headers"] = tables
     return cols
 
 

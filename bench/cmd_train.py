@@ -35,7 +35,7 @@ def add_config_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), def
             p.add_argument(flag, type=json.loads, default=None, metavar="JSON", help=help_text)
         else:
             base = int if hint is int else float if hint is float else str
-            p.add_argument(flag, type=base, default=None, help=help_text)
+            p.add_argument(flag, type=base, default=None, help=help_text, choices=f.metadata.get("choices"))
 
 
 def config_from_args(args: argparse.Namespace, **fixed) -> TrainConfig:

@@ -27,6 +27,7 @@ def _f(default: Any, doc: str, **kw: Any) -> Any:
 
 
 BUILTIN_MODEL = "builtin:tiny-arith"
+ENGINES = ("native", "trl")
 # what every `--tracking-uri` help states as the default (reports.record.tracking_uri resolves it)
 TRACKING_URI_DEFAULT = f"$MLFLOW_TRACKING_URI, else {DEFAULT_TRACKING_URI} in the working folder"
 
@@ -51,6 +52,12 @@ class TrainConfig:
     dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
     device: str = _f("auto", "cpu | cuda | auto.")
     backend: str = _f("hf", "Rollout engine backend: hf | vllm.")
+    engine: str = _f("native", "Training engine: native (bench/train.py's loop) or trl (a TRL GRPOTrainer subclass "
+                               "that trains the same objective: bench/engines/trl.py, docs/SCALE.md).",
+                     choices=ENGINES)
+    engine_args: dict = _f({}, "Options of the engine: with engine=trl, GRPOConfig fields TRL honours as they are "
+                               "(e.g. {use_vllm: true, vllm_mode: colocate}); fields the engine sets from this config "
+                               "are refused.")
     threads: int = _f(0, "torch intra-op CPU threads; 0 = auto: 1 for a built-in model (its matrices are too small "
                          "to gain from more, and more oversubscribe a busy CPU), torch's default otherwise.")
     # --- data
@@ -150,6 +157,10 @@ class TrainConfig:
             bad("weight_decay", "must be >= 0")
         if self.lr_schedule not in ("constant", "cosine", "linear"):
             bad("lr_schedule", "valid: constant, cosine, linear")
+        if self.engine not in ENGINES:
+            bad("engine", f"valid: {', '.join(ENGINES)}")
+        if self.engine == "native" and self.engine_args:
+            bad("engine_args", "the native engine takes no engine_args")
         if self.backend not in ("hf", "vllm"):
             bad("backend", "valid: hf, vllm")
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -207,4 +218,6 @@ class TrainConfig:
     def comparison_hash(self) -> str:
         """Hash of every field that must be identical across the runs of one comparison."""
         d = {k: v for k, v in self.to_dict().items() if k not in PER_RUN_FIELDS}
+        if d["engine"] == "native" and not d["engine_args"]:  # the hashes of runs from before engines existed
+            del d["engine"], d["engine_args"]
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]

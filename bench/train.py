@@ -115,6 +115,10 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
     metrics already computed for this exact policy and evaluation (`bench run` evaluates the shared starting policy
     once per comparison): logged at step 0 instead of evaluating again."""
     cfg.validate()  # out-of-range config: error before any work starts
+    if cfg.engine != "native":  # the ONE place an engine other than this loop is chosen (bench/engines/)
+        from bench.engines import trl
+
+        return trl.train(cfg, on_eval=on_eval, on_step=on_step, step0_eval=step0_eval)
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
     run_name = cfg.run_name or f"{cfg.algo}-s{cfg.seed}"
     run_dir = Path(cfg.output_dir) / run_name
@@ -154,16 +158,7 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
         logger.reopen(state["run_id"], [tuple(p) for p in state["pending"]])
         start_step, elapsed = state["step"], state["elapsed"]
     else:
-        written_by = version_tags()  # pobench.version, pobench.git_commit
-        tags = {"pobench.kind": "train", "pobench.objective": cfg.algo, "pobench.seed": str(cfg.seed),
-                "pobench.config_hash": cfg.comparison_hash(), **written_by,
-                "pobench.model": cfg.model, "pobench.task": cfg.task,
-                "pobench.control": cfg.control or "none", **({"pobench.comparison": cfg.comparison}
-                                                            if cfg.comparison else {}),
-                **{k: str(v) for k, v in cfg.tags.items()}}
-        params = {**flatten(cfg.to_dict()), **flatten({"objective": vars_of(objective.config)}),
-                  **written_by}
-        logger.start(run_name, tags, params)
+        logger.start(run_name, *run_tags_and_params(cfg, objective))
         cfg.save(run_dir / "config.yaml")
         logger.log_artifact(run_dir / "config.yaml")
 
@@ -242,6 +237,20 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
     merged_for_export(model).save_pretrained(run_dir / "final")
     tok.save_pretrained(run_dir / "final")
     return TrainResult(logger.run_id, step, run_dir, final_eval, stopped_early)
+
+
+def run_tags_and_params(cfg: TrainConfig, objective) -> tuple[dict[str, str], dict[str, str]]:
+    """The tags and params of a new training run's MLflow record (every engine writes the same ones)."""
+    written_by = version_tags()  # pobench.version, pobench.git_commit
+    tags = {"pobench.kind": "train", "pobench.objective": cfg.algo, "pobench.seed": str(cfg.seed),
+            "pobench.config_hash": cfg.comparison_hash(), **written_by,
+            "pobench.model": cfg.model, "pobench.task": cfg.task,
+            "pobench.control": cfg.control or "none", **({"pobench.comparison": cfg.comparison}
+                                                        if cfg.comparison else {}),
+            **({"pobench.engine": cfg.engine} if cfg.engine != "native" else {}),
+            **{k: str(v) for k, v in cfg.tags.items()}}
+    params = {**flatten(cfg.to_dict()), **flatten({"objective": vars_of(objective.config)}), **written_by}
+    return tags, params
 
 
 def _call(cb, step, metrics) -> None:

@@ -604,7 +604,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.algo is None or args.seed is None:
         ap.error("--algo and --seed are required with --print-config / --launch")
     over = {"algo": args.algo, "seed": args.seed}
-    cfg = TrainConfig.load(args.config, **over) if args.config else TrainConfig(**over)
+    if args.config and not Path(args.config).is_file():
+        ap.error(f"--config {args.config}: no such file")
+    try:
+        cfg = TrainConfig.load(args.config, **over) if args.config else TrainConfig(**over)
+    except ValueError as e:  # an invalid field or value, named by the config's own check
+        ap.error(str(e))
     options = VerlOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(VerlOptions)})
     try:
         if args.print_config:

@@ -1,7 +1,8 @@
 """Micro-batches with little padding: each minibatch is split into micro-batches of similar sequence lengths.
 
-Every micro-batch is laid out as left-padded prompts + right-padded completions (bench/scoring.py), so a micro-batch
-costs its size x (longest prompt + longest completion) tokens of forward / backward work whatever the real lengths.
+Every micro-batch is laid out as left-padded prompts + right-padded completions (bench/rollout/scoring.py), so a
+micro-batch costs its size x (longest prompt + longest completion) tokens of forward / backward work whatever the real
+lengths.
 Grouping sequences of similar length (after the random minibatch draw) removes most of that padding. For objectives
 whose loss is split-invariant (``Objective.split_invariant``: the loss-weighted micro-batch losses add up to the
 minibatch loss) the gradient is the same as with any other split; objectives that select tokens per micro-batch keep

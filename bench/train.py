@@ -31,8 +31,8 @@ from bench.config import BUILTIN_MODEL, TrainConfig
 from bench.data import TrainData, eval_problems
 from bench.model import format_prompt, load_policy, warn_unknown_characters
 from bench.rollout import SamplingParams, make_engine
+from bench.rollout.scoring import score
 from bench.scale import Reference, is_peft, merged_for_export, prepare_policy, trainable_parameters
-from bench.scoring import score
 from bench.tracking import RunLogger, flatten, version_tags
 
 

@@ -81,8 +81,8 @@ class Peak:
 
 def scoring_memory(model_dir: Path, device: str, batch: int, length: int) -> dict:
     from bench.model import load_policy
+    from bench.rollout.scoring import score
     from bench.scale import apply_lora
-    from bench.scoring import score
 
     model, _ = load_policy(str(model_dir), device, "bfloat16")
     g = torch.Generator().manual_seed(0)

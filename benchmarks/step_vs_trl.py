@@ -71,7 +71,7 @@ def our_rollout_and_floor(prompts, group, max_new, repeats) -> dict[str, float]:
     """Our engine's tokens/s, and one forward/backward over its completions (the floor's training half)."""
     from bench.model import load_policy
     from bench.rollout import SamplingParams, make_engine
-    from bench.scoring import score
+    from bench.rollout.scoring import score
 
     model, tok = load_policy("builtin:tiny-arith")
     engine = make_engine("hf", model, tok)

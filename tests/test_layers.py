@@ -37,3 +37,18 @@ def test_package_never_imports_bench(package):
     found = [f"{f.relative_to(ROOT)}:{line}: {mod}" for f in files
              for line, mod in imported_modules(f.read_text()) if mod == "bench" or mod.startswith("bench.")]
     assert not found, "imports must point one way (bench -> others), but:\n" + "\n".join(found)
+
+
+def test_rollout_engines_import_only_the_shared_modules():
+    """Inside ``bench/rollout/`` (docs/ARCHITECTURE.md, "Rollout engine"): the engines use ``types`` and ``scoring``,
+    never each other nor the package's ``make_engine``; ``types`` and ``scoring`` use no other pobench module."""
+    pkg = ROOT / "bench" / "rollout"
+
+    def bench_imports(name: str) -> set[str]:
+        return {mod for _, mod in imported_modules((pkg / f"{name}.py").read_text())
+                if mod == "bench" or mod.startswith("bench.")}
+
+    for engine in ("hf", "vllm"):
+        assert bench_imports(engine) <= {"bench.rollout.types", "bench.rollout.scoring"}, engine
+    assert bench_imports("types") == set()
+    assert bench_imports("scoring") == set()

@@ -80,7 +80,7 @@ def test_update_with_length_grouped_micro_batches_gives_the_same_gradient(algo):
 
 
 def test_scoring_rows_in_length_order_returns_them_in_input_order():
-    from bench.scoring import score
+    from bench.rollout.scoring import score
     from bench.train import _score_rows
 
     tok = build_char_tokenizer()

@@ -18,7 +18,7 @@ from bench.distinguish import probe_config, regime_of, warn_before_run
 from bench.harness import DEFAULTS, base_config
 from bench.model import format_prompt, load_policy
 from bench.rollout import HFEngine, SamplingParams, make_engine
-from bench.scoring import score
+from bench.rollout.scoring import score
 from bench.train import train
 from evaluators.arith import ArithTask
 

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from bench.model import build_char_tokenizer, format_prompt, load_policy, tiny_config
 from bench.rollout import SamplingParams, make_engine
-from bench.scoring import score
+from bench.rollout.scoring import score
 from evaluators.arith import ArithTask
 
 PROMPTS = ["Q: Ann has 12 pens.\nA:", "Q: hi\nA:", "Q: Bob has 3 books. He gets 4 more. How many books now?\nA:"]

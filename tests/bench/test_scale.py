@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM
 
 from bench.config import TrainConfig
 from bench.model import build_char_tokenizer, load_policy, tiny_config
+from bench.rollout.scoring import score
 from bench.scale import Reference, enable_activation_checkpointing, prepare_policy
-from bench.scoring import score
 from bench.train import train
 
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]

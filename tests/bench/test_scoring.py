@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from bench.scoring import score
+from bench.rollout.scoring import score
 from tests.memtrack import LiveTensorBytes
 
 

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 
 from bench.model import format_prompt, load_policy  # noqa: E402
 from bench.rollout import SamplingParams, make_engine  # noqa: E402
-from bench.scoring import score  # noqa: E402
+from bench.rollout.scoring import score  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -132,6 +132,6 @@ def _backbone_and_head(model):
         return backbone, head
     if kind not in _warned:
         _warned.add(kind)
-        warnings.warn(f"scoring: model type {kind!r} is not in bench.scoring.CHUNKABLE; its (B, T, V) logits are "
-                      "computed in one piece", stacklevel=3)
+        warnings.warn(f"scoring: model type {kind!r} is not in bench.rollout.scoring.CHUNKABLE; its (B, T, V) logits "
+                      "are computed in one piece", stacklevel=3)
     return None

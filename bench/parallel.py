@@ -91,9 +91,9 @@ def run_pair(job: PairJob, notify: Notify, on_eval=None, step0: dict[str, float]
     become a failed result naming the pair (the caller goes on with the other pairs)."""
     from bench import checkpoint
     from bench.harness import finished_run, pair_config, run_dir
-    from bench.store import locks_dir, open_client, pair_lock
+    from bench.store import locks_dir, pair_lock
     from bench.train import TrainingDiverged, train
-    from reports.record import member_tag
+    from reports.record import member_tag, open_client
 
     p, cfg = job.pair, job.cfg
     what = f"{p.variant} seed {p.seed}"

@@ -6,10 +6,10 @@ Several processes write to one store: the workers of one `bench run` (a process 
 1. **Creating a fresh SQLite store.** MLflow creates its tables and then runs its alembic migrations on the first
    connection; two processes doing that at once corrupt the store (``table _alembic_tmp_... already exists``,
    ``Online migration expected to match one row``) and every later command in that folder fails.
-   :func:`open_client` takes an exclusive file lock (``<db>.lock`` next to ``mlflow.db``) around the first
+   ``reports.record.open_client`` takes an exclusive file lock (``<db>.lock`` next to ``mlflow.db``) around the first
    connection of each process, so exactly one process creates and migrates the store and the others find it ready.
-   Experiment creation (:func:`get_or_create_experiment`) happens under the same lock. Both are defined in
-   ``reports/record.py`` (``bench report`` opens the store too) and re-exported here.
+   Experiment creation (``reports.record.get_or_create_experiment``) happens under the same lock. Both live in
+   ``reports/record.py``, the MLflow record module (``bench report`` opens the store too).
 2. **Training one pair twice.** :func:`pair_lock` is an exclusive lock file per pair in the output folder
    (``<output_dir>/<experiment>/.locks/<run name>.lock``), held for the whole time the pair is trained. The harness
    decides reuse / resume / train only once it holds that lock, so a second process waits for the first (with a
@@ -28,9 +28,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from reports.record import get_or_create_experiment, open_client, store_lock, store_lock_path
-
-__all__ = ["get_or_create_experiment", "locks_dir", "open_client", "pair_lock", "store_lock", "store_lock_path"]
+__all__ = ["locks_dir", "pair_lock"]
 
 
 def locks_dir(output_dir: str | Path, experiment: str) -> Path:

@@ -94,7 +94,7 @@ class RunLogger:
         from reports.record import get_or_create_experiment, open_client
 
         self.uri = tracking_uri(uri)
-        self.client = open_client(self.uri)  # a fresh local store is created under a lock (bench/store.py)
+        self.client = open_client(self.uri)  # a fresh local store is created under a lock (reports/record.py)
         self.experiment_id = get_or_create_experiment(self.client, self.uri, experiment)
         self.run_id: str | None = None
         self.pending: list[tuple[str, float, int, int]] = []  # (key, value, timestamp ms, step)

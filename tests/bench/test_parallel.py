@@ -154,7 +154,7 @@ def test_a_failing_pair_is_named_and_the_others_finish(tmp_path, model_dir, caps
 def test_processes_creating_a_fresh_store_at_once_do_not_corrupt_it(tmp_path):
     script = textwrap.dedent("""
         import sys
-        from bench.store import get_or_create_experiment, open_client
+        from reports.record import get_or_create_experiment, open_client
         uri = "sqlite:///mlflow.db"
         client = open_client(uri)
         exp = get_or_create_experiment(client, uri, "shared")

@@ -53,7 +53,7 @@ class TrainConfig:
     device: str = _f("auto", "cpu | cuda | auto.")
     backend: str = _f("hf", "Rollout engine backend: hf | vllm.")
     engine: str = _f("native", "Training engine: native (bench/train.py's loop) or trl (a TRL GRPOTrainer subclass "
-                               "that trains the same objective: bench/engines/trl.py, docs/SCALE.md).",
+                               "that trains the same objective: bench/engines/trl/, docs/SCALE.md).",
                      choices=ENGINES)
     engine_args: dict = _f({}, "Options of the engine: with engine=trl, GRPOConfig fields TRL honours as they are "
                                "(e.g. {use_vllm: true, vllm_mode: colocate}); fields the engine sets from this config "

@@ -67,11 +67,11 @@ def test_off_policy_loop_takes_pi_old_from_the_rollout(tmp_path, uri, monkeypatc
     """With a learning rate too small to move the policy, |log r| measures how well π_old matches the policy: it
     is float32 rounding when taken from the rollout (and from the scoring pass when the engine is not exact), and
     no scoring pass of π_old runs. A misaligned or stale π_old (wrong rows, shifted tokens) would show here."""
-    import bench.train
+    import bench.step
 
     calls = []
-    real = bench.train._score_rows
-    monkeypatch.setattr(bench.train, "_score_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = bench.step._score_rows
+    monkeypatch.setattr(bench.step, "_score_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
     res = train(tiny(tmp_path, uri, algo="dapo", minibatches=2, lr=1e-12, run_name="exact"))
     m = _metrics(uri, res.run_id)
     assert m["train/abs_log_ratio"] < 1e-6 and m["train/abs_log_ratio_max"] < 1e-4
@@ -131,7 +131,7 @@ def test_fewer_completions_than_minibatches_still_updates():
     """Dynamic sampling can keep fewer completions than `minibatches` (one group of 2 with M = 4): the loop makes one
     update per completion instead of failing on empty mini-batches."""
     from algorithms import get_objective
-    from bench.train import Group, update
+    from bench.step import Group, update
 
     cfg = TrainConfig(prompts_per_step=2, group_size=2, minibatches=4, max_new_tokens=16, lr=1e-4)
     model, tok = load_policy(cfg.model)
@@ -141,5 +141,5 @@ def test_fewer_completions_than_minibatches_still_updates():
     group = Group("q", r.prompt_ids[0], r.completion_ids, r.texts, torch.tensor([1.0, 0.0]),
                   torch.tensor([1.0, 0.0]), torch.tensor([0.7, -0.7]), logprobs=r.logprobs, entropies=r.entropies)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    out = update(cfg, get_objective("dapo"), model, None, opt, engine, [group], 1, {"clean": True})
+    out = update(cfg, get_objective("dapo"), model, None, opt, engine, [group], 1)
     assert out["train/abs_log_ratio"] > 0  # the second completion was trained after one update

@@ -1,4 +1,4 @@
-"""`--engine trl` (bench/engines/trl.py): loss / gradient parity with the native loop for every registered objective,
+"""`--engine trl` (bench/engines/trl/): loss / gradient parity with the native loop for every registered objective,
 refusals, and end-to-end runs (a 2-process torchrun run, a `bench run` comparison whose report matches a native one).
 """
 
@@ -66,7 +66,7 @@ def _both(tr, name: str, objective=None, advantages_to_trl=None):
     """(loss, grads) of the native loop (bench.rollout.scoring.score + the objective on a PolicyBatch) and of the TRL
     engine's ``_compute_loss`` on the same rollout batch."""
     from bench.rollout.scoring import score
-    from bench.train import derive_seed, pad
+    from bench.step import derive_seed, pad
 
     model, tok = tr.model, tr.processing_class
     objective = objective or get_objective(name)

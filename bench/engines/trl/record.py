@@ -1,0 +1,101 @@
+"""The record of a TRL-engine run: pobench's MLflow run and held-out evaluations at pobench steps (a
+``TrainerCallback``), and the reward function that records what advantages and metrics need."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from bench.config import TrainConfig
+from bench.engines.trl.support import PREFIXES
+
+
+# ----------------------------------------------------------------------------------------------- the record
+def _callback_class():
+    from transformers import TrainerCallback
+
+    class PobenchRecord(TrainerCallback):
+        """pobench's MLflow run (main process only) and held-out evaluations at pobench steps."""
+
+        def __init__(self, cfg: TrainConfig, logger, tok, eval_set, on_eval, on_step, step0_eval):
+            self.cfg, self.logger, self.tok, self.eval_set = cfg, logger, tok, eval_set
+            self.on_eval, self.on_step, self.step0_eval = on_eval, on_step, step0_eval
+            self.k = cfg.minibatches * cfg.update_epochs
+            self.trainer = None
+            self.final_eval: dict[str, float] = {}
+            self.stopped_early = False
+            self.steps_done = 0
+
+        def _evaluate(self, step: int, given: dict[str, float] | None = None) -> None:
+            from trl.models import unwrap_model_for_generation
+
+            from bench.rollout import make_engine
+            from bench.train import StopTraining, eval_metrics, held_out_result
+
+            tr = self.trainer
+            metrics = dict(given) if given is not None else None
+            with unwrap_model_for_generation(tr.model_wrapped, tr.accelerator) as model:
+                if metrics is None and tr.accelerator.is_main_process:
+                    was = model.training
+                    try:
+                        engine = make_engine("hf", model, self.tok)
+                        metrics = eval_metrics(held_out_result(self.cfg, engine, self.tok, *self.eval_set))
+                    finally:
+                        model.train(was)
+            tr.accelerator.wait_for_everyone()
+            if self.logger is None or metrics is None:
+                return
+            self.logger.log(metrics, step)
+            self.final_eval = metrics
+            try:
+                if self.on_eval is not None:
+                    self.on_eval(step, {**metrics, "time/elapsed_s": tr.pobench_elapsed})
+            except StopTraining:
+                self.stopped_early = True
+                tr.control.should_training_stop = True
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if self.cfg.eval_every > 0:
+                self._evaluate(0, self.step0_eval)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or "loss" not in logs or state.global_step % self.k:
+                return
+            step = state.global_step // self.k
+            self.steps_done = step
+            metrics = {k: v for k, v in logs.items() if k.startswith(PREFIXES) and v is not None}
+            if self.logger is not None:
+                self.logger.log(metrics, step)
+                if self.on_step is not None:
+                    self.on_step(step, metrics)
+                if self.cfg.samples_every and (step % self.cfg.samples_every == 0 or step == 1):
+                    self.logger.log_text(json.dumps(self.trainer.pobench_samples, indent=1),
+                                         f"samples/step_{step:06d}.json")
+            if self.cfg.eval_every > 0 and (step % self.cfg.eval_every == 0 or step == self.cfg.steps):
+                self._evaluate(step)
+            if self.logger is not None:
+                self.logger.flush()
+
+    return PobenchRecord
+
+
+def reward_function(trainer_ref: dict, objective, benchmark, problems: list, max_new_tokens: int, eos: set[int]):
+    """TRL reward function: the verifier's outcome, shaped by the objective; records what advantages / metrics need."""
+    def pobench_reward(prompts, completions, completion_ids, pobench_problem, **_):
+        rec = trainer_ref["trainer"]._pb_reward
+        out = []
+        for text, ids, idx in zip(completions, completion_ids, pobench_problem):
+            correct = float(benchmark.reward(text, problems[idx]))
+            length = len(ids)
+            shaped = float(objective.shape_rewards(torch.tensor([correct]), torch.tensor([length]),
+                                                   max_new_tokens)[0])
+            rec["correct"].append(correct)
+            rec["shaped"].append(shaped)
+            rec["length"].append(length)
+            rec["truncated"].append(float(length >= max_new_tokens and (not ids or ids[-1] not in eos)))
+            rec["texts"].append(text)
+            rec["questions"].append(problems[idx].question)
+            out.append(shaped)
+        return out
+    return pobench_reward

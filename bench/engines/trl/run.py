@@ -1,0 +1,145 @@
+"""One TRL-engine training run (``train``) and its command line (``main``, ``python -m bench.engines.trl``)."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from algorithms import get_objective
+from bench.config import TrainConfig
+from bench.engines.trl.record import _callback_class, reward_function
+from bench.engines.trl.support import check_supported, layout
+from bench.engines.trl.trainer import _trainer_class
+
+
+def grpo_config(cfg: TrainConfig, run_dir: Path, world: int):
+    from trl import GRPOConfig
+
+    geo = layout(cfg, world)
+    kw: dict[str, Any] = dict(
+        output_dir=str(run_dir / "trl"), max_steps=cfg.steps * geo["updates_per_step"],
+        learning_rate=cfg.lr, adam_beta1=cfg.adam_betas[0], adam_beta2=cfg.adam_betas[1],
+        weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, optim="adamw_torch",
+        per_device_train_batch_size=geo["per_device"], gradient_accumulation_steps=geo["grad_accum"],
+        steps_per_generation=geo["steps_per_generation"], num_generations=cfg.group_size,
+        num_iterations=cfg.update_epochs, max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature,
+        top_p=cfg.top_p, seed=cfg.seed, shuffle_dataset=False, logging_steps=geo["updates_per_step"],
+        save_strategy="steps" if cfg.checkpoint_every else "no",
+        save_steps=max(1, cfg.checkpoint_every) * geo["updates_per_step"], save_total_limit=cfg.keep_checkpoints,
+        save_only_model=False, use_cpu=cfg.device == "cpu", beta=0.0, loss_type="grpo",
+        mask_truncated_completions=False, vllm_importance_sampling_correction=False,
+        **({"gradient_checkpointing": True} if cfg.activation_checkpointing else {}), report_to="none",
+        eval_strategy="no",
+        remove_unused_columns=False, disable_dropout=True, bf16=False, fp16=False,  # autocast: engine_args
+    )
+    kw.update(cfg.engine_args)
+    return GRPOConfig(**kw)
+
+
+def world_size() -> int:
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
+    """Train ``cfg`` with TRL (``cfg.engine == "trl"``); called by ``bench.train.train``. Returns its TrainResult."""
+    from datasets import Dataset
+
+    from bench.data import TrainData, eval_problems
+    from bench.model import format_prompt, load_policy
+    from bench.rollout import stop_token_ids
+    from bench.tracking import RunLogger
+    from bench.train import TrainingDiverged, TrainResult, end_interrupted_run, run_tags_and_params
+
+    cfg.validate()
+    check_supported(cfg)
+    objective = get_objective(cfg.algo, **cfg.objective_overrides)
+    run_name = cfg.run_name or f"{cfg.algo}-s{cfg.seed}"
+    run_dir = Path(cfg.output_dir) / run_name
+    torch.manual_seed(cfg.seed)
+    threads = cfg.threads or (1 if cfg.model.startswith("builtin:") else 0)
+    if threads:
+        torch.set_num_threads(threads)
+    args = grpo_config(cfg, run_dir, world_size())
+    model, tok = load_policy(cfg.model, "cpu", cfg.dtype)  # the Trainer places it
+    need_ref = objective.needs_reference or cfg.track_ref_kl
+    ref_model = copy.deepcopy(model) if need_ref else None
+    data = TrainData(cfg.task, seed=cfg.seed, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
+                     data=cfg.data, difficulty=cfg.difficulty, skip_bad_rows=cfg.skip_bad_rows)
+    eval_set = eval_problems(cfg.eval_task or cfg.task, limit=cfg.eval_problems, data=cfg.eval_data,
+                             difficulty=cfg.difficulty, skip_bad_rows=cfg.skip_bad_rows)
+    problems, rows = [], []
+    for step in range(1, cfg.steps + 1):  # the native loop's prompts, in its order (TRL: shuffle_dataset=False)
+        for p in data.batch(step, 0):
+            rows.append({"prompt": format_prompt(tok, p.question, cfg.prompt_template),
+                         "pobench_problem": len(problems)})
+            problems.append(p)
+    holder: dict[str, Any] = {}
+    reward = reward_function(holder, objective, data.benchmark, problems, cfg.max_new_tokens,
+                             set(stop_token_ids(model, tok)))
+    model.train()
+    trainer = _trainer_class()(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
+                               processing_class=tok, objective=objective, pobench_cfg=cfg, ref_model=ref_model)
+    holder["trainer"] = trainer
+    main = trainer.accelerator.is_main_process
+    logger = None
+    if main:
+        logger = RunLogger(cfg.tracking_uri, cfg.experiment)
+        tags, params = run_tags_and_params(cfg, objective)
+        acc = trainer.accelerator
+        tags.update({"pobench.engine_distributed": str(acc.distributed_type).split(".")[-1],
+                     "pobench.engine_processes": str(acc.num_processes)})
+        logger.start(run_name, tags, params)
+        cfg.save(run_dir / "config.yaml")
+        logger.log_artifact(run_dir / "config.yaml")
+    record = _callback_class()(cfg, logger, tok, eval_set, on_eval, on_step, step0_eval)
+    record.trainer = trainer
+    trainer.add_callback(record)
+    try:
+        trainer.train()
+        loss_ok = all(math.isfinite(v) for h in trainer.state.log_history for k, v in h.items()
+                      if k == "train/loss" and isinstance(v, float))
+        if not loss_ok:
+            raise TrainingDiverged("the loss became non-finite (train/loss)")
+    except BaseException as e:
+        if logger is not None:
+            logger.flush()
+            end_interrupted_run(logger, e)
+        raise
+    trainer.save_model(str(run_dir / "final"))
+    if main:
+        tok.save_pretrained(run_dir / "final")
+        if record.stopped_early:
+            logger.set_tags({"pobench.stopped": "early"})
+        logger.flush()
+        logger.end("FINISHED")
+    run_id = logger.run_id if logger is not None else ""
+    return TrainResult(run_id, record.steps_done, run_dir, record.final_eval, record.stopped_early)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.engines.trl --config run.yaml [--flag value ...]``: one run with the TRL engine (any
+    TrainConfig flag of `bench train`); launch it with ``torchrun`` / ``accelerate launch`` for several processes."""
+    from bench.cmd_train import add_config_flags, config_from_args
+
+    p = argparse.ArgumentParser(prog="python -m bench.engines.trl", description=main.__doc__)
+    p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
+    add_config_flags(p)
+    args = p.parse_args(argv)
+    cfg = dataclasses.replace(config_from_args(args), engine="trl")
+    res = train(cfg)
+    if res.run_id:
+        print(f"run {res.run_id}: {res.steps_done} steps; final model in {res.output_dir / 'final'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""``PobenchGRPOTrainer``: TRL's ``GRPOTrainer`` with the objective's loss, advantages and reference (package doc)."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+import torch
+
+from algorithms import PolicyBatch, kl_estimate
+from algorithms.aggregation import masked_mean
+from bench.config import TrainConfig
+
+
+# ----------------------------------------------------------------------------------------------- the trainer
+def _trainer_class():
+    from trl import GRPOTrainer
+    from trl.models import prepare_deepspeed, prepare_fsdp
+    from trl.trainer.utils import add_fused_lm_head
+
+    class PobenchGRPOTrainer(GRPOTrainer):
+        """A ``GRPOTrainer`` whose loss, advantages and reference are pobench's objective's (module doc)."""
+
+        def __init__(self, *args, objective, pobench_cfg: TrainConfig, ref_model=None, **kwargs):
+            if kwargs["args"].use_liger_kernel:
+                raise ValueError("--engine trl: use_liger_kernel is refused: Liger's GRPO loss path computes its own "
+                                 "loss instead of _compute_loss (and TRL 1.16 deprecates the option)")
+            if kwargs["args"].beta != 0.0:
+                raise ValueError("--engine trl: GRPOConfig.beta must be 0: the objective owns its KL term")
+            super().__init__(*args, **kwargs)
+            self.objective = objective
+            self.pobench_cfg = pobench_cfg
+            self.max_length = pobench_cfg.max_new_tokens
+            self.ref_model = None
+            if ref_model is not None:  # log π_ref and H_ref: one frozen copy of the initial policy
+                ref_model.eval().requires_grad_(False)
+                add_fused_lm_head(ref_model, temperature=self.temperature, outputs=("log_probs", "entropy"))
+                if self.is_deepspeed_enabled:
+                    ref_model = prepare_deepspeed(ref_model, self.accelerator)
+                elif self.is_fsdp_enabled:
+                    ref_model = prepare_fsdp(ref_model, self.accelerator)
+                else:
+                    ref_model = self.accelerator.prepare_model(ref_model, evaluation_mode=True)
+                self.ref_model = ref_model
+            self._pb_capture: list | None = None   # H_old captured from TRL's π_old scoring pass
+            self._pb_reward: dict[str, list] = defaultdict(list)  # local outcomes / lengths of the reward call
+            self._pb_step_metrics: dict[str, float] = {}   # rollout/* and time/* of the current step
+            self._pb_sums: dict[str, float] = defaultdict(float)
+            self._pb_weight = 0.0
+            self._pb_drift_max = 0.0
+            self._pb_grad_norms: list[float] = []
+            self._pb_entropies: list[torch.Tensor] = []  # rollout entropies (on-policy: the first update's)
+            self._pb_entropy_pending = False
+            self._pb_step_start = time.perf_counter()
+            self.pobench_elapsed = 0.0
+            self.pobench_samples: list[dict[str, Any]] = []
+
+        # --- learning-rate schedule: the native loop's, per pobench step (M·μ optimizer steps)
+        def create_scheduler(self, num_training_steps: int, optimizer=None):
+            from bench.train import lr_lambda
+
+            if self.lr_scheduler is None:
+                f, k = lr_lambda(self.pobench_cfg), self.pobench_cfg.minibatches * self.pobench_cfg.update_epochs
+                self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer,
+                                                                      lambda i: f(i // k))
+            return self.lr_scheduler
+
+        # --- scoring: capture H_old from the π_old pass TRL runs for off-policy updates
+        def _get_per_token_logps_and_entropies(self, model, *args, compute_entropy=False, **kwargs):
+            if self._pb_capture is not None and model is self.model and not torch.is_grad_enabled():
+                logps, ent, aux = super()._get_per_token_logps_and_entropies(model, *args, compute_entropy=True,
+                                                                            **kwargs)
+                self._pb_capture.append(ent)
+                return logps, (ent if compute_entropy else None), aux
+            return super()._get_per_token_logps_and_entropies(model, *args, compute_entropy=compute_entropy,
+                                                              **kwargs)
+
+        def _generate(self, prompts):
+            t0 = time.perf_counter()
+            out = super()._generate(prompts)
+            self._pb_step_metrics["time/rollout_s"] = time.perf_counter() - t0
+            return out
+
+        # --- rollouts: the objective's advantages; H_old, π_ref, H_ref added; rollout/* metrics
+        def _generate_and_score_completions(self, inputs):
+            if not self.model.training:
+                return super()._generate_and_score_completions(inputs)
+            self._pb_step_start = time.perf_counter()
+            self._pb_reward.clear()
+            self._pb_capture = []
+            try:
+                out = super()._generate_and_score_completions(inputs)
+            finally:
+                captured, self._pb_capture = self._pb_capture, None
+            acc = self.accelerator
+            G = self.num_generations
+            mask = out["completion_mask"]
+            local_n = mask.shape[0]
+            rew = self._pb_reward
+            shaped = acc.gather(torch.tensor(rew["shaped"], dtype=torch.float32, device=mask.device))
+            correct = acc.gather(torch.tensor(rew["correct"], dtype=torch.float32, device=mask.device))
+            lengths = acc.gather(torch.tensor(rew["length"], dtype=torch.float32, device=mask.device))
+            trunc = acc.gather(torch.tensor(rew["truncated"], dtype=torch.float32, device=mask.device))
+            extra = {"lengths": lengths.view(-1, G)} if "lengths" in self.objective.advantage_needs else {}
+            adv = self.objective.advantages(shaped.view(-1, G).cpu(), **{k: v.cpu() for k, v in extra.items()})
+            adv = adv.flatten().to(mask.device)
+            rank = acc.process_index
+            out["advantages"] = adv[rank * local_n:(rank + 1) * local_n].float()
+            out["pobench_truncated"] = torch.tensor(rew["truncated"], dtype=torch.bool, device=mask.device)
+            ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+            attn = torch.cat([out["prompt_mask"], mask], dim=1)
+            T = out["completion_ids"].shape[1]
+            if captured:
+                out["pobench_old_entropy"] = torch.cat(captured, dim=0)
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref_lp, ref_ent, _ = super()._get_per_token_logps_and_entropies(
+                        self.ref_model, ids, attn, T, batch_size=self.args.per_device_train_batch_size,
+                        compute_entropy=True)
+                out["ref_per_token_logps"], out["pobench_ref_entropy"] = ref_lp, ref_ent
+            # rollout/* as bench/train.py defines them (every process computes the same from gathered values)
+            grouped = shaped.view(-1, G)
+            P = grouped.shape[0]
+            self._pb_step_metrics.update({
+                "rollout/reward_mean": float(shaped.mean()), "rollout/reward_std": float(shaped.std()),
+                "rollout/accuracy": float(correct.mean()),
+                "rollout/zero_adv_frac": float(((grouped.max(1).values - grouped.min(1).values) == 0).sum()) / P,
+                "rollout/length_mean": float(lengths.mean()), "rollout/length_max": float(lengths.max()),
+                "rollout/truncation_rate": float(trunc.mean()),
+                "rollout/sampling_rounds": 1.0, "rollout/kept_groups": float(P),
+            })
+            rollout_s = self._pb_step_metrics.get("time/rollout_s", 0.0)
+            self._pb_step_metrics["rollout/tokens_per_s"] = float(lengths.sum()) / max(rollout_s, 1e-9)
+            self._pb_entropies = []
+            if captured:
+                self._pb_entropies = [out["pobench_old_entropy"][mask.bool()].detach().float().cpu()]
+            self._pb_entropy_pending = not captured  # on-policy: the first update's entropies are the sampler's
+            if rank == 0 and rew["texts"]:
+                self.pobench_samples = [{"question": q, "completion": c, "reward": r, "correct": k,
+                                         "advantage": float(a)}
+                                        for q, c, r, k, a in zip(rew["questions"][:8], rew["texts"][:8],
+                                                                 rew["shaped"][:8], rew["correct"][:8],
+                                                                 out["advantages"][:8].tolist())]
+            return out
+
+        # --- the micro-batches of one optimizer step: their total loss weight, over every process
+        def _prepare_inputs(self, generation_batch):
+            before = self._buffered_inputs
+            inputs = super()._prepare_inputs(generation_batch)
+            if self.model.training and self._buffered_inputs is not before:
+                ga = self.args.gradient_accumulation_steps
+                chunks = self._buffered_inputs
+                w = torch.stack([self.objective.loss_weight(c["completion_mask"].float()).float().reshape(())
+                                 for c in chunks])
+                totals = w.view(-1, ga).sum(1).to(self.accelerator.device)  # (windows,)
+                totals = self.accelerator.reduce(totals, reduction="sum")
+                for j, c in enumerate(chunks):
+                    c["pobench_weight_total"] = totals[j // ga]
+            return inputs
+
+        def pobench_batch(self, inputs, lp, ent) -> PolicyBatch:
+            """The PolicyBatch of one micro-batch (per-token tensors of TRL's layout)."""
+            mask = inputs["completion_mask"].to(lp.dtype)
+            old = inputs.get("old_per_token_logps")
+            on_policy = old is None
+            old = lp.detach() if on_policy else old
+            old_ent = ent.detach() if on_policy else inputs.get("pobench_old_entropy")
+            sampler = inputs.get("sampling_per_token_logps", old)
+            return PolicyBatch(
+                logprobs=lp, old_logprobs=old, advantages=inputs["advantages"], mask=mask,
+                max_length=self.max_length, ref_logprobs=inputs.get("ref_per_token_logps"),
+                entropy=ent if self.objective.needs_entropy_grad else ent.detach(), old_entropy=old_ent,
+                ref_entropy=inputs.get("pobench_ref_entropy"), sampler_logprobs=sampler,
+                truncated=inputs.get("pobench_truncated", torch.zeros(mask.shape[0], dtype=torch.bool)))
+
+        def _compute_loss(self, model, inputs):
+            ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+            attn = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            lp, ent, _ = self._get_per_token_logps_and_entropies(model, ids, attn, inputs["completion_ids"].size(1),
+                                                                 compute_entropy=True)
+            batch = self.pobench_batch(inputs, lp, ent)
+            from bench.step import derive_seed
+
+            gen = torch.Generator().manual_seed(derive_seed(self.pobench_cfg.seed, "objective", self.state.global_step,
+                                                            self._step))
+            loss, metrics = self.objective.loss(batch, generator=gen)
+            w = float(self.objective.loss_weight(inputs["completion_mask"].float()))
+            total = inputs.get("pobench_weight_total")
+            scale = 1.0 if total is None else w * self.accelerator.num_processes / float(total)
+            if self.model.training:
+                self._pb_record(batch, loss, metrics, w)
+            return loss * scale
+
+        def _pb_record(self, batch: PolicyBatch, loss, metrics, w: float) -> None:
+            m = dict(metrics)
+            mask = batch.mask
+            if batch.ref_logprobs is not None:
+                m["train/kl_ref"] = masked_mean(kl_estimate(batch.logprobs.detach(), batch.ref_logprobs, "k3"), mask)
+            m["train/loss"] = loss.detach()
+            log_r = (batch.logprobs.detach() - batch.old_logprobs) * mask
+            for k, v in m.items():
+                self._pb_sums[k] += float(v) * w
+            self._pb_weight += w
+            self._pb_sums["#abs"] += float(log_r.abs().sum())
+            self._pb_sums["#tokens"] += float(mask.sum())
+            self._pb_sums["#seq"] += float((log_r.sum(-1) / mask.sum(-1).clamp(min=1.0)).abs().sum())
+            self._pb_sums["#seqs"] += float(mask.shape[0])
+            self._pb_drift_max = max(self._pb_drift_max, float(log_r.abs().max()) if log_r.numel() else 0.0)
+            if self._pb_entropy_pending:  # on-policy: these are the sampling policy's entropies
+                self._pb_entropies.append(batch.entropy.detach()[mask.bool()].float().cpu())
+
+        def _maybe_log_save_evaluate(self, tr_loss, grad_norm, *args, **kwargs):
+            if grad_norm is not None:
+                self._pb_grad_norms.append(float(grad_norm))
+            return super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
+
+        # --- logging: pobench's metrics, reduced over processes, through self._metrics to every backend
+        def pobench_metrics(self) -> dict[str, float]:
+            acc = self.accelerator
+            keys = sorted(self._pb_sums)
+            if acc.num_processes > 1:
+                from accelerate.utils import gather_object
+
+                keys = sorted(set().union(*gather_object([keys])))
+            vals = torch.tensor([self._pb_sums.get(k, 0.0) for k in keys] + [self._pb_weight, self._pb_drift_max],
+                                dtype=torch.float64, device=acc.device)
+            if acc.num_processes > 1:
+                summed = acc.reduce(vals.clone(), reduction="sum")
+                mx = acc.gather(vals[-1:].clone()).max()
+                vals = torch.cat([summed[:-1], mx.view(1)])
+            sums = dict(zip(keys, vals[:-2].tolist()))
+            weight, drift_max = float(vals[-2]), float(vals[-1])
+            out = {k: v / max(weight, 1e-30) for k, v in sums.items() if not k.startswith("#")}
+            out["train/abs_log_ratio"] = sums.get("#abs", 0.0) / max(sums.get("#tokens", 0.0), 1.0)
+            out["train/abs_log_ratio_max"] = drift_max
+            out["train/abs_seq_log_ratio"] = sums.get("#seq", 0.0) / max(sums.get("#seqs", 0.0), 1.0)
+            norms = self._pb_grad_norms
+            out["train/grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
+            out["train/lr"] = self.lr_scheduler.get_last_lr()[0]
+            ent = torch.cat(self._pb_entropies) if self._pb_entropies else torch.zeros(0)
+            if acc.num_processes > 1:
+                padded = acc.pad_across_processes(ent.to(acc.device), dim=0, pad_index=-1e9)
+                ent = acc.gather(padded).cpu()
+                ent = ent[ent != -1e9]
+            from bench.step import percentiles
+
+            pct = percentiles(ent)
+            out.update({"rollout/entropy_mean": float(ent.mean()) if ent.numel() else float("nan"),
+                        "rollout/entropy_p10": pct[10], "rollout/entropy_p50": pct[50], "rollout/entropy_p90": pct[90]})
+            out.update(self._pb_step_metrics)
+            step_s = time.perf_counter() - self._pb_step_start
+            self.pobench_elapsed += step_s
+            out["time/step_s"] = step_s
+            out["time/elapsed_s"] = self.pobench_elapsed
+            out["time/update_s"] = step_s - out.get("time/rollout_s", 0.0)
+            self._pb_sums.clear()
+            self._pb_weight = self._pb_drift_max = 0.0
+            self._pb_grad_norms = []
+            return out
+
+        def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+            if self.model.training and "loss" in logs:
+                for k, v in self.pobench_metrics().items():
+                    self._metrics["train"][k] = [v]
+            super().log(logs, start_time)
+
+    return PobenchGRPOTrainer

@@ -18,6 +18,7 @@ from typing import Any
 from evaluators.metrics import Metric, summarize
 from evaluators.tasks import Problem
 from evaluators.verify import answer_key, judge
+from reports.record import KIND
 
 
 @dataclass
@@ -192,7 +193,7 @@ def log_to_mlflow(results: list[EvalResult], *, params: dict[str, Any], artifact
         experiment_id = client.get_run(parent).info.experiment_id
     else:
         experiment_id = get_or_create_experiment(client, uri, experiment)
-    all_tags = {"pobench.kind": "eval", **version_tags(),
+    all_tags = {KIND: "eval", **version_tags(),
                 **({"mlflow.parentRunId": parent} if parent else {}), **(tags or {})}
     run_id = client.create_run(experiment_id, run_name=run_name, tags=all_tags).info.run_id
     metrics: dict[str, float] = {}

@@ -26,7 +26,17 @@ from typing import Any
 import yaml
 
 from bench.config import TrainConfig
-from reports.record import member_tag, retry_locked
+from reports.record import (
+    COMPARISON,
+    CONFIG_HASH,
+    KIND,
+    OBJECTIVES,
+    OVERRIDES,
+    SEEDS,
+    VARIANT,
+    member_tag,
+    retry_locked,
+)
 
 
 @dataclass(frozen=True)
@@ -250,9 +260,9 @@ def run_dir(cfg: TrainConfig, p: Pair) -> Path:
 
 
 def pair_config(cfg: TrainConfig, p: Pair, cid: str, parent_id: str | None) -> TrainConfig:
-    tags = {**cfg.tags, member_tag(cid): "1", "pobench.overrides": _canon(p.overrides)}
+    tags = {**cfg.tags, member_tag(cid): "1", OVERRIDES: _canon(p.overrides)}
     if p.variant != p.algo:
-        tags["pobench.variant"] = p.variant
+        tags[VARIANT] = p.variant
     if parent_id:
         tags["mlflow.parentRunId"] = parent_id
     return replace(cfg, algo=p.algo, seed=p.seed, objective_overrides=dict(p.overrides), run_name=p.run_name,
@@ -272,8 +282,8 @@ def _comparison_run(client, exp_id: str, cid: str, cfg: TrainConfig, algos, seed
             client.update_run(found[0].info.run_id, status="RUNNING")
             return found[0].info.run_id
         run = client.create_run(exp_id, run_name=f"comparison-{cid}", tags={
-            "pobench.kind": "comparison", "pobench.comparison": cid, "pobench.config_hash": cfg.comparison_hash(),
-            "pobench.objectives": ",".join(algos), "pobench.seeds": ",".join(map(str, seeds))})
+            KIND: "comparison", COMPARISON: cid, CONFIG_HASH: cfg.comparison_hash(),
+            OBJECTIVES: ",".join(algos), SEEDS: ",".join(map(str, seeds))})
     client.log_text(run.info.run_id, yaml.safe_dump(cfg.to_dict(), sort_keys=False), "config.yaml")
     return run.info.run_id
 

@@ -31,6 +31,19 @@ from bench.rollout import make_engine
 from bench.scale import Reference, is_peft, merged_for_export, prepare_policy, trainable_parameters
 from bench.step import TrainingDiverged, collect_rollouts, derive_seed, roll_samples, update
 from bench.tracking import RunLogger, flatten, version_tags
+from reports.record import (
+    COMPARISON,
+    CONFIG_HASH,
+    CONTROL,
+    ENGINE,
+    FAILURE,
+    KIND,
+    MODEL,
+    OBJECTIVE,
+    SEED,
+    STOPPED,
+    TASK,
+)
 
 
 class StopTraining(Exception):
@@ -194,7 +207,7 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
                 save_checkpoint(step)
                 saved = step
             if stopped_early:
-                logger.set_tags({"pobench.stopped": "early"})
+                logger.set_tags({STOPPED: "early"})
                 break
     except BaseException as e:
         # keep what is computed: checkpoint the last finished step when the model is still exactly that step's
@@ -220,19 +233,19 @@ def end_interrupted_run(logger, e: BaseException) -> None:
         logger.end("KILLED")
         return
     cause = str(e) if isinstance(e, TrainingDiverged) else f"{type(e).__name__}: {e}"
-    logger.set_tags({"pobench.failure": cause[:5000]})
+    logger.set_tags({FAILURE: cause[:5000]})
     logger.end("FAILED")
 
 
 def run_tags_and_params(cfg: TrainConfig, objective) -> tuple[dict[str, str], dict[str, str]]:
     """The tags and params of a new training run's MLflow record (every engine writes the same ones)."""
     written_by = version_tags()  # pobench.version, pobench.git_commit
-    tags = {"pobench.kind": "train", "pobench.objective": cfg.algo, "pobench.seed": str(cfg.seed),
-            "pobench.config_hash": cfg.comparison_hash(), **written_by,
-            "pobench.model": cfg.model, "pobench.task": cfg.task,
-            "pobench.control": cfg.control or "none", **({"pobench.comparison": cfg.comparison}
+    tags = {KIND: "train", OBJECTIVE: cfg.algo, SEED: str(cfg.seed),
+            CONFIG_HASH: cfg.comparison_hash(), **written_by,
+            MODEL: cfg.model, TASK: cfg.task,
+            CONTROL: cfg.control or "none", **({COMPARISON: cfg.comparison}
                                                         if cfg.comparison else {}),
-            **({"pobench.engine": cfg.engine} if cfg.engine != "native" else {}),
+            **({ENGINE: cfg.engine} if cfg.engine != "native" else {}),
             **{k: str(v) for k, v in cfg.tags.items()}}
     params = {**flatten(cfg.to_dict()), **flatten({"objective": vars_of(objective.config)}), **written_by}
     return tags, params

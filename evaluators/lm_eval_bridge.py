@@ -119,7 +119,7 @@ def run_lm_eval(path: str, benchmarks: list[tuple[Any, list]], out_dir: str | Pa
     """Run lm-eval (its HF model class, greedy) on `benchmarks` = [(benchmark, problems)] with our prompts.
 
     ``path``: the model folder; ``prompt(tokenizer, question)``: the prompt text `bench eval` gives the model;
-    ``device``: a torch device name (``cpu``, ``cuda``, ``cuda:0``). The caller (bench/cmd_eval.py) resolves all
+    ``device``: a torch device name (``cpu``, ``cuda``, ``cuda:0``). The caller (bench/cli/eval.py) resolves all
     three, so evaluators never import bench."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM

@@ -9,6 +9,7 @@ import json
 
 from algorithms.probe import ProbeResult, Regime, probe
 from reports.load import Comparison
+from reports.record import OVERRIDES
 from reports.tables import Table
 
 LOOP_FIELDS = ("update_epochs", "minibatches", "lr", "prompts_per_step", "group_size", "micro_batch_size",
@@ -40,7 +41,7 @@ def probe_comparison(cmp: Comparison) -> tuple[ProbeResult | None, str]:
         if r.objective in seen:
             continue
         seen.add(r.objective)
-        entries.append((r.objective, r.algo, json.loads(r.tags.get("pobench.overrides") or "{}")))
+        entries.append((r.objective, r.algo, json.loads(r.tags.get(OVERRIDES) or "{}")))
     try:
         return probe(entries, regime), ""
     except ValueError as e:  # an objective this checkout no longer registers

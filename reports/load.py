@@ -11,8 +11,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from reports.record import (  # noqa: F401  (DEFAULT_TRACKING_URI, member_tag: re-exported)
+    COMPARISON,
+    CONFIG_HASH,
     DEFAULT_TRACKING_URI,
     MEMBER_PREFIX,
+    OBJECTIVE,
+    SEED,
+    VARIANT,
     member_tag,
     open_client,
 )
@@ -94,7 +99,7 @@ def list_comparisons(client, exp_id: str) -> dict[str, int]:
     """Comparison ids of the experiment's training runs -> latest start time (ms) among their runs."""
     found: dict[str, int] = {}
     for r in _search(client, exp_id, "tags.`pobench.kind` = 'train'"):
-        ids = {r.data.tags.get("pobench.comparison")} | {
+        ids = {r.data.tags.get(COMPARISON)} | {
             k[len(MEMBER_PREFIX):] for k, v in r.data.tags.items() if k.startswith(MEMBER_PREFIX) and v == "1"}
         for cid in ids - {None, ""}:
             found[cid] = max(found.get(cid, 0), r.info.start_time or 0)
@@ -104,18 +109,18 @@ def list_comparisons(client, exp_id: str) -> dict[str, int]:
 def _to_rundata(r) -> RunData:
     tags = dict(r.data.tags)
     name = tags.get("mlflow.runName", r.info.run_name or r.info.run_id)
-    algo = tags.get("pobench.objective")
+    algo = tags.get(OBJECTIVE)
     if not algo:
         raise ValueError(f"run {name} ({r.info.run_id}) has no pobench.objective tag")
     try:
-        seed = int(tags["pobench.seed"])
+        seed = int(tags[SEED])
     except (KeyError, ValueError):
         raise ValueError(f"run {name} ({r.info.run_id}) has no integer pobench.seed tag") from None
-    if not tags.get("pobench.config_hash"):
+    if not tags.get(CONFIG_HASH):
         raise ValueError(f"run {name} ({r.info.run_id}) has no pobench.config_hash tag: cannot check that the "
                          f"comparison's conditions are identical")
-    return RunData(run_id=r.info.run_id, name=name, objective=tags.get("pobench.variant") or algo, algo=algo,
-                   seed=seed, status=r.info.status, config_hash=tags["pobench.config_hash"],
+    return RunData(run_id=r.info.run_id, name=name, objective=tags.get(VARIANT) or algo, algo=algo,
+                   seed=seed, status=r.info.status, config_hash=tags[CONFIG_HASH],
                    start_time=r.info.start_time or 0, tags=tags, params=dict(r.data.params))
 
 

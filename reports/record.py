@@ -40,6 +40,23 @@ OVERRIDES = "pobench.overrides"
 VERSION = "pobench.version"
 GIT_COMMIT = "pobench.git_commit"
 MEMBER_PREFIX = "pobench.in."
+MODEL = "pobench.model"
+TASK = "pobench.task"
+CONTROL = "pobench.control"          # none | random-reward
+ENGINE = "pobench.engine"            # absent for the native loop; trl | verl
+ENGINE_DISTRIBUTED = "pobench.engine_distributed"  # TRL engine: accelerate's distributed type
+ENGINE_PROCESSES = "pobench.engine_processes"      # TRL engine: number of processes
+STOPPED = "pobench.stopped"          # "early": stopped by a callback (pruner, convergence)
+FAILURE = "pobench.failure"          # the cause, on a FAILED run
+OBJECTIVES = "pobench.objectives"    # on a comparison run: its objectives, comma-separated
+SEEDS = "pobench.seeds"              # on a comparison run: its seeds, comma-separated
+STUDY = "pobench.study"              # tune runs: the Optuna study
+TRIAL = "pobench.trial"              # tune-trial runs (and their training runs): the trial number
+TRIAL_STATE = "pobench.trial_state"
+FAIL_REASON = "pobench.fail_reason"
+RETRY_OF = "pobench.retry_of"        # a re-queued trial: the number of the trial whose worker died
+BEST_TRIAL = "pobench.best_trial"    # on a tune-study run
+BEST_VALUE = "pobench.best_value"
 
 
 def member_tag(comparison: str) -> str:

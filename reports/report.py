@@ -17,6 +17,7 @@ from pathlib import Path
 from reports import checks, figures
 from reports.derived import KEY_ACC, DerivedSettings, RunDerived, default_target, derive, store
 from reports.load import Comparison, load_comparison
+from reports.record import COMPARISON, CONFIG_HASH, KIND, STOPPED
 from reports.tables import Table, fmt, fmt_mean_ci, mean_ci, paired_test
 
 DEFAULT_BASELINE = "grpo"
@@ -214,8 +215,8 @@ def _artifact_run(client, cmp: Comparison) -> tuple[str, bool]:
     if found:
         return found[0].info.run_id, False
     run = client.create_run(cmp.experiment_id, run_name=f"comparison-{cmp.comparison_id}", tags={
-        "pobench.kind": "comparison", "pobench.comparison": cmp.comparison_id,
-        "pobench.config_hash": cmp.config_hash})
+        KIND: "comparison", COMPARISON: cmp.comparison_id,
+        CONFIG_HASH: cmp.config_hash})
     return run.info.run_id, True
 
 
@@ -257,7 +258,7 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
     for r in cmp.not_finished:
         notes.append(f"Run {r.name} ({r.objective}, seed {r.seed}) is {r.status}, not FINISHED: left out.")
     for r in cmp.runs:
-        if r.tags.get("pobench.stopped") == "early":
+        if r.tags.get(STOPPED) == "early":
             notes.append(f"Run {r.name} was stopped early (pobench.stopped=early).")
 
     at0 = [r.name for r in cmp.runs if derived[r.run_id].ttc_step == 0]

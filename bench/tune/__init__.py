@@ -1,5 +1,5 @@
 """Optuna hyper-parameter searches over one objective's tunable fields: the library behind `bench tune`
-(the CLI is ``bench/cmd_tune.py``; docs/TUNING.md).
+(the CLI is ``bench/cli/tune.py``; docs/TUNING.md).
 
 A study searches the fields of an objective config (``algorithms/``) whose dataclass field carries
 ``metadata["search"] = (low, high, log)``; one trial trains the same base ``TrainConfig`` once per seed with the

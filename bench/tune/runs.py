@@ -13,6 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from bench.tune.storage import count, default_storage_url, redact
+from reports.record import BEST_TRIAL, BEST_VALUE, FAIL_REASON, KIND, OBJECTIVE, RETRY_OF, STUDY, TRIAL, TRIAL_STATE
 
 if TYPE_CHECKING:
     from bench.config import TrainConfig
@@ -40,8 +41,8 @@ class StudyRuns:
 
     def create_parent(self, study: optuna.Study, spec: TuneSpec) -> None:
         run = self.client.create_run(self.experiment_id, run_name=f"tune-{spec.study}",
-                                     tags={"pobench.kind": "tune-study", "pobench.study": spec.study,
-                                           "pobench.objective": spec.algo, **_version_tags()})
+                                     tags={KIND: "tune-study", STUDY: spec.study,
+                                           OBJECTIVE: spec.algo, **_version_tags()})
         self.parent_id = run.info.run_id
         params = {"algo": spec.algo, "metric": spec.metric.spec, "direction": spec.metric.direction,
                   "seeds": ",".join(map(str, spec.seeds)), "trials": spec.trials, "steps": spec.base.steps,
@@ -68,13 +69,13 @@ class StudyRuns:
             self.client.update_run(pid, status="RUNNING")
 
     def start_trial(self, trial: optuna.Trial, params: dict[str, Any], spec: TuneSpec) -> str:
-        tags = {"mlflow.parentRunId": self.parent_id, "pobench.kind": "tune-trial", "pobench.study": spec.study,
-                "pobench.trial": str(trial.number), "pobench.objective": spec.algo, **_version_tags()}
+        tags = {"mlflow.parentRunId": self.parent_id, KIND: "tune-trial", STUDY: spec.study,
+                TRIAL: str(trial.number), OBJECTIVE: spec.algo, **_version_tags()}
         origin = trial.user_attrs.get("origin_trial")  # user attributes are copied into a re-queued trial
         if origin is None:
             trial.set_user_attr("origin_trial", trial.number)
         elif origin != trial.number:
-            tags["pobench.retry_of"] = str(origin)
+            tags[RETRY_OF] = str(origin)
         run = self.client.create_run(self.experiment_id, run_name=f"{spec.study}-t{trial.number}", tags=tags)
         rid = run.info.run_id
         for k, v in params.items():
@@ -103,9 +104,9 @@ class StudyRuns:
         if value is not None:
             batch.append(MlMetric("tune/objective", float(value), now, 0))
         log_batch(self.client, run_id, metrics=batch)
-        self.client.set_tag(run_id, "pobench.trial_state", state)
+        self.client.set_tag(run_id, TRIAL_STATE, state)
         if reason:
-            self.client.set_tag(run_id, "pobench.fail_reason", reason)
+            self.client.set_tag(run_id, FAIL_REASON, reason)
         self.client.set_terminated(run_id, {"COMPLETE": "FINISHED", "PRUNED": "KILLED"}.get(state, "FAILED"))
 
     def close_stale_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -116,8 +117,8 @@ class StudyRuns:
         children = self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{rid}'")
         for run in [self.client.get_run(rid), *children]:
             if run.info.status == "RUNNING":
-                self.client.set_tag(run.info.run_id, "pobench.trial_state", "FAIL")
-                self.client.set_tag(run.info.run_id, "pobench.fail_reason", "worker heartbeat lost")
+                self.client.set_tag(run.info.run_id, TRIAL_STATE, "FAIL")
+                self.client.set_tag(run.info.run_id, FAIL_REASON, "worker heartbeat lost")
                 self.client.set_terminated(run.info.run_id, "FAILED")
 
     def log_progress(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
@@ -137,8 +138,8 @@ class StudyRuns:
         except ValueError:
             best = None
         if best is not None:
-            self.client.set_tag(self.parent_id, "pobench.best_trial", str(best.number))
-            self.client.set_tag(self.parent_id, "pobench.best_value", f"{best.value:.6g}")
+            self.client.set_tag(self.parent_id, BEST_TRIAL, str(best.number))
+            self.client.set_tag(self.parent_id, BEST_VALUE, f"{best.value:.6g}")
             for k, v in best.params.items():
                 self.client.set_tag(self.parent_id, f"best.{k}", str(v))
         if complete:

@@ -23,6 +23,7 @@ from bench.tune.metric import TuneMetric, score
 from bench.tune.runs import StudyRuns, tracking_uri
 from bench.tune.space import Range
 from bench.tune.storage import FINISHED, count, default_storage_url, make_pruner, open_storage, redact
+from reports.record import STUDY, TRIAL
 
 
 @dataclass
@@ -169,8 +170,8 @@ def seed_config(spec: TuneSpec, params: dict[str, Any], seed: int, trial_number:
     return dataclasses.replace(
         base, algo=spec.algo, objective_overrides={**base.objective_overrides, **params}, seed=seed,
         run_name=f"{spec.study}-t{trial_number}-s{seed}", tracking_uri=tracking_uri(base), resume=False,
-        tags={**base.tags, "mlflow.parentRunId": trial_run_id, "pobench.study": spec.study,
-              "pobench.trial": str(trial_number)})
+        tags={**base.tags, "mlflow.parentRunId": trial_run_id, STUDY: spec.study,
+              TRIAL: str(trial_number)})
 
 
 def _train_one(cfg: TrainConfig, metric: TuneMetric, train_fn: Callable[..., Any],

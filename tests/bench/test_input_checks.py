@@ -9,7 +9,7 @@ import time
 import pytest
 
 from bench import cli
-from bench.cmd_train import config_from_args
+from bench.cli.flags import config_from_args
 
 GSM = [{"question": "Ann has 2 pens and gets 3 more. How many?", "answer": "2+3=5\n#### 5"},
        {"question": "Bob has 1,000 coins and spends 1. How many?", "answer": "1000-1=999\n#### 999"}]

@@ -1,4 +1,5 @@
-"""The MLflow record of `bench run`: the exact tag keys and metric keys of its training runs and its comparison run.
+"""The MLflow record of `bench run`, `bench eval` and `bench tune`: the exact tag, metric (and param) keys of the runs
+each writes.
 
 The expected keys are written out here as literals (captured from the code before the record definitions were
 gathered in ``reports/record.py``), so a refactor that drops or renames a key fails this test. Adding a key is a
@@ -73,3 +74,76 @@ def test_bench_run_writes_exactly_the_recorded_keys(tmp_path):
         assert tags == TRAIN_TAGS, (objective, sorted(tags ^ TRAIN_TAGS))
         assert set(r.data.metrics) == TRAIN_METRICS[objective], (
             objective, sorted(set(r.data.metrics) ^ TRAIN_METRICS[objective]))
+
+
+
+# `bench eval` (one benchmark, --k 2): one run of kind eval
+EVAL_TAGS = {"mlflow.runName", "pobench.git_commit", "pobench.kind", "pobench.version"}
+EVAL_METRICS = {"time/eval_arith_seconds", "eval/arith/problems",
+                *(f"eval/arith/{m}{s}" for m in ("greedy_acc", "pass_at_1", "pass_at_2", "maj_at_2")
+                  for s in ("", "_ci_low", "_ci_high"))}
+EVAL_PARAMS = {"backend", "benchmarks", "k", "limit", "max_new_tokens", "model", "n_samples", "prompt_template",
+               "seed", "split", "temperature", "top_p"}
+
+# `bench tune` (grpo, one trial, one seed): the study run, its trial run, and the trial's training run
+STUDY_TAGS = {"mlflow.runName", "pobench.best_trial", "pobench.best_value", "pobench.kind", "pobench.objective",
+              "pobench.study", "pobench.version", "best.clip_high", "best.clip_low", "best.kl_coef"}
+STUDY_METRICS = {"tune/best_value", "tune/n_complete", "tune/n_failed", "tune/n_pruned", "tune/value"}
+STUDY_PARAMS = {"algo", "config_hash", "direction", "metric", "pruner", "seeds", "space.clip_high", "space.clip_low",
+                "space.kl_coef", "steps", "storage", "trials"}
+SAMPLED_EVAL = {"eval/accuracy", "eval/accuracy_sampled",
+                *(f"eval/arith/{m}{s}" for m in ("greedy_acc", "pass_at_1", "maj_at_1")
+                  for s in ("", "_ci_low", "_ci_high"))}
+TRIAL_TAGS = {"mlflow.parentRunId", "mlflow.runName", "pobench.kind", "pobench.objective", "pobench.study",
+              "pobench.trial", "pobench.trial_state", "pobench.version"}
+TRIAL_METRICS = SAMPLED_EVAL | {"tune/intermediate", "tune/objective"}
+TRIAL_PARAMS = {"clip_high", "clip_low", "kl_coef", "seeds"}
+TUNE_TRAIN_TAGS = {"mlflow.parentRunId", "mlflow.runName", "pobench.config_hash", "pobench.control",
+                   "pobench.git_commit", "pobench.kind", "pobench.model", "pobench.objective", "pobench.seed",
+                   "pobench.study", "pobench.task", "pobench.trial", "pobench.version"}
+TUNE_TRAIN_METRICS = ((COMMON_METRICS - {f"derived/{d}" for d in DERIVED} - {
+    "eval/arith/greedy_acc", "eval/arith/greedy_acc_ci_high", "eval/arith/greedy_acc_ci_low", "eval/accuracy"})
+    | SAMPLED_EVAL | {"objective/mismatch_kl_k1", "objective/mismatch_kl_k3"})
+
+
+def _keys(client, exp: str) -> dict[str, list[tuple[set[str], set[str], set[str]]]]:
+    """kind -> [(tag keys, metric keys, param keys)] of every run of the experiment."""
+    out: dict[str, list] = {}
+    for r in client.search_runs([client.get_experiment_by_name(exp).experiment_id]):
+        out.setdefault(r.data.tags.get("pobench.kind", "?"), []).append(
+            (set(r.data.tags), set(r.data.metrics), set(r.data.params)))
+    return out
+
+
+@pytest.mark.slow
+def test_bench_eval_writes_exactly_the_recorded_keys(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    assert main(["eval", "--benchmarks", "arith", "--limit", "3", "--k", "2", "--max-new-tokens", "16",
+                 "--experiment", "keys", "--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 0
+    runs = _keys(MlflowClient(uri), "keys")
+    assert sorted(runs) == ["eval"] and len(runs["eval"]) == 1
+    tags, metrics, params = runs["eval"][0]
+    assert tags == EVAL_TAGS, sorted(tags ^ EVAL_TAGS)
+    assert metrics == EVAL_METRICS, sorted(metrics ^ EVAL_METRICS)
+    assert params == EVAL_PARAMS, sorted(params ^ EVAL_PARAMS)
+
+
+@pytest.mark.slow
+def test_bench_tune_writes_exactly_the_recorded_keys(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    assert main(["tune", "--algo", "grpo", "--trials", "1", "--steps", "1", "--seeds", "0", "--study", "keys",
+                 "--storage", f"sqlite:///{tmp_path}/optuna.db", "--tracking-uri", uri, "--out", str(tmp_path / "o"),
+                 "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--eval-every", "1",
+                 "--max-new-tokens", "16", "--experiment", "keys", "--output-dir", str(tmp_path / "runs"),
+                 "--samples-every", "0", "--sampler-seed", "0"]) == 0
+    runs = _keys(MlflowClient(uri), "keys")
+    assert sorted(runs) == ["train", "tune-study", "tune-trial"] and all(len(v) == 1 for v in runs.values())
+    for kind, (want_tags, want_metrics, want_params) in {
+            "tune-study": (STUDY_TAGS, STUDY_METRICS, STUDY_PARAMS),
+            "tune-trial": (TRIAL_TAGS, TRIAL_METRICS, TRIAL_PARAMS),
+            "train": (TUNE_TRAIN_TAGS, TUNE_TRAIN_METRICS, None)}.items():
+        tags, metrics, params = runs[kind][0]
+        assert tags == want_tags, (kind, sorted(tags ^ want_tags))
+        assert metrics == want_metrics, (kind, sorted(metrics ^ want_metrics))
+        if want_params is not None:  # (a training run's params are its whole TrainConfig: test_cli pins those)
+            assert params == want_params, (kind, sorted(params ^ want_params))

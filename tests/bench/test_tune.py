@@ -16,8 +16,9 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from bench import cmd_tune, tune
+from bench import tune
 from bench.cli import main as cli_main
+from bench.tune.outputs import write_outputs
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("tune_worker.py")
@@ -182,7 +183,7 @@ def test_outputs_and_show(tmp_path, mlflow_server, capsys):
     storage = f"sqlite:///{tmp_path}/o.db"
     spec = make_spec(study, storage, mlflow_server, exp, trials=4, steps=2, pruner="none")
     result = tune.run_study(spec, train_fn=fake_train, log=lambda m: None)
-    paths = cmd_tune.write_outputs(result, tmp_path / "out")
+    paths = write_outputs(result, tmp_path / "out")
     assert {"best.yaml", "summary.csv", "summary.md", "history.png", "importance.png", "contour.png"} <= set(paths)
     best = yaml.safe_load((tmp_path / "out" / "best.yaml").read_text())
     assert best == {"algo": "tepo", "objective_overrides": result.best_params}

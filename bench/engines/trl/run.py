@@ -17,6 +17,7 @@ from bench.config import TrainConfig
 from bench.engines.trl.record import _callback_class, reward_function
 from bench.engines.trl.support import check_supported, layout
 from bench.engines.trl.trainer import _trainer_class
+from reports.record import ENGINE_DISTRIBUTED, ENGINE_PROCESSES, STOPPED
 
 
 def grpo_config(cfg: TrainConfig, run_dir: Path, world: int):
@@ -95,8 +96,8 @@ def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
         logger = RunLogger(cfg.tracking_uri, cfg.experiment)
         tags, params = run_tags_and_params(cfg, objective)
         acc = trainer.accelerator
-        tags.update({"pobench.engine_distributed": str(acc.distributed_type).split(".")[-1],
-                     "pobench.engine_processes": str(acc.num_processes)})
+        tags.update({ENGINE_DISTRIBUTED: str(acc.distributed_type).split(".")[-1],
+                     ENGINE_PROCESSES: str(acc.num_processes)})
         logger.start(run_name, tags, params)
         cfg.save(run_dir / "config.yaml")
         logger.log_artifact(run_dir / "config.yaml")
@@ -118,7 +119,7 @@ def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
     if main:
         tok.save_pretrained(run_dir / "final")
         if record.stopped_early:
-            logger.set_tags({"pobench.stopped": "early"})
+            logger.set_tags({STOPPED: "early"})
         logger.flush()
         logger.end("FINISHED")
     run_id = logger.run_id if logger is not None else ""
@@ -128,7 +129,7 @@ def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
 def main(argv: list[str] | None = None) -> int:
     """``python -m bench.engines.trl --config run.yaml [--flag value ...]``: one run with the TRL engine (any
     TrainConfig flag of `bench train`); launch it with ``torchrun`` / ``accelerate launch`` for several processes."""
-    from bench.cmd_train import add_config_flags, config_from_args
+    from bench.cli.flags import add_config_flags, config_from_args
 
     p = argparse.ArgumentParser(prog="python -m bench.engines.trl", description=main.__doc__)
     p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bench import tune
 from bench.config import TrainConfig
-from bench.tune.outputs import print_leaderboard, write_outputs  # cmd_tune.write_outputs: tests/bench/test_tune.py
+from bench.tune.outputs import print_leaderboard, write_outputs
 from bench.tune.outputs import show as show_study
 
 # TrainConfig fields a study sets itself per trial (the rest come from --config and the flags)
@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sampler-seed", type=int, help="seed of the TPE sampler (default random: workers differ)")
     p.add_argument("--out", help="output folder (default .pobench/tune/<study>)")
     p.add_argument("--show", action="store_true", help="print the leaderboard of --study and write its outputs")
-    from bench.cmd_train import add_config_flags
+    from bench.cli.flags import add_config_flags
 
     add_config_flags(p, skip=SKIP)  # --steps, --prompts-per-step, --tracking-uri, ... as in `bench train`
     p.set_defaults(func=main)
@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _base_config(args: argparse.Namespace) -> TrainConfig:
     """``--config`` file < TrainConfig flags; validated with the objective's default config."""
-    from bench.cmd_train import config_from_args
+    from bench.cli.flags import config_from_args
 
     return config_from_args(args, algo=args.algo)
 

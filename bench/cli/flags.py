@@ -1,11 +1,11 @@
-"""`bench train --algo NAME ...`: one training run of one objective (flags generated from TrainConfig)."""
+"""Flags several commands share, each defined once: the TrainConfig flags (`bench train`, `bench run`, `bench tune`,
+``python -m bench.engines.trl``) and the report flags (`bench run`, `bench report`)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-import sys
 import typing
 
 from bench.config import TrainConfig
@@ -48,26 +48,9 @@ def config_from_args(args: argparse.Namespace, **fixed) -> TrainConfig:
     return cfg
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train one objective", description=__doc__)
-    p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
-    add_config_flags(p)
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    from bench.tracking import check_reachable
-    from bench.train import TrainingDiverged, train
-
-    cfg = config_from_args(args)
-    check_reachable(cfg.tracking_uri)  # an unreachable server: one line now, not minutes later after the model loads
-    try:
-        result = train(cfg)
-    except TrainingDiverged as e:
-        print(f"bench train: training diverged: {e}", file=sys.stderr)
-        return 3
-    print(f"run {result.run_id}: {result.steps_done} steps; checkpoints and final model in {result.output_dir}")
-    for k in ("eval/accuracy", "eval/accuracy_sampled"):
-        if k in result.final_eval:
-            print(f"  {k} = {result.final_eval[k]:.4f}")
-    return 0
+def add_report_flags(p: argparse.ArgumentParser, baseline_default: str) -> None:
+    """``--baseline``, ``--target-acc``, ``--out-root``: how a report compares (`bench run` and `bench report`)."""
+    p.add_argument("--baseline", help=f"objective the report compares against (default: {baseline_default})")
+    p.add_argument("--target-acc", type=float, help="convergence target accuracy (default: step-0 accuracy + half "
+                   "of the improvement the baseline achieves over it; docs/REPORTS.md)")
+    p.add_argument("--out-root", default="reports/out", help="report folder root (default: reports/out)")

@@ -14,7 +14,7 @@ SKIP = ("algo", "seed", "run_name", "comparison", "resume", "objective_overrides
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from bench.cmd_train import add_config_flags
+    from bench.cli.flags import add_config_flags, add_report_flags
     from bench.executors import EXECUTORS
     from bench.harness import DEFAULTS
 
@@ -39,10 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "pobench installed (docs/SCALE.md) (default: start a local Ray instance for this command)")
     p.add_argument("--force", action="store_true", help="redo pairs that already finished (default: reuse them)")
     p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
-    p.add_argument("--baseline", help=f"objective the report compares against (default: {DEFAULTS.baseline})")
-    p.add_argument("--target-acc", type=float, help="convergence target accuracy (default: step-0 accuracy + half "
-                   "of the improvement the baseline achieves over it; docs/REPORTS.md)")
-    p.add_argument("--out-root", default="reports/out", help="report folder root (default: reports/out)")
+    add_report_flags(p, baseline_default=f"{DEFAULTS.baseline} when among the objectives")
     p.add_argument("--no-report", action="store_true", help="train only; `bench report` writes the report later")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
     add_config_flags(p, skip=SKIP, defaults=DEFAULTS.train, default_label="default of bench run")

@@ -7,16 +7,14 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from bench.cli.flags import add_report_flags
     from bench.config import TRACKING_URI_DEFAULT
 
     p = sub.add_parser("report", help="write the report of a comparison (from MLflow)", description=__doc__)
     p.add_argument("--experiment", default="pobench", help="MLflow experiment (default: pobench)")
     p.add_argument("--comparison", help="comparison id (default: the experiment's most recent comparison)")
     p.add_argument("--tracking-uri", help=f"MLflow tracking URI (default: {TRACKING_URI_DEFAULT})")
-    p.add_argument("--baseline", help="objective to compare against (default: grpo when present)")
-    p.add_argument("--target-acc", type=float, help="convergence target accuracy (default: step-0 accuracy + "
-                   "half of the improvement the baseline achieves over it; docs/REPORTS.md)")
-    p.add_argument("--out-root", default="reports/out", help="report folder root (default: reports/out)")
+    add_report_flags(p, baseline_default="grpo when present")
     p.add_argument("--no-store", action="store_true", help="do not write derived metrics back into the runs")
     p.set_defaults(func=run)
 

@@ -1,4 +1,4 @@
-"""The `bench` command line: one subcommand per module, each exposing `register(subparsers)`.
+"""The `bench` command line: one subcommand per module of this package, each exposing `register(subparsers)`.
 
 A subcommand module defines `register(sub)` which adds its parser and sets `func=callable(args) -> int`.
 """
@@ -6,31 +6,24 @@ A subcommand module defines `register(sub)` which adds its parser and sets `func
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-# module path of each subcommand, in the order `bench --help` lists them
-COMMANDS = [
-    "bench.cmd_list",       # bench list
-    "bench.cmd_train",      # bench train
-    "bench.cmd_warmstart",  # bench warmstart
-    "bench.cmd_eval",       # bench eval
-    "bench.cmd_run",        # bench run
-    "bench.cmd_report",     # bench report
-    "bench.cmd_tune",       # bench tune
-]
+from bench.cli import eval as eval_cmd
+from bench.cli import list as list_cmd
+from bench.cli import report as report_cmd
+from bench.cli import run as run_cmd
+from bench.cli import train as train_cmd
+from bench.cli import tune as tune_cmd
+from bench.cli import warmstart as warmstart_cmd
+
+# the subcommands, in the order `bench --help` lists them
+COMMANDS = [list_cmd, train_cmd, warmstart_cmd, eval_cmd, run_cmd, report_cmd, tune_cmd]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bench", description="pobench: policy-optimization ablations for LLM RL")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as e:  # a subcommand still being written: skip only if the module itself is absent
-            if e.name == name:
-                continue
-            raise
+    for module in COMMANDS:
         module.register(sub)
     return parser
 

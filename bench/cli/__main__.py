@@ -1,0 +1,7 @@
+"""``python -m bench.cli ...`` = ``bench ...``."""
+
+import sys
+
+from bench.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,33 @@
+"""`bench train --algo NAME ...`: one training run of one objective (flags generated from TrainConfig)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bench.cli.flags import add_config_flags, config_from_args
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train one objective", description=__doc__)
+    p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
+    add_config_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bench.tracking import check_reachable
+    from bench.train import TrainingDiverged, train
+
+    cfg = config_from_args(args)
+    check_reachable(cfg.tracking_uri)  # an unreachable server: one line now, not minutes later after the model loads
+    try:
+        result = train(cfg)
+    except TrainingDiverged as e:
+        print(f"bench train: training diverged: {e}", file=sys.stderr)
+        return 3
+    print(f"run {result.run_id}: {result.steps_done} steps; checkpoints and final model in {result.output_dir}")
+    for k in ("eval/accuracy", "eval/accuracy_sampled"):
+        if k in result.final_eval:
+            print(f"  {k} = {result.final_eval[k]:.4f}")
+    return 0

@@ -7,10 +7,9 @@ the prompts it would have seen without interruption.
 
 from __future__ import annotations
 
-import itertools
 import random
 
-from evaluators import get_benchmark
+from evaluators import Task, get_task
 from evaluators.tasks import Problem
 
 
@@ -21,18 +20,15 @@ class TrainData:
                  difficulty: int = 2, skip_bad_rows: bool = False) -> None:
         self.prompts_per_step = prompts_per_step
         self.seed = seed
-        self.benchmark = _benchmark(task, difficulty)
-        if task == "arith":
-            if data is not None:
-                raise ValueError("task arith is generated procedurally; it takes no --data")
-            stream = self.benchmark.train_stream(seed)
-            self.pool: list[Problem] = list(itertools.islice(stream, steps * prompts_per_step + 4096))
-        else:
-            pool = self.benchmark.load(split="train", data=data, skip_bad_rows=skip_bad_rows)
-            if not pool:
-                raise ValueError(f"task {task}: the training split is empty")
-            self.pool = list(pool)
-            random.Random(f"pobench-data-{seed}").shuffle(self.pool)
+        self.benchmark = get_task(task, difficulty=difficulty)
+        if self.benchmark.generated and data is not None:
+            raise ValueError(f"task {task} is generated procedurally; it takes no --data")
+        # a generated task: the first steps * P + 4096 problems of its seed's stream; a file task: its whole train
+        # split, shuffled by the seed
+        self.pool: list[Problem] = list(self.benchmark.train_pool(seed, steps * prompts_per_step + 4096, data=data,
+                                                                  skip_bad_rows=skip_bad_rows))
+        if not self.pool:
+            raise ValueError(f"task {task}: the training split is empty")
 
     def batch(self, step: int, round_: int = 0) -> list[Problem]:
         """Prompts of `step` (1-based); `round_` > 0 are dynamic-sampling refills."""
@@ -44,16 +40,11 @@ class TrainData:
         return [self.pool[i] for i in rng.sample(range(n), min(P, n))]
 
 
-def _benchmark(task: str, difficulty: int):
-    return get_benchmark(task, difficulty=difficulty) if task == "arith" else get_benchmark(task)
-
-
 def eval_problems(task: str, *, limit: int, data: str | None = None, difficulty: int = 2,
-                  skip_bad_rows: bool = False):
+                  skip_bad_rows: bool = False) -> tuple[Task, list[Problem]]:
     """(benchmark, held-out problems) for periodic evaluation."""
-    bench = _benchmark(task, difficulty)
-    extra = {"skip_bad_rows": True} if skip_bad_rows and task != "arith" else {}  # arith is generated: no rows
-    problems = bench.load(split="test", data=data, limit=limit, **extra)
+    bench = get_task(task, difficulty=difficulty)
+    problems = bench.load(split="test", data=data, limit=limit, skip_bad_rows=skip_bad_rows)
     if not problems:
         raise ValueError(f"held-out task {task}: no problems loaded")
     return bench, problems

@@ -20,10 +20,13 @@ the training reward and the benchmark score cannot drift apart.
 from __future__ import annotations
 
 import hashlib
+import itertools
+import os
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from evaluators.sources import SourceRows
 from evaluators.tasks import Problem
 
 VERSION = "1"
@@ -63,11 +66,14 @@ def _is_test(ops: tuple[str, ...], values: tuple[int, ...]) -> bool:
 
 
 class ArithTask:
-    """Multi-step arithmetic word problems; `difficulty` is a key of ``DIFFICULTIES`` (1 = easiest)."""
+    """Multi-step arithmetic word problems; `difficulty` is a key of ``DIFFICULTIES`` (1 = easiest). Implements
+    `evaluators.tasks.Task` as a generated task: no `data` source, ``skip_bad_rows`` has nothing to skip."""
 
     name = "arith"
     version = VERSION
     answer_kind = "number"
+    description = "pobench's built-in multi-step arithmetic word problems in GSM8K's answer format (generated)"
+    generated = True
 
     def __init__(self, difficulty: int = 2):
         if difficulty not in DIFFICULTIES:
@@ -140,9 +146,11 @@ class ArithTask:
                                answer=str(_final(solution)), solution=solution))
         return out
 
-    # --- the Benchmark interface of the evaluators
-    def load(self, split: str = "test", data: str | None = None, limit: int | None = None) -> list[Problem]:
-        """`test`: the fixed held-out set (default 500 problems); `train`: the first `limit` (default 5000), seed 0."""
+    # --- the Task interface of the evaluators (evaluators.tasks.Task)
+    def load(self, split: str = "test", data: str | os.PathLike | None = None, limit: int | None = None,
+             skip_bad_rows: bool = False) -> list[Problem]:
+        """`test`: the fixed held-out set (default 500 problems); `train`: the first `limit` (default 5000), seed 0.
+        ``skip_bad_rows`` is accepted for the common signature: generated problems have no bad rows."""
         if data is not None:
             raise ValueError("arith is generated procedurally; it takes no `data` source")
         if split == "test":
@@ -151,6 +159,18 @@ class ArithTask:
             stream = self.train_stream(0)
             return [next(stream) for _ in range(limit or 5000)]
         raise ValueError(f"arith split {split!r} is not defined; valid: test, train")
+
+    def load_rows(self, split: str = "test", data: str | os.PathLike | None = None, limit: int | None = None,
+                  skip_bad_rows: bool = False) -> tuple[list[Problem], SourceRows]:
+        """As `load`; the source is ``generated`` (no rows were read, none skipped)."""
+        return self.load(split, data, limit, skip_bad_rows), SourceRows(rows=[], where=[], source="generated")
+
+    def train_pool(self, seed: int, size: int, *, data: str | os.PathLike | None = None,
+                   skip_bad_rows: bool = False) -> list[Problem]:
+        """The first `size` problems of ``train_stream(seed)``."""
+        if data is not None:
+            raise ValueError("arith is generated procedurally; it takes no `data` source")
+        return list(itertools.islice(self.train_stream(seed), size))
 
     def reward(self, completion: str, problem: Problem) -> float:
         """1.0 when the completion's final answer matches, else 0.0 (the GSM8K verifier)."""

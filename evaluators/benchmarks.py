@@ -2,19 +2,22 @@
 
 One `Benchmark` per benchmark, declared once in `DEFINITIONS`. Its ``version`` changes whenever the mapping or the
 answer rules change, so that two scores with the same (name, version) were computed the same way. The built-in
-``arith`` task (``evaluators/arith.py``, ``ArithTask``) is registered lazily under the name ``arith``.
+``arith`` task (``evaluators/arith.py``, ``ArithTask``) is registered lazily under the name ``arith``. Both implement
+the `Task` protocol (``evaluators/tasks.py``): `get_benchmark` returns a `Task`, whatever the name.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from evaluators.sources import BadRowError, SourceRows, read_source
-from evaluators.tasks import Problem
+from evaluators.tasks import Problem, Task
 from evaluators.verify import (
     KINDS,
     format_number,
@@ -44,8 +47,9 @@ def _strip_dollars(text: str) -> str:
 
 @dataclass(frozen=True)
 class Benchmark:
-    """A benchmark: its source and the mapping of that source's fields onto `Problem`."""
+    """A benchmark: its source and the mapping of that source's fields onto `Problem` (a `Task` read from files)."""
 
+    generated: ClassVar[bool] = False
     name: str
     version: str
     answer_kind: str
@@ -115,6 +119,13 @@ class Benchmark:
         if not problems:
             raise ValueError(f"{self.name}: no problems in {source.source}")
         return problems, source
+
+    def train_pool(self, seed: int, size: int, *, data: str | os.PathLike | None = None,
+                   skip_bad_rows: bool = False) -> list[Problem]:
+        """The whole train split, shuffled by `seed` (`size` does not cut it: every row is used)."""
+        pool = self.load(split="train", data=data, skip_bad_rows=skip_bad_rows)
+        random.Random(f"pobench-data-{seed}").shuffle(pool)
+        return pool
 
     def _first(self, row: dict, names: tuple[str, ...]) -> Any:
         for name in names:
@@ -217,20 +228,28 @@ for _b in DEFINITIONS:
 
 
 ARITH = "arith"
-"""The built-in task: `evaluators.arith.ArithTask` has the same load / reward interface as `Benchmark`."""
+"""The built-in task: `evaluators.arith.ArithTask`, a generated `Task`."""
+
+
+def _arith(**options: Any) -> Task:
+    from evaluators.arith import ArithTask  # lazy: only needed when used
+
+    return ArithTask(**options)
+
+
+_GENERATED: dict[str, tuple[Callable[..., Task], tuple[str, ...]]] = {ARITH: (_arith, ("difficulty",))}
+"""Generated tasks: name -> (factory, the options it takes)."""
 
 
 def list_benchmarks() -> list[str]:
     """Names of every benchmark, built-in ``arith`` included."""
-    return [*_BY_NAME, ARITH]
+    return [*_BY_NAME, *_GENERATED]
 
 
-def get_benchmark(name: str, **options: Any) -> Any:
+def get_benchmark(name: str, **options: Any) -> Task:
     """The benchmark called `name` (``arith`` takes a ``difficulty`` option). Unknown name -> ValueError."""
-    if name == ARITH:
-        from evaluators.arith import ArithTask  # lazy: only needed when used
-
-        return ArithTask(**options)
+    if name in _GENERATED:
+        return _GENERATED[name][0](**options)
     if name not in _BY_NAME:
         from evaluators.hints import did_you_mean
 
@@ -239,3 +258,11 @@ def get_benchmark(name: str, **options: Any) -> Any:
     if options:
         raise ValueError(f"benchmark {name!r} takes no options, got {', '.join(options)}")
     return _BY_NAME[name]
+
+
+def get_task(name: str, **settings: Any) -> Task:
+    """The task `name` for a run: of the run's task settings (``difficulty``), those the task takes are passed to it
+    and the others ignored, since one run configuration serves whatever task it names (`get_benchmark` refuses an
+    option the task does not take)."""
+    taken = _GENERATED[name][1] if name in _GENERATED else ()
+    return get_benchmark(name, **{k: v for k, v in settings.items() if k in taken})

@@ -11,7 +11,10 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from evaluators import Task
 
 DEFAULT_MAX_NEW_TOKENS = 512
 
@@ -59,8 +62,10 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def resolve_data(names: list[str], specs: list[str]) -> dict[str, str | None]:
-    """Map each benchmark to its --data source (None: the benchmark's hub id)."""
+def resolve_data(benchmarks: list[Task], specs: list[str]) -> dict[str, str | None]:
+    """Map each benchmark to its --data source (None: the benchmark's hub id, or a generated task's own problems)."""
+    names = [b.name for b in benchmarks]
+    generated = {b.name for b in benchmarks if b.generated}
     named: dict[str, str] = {}
     plain: list[str] = []
     for spec in specs:
@@ -82,7 +87,7 @@ def resolve_data(names: list[str], specs: list[str]) -> dict[str, str | None]:
             out[name] = str(Path(plain[0], name))
         elif plain and len(names) == 1:
             out[name] = plain[0]
-        elif plain and name != "arith":
+        elif plain and name not in generated:  # a generated task needs no sub-folder
             raise ValueError(f"--data {plain[0]}: no {name}/ sub-folder; with several benchmarks use NAME=PATH")
         else:
             out[name] = None
@@ -124,18 +129,15 @@ def run(args) -> int:
         raise ValueError(f"--k {args.k} / --samples {args.samples}: need k >= 1 and samples >= k")
     if args.harness and args.no_greedy:
         raise ValueError("--harness lm-eval compares greedy decoding: drop --no-greedy")
-    data = resolve_data(names, args.data)
-    loaded: list[tuple[Any, list, str]] = []
-    for b in benchmarks:
-        if hasattr(b, "load_rows"):  # file / hub benchmarks (arith is generated)
-            problems, source = b.load_rows(args.split, data=data[b.name], limit=args.limit,
-                                           skip_bad_rows=args.skip_bad_rows)
-            if source.skipped:
-                print(f"bench eval: {b.name}: skipped {len(source.skipped)} bad row(s) of {source.source}",
-                      file=sys.stderr)
-            loaded.append((b, problems, source.source))
-        else:
-            loaded.append((b, b.load(args.split, data=data[b.name], limit=args.limit), "generated"))
+    data = resolve_data(benchmarks, args.data)
+    loaded: list[tuple[Task, list, str]] = []
+    for b in benchmarks:  # source: a path or hub id, or "generated"
+        problems, source = b.load_rows(args.split, data=data[b.name], limit=args.limit,
+                                       skip_bad_rows=args.skip_bad_rows)
+        if source.skipped:
+            print(f"bench eval: {b.name}: skipped {len(source.skipped)} bad row(s) of {source.source}",
+                  file=sys.stderr)
+        loaded.append((b, problems, source.source))
 
     model, tokenizer = load_policy(args.model, args.device, args.dtype)
     options = {"max_batch_size": args.batch_size} if args.batch_size and args.backend == "hf" else {}

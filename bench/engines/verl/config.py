@@ -55,11 +55,11 @@ def write_data(cfg, out_dir: str | Path) -> tuple[Path, Path]:
     from bench.data import eval_problems
     from evaluators import get_benchmark
 
-    if cfg.task == "arith":
-        raise ValueError("task arith is pobench's built-in toy task: verl runs need a benchmark with files")
+    train_bench = get_benchmark(cfg.task)
+    if train_bench.generated:
+        raise ValueError(f"task {cfg.task} is pobench's built-in toy task: verl runs need a benchmark with files")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train_bench = get_benchmark(cfg.task)
     train = train_bench.load(split="train", data=cfg.data, skip_bad_rows=cfg.skip_bad_rows)
     eval_bench, held_out = eval_problems(cfg.eval_task or cfg.task, limit=cfg.eval_problems, data=cfg.eval_data,
                                          skip_bad_rows=cfg.skip_bad_rows)

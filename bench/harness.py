@@ -166,7 +166,7 @@ def comparison_id(config_hash: str, variants: dict[str, dict[str, Any]], seeds: 
 # ------------------------------------------------------------------ the plan
 @dataclass
 class Pair:
-    algo: str
+    objective: str                   # the registered objective (a variant adds overrides to it)
     seed: int
     overrides: dict[str, Any]
     variant: str
@@ -233,7 +233,7 @@ def finished_run(client, experiment_id: str, cfg: TrainConfig, p: Pair) -> str |
     """The id of the newest FINISHED run with the pair's identity, or None."""
     done = client.search_runs([experiment_id], filter_string=(
         f"tags.`pobench.kind` = 'train' and tags.`pobench.config_hash` = '{cfg.comparison_hash()}' and "
-        f"tags.`pobench.objective` = '{p.algo}' and tags.`pobench.seed` = '{p.seed}' and "
+        f"tags.`pobench.objective` = '{p.objective}' and tags.`pobench.seed` = '{p.seed}' and "
         f"tags.`pobench.overrides` = '{_canon(p.overrides)}' and attributes.status = 'FINISHED'"),
         order_by=["attributes.start_time DESC"], max_results=1)
     return done[0].info.run_id if done else None
@@ -261,11 +261,11 @@ def run_dir(cfg: TrainConfig, p: Pair) -> Path:
 
 def pair_config(cfg: TrainConfig, p: Pair, cid: str, parent_id: str | None) -> TrainConfig:
     tags = {**cfg.tags, member_tag(cid): "1", OVERRIDES: _canon(p.overrides)}
-    if p.variant != p.algo:
+    if p.variant != p.objective:
         tags[VARIANT] = p.variant
     if parent_id:
         tags["mlflow.parentRunId"] = parent_id
-    return replace(cfg, algo=p.algo, seed=p.seed, objective_overrides=dict(p.overrides), run_name=p.run_name,
+    return replace(cfg, algo=p.objective, seed=p.seed, objective_overrides=dict(p.overrides), run_name=p.run_name,
                    output_dir=str(Path(cfg.output_dir) / cfg.experiment), comparison=cid, tags=tags,
                    resume=p.action == "resume")
 
@@ -330,7 +330,7 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
         for p in pairs:
             for r in client.search_runs([exp_id], filter_string=(
                     f"tags.`pobench.kind` = 'train' and tags.`{member_tag(cid)}` = '1' and "
-                    f"tags.`pobench.objective` = '{p.algo}' and tags.`pobench.seed` = '{p.seed}'")):
+                    f"tags.`pobench.objective` = '{p.objective}' and tags.`pobench.seed` = '{p.seed}'")):
                 client.set_tag(r.info.run_id, member_tag(cid), "0")
             shutil.rmtree(run_dir(cfg, p), ignore_errors=True)
 

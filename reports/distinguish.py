@@ -38,10 +38,10 @@ def probe_comparison(cmp: Comparison) -> tuple[ProbeResult | None, str]:
                               log_ratio_per_update=measured_drift(cmp))
     entries, seen = [], set()
     for r in cmp.runs:
-        if r.objective in seen:
+        if r.variant in seen:
             continue
-        seen.add(r.objective)
-        entries.append((r.objective, r.algo, json.loads(r.tags.get(OVERRIDES) or "{}")))
+        seen.add(r.variant)
+        entries.append((r.variant, r.objective, json.loads(r.tags.get(OVERRIDES) or "{}")))
     try:
         return probe(entries, regime), ""
     except ValueError as e:  # an objective this checkout no longer registers

@@ -79,7 +79,7 @@ def _save(fig, out_dir: Path, name: str) -> list[Path]:
 def _by_objective(runs) -> dict[str, list]:
     groups: dict[str, list] = {}
     for r in runs:
-        groups.setdefault(r.objective, []).append(r)
+        groups.setdefault(r.variant, []).append(r)
     return groups
 
 

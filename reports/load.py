@@ -39,8 +39,8 @@ SERIES_KEYS = (
 class RunData:
     run_id: str
     name: str
-    objective: str          # the label the report groups by (objective name, or name + override label)
-    algo: str               # registered objective name
+    variant: str            # the label the report groups by: the objective's name, or name + override label
+    objective: str          # the registered objective's name
     seed: int
     status: str
     config_hash: str
@@ -63,8 +63,8 @@ class Comparison:
     def objectives(self) -> list[str]:
         seen: list[str] = []
         for r in self.runs:
-            if r.objective not in seen:
-                seen.append(r.objective)
+            if r.variant not in seen:
+                seen.append(r.variant)
         return seen
 
     @property
@@ -109,8 +109,8 @@ def list_comparisons(client, exp_id: str) -> dict[str, int]:
 def _to_rundata(r) -> RunData:
     tags = dict(r.data.tags)
     name = tags.get("mlflow.runName", r.info.run_name or r.info.run_id)
-    algo = tags.get(OBJECTIVE)
-    if not algo:
+    objective = tags.get(OBJECTIVE)
+    if not objective:
         raise ValueError(f"run {name} ({r.info.run_id}) has no pobench.objective tag")
     try:
         seed = int(tags[SEED])
@@ -119,7 +119,7 @@ def _to_rundata(r) -> RunData:
     if not tags.get(CONFIG_HASH):
         raise ValueError(f"run {name} ({r.info.run_id}) has no pobench.config_hash tag: cannot check that the "
                          f"comparison's conditions are identical")
-    return RunData(run_id=r.info.run_id, name=name, objective=tags.get(VARIANT) or algo, algo=algo,
+    return RunData(run_id=r.info.run_id, name=name, variant=tags.get(VARIANT) or objective, objective=objective,
                    seed=seed, status=r.info.status, config_hash=tags[CONFIG_HASH],
                    start_time=r.info.start_time or 0, tags=tags, params=dict(r.data.params))
 
@@ -165,7 +165,7 @@ def load_comparison(experiment: str, comparison: str | None = None, tracking_uri
     members = [_to_rundata(r) for r in runs.values() if r.data.tags.get(member_tag(comparison)) != "0"]
     if objectives is not None:
         wanted = set(objectives)
-        members = [m for m in members if m.objective in wanted or m.algo in wanted]
+        members = [m for m in members if m.variant in wanted or m.objective in wanted]
     if seeds is not None:
         wanted_s = {int(s) for s in seeds}
         members = [m for m in members if m.seed in wanted_s]
@@ -182,9 +182,9 @@ def load_comparison(experiment: str, comparison: str | None = None, tracking_uri
     not_finished = [m for m in members if m.status != "FINISHED"]
     by_key: dict[tuple[str, int], RunData] = {}
     for m in sorted(finished, key=lambda m: m.start_time):  # a redone pair (--force) keeps its latest run
-        by_key[(m.objective, m.seed)] = m
-    done = sorted(by_key.values(), key=lambda m: (m.objective, m.seed))
-    not_finished = [m for m in not_finished if (m.objective, m.seed) not in by_key]
+        by_key[(m.variant, m.seed)] = m
+    done = sorted(by_key.values(), key=lambda m: (m.variant, m.seed))
+    not_finished = [m for m in not_finished if (m.variant, m.seed) not in by_key]
     if not done:
         raise ValueError(f"comparison {comparison!r} in experiment {experiment!r} has no finished training run "
                          f"({len(not_finished)} unfinished)")
@@ -193,7 +193,7 @@ def load_comparison(experiment: str, comparison: str | None = None, tracking_uri
     # objective order: as first started (the order `bench run` was given), then seeds ascending
     first = {}
     for m in sorted(done, key=lambda m: m.start_time):
-        first.setdefault(m.objective, len(first))
-    done.sort(key=lambda m: (first[m.objective], m.seed))
+        first.setdefault(m.variant, len(first))
+    done.sort(key=lambda m: (first[m.variant], m.seed))
     return Comparison(experiment=experiment, experiment_id=exp.experiment_id, comparison_id=comparison,
                       tracking_uri=uri, runs=done, not_finished=not_finished)

@@ -49,7 +49,7 @@ def _vals(rows, attr) -> list:
 def _group(cmp: Comparison, derived: dict[str, RunDerived]) -> dict[str, list[tuple[int, RunDerived]]]:
     out: dict[str, list[tuple[int, RunDerived]]] = {o: [] for o in cmp.objectives}
     for r in cmp.runs:
-        out[r.objective].append((r.seed, derived[r.run_id]))
+        out[r.variant].append((r.seed, derived[r.run_id]))
     return out
 
 
@@ -197,8 +197,8 @@ def runs_table(cmp: Comparison, derived: dict[str, RunDerived]) -> Table:
                 shown.append(fmt(v, 5 if c == "entropy_slope" else 3))
         n_problems = r.params.get("eval_problems", "")
         lo, hi = checks.final_acc_interval(d.final_acc, int(n_problems) if n_problems.isdigit() else None)
-        rows.append([r.name, r.objective, str(r.seed), *shown, "n/a" if lo is None else f"[{lo:.3f}, {hi:.3f}]"])
-        csv_rows.append([r.run_id, r.name, r.objective, r.seed, *vals, lo, hi])
+        rows.append([r.name, r.variant, str(r.seed), *shown, "n/a" if lo is None else f"[{lo:.3f}, {hi:.3f}]"])
+        csv_rows.append([r.run_id, r.name, r.variant, r.seed, *vals, lo, hi])
     return Table("runs", "Per-run derived metrics",
                  "The per-objective tables of report.md are means over these per-run values. final_acc_ci95: Wilson "
                  "95% interval of the run's final held-out accuracy as a proportion of its eval_problems problems "
@@ -256,7 +256,7 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
         notes.append("Objectives do not share the same seeds: " +
                      "; ".join(f"{o}: {', '.join(map(str, s))}" for o, s in seeds_of.items()) + ".")
     for r in cmp.not_finished:
-        notes.append(f"Run {r.name} ({r.objective}, seed {r.seed}) is {r.status}, not FINISHED: left out.")
+        notes.append(f"Run {r.name} ({r.variant}, seed {r.seed}) is {r.status}, not FINISHED: left out.")
     for r in cmp.runs:
         if r.tags.get(STOPPED) == "early":
             notes.append(f"Run {r.name} was stopped early (pobench.stopped=early).")
@@ -341,7 +341,7 @@ def _target(cmp: Comparison, target_acc: float | None, baseline: str | None, set
         return target_acc, f"smoothed held-out accuracy ≥ {target_acc:.4f} (given with --target-acc)"
     ref = baseline or cmp.objectives[0]
     t = default_target([r.series[KEY_ACC] for r in cmp.runs],
-                       [r.series[KEY_ACC] for r in cmp.runs if r.objective == ref], settings)
+                       [r.series[KEY_ACC] for r in cmp.runs if r.variant == ref], settings)
     made = (f"step-0 accuracy {t.start:.4f} + {t.frac:g} × the improvement of {ref}'s seed-mean smoothed accuracy "
             f"(best {t.reference_best:.4f})")
     if t.value is None:

@@ -1,1 +1,1 @@
-"""Training engines other than the native loop (bench/train.py): TRL (trl.py) and verl (verl.py)."""
+"""Training engines other than the native loop (bench/train.py): TRL (package ``trl/``) and verl (package ``verl/``)."""

@@ -169,7 +169,7 @@ def test_ray_gives_the_local_runs_then_reuses_and_force_retrains(tmp_path, model
                {k: v for k, v in r.data.params.items() if k not in PER_FOLDER}
         differ = {k for k in r.data.tags.keys() | q.data.tags.keys() if r.data.tags.get(k) != q.data.tags.get(k)}
         assert differ == {"mlflow.parentRunId"}, differ      # each folder has its own comparison run
-    first = {p.algo: p.run_id for p in res.pairs}
+    first = {p.objective: p.run_id for p in res.pairs}
     client = MlflowClient(cfg.tracking_uri)
     n_runs = len(client.search_runs([client.get_experiment_by_name("rx").experiment_id]))
 
@@ -207,9 +207,9 @@ def test_ray_gives_the_local_runs_then_reuses_and_force_retrains(tmp_path, model
 
 def fail_some(pair, step, metrics):
     """on_eval run inside the Ray tasks: tepo raises, dapo's worker process dies (a failure of the Ray task itself)."""
-    if step == 1 and pair.algo == "tepo":
+    if step == 1 and pair.objective == "tepo":
         raise RuntimeError("boom in tepo")
-    if step == 1 and pair.algo == "dapo":
+    if step == 1 and pair.objective == "dapo":
         os._exit(3)
 
 
@@ -219,11 +219,11 @@ def test_a_failing_ray_task_is_named_and_the_other_pairs_are_kept(tmp_path, mode
     cfg = tiny(tmp_path, model_dir, "rfail", steps=1)
     res = run_comparison(cfg, ["grpo", "tepo", "dapo"], [0], report=False, progress=False, executor="ray",
                          on_eval=fail_some)
-    out = {p.algo: p.outcome for p in res.pairs}
+    out = {p.objective: p.outcome for p in res.pairs}
     assert out["grpo"] == "finished"
     assert out["tepo"] == "failed: RuntimeError: boom in tepo"
     assert out["dapo"].startswith("failed: Ray task ended (WorkerCrashedError"), out["dapo"]
-    assert [p.algo for p in res.failed] == ["tepo", "dapo"]
+    assert [p.objective for p in res.failed] == ["tepo", "dapo"]
     err = capsys.readouterr().err
     assert "tepo seed 0: failed: RuntimeError: boom in tepo" in err
     assert "dapo seed 0: failed: Ray task ended (WorkerCrashedError" in err

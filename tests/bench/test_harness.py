@@ -209,7 +209,7 @@ def test_interrupted_comparison_resumes_only_missing_pairs(tmp_path, model_dir):
     cfg = tiny(tmp_path, model_dir, "resume")
 
     def interrupt(pair, step, metrics):
-        if pair.algo == "tepo" and step == 2:
+        if pair.objective == "tepo" and step == 2:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
@@ -221,8 +221,8 @@ def test_interrupted_comparison_resumes_only_missing_pairs(tmp_path, model_dir):
 
     trained: list[tuple[str, int]] = []
     res = run_comparison(cfg, ["grpo", "tepo"], [0], out_root=tmp_path / "out", progress=False,
-                         on_eval=lambda p, step, m: trained.append((p.algo, step)), workers=1)
-    assert {p.algo: p.action for p in res.pairs} == {"grpo": "reuse", "tepo": "resume"}
+                         on_eval=lambda p, step, m: trained.append((p.objective, step)), workers=1)
+    assert {p.objective: p.action for p in res.pairs} == {"grpo": "reuse", "tepo": "resume"}
     assert {a for a, _ in trained} == {"tepo"}            # only the missing pair ran
     assert [s for _, s in trained] == [2, 3]              # from its checkpoint at step 1, not from scratch
     after = {r.data.tags["pobench.objective"]: r for r in _runs(client, "resume")}

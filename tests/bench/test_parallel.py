@@ -130,7 +130,7 @@ def test_shared_step0_eval_equals_each_runs_own(tmp_path, model_dir):
 
 def fail_tepo(pair, step, metrics):
     """on_eval that breaks one pair (picklable: it runs in a worker process)."""
-    if pair.algo == "tepo" and step == 1:
+    if pair.objective == "tepo" and step == 1:
         raise RuntimeError("boom in tepo")
 
 
@@ -138,10 +138,10 @@ def fail_tepo(pair, step, metrics):
 def test_a_failing_pair_is_named_and_the_others_finish(tmp_path, model_dir, capsys):
     cfg = tiny(tmp_path, model_dir, "fail", steps=1)
     res = run_comparison(cfg, ["grpo", "tepo"], [0], workers=2, report=False, progress=False, on_eval=fail_tepo)
-    out = {p.algo: p.outcome for p in res.pairs}
+    out = {p.objective: p.outcome for p in res.pairs}
     assert out["grpo"] == "finished"
     assert out["tepo"] == "failed: RuntimeError: boom in tepo"
-    assert [p.algo for p in res.failed] == ["tepo"]
+    assert [p.objective for p in res.failed] == ["tepo"]
     assert "tepo seed 0: failed: RuntimeError: boom in tepo" in capsys.readouterr().err
     client = MlflowClient(cfg.tracking_uri)
     runs = {r.data.tags["pobench.objective"]: r for r in client.search_runs(

@@ -68,7 +68,7 @@ def test_overlapping_intervals_with_three_seeds_are_stated(handmade, local_uri, 
     _log(local_uri, "three", ("grpo", "tepo"), (0, 1, 2), handmade, lambda o, s, series: None)
     rep = build_report("three", tracking_uri=local_uri, out_root=tmp_path / "out")
     finals = {o: [d.final_acc for r, d in ((r, rep.derived[r.run_id]) for r in rep.comparison.runs)
-                  if r.objective == o] for o in ("grpo", "tepo")}
+                  if r.variant == o] for o in ("grpo", "tepo")}
     from reports.tables import mean_ci
 
     expected = checks.ranking_note(finals, mean_ci)

@@ -9,6 +9,12 @@ Prints (and writes as JSON):
 2. A few `tepo` steps of the native loop (bench.train.train) in bf16 for: full fine-tuning with and without chunked
    scoring, with activation checkpointing, and LoRA (r=16): peak GPU memory, seconds per step (median), rollout
    tokens/s and update tokens/s.
+3. The same `tepo` steps with ``engine=trl`` (``--engine trl``: TRL's GRPOTrainer with pobench's loss, TRL's own HF
+   generation, bf16 autocast): step seconds and tokens/s of the same batch, beside the native loop's.
+
+On the H200 (no network, none of this project's dependencies but torch / transformers / accelerate / peft):
+``bash benchmarks/gpu_check.sh`` installs the wheels carried in ``.whl/`` (``bash benchmarks/gpu_wheels.sh`` downloads
+them here) and runs the native and TRL variants.
 
 The model: the Qwen2.5-1.5B shape (hidden 1536, MLP 8960, 28 layers, 12 heads / 2 KV heads, vocabulary 151,936,
 tied embeddings, 1.54B parameters) as a Llama block with q/k/v biases (Qwen2's block; Llama's config puts the bias on
@@ -22,11 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the source tree (no install needed)
 
 QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                   num_key_value_heads=2, vocab_size=151_936, max_position_embeddings=4096, rms_norm_eps=1e-6,
@@ -126,9 +135,14 @@ def train_variant(model_dir: Path, root: Path, device: str, name: str, steps: in
         train(cfg, on_step=lambda step, m: per_step.append(dict(m)))
     later = per_step[1:] or per_step  # the first step includes warm-up (kernels, allocator)
     tokens = prompts * group * max_new
-    med = {k: statistics.median(m[k] for m in later) for k in ("time/step_s", "time/rollout_s", "time/update_s",
-                                                             "time/scoring_s", "rollout/tokens_per_s",
-                                                             "rollout/length_mean")}
+    if not later:
+        raise RuntimeError(f"{name}: no training step reported metrics")
+    # (the TRL engine reports step and rollout times but no separate reference-scoring time: NaN where absent)
+    med = {k: statistics.median(m.get(k, float("nan")) for m in later)
+           for k in ("time/step_s", "time/rollout_s", "time/update_s", "time/scoring_s", "rollout/tokens_per_s",
+                     "rollout/length_mean")}
+    if med["time/update_s"] != med["time/update_s"]:  # NaN: the engine reports no update time
+        med["time/update_s"] = med["time/step_s"] - med["time/rollout_s"]
     res = {"peak_gib": p.peak_gib, "step_s": med["time/step_s"], "rollout_s": med["time/rollout_s"],
            "ref_scoring_s": med["time/scoring_s"], "update_s": med["time/update_s"],
            "rollout_tokens_per_s": med["rollout/tokens_per_s"], "mean_completion_tokens": med["rollout/length_mean"],
@@ -149,6 +163,7 @@ def main() -> None:
     ap.add_argument("--score-batch", type=int, default=8)
     ap.add_argument("--score-length", type=int, default=2048)
     ap.add_argument("--only", default="", help="comma-separated variants to run (default: all)")
+    ap.add_argument("--skip-scoring", action="store_true", help="skip part 1 (the scoring-pass memory)")
     ap.add_argument("--out", default="gpu_check.json")
     args = ap.parse_args()
     results: dict = {"device": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else "cpu",
@@ -156,13 +171,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         model_dir = build_model_dir(root, TINY if args.tiny else QWEN25_15B)
-        results["scoring"] = scoring_memory(model_dir, args.device, args.score_batch, args.score_length)
+        if not args.skip_scoring:
+            results["scoring"] = scoring_memory(model_dir, args.device, args.score_batch, args.score_length)
         variants = {
             "full_chunked": {},
             "full_one_piece": {"scoring_chunk_mb": 0.0},
             "full_chunked_ckpt": {"activation_checkpointing": True},
             "lora16_chunked": {"lora_rank": 16, "lora_alpha": 32.0},
             "lora16_chunked_ckpt": {"lora_rank": 16, "lora_alpha": 32.0, "activation_checkpointing": True},
+            # TRL's GRPOTrainer with pobench's tepo loss; bf16 weights as above (TRL's own bf16 flag: autocast)
+            "trl_full": {"engine": "trl", "engine_args": {"bf16": args.device.startswith("cuda")}},
         }
         only = [v for v in args.only.split(",") if v]
         results["train"] = {}
@@ -175,10 +193,23 @@ def main() -> None:
             except torch.OutOfMemoryError as e:
                 results["train"][name] = {"error": f"out of memory: {e}"[:300]}
                 print(f"train {name}: out of memory", flush=True)
+            except Exception as e:  # noqa: BLE001  (one GPU lease: record it and run the other variants)
+                import traceback
+
+                traceback.print_exc()
+                results["train"][name] = {"error": f"{type(e).__name__}: {e}"[:500]}
             if args.device.startswith("cuda"):
                 torch.cuda.empty_cache()
+    mods = sorted({m.split(".")[0] for m in sys.modules} - set(sys.stdlib_module_names))
+    results["imported"] = mods  # what the run needed beyond the standard library (checks the carried wheels)
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(json.dumps(results, indent=1))
+    if "full_chunked" in results["train"] and "trl_full" in results["train"]:
+        nat, trl = results["train"]["full_chunked"], results["train"]["trl_full"]
+        if "step_s" in nat and "step_s" in trl:
+            print(f"tepo step seconds: native {nat['step_s']:.2f}, trl {trl['step_s']:.2f} (trl/native "
+                  f"{trl['step_s'] / nat['step_s']:.2f}); rollout tokens/s: native {nat['rollout_tokens_per_s']:.0f}, "
+                  f"trl {trl['rollout_tokens_per_s']:.0f}")
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ def _is_float(text: str) -> bool:
 
 
 @dataclass
-class HarnessResult:
+class LmEvalResult:
     """lm-eval's accuracy per benchmark and its per-row responses (in our row order)."""
 
     scores: dict[str, float]
@@ -115,7 +115,7 @@ class HarnessResult:
 
 def run_lm_eval(path: str, benchmarks: list[tuple[Any, list]], out_dir: str | Path, *, max_new_tokens: int,
                 prompt: Callable[[Any, str], str], device: str = "cpu", dtype: str = "float32",
-                batch_size: int = 1) -> HarnessResult:
+                batch_size: int = 1) -> LmEvalResult:
     """Run lm-eval (its HF model class, greedy) on `benchmarks` = [(benchmark, problems)] with our prompts.
 
     ``path``: the model folder; ``prompt(tokenizer, question)``: the prompt text `bench eval` gives the model;
@@ -151,7 +151,7 @@ def run_lm_eval(path: str, benchmarks: list[tuple[Any, list]], out_dir: str | Pa
                          "truncated": len(tokenizer(s["doc"]["prompt"])["input_ids"]) + max_new_tokens > context}
                         for s in samples]
     (out / "lm_eval_results.json").write_text(json.dumps({"scores": scores, "rows": rows}, indent=2))
-    return HarnessResult(scores=scores, rows=rows, version=getattr(lm_eval, "__version__", "unknown"),
+    return LmEvalResult(scores=scores, rows=rows, version=getattr(lm_eval, "__version__", "unknown"),
                          task_dir=str(out), raw={k: results.get(k) for k in ("results", "configs", "versions")})
 
 
@@ -168,7 +168,7 @@ def _first(value):
     return value[0] if isinstance(value, (list, tuple)) else value
 
 
-def compare_with_ours(harness: HarnessResult, ours) -> dict[str, Any]:
+def compare_with_ours(harness: LmEvalResult, ours) -> dict[str, Any]:
     """Row-by-row comparison of lm-eval's greedy answers with ours (`bench.evaluate.EvalResult` with greedy rows)."""
     theirs = harness.rows[ours.benchmark]
     if len(theirs) != len(ours.rows):

@@ -17,7 +17,7 @@ sampled ``objective_overrides`` through ``bench.train.train`` and scores it by a
 
 from bench.tune.metric import TuneMetric, parse_metric, score
 from bench.tune.outputs import best_params_yaml, leaderboard, print_leaderboard, write_outputs
-from bench.tune.runs import StudyRuns, log_outputs, tracking_uri
+from bench.tune.runs import StudyRuns, log_outputs
 from bench.tune.space import Range, declared_space, objective_config, parse_space, resolve_space
 from bench.tune.storage import DEFAULT_DIR, FINISHED, count, default_storage_url, make_pruner, open_storage, redact
 from bench.tune.study import TuneSpec, open_study, run_study, seed_config
@@ -28,5 +28,5 @@ __all__ = [
     "DEFAULT_DIR", "FINISHED", "Metric", "Range", "StudyRuns", "TuneMetric", "TuneSpec", "best_params_yaml", "count",
     "declared_space", "default_storage_url", "leaderboard", "log_outputs", "make_pruner", "objective_config",
     "open_storage", "open_study", "parse_metric", "parse_space", "print_leaderboard", "redact", "resolve_space",
-    "run_study", "score", "seed_config", "tracking_uri", "write_outputs",
+    "run_study", "score", "seed_config", "write_outputs",
 ]

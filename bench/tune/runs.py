@@ -12,19 +12,12 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
+from bench.tracking import tracking_uri
 from bench.tune.storage import count, default_storage_url, redact
 from reports.record import BEST_TRIAL, BEST_VALUE, FAIL_REASON, KIND, OBJECTIVE, RETRY_OF, STUDY, TRIAL, TRIAL_STATE
 
 if TYPE_CHECKING:
-    from bench.config import TrainConfig
     from bench.tune.study import TuneSpec
-
-
-def tracking_uri(cfg: TrainConfig) -> str:
-    """The MLflow URI the training loop will use for ``cfg`` (resolved once, passed to every trial explicitly)."""
-    from bench.tracking import tracking_uri as resolve
-
-    return resolve(cfg.tracking_uri)
 
 
 class StudyRuns:
@@ -157,7 +150,7 @@ def _version_tags() -> dict[str, str]:
 
 def log_outputs(spec: TuneSpec, study: optuna.Study, out: Path) -> None:
     """Log the output folder of a study (``bench.tune.outputs``) to its MLflow parent run, when it has one."""
-    runs = StudyRuns(tracking_uri(spec.base), spec.base.experiment, spec.study)
+    runs = StudyRuns(tracking_uri(spec.base.tracking_uri), spec.base.experiment, spec.study)
     runs.parent_id = study.user_attrs.get("mlflow_parent_run_id", "")
     if runs.parent_id:
         runs.log_artifacts(out)

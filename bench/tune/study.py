@@ -19,8 +19,9 @@ import optuna
 from optuna.trial import TrialState
 
 from bench.config import TrainConfig
+from bench.tracking import tracking_uri
 from bench.tune.metric import TuneMetric, score
-from bench.tune.runs import StudyRuns, tracking_uri
+from bench.tune.runs import StudyRuns
 from bench.tune.space import Range
 from bench.tune.storage import FINISHED, count, default_storage_url, make_pruner, open_storage, redact
 from reports.record import STUDY, TRIAL
@@ -60,7 +61,7 @@ def open_study(spec: TuneSpec) -> tuple[optuna.Study, StudyRuns]:
     # runs once trials are looked at (run_study), by then `runs` is assigned
     storage = open_storage(spec.storage or default_storage_url(), spec.heartbeat, spec.grace, spec.max_retry,
                            on_stale=lambda study, trial: runs.close_stale_trial(study, trial))
-    runs = StudyRuns(tracking_uri(spec.base), spec.base.experiment, spec.study)
+    runs = StudyRuns(tracking_uri(spec.base.tracking_uri), spec.base.experiment, spec.study)
     sampler = optuna.samplers.TPESampler(seed=spec.sampler_seed)
     pruner = make_pruner(spec.pruner, spec.pruner_warmup, spec.pruner_startup)
     try:
@@ -169,7 +170,7 @@ def seed_config(spec: TuneSpec, params: dict[str, Any], seed: int, trial_number:
     base = spec.base
     return dataclasses.replace(
         base, algo=spec.algo, objective_overrides={**base.objective_overrides, **params}, seed=seed,
-        run_name=f"{spec.study}-t{trial_number}-s{seed}", tracking_uri=tracking_uri(base), resume=False,
+        run_name=f"{spec.study}-t{trial_number}-s{seed}", tracking_uri=tracking_uri(base.tracking_uri), resume=False,
         tags={**base.tags, "mlflow.parentRunId": trial_run_id, STUDY: spec.study,
               TRIAL: str(trial_number)})
 

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.verl
 ROOT = Path(__file__).resolve().parents[2]
 B, T = 8, 7
 PLANS = {p.objective: p for p in engine.objective_table()}
-REGISTERED = [n for n, p in PLANS.items() if p.runs]
+REGISTERED = [n for n, p in PLANS.items() if p.mode == "registered"]
 TOL = {"rtol": 1e-6, "atol": 1e-7}
 
 
@@ -146,10 +146,12 @@ def test_mismatched_verl_config_is_refused():
         fn(**args, loss_agg_mode="seq-mean-token-mean", config=actor_config(p), rollout_is_weights=torch.ones_like(lp))
 
 
-def test_unsupported_objectives_raise_their_reason():
-    assert {n for n, p in PLANS.items() if not p.runs} >= {"tepo", "forking_tokens"}
+def test_worker_loss_objectives_are_stubs_as_policy_losses():
+    """Objectives that run as pobench's worker loss (tests/verl/test_verl_worker_loss.py) are registered as stubs that
+    raise: verl's stock ppo_loss would call them only when pobench's trainer did not replace the actor's loss."""
+    assert {n for n, p in PLANS.items() if p.mode == "worker-loss"} >= {"tepo", "forking_tokens"}
     lp, old, _, _, adv, mask = tensors()
-    with pytest.raises(ValueError, match="pobench objective 'tepo' does not run.*ref_entropy"):
+    with pytest.raises(ValueError, match="pobench objective 'tepo' does not run.*ref_entropy.*pobench_sync"):
         core_algos.get_policy_loss_fn("pobench_tepo")(old, lp, adv[:, None] * mask, mask.bool(), "token-mean", None)
 
 
@@ -238,8 +240,9 @@ def test_custom_chat_template_renders_the_prompt_template():
 
 
 def test_config_refuses_what_verl_cannot_run(tmp_path):
-    with pytest.raises(ValueError, match="tepo.*worker-loss"):
-        engine.make_verl_config(train_config("tepo", output_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="grpo.*unsupported.*rollout_correction"):
+        engine.make_verl_config(train_config("grpo", output_dir=str(tmp_path),
+                                             objective_overrides={"rollout_correction": "token-truncate"}))
     with pytest.raises(ValueError, match="built-in"):
         engine.make_verl_config(train_config("grpo", model="builtin:tiny-arith"))
     with pytest.raises(ValueError, match="multiple of minibatches"):

@@ -10,13 +10,23 @@ Three parts, each usable alone:
    ``ppo_loss``). So an objective's β·KL (every token, unmasked) and α·H terms run as verl's own ``use_kl_loss`` /
    ``entropy_coeff`` and its registered loss is the objective with those two terms at 0; the advantage estimator,
    DAPO's dynamic sampling and overlong shaping run as verl's ``algorithm.adv_estimator``,
-   ``algorithm.filter_groups`` and the ``dapo`` reward manager. An objective whose loss needs more than verl hands
-   a policy loss (π_ref log-probs under a mask, current / reference / old entropies: TEPO's masked KL, forking
-   tokens) would need the worker's loss function replaced (``set_loss_fn``) and a trainer that also computes the
-   reference entropy; that is not built: such names are registered as stubs that raise with the reason, and
-   ``make_verl_config`` refuses them. ``plan(name)`` says how one objective runs; ``objective_table()`` lists all.
-   This module is importable as verl's ``actor_rollout_ref.model.external_lib`` (verl imports it in every worker);
-   registration is idempotent.
+   ``algorithm.filter_groups`` and the ``dapo`` reward manager. ``plan(name)`` says how one objective runs;
+   ``objective_table()`` lists all. This module is importable as verl's ``actor_rollout_ref.model.external_lib``
+   (verl imports it in every worker); registration is idempotent.
+
+   **Worker loss** (``plan(name).mode == "worker-loss"``): an objective whose loss needs more than verl hands a
+   policy loss (current / old / reference entropies, π_ref log-probs under a mask, r·KL: TEPO and its masked
+   ablations, forking tokens) runs as ``worker_loss.pobench_worker_loss``, which replaces verl's ``ppo_loss`` in the
+   actor workers (same signature: ``(config, model_output, data, dp_group) -> (loss, metrics)``) and computes the
+   whole objective, KL and entropy terms included, on a ``PolicyBatch`` built from verl's micro-batch. It is
+   installed by pobench's verl trainer (``trainer.PobenchTrainer``, a subclass of verl's synchronous V1 trainer
+   registered as ``trainer.v1.trainer_mode=pobench_sync``): ``set_loss_fn`` on the actor worker group after setup,
+   the old pass's entropy kept as ``old_entropy``, and the reference pass run with ``calculate_entropy`` to write
+   ``ref_entropy``. verl looks the trainer up in its task runner's process, so the generated config sets
+   ``$VERL_USE_EXTERNAL_MODULES=bench.engines.verl.trainer`` (imported by ``import verl`` in every Ray worker). The
+   registered ``pobench_<name>`` of such an objective is a stub that raises, naming that setup. The trainer needs
+   verl's V1 dependencies (TransferQueue); what still cannot run (pobench's batch options, estimators without a verl
+   counterpart) is "unsupported", refused with the reason by ``make_verl_config``.
 
 2. **Config** (``make_verl_config``): the Hydra overrides of verl's ``ppo_trainer`` config for one run (objective,
    seed) of a pobench ``TrainConfig``; ``hydra_overrides`` flattens them into ``key=value`` arguments of
@@ -28,7 +38,8 @@ Three parts, each usable alone:
    (``METRIC_MAP``) so ``bench report`` can read the run.
 
 Entry point: ``python -m bench.engines.verl --algo NAME --seed N [--config run.yaml] --print-config|--launch``.
-verl is imported lazily: without it, ``plan``, ``objective_table`` and ``make_verl_config`` still work.
+verl is imported lazily: without it, ``plan``, ``objective_table`` and ``make_verl_config`` still work
+(``trainer.py`` alone imports verl's V1 trainer at import).
 """
 
 from __future__ import annotations
@@ -52,6 +63,9 @@ from bench.engines.verl.losses import (
     OVERRIDES_ENV,
     PREFIX,
     ROLLOUT_ENGINES,
+    TRAINER_MODE,
+    TRAINER_MODULE,
+    WORKER_FIELDS,
     VerlPlan,
     make_policy_loss,
     objective_table,
@@ -59,11 +73,13 @@ from bench.engines.verl.losses import (
     register_all,
     table_markdown,
 )
+from bench.engines.verl.worker_loss import pobench_worker_loss, worker_loss_fn
 
 __all__ = ["ADV_ESTIMATORS", "EXTERNAL_LIB", "KL_TYPES", "METRIC_MAP", "OVERRIDES_ENV", "PREFIX", "ROLLOUT_ENGINES",
-           "VerlOptions", "VerlPlan", "compute_score", "hydra_overrides", "launch", "main_ppo_command",
-           "make_policy_loss", "make_verl_config", "objective_table", "plan", "pobench_tags", "problem_rows",
-           "register_all", "run_name", "table_markdown", "translate_metrics", "write_data"]
+           "TRAINER_MODE", "TRAINER_MODULE", "WORKER_FIELDS", "VerlOptions", "VerlPlan", "compute_score",
+           "hydra_overrides", "launch", "main_ppo_command", "make_policy_loss", "make_verl_config", "objective_table",
+           "plan", "pobench_tags", "pobench_worker_loss", "problem_rows", "register_all", "run_name", "table_markdown",
+           "translate_metrics", "worker_loss_fn", "write_data"]
 
 try:  # registration on import (verl's external_lib); without verl the config part still works
     import verl.trainer.ppo.core_algos  # noqa: F401

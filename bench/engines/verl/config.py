@@ -15,8 +15,12 @@ from bench.engines.verl.losses import (
     EXTERNAL_LIB,
     OVERRIDES_ENV,
     ROLLOUT_ENGINES,
+    TRAINER_MODULE,
     plan,
 )
+
+#: verl imports the modules named here on ``import verl`` (verl/__init__.py), in every process of the run
+EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 
 
 # ------------------------------------------------------------------------------------------------ data and reward
@@ -105,6 +109,10 @@ def make_verl_config(cfg, options: VerlOptions | None = None) -> dict[str, Any]:
     """The overrides of verl's ``ppo_trainer`` config for the run (``cfg.algo``, ``cfg.seed``) of a pobench
     ``TrainConfig`` (nested dict; ``hydra_overrides`` flattens it for ``python -m verl.trainer.main_ppo``).
 
+    An objective whose plan is "worker-loss" runs on pobench's trainer (``trainer.v1.trainer_mode=pobench_sync``,
+    registered in every process through ``$VERL_USE_EXTERNAL_MODULES``), which installs pobench's worker loss and
+    computes the entropies it needs (``actor.calculate_entropy``, ``actor.use_kl_loss`` for the reference worker).
+
     Raises ValueError for what verl cannot run as pobench defines it (objective plan, built-in model / task, the
     random-reward control, a linear LR schedule, prompts_per_step not divisible by minibatches)."""
     o = options or VerlOptions()
@@ -129,6 +137,8 @@ def make_verl_config(cfg, options: VerlOptions | None = None) -> dict[str, Any]:
     micro = min(cfg.micro_batch_size, cfg.prompts_per_step // cfg.minibatches * cfg.group_size)
     env = {OVERRIDES_ENV: json.dumps({cfg.algo: dict(cfg.objective_overrides)}, sort_keys=True),
            "PYTHONPATH": str(Path(__file__).resolve().parents[3])}  # pobench's source tree, for external_lib
+    if p.mode == "worker-loss":
+        env[EXTERNAL_MODULES_ENV] = TRAINER_MODULE  # the trainer must be registered where verl's task runner runs
     out: dict[str, Any] = {
         "data": {"train_files": str(data_dir / "train.parquet"), "val_files": str(data_dir / "val.parquet"),
                  "train_batch_size": cfg.prompts_per_step, "max_prompt_length": o.max_prompt_length,

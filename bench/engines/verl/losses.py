@@ -22,6 +22,12 @@ PREFIX = "pobench_"
 #: generated config puts it in Ray's runtime_env, so every worker sees the same objective as the driver)
 OVERRIDES_ENV = "POBENCH_VERL_OBJECTIVE_OVERRIDES"
 EXTERNAL_LIB = "bench.engines.verl"
+#: what pobench's worker loss hands an objective beyond what verl hands a policy loss (worker_loss.py)
+WORKER_FIELDS = ("entropy", "old_entropy", "ref_logprobs", "ref_entropy")
+#: verl's V1 trainer that pobench registers (trainer.v1.trainer_mode), and the module that registers it: verl imports
+#: the modules named in $VERL_USE_EXTERNAL_MODULES on ``import verl``, in every process of the run
+TRAINER_MODE = "pobench_sync"
+TRAINER_MODULE = "bench.engines.verl.trainer"
 
 # pobench advantage estimator -> (verl algorithm.adv_estimator, algorithm.norm_adv_by_std_in_grpo); parity of each
 # pair is tested in tests/verl/test_verl_parity.py
@@ -44,7 +50,7 @@ class VerlPlan:
     mode: str  # "registered" | "worker-loss" | "unsupported"
     loss_overrides: dict = field(default_factory=dict)  # the registered loss = the objective with these overrides
     native: dict = field(default_factory=dict)  # verl config entries (dotted keys) the objective maps onto
-    reason: str = ""  # why it does not run (worker-loss / unsupported)
+    reason: str = ""  # why it does not run (unsupported) / needs the worker loss (worker-loss)
 
     @property
     def loss_mode(self) -> str:
@@ -52,16 +58,22 @@ class VerlPlan:
 
     @property
     def runs(self) -> bool:
-        return self.mode == "registered"
+        return self.mode in ("registered", "worker-loss")
 
     def how(self) -> str:
-        """One line for the objective table: the registered loss and the verl settings that are not verl's
-        defaults for a GRPO-style run (KL, entropy bonus, estimator other than grpo with std, DAPO's hooks)."""
+        """One line for the objective table: the loss and the verl settings that are not verl's defaults for a
+        GRPO-style run (KL, entropy bonus, estimator other than grpo with std, DAPO's hooks)."""
         if not self.runs:
             return f"{self.mode}: {self.reason}"
         quiet = {"actor_rollout_ref.actor.use_kl_loss": False, "actor_rollout_ref.actor.entropy_coeff": 0.0,
-                 "algorithm.norm_adv_by_std_in_grpo": True}
+                 "algorithm.norm_adv_by_std_in_grpo": True, "actor_rollout_ref.actor.calculate_entropy": False,
+                 "trainer.use_v1": True, "trainer.v1.trainer_mode": TRAINER_MODE}
+        if self.mode == "worker-loss":
+            quiet["actor_rollout_ref.actor.kl_loss_coef"] = 0.0
         items = [f"{k.replace('actor_rollout_ref.', '')}={v}" for k, v in self.native.items() if quiet.get(k, ...) != v]
+        if self.mode == "worker-loss":
+            return (f"worker loss `{self.loss_mode}` ({self.reason}), trainer `{TRAINER_MODE}`; verl: "
+                    + ", ".join(items))
         return f"registered loss `{self.loss_mode}`; verl: " + ", ".join(items)
 
 
@@ -88,7 +100,6 @@ def plan(name: str, overrides: dict | None = None, *, max_length: int | None = N
     buffer length."""
     objective = get_objective(name, **dict(overrides or {}))
     c = objective.config
-    loss_over: dict[str, Any] = {}
     native: dict[str, Any] = {"actor_rollout_ref.actor.loss_agg_mode": c.aggregation}
 
     def no(mode: str, why: str) -> VerlPlan:
@@ -105,41 +116,54 @@ def plan(name: str, overrides: dict | None = None, *, max_length: int | None = N
     native["algorithm.adv_estimator"] = est
     if est == "grpo":
         native["algorithm.norm_adv_by_std_in_grpo"] = norm
-    kl_coef = getattr(c, "kl_coef", 0.0)
-    native_kl = False
-    if isinstance(objective, PolicyGradient) and kl_coef > 0:
-        if c.kl_is_correction:
-            return no("unsupported", "kl_is_correction (r·KL): verl's KL loss has no importance-ratio factor")
-        native_kl = True
-    if isinstance(objective, TEPOObjective) and kl_coef > 0 and c.kl_mask == "all" and c.kl_target == "ref":
-        native_kl = True  # M ≡ 1: the masked KL is verl's plain KL loss
-    if native_kl:
-        loss_over["kl_coef"] = 0.0
-        native.update({"actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_coef": kl_coef,
-                       "actor_rollout_ref.actor.kl_loss_type": KL_TYPES[c.kl_estimator]})
-    else:
-        native["actor_rollout_ref.actor.use_kl_loss"] = False
-    entropy_coef = getattr(c, "entropy_coef", 0.0)
-    if entropy_coef > 0:
-        loss_over["entropy_coef"] = 0.0
-    native["actor_rollout_ref.actor.entropy_coeff"] = entropy_coef
+    later: dict[str, Any] = {}  # rollout-side settings, the same for both kinds of loss
     if c.aggregation == "seq-mean-token-sum-norm":
-        native["actor_rollout_ref.actor.loss_scale_factor"] = max_length or "L_max"  # Dr. GRPO's constant
+        later["actor_rollout_ref.actor.loss_scale_factor"] = max_length or "L_max"  # Dr. GRPO's constant
     if c.dynamic_sampling:
-        native.update({"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
-                       "algorithm.filter_groups.max_num_gen_batches": c.max_sampling_rounds})
+        later.update({"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "acc",
+                      "algorithm.filter_groups.max_num_gen_batches": c.max_sampling_rounds})
     if c.overlong_shaping:
         cache = max(1, round(c.overlong_buffer_frac * max_length)) if max_length else f"{c.overlong_buffer_frac}·L_max"
-        native.update({"reward.reward_manager.name": "dapo",
-                       "reward.reward_kwargs.overlong_buffer_cfg": {"enable": True, "len": cache,
-                                                                    "penalty_factor": 1.0, "log": True},
-                       "reward.reward_kwargs.max_resp_len": max_length or "L_max"})
-    missing = _probe(get_objective(name, **{**dict(overrides or {}), **loss_over}))
-    if missing:
-        return no("worker-loss", f"the loss needs {', '.join(missing)}, which verl does not hand a policy loss "
-                                 "(needs set_loss_fn with a replaced worker loss and, for H_ref, a trainer that "
-                                 "computes the reference entropy: not built)")
-    return VerlPlan(name, "registered", loss_over, native)
+        later.update({"reward.reward_manager.name": "dapo",
+                      "reward.reward_kwargs.overlong_buffer_cfg": {"enable": True, "len": cache,
+                                                                   "penalty_factor": 1.0, "log": True},
+                      "reward.reward_kwargs.max_resp_len": max_length or "L_max"})
+
+    # 1. a registered policy loss: the objective with its plain β·KL and α·H moved to verl's own options
+    kl_coef = getattr(c, "kl_coef", 0.0)
+    kl_term = ""  # how the objective's KL term runs as verl's KL loss: "" none, "native", "no" (r·KL: it cannot)
+    if isinstance(objective, PolicyGradient) and kl_coef > 0:
+        kl_term = "no" if c.kl_is_correction else "native"  # verl's KL loss has no importance-ratio factor
+    if isinstance(objective, TEPOObjective) and kl_coef > 0 and c.kl_mask == "all" and c.kl_target == "ref":
+        kl_term = "native"  # M ≡ 1: the masked KL is verl's plain KL loss
+    entropy_coef = getattr(c, "entropy_coef", 0.0)
+    loss_over = {**({"kl_coef": 0.0} if kl_term == "native" else {}),
+                 **({"entropy_coef": 0.0} if entropy_coef > 0 else {})}
+    if kl_term != "no" and not _probe(get_objective(name, **{**dict(overrides or {}), **loss_over})):
+        if kl_term == "native":
+            native.update({"actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_coef": kl_coef,
+                           "actor_rollout_ref.actor.kl_loss_type": KL_TYPES[c.kl_estimator]})
+        else:
+            native["actor_rollout_ref.actor.use_kl_loss"] = False
+        native["actor_rollout_ref.actor.entropy_coeff"] = entropy_coef
+        return VerlPlan(name, "registered", loss_over, {**native, **later})
+
+    # 2. pobench's worker loss: the whole objective (its KL and entropy terms included) replaces verl's ppo_loss, and
+    # pobench's trainer puts H_old and H_ref into the batch (bench/engines/verl/worker_loss.py, trainer.py)
+    needs = _probe(objective)
+    unsupplied = [f for f in needs if f not in WORKER_FIELDS]
+    if unsupplied:
+        return no("unsupported", f"the loss needs {', '.join(unsupplied)}, which neither verl's policy loss nor "
+                                 "pobench's worker loss hands it")
+    why = f"needs {', '.join(needs)}" + (", r·KL: verl's KL loss has no importance-ratio factor" if kl_term == "no"
+                                         else ": verl does not hand them a policy loss")
+    native.update({
+        # use_kl_loss only makes verl build the reference worker (need_reference_policy); the KL term is pobench's
+        "actor_rollout_ref.actor.use_kl_loss": objective.needs_reference or any(f.startswith("ref_") for f in needs),
+        "actor_rollout_ref.actor.kl_loss_coef": 0.0, "actor_rollout_ref.actor.entropy_coeff": 0.0,
+        "actor_rollout_ref.actor.calculate_entropy": "entropy" in needs or objective.needs_entropy_grad,
+        **later, "trainer.use_v1": True, "trainer.v1.trainer_mode": TRAINER_MODE})
+    return VerlPlan(name, "worker-loss", {}, native, reason=why)
 
 
 def objective_table(names: list[str] | None = None) -> list[VerlPlan]:
@@ -210,9 +234,14 @@ def make_policy_loss(name: str, overrides: dict | None = None):
     """verl policy-loss function for objective ``name``: builds a ``PolicyBatch`` from verl's tensors and returns the
     objective's loss, scaled to verl's global-batch normalisation, and its metrics."""
     p = plan(name, overrides)
-    if not p.runs:
+    if p.mode != "registered":
+        why = (f"it runs as pobench's worker loss ({p.reason}): verl's ppo_loss called it, so the actor's loss "
+               f"function was not replaced; run with trainer.v1.trainer_mode={TRAINER_MODE} and "
+               f"$VERL_USE_EXTERNAL_MODULES={TRAINER_MODULE} (make_verl_config sets both)"
+               if p.mode == "worker-loss" else p.reason)
+
         def refuse(*args, **kwargs):
-            raise ValueError(f"pobench objective {name!r} does not run as a verl policy loss ({p.mode}): {p.reason}")
+            raise ValueError(f"pobench objective {name!r} does not run as a verl policy loss ({p.mode}): {why}")
         return refuse
     objective = get_objective(name, **{**dict(overrides or {}), **p.loss_overrides})
     aggregation = objective.config.aggregation
@@ -242,7 +271,8 @@ def make_policy_loss(name: str, overrides: dict | None = None):
 
 def register_all() -> list[str]:
     """Register every pobench objective with verl as ``pobench_<name>`` (overrides from ``$POBENCH_VERL_OBJECTIVE_
-    OVERRIDES``); objectives that cannot run get a stub that raises with the reason. Idempotent. Returns the names."""
+    OVERRIDES``); objectives that run as pobench's worker loss (``plan(name).mode == "worker-loss"``) or not at all
+    get a stub that raises with the reason. Idempotent. Returns the names."""
     from verl.trainer.ppo.core_algos import register_policy_loss
 
     env = _env_overrides()

@@ -27,7 +27,7 @@ def _f(default: Any, doc: str, **kw: Any) -> Any:
 
 
 BUILTIN_MODEL = "builtin:tiny-arith"
-ENGINES = ("native", "trl")
+ENGINES = ("native", "trl", "verl")
 # what every `--tracking-uri` help states as the default (reports.record.tracking_uri resolves it)
 TRACKING_URI_DEFAULT = f"$MLFLOW_TRACKING_URI, else {DEFAULT_TRACKING_URI} in the working folder"
 
@@ -52,12 +52,15 @@ class TrainConfig:
     dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
     device: str = _f("auto", "cpu | cuda | auto.")
     backend: str = _f("hf", "Rollout engine backend: hf | vllm.")
-    engine: str = _f("native", "Training engine: native (bench/train.py's loop) or trl (a TRL GRPOTrainer subclass "
-                               "that trains the same objective: bench/engines/trl/, docs/SCALE.md).",
+    engine: str = _f("native", "Training engine: native (bench/train.py's loop), trl (a TRL GRPOTrainer subclass "
+                               "that trains the same objective: bench/engines/trl/) or verl (verl's trainer on a Ray "
+                               "cluster with GPUs: bench/engines/verl/); docs/SCALE.md.",
                      choices=ENGINES)
     engine_args: dict = _f({}, "Options of the engine: with engine=trl, GRPOConfig fields TRL honours as they are "
                                "(e.g. {use_vllm: true, vllm_mode: colocate}); fields the engine sets from this config "
-                               "are refused.")
+                               "are refused. With engine=verl, the cluster and rollout options of VerlOptions "
+                               "(rollout_engine, nnodes, n_gpus_per_node, tensor_parallel, gpu_memory_utilization, "
+                               "max_prompt_length, data_dir, python: the interpreter of verl's own environment).")
     threads: int = _f(0, "torch intra-op CPU threads; 0 = auto: 1 for a built-in model (its matrices are too small "
                          "to gain from more, and more oversubscribe a busy CPU), torch's default otherwise.")
     # --- data
@@ -161,6 +164,13 @@ class TrainConfig:
             bad("engine", f"valid: {', '.join(ENGINES)}")
         if self.engine == "native" and self.engine_args:
             bad("engine_args", "the native engine takes no engine_args")
+        if self.engine == "verl":
+            from bench.engines.verl.run import options_from  # (verl itself is imported only when a run starts)
+
+            try:
+                options_from(self.engine_args)
+            except ValueError as e:
+                bad("engine_args", str(e))
         if self.backend not in ("hf", "vllm"):
             bad("backend", "valid: hf, vllm")
         if self.dtype not in ("float32", "bfloat16", "float16"):

@@ -241,11 +241,13 @@ def finished_run(client, experiment_id: str, cfg: TrainConfig, p: Pair) -> str |
 
 def resolve_workers(workers: int | None, n_todo: int, cfg: TrainConfig) -> int:
     """Processes to train ``n_todo`` pairs with (RunDefaults.workers when None): 0 = one per usable CPU core (one
-    when the model runs on a GPU), capped by ``n_todo``."""
+    when the model runs on a GPU, one with the verl engine), capped by ``n_todo``."""
     n = DEFAULTS.workers if workers is None else int(workers)
     if n < 0:
         raise ValueError(f"--workers must be >= 0 (0 = one per CPU core), got {n}")
-    if n == 0:
+    if n == 0 and cfg.engine == "verl":  # each verl job takes the whole Ray cluster it is given
+        n = 1
+    elif n == 0:
         from bench.model import resolve_device
 
         if resolve_device(cfg.device).type != "cpu":
@@ -338,7 +340,8 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
     jobs = [PairJob(i, cfg, p, cid, parent, exp_id, force) for i, p in enumerate(todo)]
     # the starting policy's held-out evaluation, once for the comparison (pairs that start from scratch need it)
     fresh = sorted({p.seed for p in todo if p.action == "train"})
-    step0_cfg = cfg if fresh and cfg.eval_every > 0 and cfg.backend == "hf" else None
+    # (verl evaluates the starting policy itself, in its own job: val_before_train)
+    step0_cfg = cfg if fresh and cfg.eval_every > 0 and cfg.backend == "hf" and cfg.engine != "verl" else None
     status = "FINISHED"
 
     def finished(r: PairResult) -> None:

@@ -103,6 +103,10 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
     once per comparison): logged at step 0 instead of evaluating again."""
     cfg.validate()  # out-of-range config: error before any work starts
     if cfg.engine != "native":  # the ONE place an engine other than this loop is chosen (bench/engines/)
+        if cfg.engine == "verl":
+            from bench.engines.verl.run import train as verl_train
+
+            return verl_train(cfg, on_eval=on_eval, on_step=on_step, step0_eval=step0_eval)
         from bench.engines import trl
 
         return trl.train(cfg, on_eval=on_eval, on_step=on_step, step0_eval=step0_eval)

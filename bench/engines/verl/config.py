@@ -99,6 +99,8 @@ class VerlOptions:
     gpu_memory_utilization: float = 0.5
     max_prompt_length: int = 1024
     data_dir: str | None = None  # where write_data puts the parquet files (default: <output_dir>/<run>/verl-data)
+    python: str | None = None  # the interpreter that runs verl (default: this one); verl pins transformers < 5.11, so
+    # it often lives in an environment of its own: e.g. /opt/verl/bin/python
 
 
 def run_name(cfg) -> str:

@@ -27,19 +27,25 @@ METRIC_MAP = {
     "timing_s/update_actor": "time/update_s",
     "timing_s/step": "time/step_s",
 }
-#: validation metrics: val-core/<data_source>/acc/mean@1 -> eval/accuracy (greedy when eval_temperature = 0)
-VAL_PATTERN = re.compile(r"^val-core/(?P<source>[^/]+)/acc/mean@(?P<n>\d+)$")
+#: validation metrics: val-core/<data_source>/acc/mean@1 -> eval/accuracy (greedy when eval_temperature = 0). MLflow
+#: refuses "@" in a metric name: verl's MLflow logger writes it as "_at_" (verl/utils/tracking.py, _sanitize_key)
+VAL_PATTERN = re.compile(r"^val-core/(?P<source>[^/]+)/acc/mean(?:@|_at_)(?P<n>\d+)$")
+
+
+def run_record(cfg) -> tuple[dict[str, str], dict[str, str]]:
+    """The tags and params every engine gives a training run (bench/train.py ``run_tags_and_params``), with
+    ``pobench.engine`` = ``verl``."""
+    from algorithms import get_objective
+    from bench.train import run_tags_and_params
+    from reports.record import ENGINE
+
+    tags, params = run_tags_and_params(cfg, get_objective(cfg.algo, **cfg.objective_overrides))
+    return {**tags, ENGINE: "verl"}, params
 
 
 def pobench_tags(cfg) -> dict[str, str]:
-    """The tags bench/train.py gives a run, plus ``pobench.engine=verl``."""
-    from bench.tracking import version_tags
-
-    return {"pobench.kind": "train", "pobench.engine": "verl", "pobench.objective": cfg.algo,
-            "pobench.seed": str(cfg.seed), "pobench.config_hash": cfg.comparison_hash(), **version_tags(),
-            "pobench.model": cfg.model, "pobench.task": cfg.task, "pobench.control": cfg.control or "none",
-            **({"pobench.comparison": cfg.comparison} if cfg.comparison else {}),
-            **{k: str(v) for k, v in cfg.tags.items()}}
+    """The tags of a verl-trained run (``run_record``)."""
+    return run_record(cfg)[0]
 
 
 def translate_metrics(client, run_id: str, eval_source: str | None = None) -> int:
@@ -65,36 +71,49 @@ def translate_metrics(client, run_id: str, eval_source: str | None = None) -> in
             for h in history:
                 total += h.value
                 points.append(Metric("time/elapsed_s", total, h.timestamp, h.step))
-    for i in range(0, len(points), 1000):
-        record.log_batch(client, run_id, metrics=points[i:i + 1000])
+    record.log_batch(client, run_id, metrics=points)  # (split by MLflow's limits there)
     return len(points)
 
 
 # ------------------------------------------------------------------------------------------------ launch
-def launch(cfg, options: VerlOptions | None = None, *, dry_run: bool = False, python: str = sys.executable) -> int:
+def launch(cfg, options: VerlOptions | None = None, *, dry_run: bool = False, python: str | None = None) -> int:
     """Run one (objective, seed) of a comparison on verl (needs verl, GPUs, and a Ray cluster: ``RAY_ADDRESS`` or a
     local one). Writes the parquet data, creates the MLflow run with pobench's tags, runs ``verl.trainer.main_ppo``
     attached to it (``MLFLOW_RUN_ID``), then copies verl's metrics under pobench's names. Returns verl's exit code.
-    ``dry_run``: print the command instead of running anything."""
-    config = make_verl_config(cfg, options)
-    command = main_ppo_command(config, python)
+    ``dry_run``: print the command instead of running anything. ``python``: the interpreter that runs verl (default:
+    ``options.python``, else this one)."""
     if dry_run:
-        print(shlex.join(command))
+        print(shlex.join(main_ppo_command(make_verl_config(cfg, options), verl_python(options, python))))
         return 0
-    write_data(cfg, Path(config["data"]["train_files"]).parent)
-    from bench.tracking import RunLogger, flatten
+    return launch_run(cfg, options, python=python)[0]
 
+
+def verl_python(options: VerlOptions | None, python: str | None = None) -> str:
+    return python or (options.python if options is not None else None) or sys.executable
+
+
+def launch_run(cfg, options: VerlOptions | None = None, *, python: str | None = None) -> tuple[int, str]:
+    """``launch``, returning (verl's exit code, the MLflow run id)."""
+    from bench.tracking import RunLogger
+    from reports.record import FAILURE
+
+    config = make_verl_config(cfg, options)
+    write_data(cfg, Path(config["data"]["train_files"]).parent)
     logger = RunLogger(cfg.tracking_uri, cfg.experiment)
-    run_id = logger.start(run_name(cfg), pobench_tags(cfg), flatten(cfg.to_dict()))
+    run_id = logger.start(run_name(cfg), *run_record(cfg))
     env_vars = config["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
     env_vars.update({"MLFLOW_TRACKING_URI": logger.uri, "MLFLOW_RUN_ID": run_id})
-    command = main_ppo_command(config, python)
+    command = main_ppo_command(config, verl_python(options, python))
     env = {**os.environ, **env_vars}
-    rc = subprocess.call(command, env=env)
+    try:
+        rc = subprocess.call(command, env=env)
+    except BaseException as e:  # Ctrl-C / SIGTERM while verl runs: the run ends KILLED, as a native one
+        from bench.train import end_interrupted_run
+
+        end_interrupted_run(logger, e)
+        raise
     translate_metrics(logger.client, run_id, eval_source=cfg.eval_task or cfg.task)
     if rc:
-        logger.set_tags({"pobench.failure": f"verl main_ppo exited with {rc}"})
+        logger.set_tags({FAILURE: f"verl main_ppo exited with {rc}"})
     logger.end("FINISHED" if rc == 0 else "FAILED")
-    return rc
-
-
+    return rc, run_id

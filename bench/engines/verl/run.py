@@ -1,0 +1,74 @@
+"""``--engine verl`` of `bench train` / `bench run`: one (objective, seed) pair trained by verl, recorded as a native
+run is (same tags, params and metric names: ``launch.run_record``, ``launch.METRIC_MAP``).
+
+verl runs as its own job (``python -m verl.trainer.main_ppo`` on a Ray cluster, GPUs): pobench waits for it, then
+copies its metrics under pobench's names and hands the held-out evaluations to ``on_eval`` afterwards, in step order.
+So what a native run does DURING training cannot happen here, and is refused or stated: no early stop (a
+``StopTraining`` from ``on_eval`` is ignored: an Optuna pruner cannot prune a verl trial), no ``on_step`` progress,
+no ``--resume`` of a killed verl job by pobench (verl's own ``resume_mode=auto`` is set when ``resume`` is true).
+Options verl needs and ``TrainConfig`` lacks come in ``engine_args`` (the fields of ``VerlOptions``), among them
+``python``: the interpreter of the environment verl is installed in (verl pins transformers < 5.11).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+from bench.engines.verl.config import VerlOptions, run_name
+
+
+def options_from(engine_args: dict) -> VerlOptions:
+    """``engine_args`` of an ``engine: verl`` config as ``VerlOptions``; an unknown key is named with the valid ones."""
+    valid = {f.name for f in dataclasses.fields(VerlOptions)}
+    unknown = sorted(set(engine_args) - valid)
+    if unknown:
+        raise ValueError(f"engine_args {', '.join(unknown)}: not an option of the verl engine (valid: "
+                         f"{', '.join(sorted(valid))})")
+    return VerlOptions(**engine_args)
+
+
+def check_installed(python: str) -> None:
+    """Refuse, in one line, an interpreter that cannot import verl (before any data or MLflow run is written)."""
+    import subprocess
+
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('verl') is None)"
+    if python == sys.executable:
+        missing = importlib.util.find_spec("verl") is None
+    else:
+        try:
+            missing = subprocess.call([python, "-c", probe], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) != 0
+        except OSError as e:
+            raise ValueError(f"--engine verl: engine_args python={python!r} cannot be run: {e}") from None
+    if missing:
+        raise ValueError(f"--engine verl: verl is not installed for {python}. verl 0.9.1 pins transformers < 5.11, so "
+                         "it lives in an environment of its own: `pip install verl==0.9.1` there and name its "
+                         "interpreter in engine_args {python: /path/to/bin/python} (docs/SCALE.md, 'verl engine')")
+
+
+def train(cfg, *, on_eval=None, on_step=None, step0_eval=None):
+    """Train ``cfg`` on verl (``launch.launch_run``); returns bench.train's ``TrainResult``. Raises RuntimeError when
+    verl exits with an error (the MLflow run is FAILED with the exit code in ``pobench.failure``)."""
+    from bench.engines.verl.launch import launch_run
+    from bench.train import StopTraining, TrainResult
+    from reports.record import open_client
+
+    del on_step, step0_eval  # no live steps; verl evaluates the starting policy itself (val_before_train)
+    options = options_from(cfg.engine_args)
+    check_installed(options.python or sys.executable)
+    rc, run_id = launch_run(cfg, options)
+    if rc:
+        raise RuntimeError(f"verl exited with {rc} (MLflow run {run_id}: its log is verl's console output)")
+    client = open_client(cfg.tracking_uri)
+    history = sorted(client.get_metric_history(run_id, "eval/accuracy"), key=lambda m: m.step)
+    final: dict[str, float] = {}
+    for m in history:
+        final = {"eval/accuracy": m.value}
+        if on_eval is not None:
+            try:
+                on_eval(m.step, dict(final))
+            except StopTraining:  # too late to stop: the run has finished (module doc)
+                pass
+    return TrainResult(run_id, cfg.steps, Path(cfg.output_dir) / run_name(cfg), final, False)

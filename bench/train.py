@@ -230,6 +230,19 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
     return TrainResult(logger.run_id, step, run_dir, final_eval, stopped_early)
 
 
+def check_engine(cfg: TrainConfig) -> None:
+    """Refuse, before any work starts, a config its engine cannot train: ValueError naming the cause (the TRL engine's
+    unsupported fields, a verl run without verl or with what verl cannot run). Nothing for the native loop."""
+    if cfg.engine == "trl":
+        from bench.engines.trl.support import check_supported
+
+        check_supported(cfg)
+    elif cfg.engine == "verl":
+        from bench.engines.verl.run import preflight
+
+        preflight(cfg)
+
+
 def end_interrupted_run(logger, e: BaseException) -> None:
     """End the MLflow run of a training that stopped with ``e`` (every engine records it the same way): KILLED for
     Ctrl-C / SIGTERM, else FAILED with the cause in ``pobench.failure``."""

@@ -63,9 +63,11 @@ def run(args: argparse.Namespace) -> int:
     if args.baseline and args.baseline not in algos:
         raise ValueError(f"--baseline {args.baseline!r} is not among the objectives run ({', '.join(algos)})")
     from bench.tracking import check_reachable
-    from bench.train import TrainingDiverged  # noqa: F401  (import errors surface before any run starts)
+    from bench.train import check_engine
 
     check_reachable(cfg.tracking_uri)
+    for a in algos:  # what the engine cannot train: one line now, not one failed pair after another
+        check_engine(dataclasses.replace(cfg, algo=a, objective_overrides=dict(params.get(a, {}))))
 
     try:
         res = run_comparison(cfg, algos, seeds, params, force=args.force, progress=not args.no_progress,

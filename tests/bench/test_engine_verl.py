@@ -46,6 +46,16 @@ def test_engine_verl_without_verl_is_one_clear_error(tmp_path, capsys):
     assert not (tmp_path / "mlflow.db").exists()  # nothing was started
 
 
+def test_bench_run_refuses_what_verl_cannot_run_before_any_pair(tmp_path, capsys):
+    cfg = _config(tmp_path, model="builtin:tiny-arith")
+    cfg.save(tmp_path / "run.yaml")
+    assert main(["run", "--config", str(tmp_path / "run.yaml"), "--algos", "grpo,tepo", "--seeds", "0",
+                 "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "built-in toy model: verl needs a Hugging Face model" in err and "Traceback" not in err
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists()
+
+
 def test_engine_args_are_checked_against_the_verl_options(tmp_path):
     _config(tmp_path, engine_args={"n_gpus_per_node": 4, "rollout_engine": "sglang"}).validate()
     with pytest.raises(ValueError, match=r"engine_args.*n_gpu_per_node.*valid: .*n_gpus_per_node"):

@@ -48,6 +48,17 @@ def check_installed(python: str) -> None:
                          "interpreter in engine_args {python: /path/to/bin/python} (docs/SCALE.md, 'verl engine')")
 
 
+def preflight(cfg) -> VerlOptions:
+    """What `bench train` / `bench run` check before any work starts: the options, verl's own refusals
+    (``make_verl_config``: objective, model, task, schedule, batch shape), and that the interpreter imports verl."""
+    from bench.engines.verl.config import make_verl_config
+
+    options = options_from(cfg.engine_args)
+    make_verl_config(cfg, options)
+    check_installed(options.python or sys.executable)
+    return options
+
+
 def train(cfg, *, on_eval=None, on_step=None, step0_eval=None):
     """Train ``cfg`` on verl (``launch.launch_run``); returns bench.train's ``TrainResult``. Raises RuntimeError when
     verl exits with an error (the MLflow run is FAILED with the exit code in ``pobench.failure``)."""

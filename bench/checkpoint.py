@@ -47,6 +47,24 @@ def save(run_dir: str | Path, step: int, *, model: torch.nn.Module, optimizer: t
     return final
 
 
+def save_state(run_dir: str | Path, step: int, state: dict[str, Any], keep: int = 1) -> Path:
+    """A checkpoint that holds only ``state.json``, for an engine that writes weights and optimizer state itself (the
+    TRL engine: ``state["trl_checkpoint"]`` names its folder). Same naming, atomicity and retention as ``save``, so
+    ``latest`` (and with it `bench run`'s resume decision) sees it as any other checkpoint."""
+    run_dir = Path(run_dir)
+    final = run_dir / f"{PREFIX}{step:07d}"
+    tmp = run_dir / f"{PREFIX}{step:07d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    (tmp / "state.json").write_text(json.dumps({**state, "step": step}))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    done = sorted(p for p in run_dir.glob(f"{PREFIX}*") if not p.name.endswith(".tmp"))
+    for old in done[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
 def load(path: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
          ) -> dict[str, Any]:
     path = Path(path)

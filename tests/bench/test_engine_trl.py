@@ -146,7 +146,8 @@ def test_parity_check_catches_a_wrong_aggregation_or_advantage(trainer):
 
 
 def test_unsupported_settings_are_refused_by_name():
-    for field, value in [("resume", True), ("control", "random-reward"), ("lora_rank", 4), ("backend", "vllm"),
+    engine.check_supported(_cfg(resume=True))  # (resumed from pobench's checkpoint of TRL's: test below)
+    for field, value in [("control", "random-reward"), ("lora_rank", 4), ("backend", "vllm"),
                          ("scoring_chunk_mb", 0.0), ("length_grouped_micro_batches", False)]:
         with pytest.raises(ValueError, match=f"`{field}`"):
             engine.check_supported(_cfg(**{field: value}))
@@ -268,3 +269,52 @@ def test_bench_run_trl_report_has_the_native_tables(tmp_path):
         assert len(reports) == 1
         outs[eng] = _report_columns(reports[0].parent)
     assert outs["trl"] == outs["native"]
+
+
+@pytest.mark.slow
+def test_trl_run_resumes_after_sigkill_like_a_native_one(tmp_path):
+    """SIGKILL a TRL-engine `bench train` as soon as its step-2 checkpoint exists (6 steps); `--resume` continues the
+    same MLflow run from TRL's checkpoint: no missing and no duplicated step, the numbers of an uninterrupted run."""
+    import signal
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    common = ["--engine", "trl", "--algo", "tepo", "--steps", "6", "--prompts-per-step", "2", "--group-size", "4",
+              "--minibatches", "2", "--max-new-tokens", "12", "--eval-every", "2", "--eval-problems", "8",
+              "--checkpoint-every", "2", "--samples-every", "0", "--device", "cpu", "--tracking-uri", uri]
+    killed = [*common, "--experiment", "killed", "--run-name", "killed", "--output-dir", str(tmp_path / "runs")]
+    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "train", *killed], cwd=tmp_path, env=_env(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    ckpt = tmp_path / "runs" / "killed" / "ckpt-0000002" / "state.json"
+    deadline = time.time() + 600
+    while not ckpt.exists():
+        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        assert time.time() < deadline, "no checkpoint after 600 s"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)  # in step 3 (steps 3-6 and two evaluations are still to come)
+    proc.wait()
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("killed").experiment_id])
+    assert run.info.status == "RUNNING"
+    done = subprocess.run([sys.executable, "-m", "bench.cli", "train", *killed, "--resume"], cwd=tmp_path,
+                          env=_env(tmp_path), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (again,) = client.search_runs([run.info.experiment_id])
+    assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
+    ref = subprocess.run([sys.executable, "-m", "bench.cli", "train", *common, "--experiment", "ref", "--run-name",
+                          "ref", "--output-dir", str(tmp_path / "ref")], cwd=tmp_path, env=_env(tmp_path),
+                         capture_output=True, text=True, timeout=900)
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+    (ref_run,) = client.search_runs([client.get_experiment_by_name("ref").experiment_id])
+
+    def history(run_id, key):
+        return [(m.step, m.value) for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+
+    for key in ("rollout/reward_mean", "train/grad_norm", "objective/policy_loss"):
+        h = history(run.info.run_id, key)
+        assert [s for s, _ in h] == [1, 2, 3, 4, 5, 6], key
+        assert [v for _, v in h] == pytest.approx([v for _, v in history(ref_run.info.run_id, key)], rel=1e-5), key
+    assert [s for s, _ in history(run.info.run_id, "eval/accuracy")] == [0, 2, 4, 6]
+    assert history(run.info.run_id, "eval/accuracy") == history(ref_run.info.run_id, "eval/accuracy")

@@ -18,14 +18,16 @@ def _callback_class():
     class PobenchRecord(TrainerCallback):
         """pobench's MLflow run (main process only) and held-out evaluations at pobench steps."""
 
-        def __init__(self, cfg: TrainConfig, logger, tok, eval_set, on_eval, on_step, step0_eval):
+        def __init__(self, cfg: TrainConfig, logger, tok, eval_set, on_eval, on_step, step0_eval, run_dir=None,
+                     start_step: int = 0):
             self.cfg, self.logger, self.tok, self.eval_set = cfg, logger, tok, eval_set
             self.on_eval, self.on_step, self.step0_eval = on_eval, on_step, step0_eval
             self.k = cfg.minibatches * cfg.update_epochs
             self.trainer = None
             self.final_eval: dict[str, float] = {}
             self.stopped_early = False
-            self.steps_done = 0
+            self.steps_done = start_step  # > 0: resumed from the checkpoint of that step
+            self.run_dir = run_dir
 
         def _evaluate(self, step: int, given: dict[str, float] | None = None) -> None:
             from trl.models import unwrap_model_for_generation
@@ -56,8 +58,23 @@ def _callback_class():
                 tr.control.should_training_stop = True
 
         def on_train_begin(self, args, state, control, **kwargs):
-            if self.cfg.eval_every > 0:
+            if self.cfg.eval_every > 0 and self.steps_done == 0:  # (a resumed run has its step-0 evaluation)
                 self._evaluate(0, self.step0_eval)
+
+        def on_save(self, args, state, control, **kwargs):
+            """After TRL wrote checkpoint-<global step>: pobench's checkpoint of this step (run id, the metrics not
+            yet in MLflow, elapsed time, TRL's folder), then the metrics go to MLflow, as the native loop does."""
+            if self.logger is None or state.global_step % self.k:
+                return
+            from pathlib import Path
+
+            from bench import checkpoint
+
+            trl_dir = Path(args.output_dir).resolve() / f"checkpoint-{state.global_step}"
+            checkpoint.save_state(self.run_dir, state.global_step // self.k, {
+                "run_id": self.logger.run_id, "pending": self.logger.pending, "elapsed": self.trainer.pobench_elapsed,
+                "trl_checkpoint": str(trl_dir), "engine": "trl"}, keep=self.cfg.keep_checkpoints)
+            self.logger.flush()
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not logs or "loss" not in logs or state.global_step % self.k:
@@ -74,8 +91,7 @@ def _callback_class():
                                          f"samples/step_{step:06d}.json")
             if self.cfg.eval_every > 0 and (step % self.cfg.eval_every == 0 or step == self.cfg.steps):
                 self._evaluate(step)
-            if self.logger is not None:
-                self.logger.flush()
+            # (the metrics stay buffered until a checkpoint covers them, on_save: a resumed run logs no step twice)
 
     return PobenchRecord
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import json
 import math
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 from algorithms import get_objective
+from bench import checkpoint
 from bench.config import TrainConfig
 from bench.engines.trl.record import _callback_class, reward_function
 from bench.engines.trl.support import check_supported, layout
@@ -65,6 +67,13 @@ def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
     run_name = cfg.run_name or f"{cfg.algo}-s{cfg.seed}"
     run_dir = Path(cfg.output_dir) / run_name
+    last = checkpoint.latest(run_dir)
+    if last is not None and not cfg.resume:
+        raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or choose "
+                         "another --output-dir / --run-name")
+    resumed = json.loads((last / "state.json").read_text()) if last is not None else None
+    if resumed is not None and resumed.get("engine") != "trl":
+        raise ValueError(f"{last} is a checkpoint of the native loop: --engine trl cannot resume it")
     torch.manual_seed(cfg.seed)
     threads = cfg.threads or (1 if cfg.model.startswith("builtin:") else 0)
     if threads:
@@ -98,21 +107,28 @@ def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
         acc = trainer.accelerator
         tags.update({ENGINE_DISTRIBUTED: str(acc.distributed_type).split(".")[-1],
                      ENGINE_PROCESSES: str(acc.num_processes)})
-        logger.start(run_name, tags, params)
-        cfg.save(run_dir / "config.yaml")
-        logger.log_artifact(run_dir / "config.yaml")
-    record = _callback_class()(cfg, logger, tok, eval_set, on_eval, on_step, step0_eval)
+        if resumed is not None:  # the same MLflow run, with the metrics its checkpoint had not yet written
+            logger.reopen(resumed["run_id"], [tuple(p) for p in resumed["pending"]])
+        else:
+            logger.start(run_name, tags, params)
+            cfg.save(run_dir / "config.yaml")
+            logger.log_artifact(run_dir / "config.yaml")
+    if resumed is not None:
+        trainer.pobench_elapsed = resumed["elapsed"]
+    record = _callback_class()(cfg, logger, tok, eval_set, on_eval, on_step, step0_eval, run_dir=run_dir,
+                               start_step=resumed["step"] if resumed is not None else 0)
     record.trainer = trainer
     trainer.add_callback(record)
     try:
-        trainer.train()
+        trainer.train(resume_from_checkpoint=resumed["trl_checkpoint"] if resumed is not None else None)
         loss_ok = all(math.isfinite(v) for h in trainer.state.log_history for k, v in h.items()
                       if k == "train/loss" and isinstance(v, float))
         if not loss_ok:
             raise TrainingDiverged("the loss became non-finite (train/loss)")
     except BaseException as e:
         if logger is not None:
-            logger.flush()
+            if not isinstance(e, (KeyboardInterrupt, SystemExit)):  # a failure: its metrics show what went wrong;
+                logger.flush()  # an interrupt keeps them for the resume (its checkpoint's pending), as the native loop
             end_interrupted_run(logger, e)
         raise
     trainer.save_model(str(run_dir / "final"))

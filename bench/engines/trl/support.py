@@ -7,7 +7,6 @@ from bench.config import TrainConfig
 
 #: TrainConfig fields the TRL engine honours only at their default value: field -> why
 UNSUPPORTED = {
-    "resume": "TRL-engine runs are not resumed: an interrupted run is trained again from the start",
     "control": "the random-reward control needs the batch's mean reward before TRL gathers the rewards",
     "backend": "TRL generates itself; ask for vLLM with engine_args {use_vllm: true, vllm_mode: ...}",
     "lora_rank": "LoRA is not wired to TRL's peft_config here; train full weights",

@@ -44,6 +44,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                                              "re-queued (default 4 x heartbeat)")
     p.add_argument("--max-retry", type=int, default=3, help="re-queues per trial whose worker died (default 3)")
     p.add_argument("--sampler-seed", type=int, help="seed of the TPE sampler (default random: workers differ)")
+    p.add_argument("--workers", type=int, default=0, metavar="N",
+                   help="workers that run the study's trials at once, each in its own process with one torch thread "
+                        "(or Ray task with --executor ray); 0 = one per CPU core (one on a GPU), at most the trials "
+                        "still needed; 1 = in this process (default 0)")
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="where the workers run: local = this machine's processes; ray = Ray tasks on a local Ray "
+                        "instance or the cluster at --ray-address (the storage and MLflow store must be reachable "
+                        "from every node) (default local)")
+    p.add_argument("--ray-address", metavar="ADDR", help="with --executor ray: the cluster to join (auto, HOST:PORT, "
+                                                          "ray://HOST:10001) (default: a local Ray instance)")
     p.add_argument("--out", help="output folder (default .pobench/tune/<study>)")
     p.add_argument("--show", action="store_true", help="print the leaderboard of --study and write its outputs")
     from bench.cli.flags import add_config_flags
@@ -90,7 +100,7 @@ def main(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     check_reachable(spec.base.tracking_uri)
     try:
-        study = tune.run_study(spec)
+        study = tune.run_workers(spec, args.workers, args.executor, args.ray_address)
     except KeyboardInterrupt:
         print(f"bench tune: interrupted; the running trial is queued again: rerun the same command to resume study "
               f"{spec.study!r}", file=sys.stderr)

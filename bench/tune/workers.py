@@ -1,0 +1,129 @@
+"""Several workers of one study: `bench tune --workers N [--executor local|ray]`.
+
+A worker is :func:`bench.tune.study.run_study`: it joins the study and runs trials until the study holds enough
+finished ones, so N workers split the trials between them through the Optuna storage (each trial is claimed there
+once; a dead worker's trial is re-queued by the others' heartbeat check). This module only starts them:
+
+- ``local`` (default): 1 worker runs in this process; N > 1 run on a spawn process pool, one torch thread each
+  (``--workers 0``: one per usable CPU core), never more than the trials still needed;
+- ``ray``: N Ray tasks (one CPU each, or one GPU each when the cluster has GPUs and the config does not say
+  ``device: cpu``) on a local Ray instance or the cluster at ``--ray-address``; the storage must then be one every
+  node reaches (PostgreSQL; a local SQLite file only serves a local Ray instance), as must the MLflow store.
+
+The study and its MLflow parent run are created here once, before any worker starts, so workers only ever join. With
+``--sampler-seed S`` worker i samples with seed S + i (the same seed would make every worker propose the same
+parameters).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from bench.tune.storage import FINISHED, count, default_storage_url
+from bench.tune.study import TuneSpec, open_study, run_study
+
+EXECUTORS = ("local", "ray")
+
+
+def worker_spec(spec: TuneSpec, i: int) -> TuneSpec:
+    """Worker ``i``'s copy of the spec: its own sampler seed when one is given."""
+    return spec if spec.sampler_seed is None else dataclasses.replace(spec, sampler_seed=spec.sampler_seed + i)
+
+
+def n_workers(workers: int, spec: TuneSpec, finished: int, device_is_cpu: bool = True) -> int:
+    """Workers to start: ``workers`` (0: one per usable core on a CPU, one on a GPU), at most the trials missing."""
+    from bench.executors import usable_cores
+
+    n = workers or (usable_cores() if device_is_cpu else 1)
+    return max(1, min(n, spec.trials - finished))
+
+
+def _worker(spec: TuneSpec, i: int, ctx: dict[str, Any] | None = None) -> int:
+    """One worker, in a pool process or a Ray task; returns the number of trials the study holds finished."""
+    from bench.cli import quiet_libraries
+
+    if ctx is not None:  # a Ray task: the driver's environment and working folder
+        os.environ.update(ctx["env"])
+        if os.path.isdir(ctx["cwd"]):
+            os.chdir(ctx["cwd"])
+    quiet_libraries()
+    import torch
+
+    if ctx is None or ctx["cpu"]:
+        torch.set_num_threads(1)
+    study = run_study(spec, log=lambda m: print(f"[worker {i}] {m}", flush=True))
+    return count(study, *FINISHED)
+
+
+def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_address: str | None = None,
+                log=print):
+    """Run the study with ``workers`` workers on ``executor``; returns the study (as ``run_study`` does)."""
+    import optuna
+
+    if workers < 0:
+        raise ValueError(f"--workers must be >= 0 (0 = one per CPU core), got {workers}")
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; choices: {', '.join(EXECUTORS)}")
+    if ray_address is not None and executor != "ray":
+        raise ValueError(f"--ray-address {ray_address!r} needs --executor ray")
+    if executor == "local" and workers == 1:
+        return run_study(spec, log=log)
+    if executor == "ray":
+        from bench.executors import absolute_tracking_uri, import_ray
+
+        import_ray()  # not installed: one line now
+        storage = spec.storage or default_storage_url()
+        if ray_address and storage.startswith("sqlite"):
+            raise ValueError(f"--storage {storage}: a SQLite file is not shared by the nodes of a Ray cluster; give "
+                             "a PostgreSQL URL every node reaches (docs/TUNING.md)")
+        spec = dataclasses.replace(spec, storage=storage, base=dataclasses.replace(
+            spec.base, tracking_uri=absolute_tracking_uri(spec.base.tracking_uri),
+            output_dir=os.path.abspath(spec.base.output_dir)))
+    study, runs = open_study(spec)  # created (with its MLflow parent run) once, before the workers join it
+    optuna.storages.fail_stale_trials(study)
+    n = n_workers(workers, spec, count(study, *FINISHED), device_is_cpu=spec.base.device == "cpu"
+                  or not _has_gpu())
+    if n == 1 and executor == "local":
+        return run_study(spec, log=log)
+    log(f"study {spec.study!r}: {n} {executor} workers (parent MLflow run {runs.parent_id})")
+    if executor == "local":
+        import multiprocessing
+
+        with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(_worker, worker_spec(spec, i), i) for i in range(n)]
+            for f in futures:
+                f.result()  # a worker's error: raised here, after the others have finished their trials
+    else:
+        _run_ray(spec, n, workers, ray_address)
+    return optuna.load_study(study_name=spec.study, storage=spec.storage or default_storage_url())
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _run_ray(spec: TuneSpec, n: int, workers: int, address: str | None) -> None:
+    from bench.executors import _code_root, forwarded_env, init_ray, task_resources
+
+    ray = init_ray(address, workers or None, None)
+    owned = not address
+    try:
+        options = task_resources(ray.cluster_resources(), spec.base.device)
+        ctx = {"env": forwarded_env(spec.base.tracking_uri), "cwd": os.getcwd(), "code_root": _code_root(),
+               "cpu": "num_gpus" not in options}
+        task = ray.remote(_worker).options(**options, max_retries=0)
+        refs = [task.remote(worker_spec(spec, i), i, ctx) for i in range(n)]
+        try:
+            ray.get(refs)
+        except KeyboardInterrupt:  # Ctrl-C: each worker's running trial ends FAIL and is queued again
+            for r in refs:
+                ray.cancel(r)
+            raise
+    finally:
+        if owned:
+            ray.shutdown()

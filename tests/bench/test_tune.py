@@ -354,7 +354,7 @@ def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server, tiny_
             "--space", "kl_coef=1e-3:1e-1:log,entropy_threshold=0:0.5",
             "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--eval-every", "1",
             "--max-new-tokens", "16", "--experiment", exp, "--output-dir", str(tmp_path / "runs"),
-            "--samples-every", "0", "--model", tiny_model]
+            "--samples-every", "0", "--model", tiny_model, "--workers", "1"]  # (several: test_tune_workers.py)
     assert cli_main(argv) == 0
     s = optuna.load_study(study_name=study, storage=f"sqlite:///{db}")
     assert len(s.trials) == 3 and all(t.state in tune.FINISHED for t in s.trials)

@@ -262,7 +262,7 @@ def store(client, run_id: str, d: RunDerived, comparison: str | None = None) -> 
 
     from mlflow.entities import Metric, RunTag
 
-    from reports.record import log_batch
+    from reports.record import DERIVED_PREFIX, log_batch
 
     now = int(time.time() * 1000)
     metrics, tags = [], []
@@ -275,7 +275,7 @@ def store(client, run_id: str, d: RunDerived, comparison: str | None = None) -> 
             why = "not collapsed" if v is None else "collapsed"
         else:
             why = "no data" if v is None else "ok"
-        tags.append(RunTag(f"pobench.derived.{name}", why))
+        tags.append(RunTag(f"{DERIVED_PREFIX}{name}", why))
     if comparison:
-        tags.append(RunTag("pobench.derived.comparison", comparison))
+        tags.append(RunTag(f"{DERIVED_PREFIX}comparison", comparison))
     log_batch(client, run_id, metrics=metrics, tags=tags)

@@ -40,6 +40,7 @@ OVERRIDES = "pobench.overrides"
 VERSION = "pobench.version"
 GIT_COMMIT = "pobench.git_commit"
 MEMBER_PREFIX = "pobench.in."
+DERIVED_PREFIX = "pobench.derived."  # + a derived metric's name: why it has no value; + "comparison": its report
 MODEL = "pobench.model"
 TASK = "pobench.task"
 CONTROL = "pobench.control"          # none | random-reward

@@ -60,7 +60,13 @@ def save_state(run_dir: str | Path, step: int, state: dict[str, Any], keep: int 
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     done = sorted(p for p in run_dir.glob(f"{PREFIX}*") if not p.name.endswith(".tmp"))
-    for old in done[:-keep]:
+    for old in done[:-keep]:  # with the engine's own folder it points at (only now that the new one is complete)
+        try:
+            engine_dir = json.loads((old / "state.json").read_text()).get("trl_checkpoint")
+        except (OSError, ValueError):
+            engine_dir = None
+        if engine_dir:
+            shutil.rmtree(engine_dir, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
     return final
 

@@ -115,7 +115,8 @@ class TrainConfig:
     samples_every: int = _f(10, "Log a table of sample completions every N steps.")
     # --- bookkeeping
     seed: int = _f(0, "Seed for data order, sampling and initialisation.")
-    checkpoint_every: int = _f(10, "Checkpoint every N steps (and at the end); 0 = only at the end.")
+    checkpoint_every: int = _f(10, "Checkpoint every N steps (and at the end); 0 = only at the end. (TRL engine: "
+                                   "every N steps, none at the end; verl: its own save_freq.)")
     keep_checkpoints: int = _f(1, "Checkpoints kept per run: the newest N (older ones are deleted; kept ones before "
                                   "the newest lose their optimizer state, which only a resume from the newest reads). "
                                   "The final weights are saved apart in <run>/final.")
@@ -230,4 +231,6 @@ class TrainConfig:
         d = {k: v for k, v in self.to_dict().items() if k not in PER_RUN_FIELDS}
         if d["engine"] == "native" and not d["engine_args"]:  # the hashes of runs from before engines existed
             del d["engine"], d["engine_args"]
+        elif d["engine"] == "verl":  # where verl is installed and where its data goes change no result
+            d["engine_args"] = {k: v for k, v in d["engine_args"].items() if k not in ("python", "data_dir")}
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]

@@ -173,7 +173,7 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
         nonlocal changed
         changed = True
 
-    step_hook = optimizer.register_step_post_hook(model_changed)
+    step_hook = optimizer.register_step_pre_hook(model_changed)  # (before: an interrupt inside step() counts)
     restore_sigterm = _sigterm_as_interrupt()
     try:
         if start_step == 0 and cfg.eval_every > 0:

@@ -68,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
     check_reachable(cfg.tracking_uri)
     for a in algos:  # what the engine cannot train: one line now, not one failed pair after another
         check_engine(dataclasses.replace(cfg, algo=a, objective_overrides=dict(params.get(a, {}))))
+    if cfg.engine == "verl" and (args.executor == "ray" or (args.workers or 0) > 1):
+        raise ValueError("--engine verl runs one pair at a time from this process (each verl job takes the Ray "
+                         "cluster it is given): drop --executor ray / --workers above 1")
 
     try:
         res = run_comparison(cfg, algos, seeds, params, force=args.force, progress=not args.no_progress,

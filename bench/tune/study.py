@@ -200,6 +200,8 @@ def _train_one(cfg: TrainConfig, metric: TuneMetric, train_fn: Callable[..., Any
             raise StopTraining(f"pruned by Optuna at step {step}")
 
     result = train_fn(cfg, on_eval=on_eval)
+    if pruned and not getattr(result, "stopped_early", True):  # the engine could not stop (verl hands evaluations
+        pruned = False  # over after its job ended): the run is complete, and so is the trial
     final = getattr(result, "final_eval", None) or {}
     if final and not pruned:
         last = max(curve) if curve else int(getattr(result, "steps_done", cfg.steps))

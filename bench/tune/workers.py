@@ -84,20 +84,21 @@ def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_a
             output_dir=os.path.abspath(spec.base.output_dir)))
     study, runs = open_study(spec)  # created (with its MLflow parent run) once, before the workers join it
     optuna.storages.fail_stale_trials(study)
-    n = n_workers(workers, spec, count(study, *FINISHED), device_is_cpu=spec.base.device == "cpu"
-                  or not _has_gpu())
-    if n == 1 and executor == "local":
-        return run_study(spec, log=log)
-    log(f"study {spec.study!r}: {n} {executor} workers (parent MLflow run {runs.parent_id})")
-    if executor == "local":
+    missing = max(1, spec.trials - count(study, *FINISHED))
+    if executor == "ray":
+        _run_ray(spec, workers, missing, ray_address, runs.parent_id, log)
+    else:
+        n = n_workers(workers, spec, count(study, *FINISHED), device_is_cpu=spec.base.device == "cpu"
+                      or not _has_gpu())
+        if n == 1:
+            return run_study(spec, log=log)
+        log(f"study {spec.study!r}: {n} local workers (parent MLflow run {runs.parent_id})")
         import multiprocessing
 
         with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(_worker, worker_spec(spec, i), i) for i in range(n)]
             for f in futures:
                 f.result()  # a worker's error: raised here, after the others have finished their trials
-    else:
-        _run_ray(spec, n, workers, ray_address)
     return optuna.load_study(study_name=spec.study, storage=spec.storage or default_storage_url())
 
 
@@ -107,13 +108,19 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def _run_ray(spec: TuneSpec, n: int, workers: int, address: str | None) -> None:
+def _run_ray(spec: TuneSpec, workers: int, missing: int, address: str | None, parent_id: str, log) -> None:
+    """``workers`` Ray tasks (0: one per CPU, or per GPU when the cluster has GPUs, of the cluster), at most
+    ``missing``."""
     from bench.executors import _code_root, forwarded_env, init_ray, task_resources
 
     ray = init_ray(address, workers or None, None)
     owned = not address
     try:
-        options = task_resources(ray.cluster_resources(), spec.base.device)
+        cluster = ray.cluster_resources()
+        options = task_resources(cluster, spec.base.device)
+        slots = int(cluster.get("GPU" if "num_gpus" in options else "CPU", 1))
+        n = max(1, min(workers or slots, missing))
+        log(f"study {spec.study!r}: {n} ray workers (parent MLflow run {parent_id})")
         ctx = {"env": forwarded_env(spec.base.tracking_uri), "cwd": os.getcwd(), "code_root": _code_root(),
                "cpu": "num_gpus" not in options}
         task = ray.remote(_worker).options(**options, max_retries=0)

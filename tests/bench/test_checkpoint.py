@@ -57,3 +57,18 @@ def test_a_training_run_leaves_one_checkpoint_and_the_final_weights(tmp_path):
     assert sorted(p.name for p in res.output_dir.iterdir()) == ["ckpt-0000003", "config.yaml", "final"]
     assert (res.output_dir / "ckpt-0000003" / "optim.pt").exists()
     assert (res.output_dir / "final" / "model.safetensors").exists()
+
+
+def test_state_only_checkpoints_rotate_with_the_engine_folder_they_name(tmp_path):
+    """The TRL engine's checkpoints: pobench's state.json names TRL's folder; dropping an old checkpoint drops that
+    folder too, and only after the new one is complete (TRL's own rotation is off)."""
+    from bench import checkpoint
+
+    trl = [tmp_path / "trl" / f"checkpoint-{n}" for n in (2, 4)]
+    for d in trl:
+        d.mkdir(parents=True)
+    checkpoint.save_state(tmp_path / "run", 1, {"trl_checkpoint": str(trl[0])}, keep=1)
+    assert trl[0].exists() and checkpoint.latest(tmp_path / "run").name.endswith("0000001")
+    checkpoint.save_state(tmp_path / "run", 2, {"trl_checkpoint": str(trl[1])}, keep=1)
+    assert not trl[0].exists() and trl[1].exists()
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["ckpt-0000002"]

@@ -285,16 +285,18 @@ def test_trl_run_resumes_after_sigkill_like_a_native_one(tmp_path):
               "--minibatches", "2", "--max-new-tokens", "12", "--eval-every", "2", "--eval-problems", "8",
               "--checkpoint-every", "2", "--samples-every", "0", "--device", "cpu", "--tracking-uri", uri]
     killed = [*common, "--experiment", "killed", "--run-name", "killed", "--output-dir", str(tmp_path / "runs")]
+    log = open(tmp_path / "killed.log", "wb")  # (a pipe nobody reads could fill and stall the run)
     proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "train", *killed], cwd=tmp_path, env=_env(tmp_path),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=log, stderr=subprocess.STDOUT)
     ckpt = tmp_path / "runs" / "killed" / "ckpt-0000002" / "state.json"
     deadline = time.time() + 600
     while not ckpt.exists():
-        assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+        assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
         assert time.time() < deadline, "no checkpoint after 600 s"
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)  # in step 3 (steps 3-6 and two evaluations are still to come)
     proc.wait()
+    log.close()
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("killed").experiment_id])
     assert run.info.status == "RUNNING"

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import textwrap
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -104,7 +105,6 @@ def test_launch_path_records_a_native_looking_run(tmp_path, monkeypatch, rc):
     from algorithms import get_objective
     from bench.engines.verl.launch import launch_run
     from bench.engines.verl.run import options_from
-    from bench.train import run_tags_and_params
 
     monkeypatch.setenv("FAKE_VERL_OUT", str(tmp_path / "verl-call.json"))
     monkeypatch.setenv("FAKE_VERL_RC", str(rc))
@@ -121,13 +121,20 @@ def test_launch_path_records_a_native_looking_run(tmp_path, monkeypatch, rc):
 
     client = MlflowClient(cfg.tracking_uri)
     run = client.get_run(run_id)
-    # the tags and params bench/train.py gives every run of this config (the config hash covers the engine)
-    native_tags, native_params = run_tags_and_params(cfg, get_objective("tepo"))
-    assert native_tags["pobench.engine"] == "verl"
-    assert native_tags["pobench.config_hash"] != dataclasses.replace(cfg, engine="native").comparison_hash()
-    assert {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")} == {
-        **native_tags, **({"pobench.failure": "verl main_ppo exited with 3"} if rc else {})}
-    assert set(run.data.params) == set(native_params) and run.data.params["engine"] == "verl"
+    tags = {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}
+    assert set(tags) == {"pobench.kind", "pobench.objective", "pobench.seed", "pobench.config_hash", "pobench.model",
+                         "pobench.task", "pobench.control", "pobench.version", "pobench.git_commit", "pobench.engine",
+                         *(["pobench.failure"] if rc else [])}  # a native training run's tags (test_record_keys)
+    assert (tags["pobench.kind"], tags["pobench.objective"], tags["pobench.seed"], tags["pobench.engine"]) == (
+        "train", "tepo", "0", "verl")
+    assert tags["pobench.config_hash"] == cfg.comparison_hash() != dataclasses.replace(
+        cfg, engine="native", engine_args={}).comparison_hash()  # the engine is part of the comparison
+    assert tags.get("pobench.failure") == ("verl main_ppo exited with 3" if rc else None)
+    objective_fields = {f"objective.{f.name}" for f in dataclasses.fields(get_objective("tepo").config)}
+    config_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert objective_fields <= set(run.data.params)
+    assert config_fields <= {k.split(".")[0] for k in run.data.params}
+    assert run.data.params["engine"] == "verl" and run.data.params["algo"] == "tepo"
     assert run.info.status == ("FAILED" if rc else "FINISHED")
     if rc:
         return
@@ -146,11 +153,12 @@ def test_verl_train_hands_evaluations_to_on_eval_and_fails_loudly(tmp_path, monk
     seen = []
 
     def on_eval(step, m):
-        seen.append((step, m["eval/accuracy"]))
+        seen.append((step, m["eval/accuracy"], m["time/elapsed_s"]))
         raise StopTraining  # too late for a verl run: ignored (module doc)
 
     res = train(_config(tmp_path, engine_args=verl_env), on_eval=on_eval)
-    assert seen == [(0, 0.25), (2, 0.5)] and res.final_eval == {"eval/accuracy": 0.5} and not res.stopped_early
+    assert seen == [(0, 0.25, 0.0), (2, 0.5, 9.0)]  # with the training time up to that step (verl's timing_s/step)
+    assert res.final_eval == {"eval/accuracy": 0.5} and not res.stopped_early
     monkeypatch.setenv("FAKE_VERL_RC", "1")
     with pytest.raises(RuntimeError, match="verl exited with 1"):
         train(_config(tmp_path, run_name="again", engine_args=verl_env))
@@ -159,3 +167,50 @@ def test_verl_train_hands_evaluations_to_on_eval_and_fails_loudly(tmp_path, monk
     with pytest.raises(ValueError, match="python=.*-missing.* cannot be run"):
         train(_config(tmp_path, run_name="none", engine_args={"python": sys.executable + "-missing"}))
     assert not (tmp_path / "runs" / "none").exists()
+
+
+def test_what_a_verl_run_cannot_do_is_refused(tmp_path, capsys):
+    from bench.engines.verl.run import preflight
+
+    verl_env = {"n_gpus_per_node": 1, "python": _fake_python(tmp_path)}
+    with pytest.raises(ValueError, match="--resume is not supported"):
+        preflight(_config(tmp_path, resume=True, engine_args=verl_env))
+    with pytest.raises(ValueError, match="built-in toy task"):
+        preflight(_config(tmp_path, task="arith", data=None, eval_data=None, engine_args=verl_env))
+    cfg = _config(tmp_path, engine_args=verl_env)
+    cfg.save(tmp_path / "run.yaml")
+    for extra in (["--workers", "2"], ["--executor", "ray"]):
+        assert main(["run", "--config", str(tmp_path / "run.yaml"), "--algos", "tepo", "--seeds", "0",
+                     "--no-progress", *extra]) == 2
+        assert "one pair at a time" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+    # where verl is installed and where its data goes are not part of the comparison; its cluster options are
+    assert (_config(tmp_path, engine_args={"python": "/a/bin/python", "data_dir": "/x"}).comparison_hash()
+            == _config(tmp_path, engine_args={"python": "/b/bin/python"}).comparison_hash()
+            != _config(tmp_path, engine_args={"n_gpus_per_node": 4}).comparison_hash())
+
+
+def test_a_pruner_cannot_cut_a_verl_trial_short():
+    """An engine that hands evaluations over after its run (verl) cannot stop early: the trial is complete, with its
+    whole curve, although the pruner asked to stop; an engine that stops (native, TRL) is pruned."""
+    from bench.train import StopTraining, TrainResult
+    from bench.tune.metric import parse_metric
+    from bench.tune.study import _train_one
+
+    def engine(stops: bool):
+        def train_fn(cfg, on_eval):
+            for step in (0, 1, 2):
+                try:
+                    on_eval(step, {"eval/accuracy": 0.1 * step, "time/elapsed_s": float(step)})
+                except StopTraining:
+                    if stops:
+                        return TrainResult("r", step, tmp_path, {}, True)
+            return TrainResult("r", 2, tmp_path, {"eval/accuracy": 0.2}, False)
+        return train_fn
+
+    tmp_path = Path(".")
+    for stops, pruned, steps in ((True, True, [0]), (False, False, [0, 1, 2])):
+        curve: dict = {}
+        assert _train_one(TrainConfig(steps=2), parse_metric("eval/accuracy"), engine(stops), curve,
+                          lambda value, step: True, 0) is pruned
+        assert sorted(curve) == steps

@@ -35,7 +35,8 @@ def grpo_config(cfg: TrainConfig, run_dir: Path, world: int):
         num_iterations=cfg.update_epochs, max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature,
         top_p=cfg.top_p, seed=cfg.seed, shuffle_dataset=False, logging_steps=geo["updates_per_step"],
         save_strategy="steps" if cfg.checkpoint_every else "no",
-        save_steps=max(1, cfg.checkpoint_every) * geo["updates_per_step"], save_total_limit=cfg.keep_checkpoints,
+        save_steps=max(1, cfg.checkpoint_every) * geo["updates_per_step"], save_total_limit=None,  # (rotated by
+        # pobench after its own checkpoint points at the new one: bench.checkpoint.save_state)
         save_only_model=False, use_cpu=cfg.device == "cpu", beta=0.0, loss_type="grpo",
         mask_truncated_completions=False, vllm_importance_sampling_correction=False,
         **({"gradient_checkpointing": True} if cfg.activation_checkpointing else {}), report_to="none",
@@ -126,9 +127,7 @@ def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
         if not loss_ok:
             raise TrainingDiverged("the loss became non-finite (train/loss)")
     except BaseException as e:
-        if logger is not None:
-            if not isinstance(e, (KeyboardInterrupt, SystemExit)):  # a failure: its metrics show what went wrong;
-                logger.flush()  # an interrupt keeps them for the resume (its checkpoint's pending), as the native loop
+        if logger is not None:  # (metrics no checkpoint covers are not written: a resume trains those steps again)
             end_interrupted_run(logger, e)
         raise
     trainer.save_model(str(run_dir / "final"))

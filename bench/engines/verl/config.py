@@ -126,6 +126,10 @@ def make_verl_config(cfg, options: VerlOptions | None = None) -> dict[str, Any]:
         raise ValueError(f"model {cfg.model!r} is pobench's built-in toy model: verl needs a Hugging Face model")
     if cfg.control is not None:
         raise ValueError(f"control {cfg.control!r} is not implemented on verl")
+    from evaluators import get_benchmark
+
+    if get_benchmark(cfg.task).generated:
+        raise ValueError(f"task {cfg.task} is pobench's built-in toy task: verl runs need a benchmark with files")
     if cfg.lr_schedule not in ("constant", "cosine"):
         raise ValueError(f"lr_schedule {cfg.lr_schedule!r}: verl offers constant and cosine")
     if cfg.prompts_per_step % cfg.minibatches:

@@ -105,14 +105,28 @@ def launch_run(cfg, options: VerlOptions | None = None, *, python: str | None = 
     env_vars.update({"MLFLOW_TRACKING_URI": logger.uri, "MLFLOW_RUN_ID": run_id})
     command = main_ppo_command(config, verl_python(options, python))
     env = {**os.environ, **env_vars}
-    try:
-        rc = subprocess.call(command, env=env)
-    except BaseException as e:  # Ctrl-C / SIGTERM while verl runs: the run ends KILLED, as a native one
-        from bench.train import end_interrupted_run
+    if os.environ.get("PYTHONPATH"):  # pobench's source tree first, then what the user had
+        env["PYTHONPATH"] = os.pathsep.join([env_vars["PYTHONPATH"], os.environ["PYTHONPATH"]])
+    from bench.train import _sigterm_as_interrupt, end_interrupted_run
 
+    restore = _sigterm_as_interrupt()  # SIGTERM ends the run KILLED too (and verl with it), as a native one
+    try:
+        proc = subprocess.Popen(command, env=env)
+        try:
+            rc = proc.wait()
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+        translate_metrics(logger.client, run_id, eval_source=cfg.eval_task or cfg.task)
+    except BaseException as e:  # Ctrl-C / SIGTERM while verl runs, or the translation failed: not left RUNNING
         end_interrupted_run(logger, e)
         raise
-    translate_metrics(logger.client, run_id, eval_source=cfg.eval_task or cfg.task)
+    finally:
+        restore()
     if rc:
         logger.set_tags({FAILURE: f"verl main_ppo exited with {rc}"})
     logger.end("FINISHED" if rc == 0 else "FAILED")

@@ -5,7 +5,9 @@ verl runs as its own job (``python -m verl.trainer.main_ppo`` on a Ray cluster, 
 copies its metrics under pobench's names and hands the held-out evaluations to ``on_eval`` afterwards, in step order.
 So what a native run does DURING training cannot happen here, and is refused or stated: no early stop (a
 ``StopTraining`` from ``on_eval`` is ignored: an Optuna pruner cannot prune a verl trial), no ``on_step`` progress,
-no ``--resume`` of a killed verl job by pobench (verl's own ``resume_mode=auto`` is set when ``resume`` is true).
+no ``--resume`` (refused: verl would resume its checkpoint, but the rest would land in a new MLflow run). Pairs of
+`bench run` run one at a time in this process (each job takes the Ray cluster it is given): ``--workers`` above 1
+and ``--executor ray`` are refused with this engine.
 Options verl needs and ``TrainConfig`` lacks come in ``engine_args`` (the fields of ``VerlOptions``), among them
 ``python``: the interpreter of the environment verl is installed in (verl pins transformers < 5.11).
 """
@@ -48,12 +50,30 @@ def check_installed(python: str) -> None:
                          "interpreter in engine_args {python: /path/to/bin/python} (docs/SCALE.md, 'verl engine')")
 
 
+def eval_points(client, run_id: str) -> dict[int, dict[str, float]]:
+    """step -> the held-out metrics (``eval/*``) of a translated verl run at that step, with ``time/elapsed_s`` of
+    that step (the training time up to it, as the native loop reports it; 0 before the first step)."""
+    run = client.get_run(run_id)
+    out: dict[int, dict[str, float]] = {}
+    for key in run.data.metrics:
+        if key.startswith("eval/"):
+            for m in client.get_metric_history(run_id, key):
+                out.setdefault(m.step, {})[key] = m.value
+    elapsed = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "time/elapsed_s"))
+    for step, metrics in out.items():
+        metrics["time/elapsed_s"] = max((v for s, v in elapsed if s <= step), default=0.0)
+    return out
+
+
 def preflight(cfg) -> VerlOptions:
     """What `bench train` / `bench run` check before any work starts: the options, verl's own refusals
     (``make_verl_config``: objective, model, task, schedule, batch shape), and that the interpreter imports verl."""
     from bench.engines.verl.config import make_verl_config
 
     options = options_from(cfg.engine_args)
+    if cfg.resume:
+        raise ValueError("--engine verl: --resume is not supported: verl resumes its own checkpoints, but pobench "
+                         "would record the rest in a new MLflow run; train the pair again")
     make_verl_config(cfg, options)
     check_installed(options.python or sys.executable)
     return options
@@ -67,19 +87,18 @@ def train(cfg, *, on_eval=None, on_step=None, step0_eval=None):
     from reports.record import open_client
 
     del on_step, step0_eval  # no live steps; verl evaluates the starting policy itself (val_before_train)
-    options = options_from(cfg.engine_args)
-    check_installed(options.python or sys.executable)
+    options = preflight(cfg)
     rc, run_id = launch_run(cfg, options)
     if rc:
         raise RuntimeError(f"verl exited with {rc} (MLflow run {run_id}: its log is verl's console output)")
     client = open_client(cfg.tracking_uri)
-    history = sorted(client.get_metric_history(run_id, "eval/accuracy"), key=lambda m: m.step)
+    evals = eval_points(client, run_id)
     final: dict[str, float] = {}
-    for m in history:
-        final = {"eval/accuracy": m.value}
+    for step in sorted(evals):
+        final = {k: v for k, v in evals[step].items() if k.startswith("eval/")}
         if on_eval is not None:
             try:
-                on_eval(m.step, dict(final))
+                on_eval(step, dict(evals[step]))
             except StopTraining:  # too late to stop: the run has finished (module doc)
                 pass
     return TrainResult(run_id, cfg.steps, Path(cfg.output_dir) / run_name(cfg), final, False)

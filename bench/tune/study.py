@@ -90,7 +90,7 @@ def _check_fingerprint(study: optuna.Study, spec: TuneSpec) -> None:
 
 
 def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
-              log: Callable[[str], None] = print) -> optuna.Study:
+              log: Callable[[str], None] = print, worker: str | None = None) -> optuna.Study:
     """Run trials of ``spec.study`` until it holds ``spec.trials`` finished (complete or pruned) trials.
 
     Safe to run from several processes / machines at once against one storage; a rerun resumes the study.
@@ -110,6 +110,8 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
         f"{count(study, *FINISHED)}/{spec.trials} trials finished; MLflow parent run {runs.parent_id}")
 
     def objective(trial: optuna.Trial) -> float:
+        if worker is not None:  # which worker of a `bench tune --workers N` ran it (Optuna user attribute)
+            trial.set_user_attr("worker", worker)
         params = {name: rng.suggest(trial, name) for name, rng in spec.space.items()}
         run_id = runs.start_trial(trial, params, spec)
 

@@ -54,7 +54,7 @@ def _worker(spec: TuneSpec, i: int, ctx: dict[str, Any] | None = None) -> int:
 
     if ctx is None or ctx["cpu"]:
         torch.set_num_threads(1)
-    study = run_study(spec, log=lambda m: print(f"[worker {i}] {m}", flush=True))
+    study = run_study(spec, log=lambda m: print(f"[worker {i}] {m}", flush=True), worker=str(i))
     return count(study, *FINISHED)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -83,7 +84,9 @@ def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_a
             spec.base, tracking_uri=absolute_tracking_uri(spec.base.tracking_uri),
             output_dir=os.path.abspath(spec.base.output_dir)))
     study, runs = open_study(spec)  # created (with its MLflow parent run) once, before the workers join it
-    optuna.storages.fail_stale_trials(study)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
     missing = max(1, spec.trials - count(study, *FINISHED))
     if executor == "ray":
         _run_ray(spec, workers, missing, ray_address, runs.parent_id, log)

@@ -226,6 +226,10 @@ class TrainConfig:
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(data)
 
+    def run_label(self) -> str:
+        """The run's name (``run_name``, else ``<algo>-s<seed>``) and with it its folder under ``output_dir``."""
+        return self.run_name or f"{self.algo}-s{self.seed}"
+
     def comparison_hash(self) -> str:
         """Hash of every field that must be identical across the runs of one comparison."""
         d = {k: v for k, v in self.to_dict().items() if k not in PER_RUN_FIELDS}

@@ -108,6 +108,16 @@ def load_policy(name_or_path: str, device: str = "cpu", dtype: str = "float32"):
     return model, tokenizer
 
 
+def format_string(template: str) -> str:
+    """The format string of a prompt template that is not ``auto`` / ``chat``: ``plain`` or the user's own, which
+    must hold ``{question}``."""
+    if template == "plain":
+        return PLAIN_TEMPLATE
+    if "{question}" not in template:
+        raise ValueError(f"prompt template {template!r} must be auto, chat, plain, or a string containing {{question}}")
+    return template
+
+
 def format_prompt(tokenizer, question: str, template: str = "auto") -> str:
     """The prompt text for one question.
 
@@ -124,11 +134,7 @@ def format_prompt(tokenizer, question: str, template: str = "auto") -> str:
                              "use `plain` or a format string with {question}")
         return tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
                                              add_generation_prompt=True)
-    if template == "plain":
-        template = PLAIN_TEMPLATE
-    if "{question}" not in template:
-        raise ValueError(f"prompt template {template!r} must be auto, chat, plain, or a string containing {{question}}")
-    return template.replace("{question}", question)
+    return format_string(template).replace("{question}", question)
 
 
 def count_parameters(model) -> int:

@@ -56,18 +56,14 @@ def initial_evals(cfg: TrainConfig, seeds: list[int]) -> dict[int, dict[str, flo
     Greedy decoding of the starting policy does not depend on the seed or the objective; only the bootstrap interval
     of the accuracy is seeded (per run), so it is recomputed per seed from the same per-problem results. A sampled
     evaluation (``eval_temperature`` > 0) draws per seed: evaluated once per seed."""
-    import torch
 
     from bench.data import eval_problems
     from bench.model import load_policy
     from bench.rollout import make_engine
-    from bench.train import derive_seed, eval_metrics, held_out_result
+    from bench.train import derive_seed, eval_metrics, held_out_result, seed_and_threads
     from evaluators.metrics import summarize
 
-    torch.manual_seed(cfg.seed)
-    threads = cfg.threads or (1 if cfg.model.startswith("builtin:") else 0)
-    if threads:
-        torch.set_num_threads(threads)
+    seed_and_threads(cfg)
     model, tok = load_policy(cfg.model, cfg.device, cfg.dtype)
     engine = make_engine(cfg.backend, model, tok)
     bench_, problems = eval_problems(cfg.eval_task or cfg.task, limit=cfg.eval_problems, data=cfg.eval_data,

@@ -111,16 +111,8 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
 
         return trl.train(cfg, on_eval=on_eval, on_step=on_step, step0_eval=step0_eval)
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
-    run_name = cfg.run_name or f"{cfg.algo}-s{cfg.seed}"
-    run_dir = Path(cfg.output_dir) / run_name
-    last = checkpoint.latest(run_dir)
-    if last is not None and not cfg.resume:
-        raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or choose "
-                         "another --output-dir / --run-name")
-    torch.manual_seed(cfg.seed)
-    threads = cfg.threads or (1 if cfg.model.startswith("builtin:") else 0)
-    if threads:
-        torch.set_num_threads(threads)
+    run_name, run_dir, last = run_folder(cfg)
+    seed_and_threads(cfg)
 
     # --- policy, reference, rollout engine, optimizer
     model, tok = load_policy(cfg.model, cfg.device, cfg.dtype)
@@ -228,6 +220,25 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
     merged_for_export(model).save_pretrained(run_dir / "final")
     tok.save_pretrained(run_dir / "final")
     return TrainResult(logger.run_id, step, run_dir, final_eval, stopped_early)
+
+
+def run_folder(cfg: TrainConfig) -> tuple[str, Path, Path | None]:
+    """The run's name, its folder and newest checkpoint (every engine): a checkpoint there without ``cfg.resume`` is
+    refused, so a run is never overwritten."""
+    run_dir = Path(cfg.output_dir) / cfg.run_label()
+    last = checkpoint.latest(run_dir)
+    if last is not None and not cfg.resume:
+        raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or choose "
+                         "another --output-dir / --run-name")
+    return cfg.run_label(), run_dir, last
+
+
+def seed_and_threads(cfg: TrainConfig) -> None:
+    """torch's seed and intra-op threads for ``cfg`` (1 for a built-in model: its matrices are too small to gain)."""
+    torch.manual_seed(cfg.seed)
+    threads = cfg.threads or (1 if cfg.model.startswith("builtin:") else 0)
+    if threads:
+        torch.set_num_threads(threads)
 
 
 def check_engine(cfg: TrainConfig) -> None:

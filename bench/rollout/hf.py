@@ -13,7 +13,7 @@ import inspect
 import torch
 
 from bench.rollout.scoring import token_stats
-from bench.rollout.types import Rollouts, SamplingParams, encode_prompts, stop_token_ids
+from bench.rollout.types import Rollouts, SamplingParams, check_request, encode_prompts, stop_token_ids
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -62,9 +62,7 @@ class HFEngine:
         """`n` completions of every prompt (prompt-major), deterministic for `seed` on CPU."""
         import time
 
-        params.validate()
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"generate: n={n!r} must be an integer >= 1")
+        check_request(params, n)
         prompt_ids = encode_prompts(self.tokenizer, prompts)
         device = next(self.model.parameters()).device
         gen = torch.Generator(device=device)

@@ -30,6 +30,13 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_k={self.top_k!r}: must be an integer >= 0 (0 = off)")
 
 
+def check_request(params: SamplingParams, n: int) -> None:
+    """What every engine's ``generate`` refuses before sampling: invalid parameters, ``n`` not an integer >= 1."""
+    params.validate()
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"generate: n={n!r} must be an integer >= 1")
+
+
 @dataclass
 class Rollouts:
     """Prompt-major: completion i belongs to prompt i // n."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from bench.rollout.scoring import score
-from bench.rollout.types import Rollouts, SamplingParams, encode_prompts, stop_token_ids
+from bench.rollout.types import Rollouts, SamplingParams, check_request, encode_prompts, stop_token_ids
 
 
 def _import_vllm():
@@ -85,9 +85,7 @@ class VLLMEngine:
         """`n` completions of every prompt (prompt-major), sampled by vLLM with per-prompt seeds from `seed`."""
         import time
 
-        params.validate()
-        if not isinstance(n, int) or n < 1:
-            raise ValueError(f"generate: n={n!r} must be an integer >= 1")
+        check_request(params, n)
         prompt_ids = encode_prompts(self.tokenizer, prompts)
         greedy = params.temperature == 0
         # vLLM refuses n > 1 when greedy: sample once and repeat (the n greedy completions are identical anyway)

@@ -34,26 +34,18 @@ def worker_spec(spec: TuneSpec, i: int) -> TuneSpec:
     return spec if spec.sampler_seed is None else dataclasses.replace(spec, sampler_seed=spec.sampler_seed + i)
 
 
-def n_workers(workers: int, spec: TuneSpec, finished: int, device_is_cpu: bool = True) -> int:
-    """Workers to start: ``workers`` (0: one per usable core on a CPU, one on a GPU), at most the trials missing."""
-    from bench.executors import usable_cores
-
-    n = workers or (usable_cores() if device_is_cpu else 1)
-    return max(1, min(n, spec.trials - finished))
-
-
 def _worker(spec: TuneSpec, i: int, ctx: dict[str, Any] | None = None) -> int:
     """One worker, in a pool process or a Ray task; returns the number of trials the study holds finished."""
-    from bench.cli import quiet_libraries
+    if ctx is not None:  # a Ray task: the driver's environment and working folder, as a pair's task gets them
+        from bench.executors import _task_setup
 
-    if ctx is not None:  # a Ray task: the driver's environment and working folder
-        os.environ.update(ctx["env"])
-        if os.path.isdir(ctx["cwd"]):
-            os.chdir(ctx["cwd"])
-    quiet_libraries()
-    import torch
+        _task_setup(ctx, lambda *event: print(f"[worker {i}] {event[-1]}", flush=True), i)
+    else:  # a pool process: as a pair's (bench/parallel.py)
+        import torch
 
-    if ctx is None or ctx["cpu"]:
+        from bench.cli import quiet_libraries
+
+        quiet_libraries()
         torch.set_num_threads(1)
     study = run_study(spec, log=lambda m: print(f"[worker {i}] {m}", flush=True), worker=str(i))
     return count(study, *FINISHED)
@@ -64,8 +56,9 @@ def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_a
     """Run the study with ``workers`` workers on ``executor``; returns the study (as ``run_study`` does)."""
     import optuna
 
-    if workers < 0:
-        raise ValueError(f"--workers must be >= 0 (0 = one per CPU core), got {workers}")
+    from bench.harness import resolve_workers  # the one --workers rule of bench run and bench tune
+
+    n = resolve_workers(workers, spec.trials, spec.base)  # (a bad value: an error before anything is created)
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; choices: {', '.join(EXECUTORS)}")
     if ray_address is not None and executor != "ray":
@@ -91,8 +84,7 @@ def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_a
     if executor == "ray":
         _run_ray(spec, workers, missing, ray_address, runs.parent_id, log)
     else:
-        n = n_workers(workers, spec, count(study, *FINISHED), device_is_cpu=spec.base.device == "cpu"
-                      or not _has_gpu())
+        n = min(n, missing)
         if n == 1:
             return run_study(spec, log=log)
         log(f"study {spec.study!r}: {n} local workers (parent MLflow run {runs.parent_id})")
@@ -103,12 +95,6 @@ def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_a
             for f in futures:
                 f.result()  # a worker's error: raised here, after the others have finished their trials
     return optuna.load_study(study_name=spec.study, storage=spec.storage or default_storage_url())
-
-
-def _has_gpu() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def _run_ray(spec: TuneSpec, workers: int, missing: int, address: str | None, parent_id: str, log) -> None:

@@ -11,10 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from algorithms import get_objective
-from bench import checkpoint
 from bench.config import TrainConfig
 from bench.engines.trl.record import _callback_class, reward_function
 from bench.engines.trl.support import check_supported, layout
@@ -61,24 +58,23 @@ def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
     from bench.model import format_prompt, load_policy
     from bench.rollout import stop_token_ids
     from bench.tracking import RunLogger
-    from bench.train import TrainingDiverged, TrainResult, end_interrupted_run, run_tags_and_params
+    from bench.train import (
+        TrainingDiverged,
+        TrainResult,
+        end_interrupted_run,
+        run_folder,
+        run_tags_and_params,
+        seed_and_threads,
+    )
 
     cfg.validate()
     check_supported(cfg)
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
-    run_name = cfg.run_name or f"{cfg.algo}-s{cfg.seed}"
-    run_dir = Path(cfg.output_dir) / run_name
-    last = checkpoint.latest(run_dir)
-    if last is not None and not cfg.resume:
-        raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or choose "
-                         "another --output-dir / --run-name")
+    run_name, run_dir, last = run_folder(cfg)
     resumed = json.loads((last / "state.json").read_text()) if last is not None else None
     if resumed is not None and resumed.get("engine") != "trl":
         raise ValueError(f"{last} is a checkpoint of the native loop: --engine trl cannot resume it")
-    torch.manual_seed(cfg.seed)
-    threads = cfg.threads or (1 if cfg.model.startswith("builtin:") else 0)
-    if threads:
-        torch.set_num_threads(threads)
+    seed_and_threads(cfg)
     args = grpo_config(cfg, run_dir, world_size())
     model, tok = load_policy(cfg.model, "cpu", cfg.dtype)  # the Trainer places it
     need_ref = objective.needs_reference or cfg.track_ref_kl

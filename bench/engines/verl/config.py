@@ -27,15 +27,11 @@ EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 def _chat_template(template: str) -> str | None:
     """A Jinja chat template that renders pobench's prompt ``template`` around the user message (None: the tokenizer's
     own chat template, what pobench's ``chat`` / ``auto`` use)."""
-    from bench.model import PLAIN_TEMPLATE
+    from bench.model import format_string
 
     if template in ("auto", "chat"):
         return None
-    if template == "plain":
-        template = PLAIN_TEMPLATE
-    if "{question}" not in template:
-        raise ValueError(f"prompt template {template!r} must be auto, chat, plain, or a string containing {{question}}")
-    before, after = template.split("{question}", 1)
+    before, after = format_string(template).split("{question}", 1)
     # string literals in expression tags: no block tag, so trim_blocks / lstrip_blocks (Hugging Face's chat-template
     # environment) cannot eat a newline or an indent of the literal text
     literal = [f"{{{{ {json.dumps(t, ensure_ascii=False)} }}}}" if t else "" for t in (before, after)]
@@ -104,7 +100,7 @@ class VerlOptions:
 
 
 def run_name(cfg) -> str:
-    return cfg.run_name or f"{cfg.algo}-s{cfg.seed}"
+    return cfg.run_label()
 
 
 def make_verl_config(cfg, options: VerlOptions | None = None) -> dict[str, Any]:

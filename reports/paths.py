@@ -1,0 +1,126 @@
+"""Paths built from user-given names, and the only folders pobench deletes or replaces.
+
+Every name a user gives that becomes part of a path (an experiment, a run name, a study, a comparison id, a label)
+goes through :func:`safe_component`: one path component, never ``.`` / ``..``, never a separator or an absolute path.
+A name that is already safe is kept as it is (so the folders of earlier runs keep their names); one that had to change
+becomes a readable slug plus a short hash of the original, so two different names never share a folder.
+
+:func:`contained` joins components under a root and refuses a result outside it (a symlink pointing out included).
+
+pobench deletes or replaces only folders it created: each one gets a marker file (:data:`MARKER`) when it is made
+(:func:`make_owned`). :func:`remove_owned` and :func:`replace_owned` refuse, with one line naming the folder, anything
+in the way that has no marker. :func:`replace_owned` swaps a finished temporary folder in for the old one, so a
+reader never sees a half-written folder and a failure leaves the old one in place.
+
+This module lives on the ``reports`` side because both ``bench`` and ``reports`` need it (imports point one way).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+#: the marker file of a folder pobench created and may delete or replace
+MARKER = ".pobench-owned"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+=@-]+")
+MAX_LEN = 96
+
+
+class UnsafePath(ValueError):
+    """A user-given name or a path that pobench refuses to write to or delete (one line, exit 2 at the CLI)."""
+
+
+def safe_component(name: object, what: str = "name") -> str:
+    """``name`` as ONE safe path component: unchanged when it already is one (letters, digits, ``._+=@-``, not starting
+    with a dot, at most 96 characters), else a slug of it plus ``-`` and 8 hex digits of its SHA-256, so different
+    names stay different. ``what`` names the flag in the error for an empty or non-string name."""
+    if not isinstance(name, str) or not name.strip():
+        raise UnsafePath(f"{what} {name!r}: expected a non-empty name")
+    if _UNSAFE.fullmatch(name) is None and _is_plain(name):
+        return name
+    slug = _UNSAFE.sub("_", name).strip("._-")[: MAX_LEN - 9] or "x"
+    return f"{slug}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def _is_plain(name: str) -> bool:
+    return (not _UNSAFE.search(name) and not name.startswith(".") and len(name) <= MAX_LEN
+            and name not in (".", ".."))
+
+
+def contained(root: str | Path, *parts: str) -> Path:
+    """``root / parts`` after checking that it stays under ``root`` once resolved (``..``, absolute parts and symlinks
+    that point out are refused with :class:`UnsafePath`). ``parts`` are usually :func:`safe_component` results."""
+    base = Path(root).resolve()
+    path = base.joinpath(*parts)
+    resolved = path.resolve()
+    if resolved != base and base not in resolved.parents:
+        raise UnsafePath(f"{path} is outside {base}; pobench writes only under its own folders")
+    return path
+
+
+def make_owned(folder: str | Path, kind: str = "") -> Path:
+    """Create ``folder`` (and its parents) and mark it as pobench's: :func:`remove_owned` may delete it later."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / MARKER
+    if not marker.exists():
+        marker.write_text(f"{kind or 'pobench'}\n")
+    return folder
+
+
+def is_owned(folder: str | Path) -> bool:
+    return (Path(folder) / MARKER).is_file()
+
+
+def _refuse(folder: Path, action: str) -> UnsafePath:
+    return UnsafePath(f"{folder} exists and was not created by pobench (no {MARKER} file): not {action} it; move "
+                      "it away or choose another name")
+
+
+def remove_owned(folder: str | Path, root: str | Path) -> bool:
+    """Delete ``folder`` when it is under ``root`` and marked as pobench's; nothing when it does not exist. Refuses
+    (UnsafePath) an unmarked folder or a path outside ``root``. Returns whether something was deleted."""
+    folder = Path(folder)
+    contained(root, os.path.relpath(folder.resolve(), Path(root).resolve()))
+    if not folder.exists() and not folder.is_symlink():
+        return False
+    if folder.is_symlink() or not folder.is_dir() or not is_owned(folder):
+        raise _refuse(folder, "deleting")
+    shutil.rmtree(folder)
+    return True
+
+
+def new_temp_folder(dest: str | Path) -> Path:
+    """A marked temporary folder beside ``dest`` (same file system, so :func:`replace_owned` can rename it)."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return make_owned(Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent)))
+
+
+def replace_owned(tmp: str | Path, dest: str | Path, root: str | Path) -> Path:
+    """Swap the finished folder ``tmp`` in as ``dest`` (under ``root``): an old ``dest`` must be pobench's (marked),
+    else UnsafePath and nothing changes. The old folder is renamed aside first and deleted only once the new one is
+    in place, so ``dest`` is never half written."""
+    tmp, dest = Path(tmp), Path(dest)
+    contained(root, os.path.relpath(dest.resolve(), Path(root).resolve()))
+    make_owned(tmp)
+    old = None
+    if dest.exists() or dest.is_symlink():
+        if dest.is_symlink() or not dest.is_dir() or not is_owned(dest):
+            raise _refuse(dest, "replacing")
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        dest.rename(old)
+    try:
+        tmp.rename(dest)
+    except BaseException:
+        if old is not None:
+            old.rename(dest)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return dest

@@ -1,0 +1,95 @@
+"""reports/paths.py: user names become one safe component; only marked folders are deleted or replaced."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from reports.paths import (
+    MARKER,
+    UnsafePath,
+    contained,
+    make_owned,
+    new_temp_folder,
+    remove_owned,
+    replace_owned,
+    safe_component,
+)
+
+
+@pytest.mark.parametrize("name", ["pobench", "grpo-s0-abc123", "tepo+1a2b3c-s1", "exp_1.v2", "c0123456789"])
+def test_safe_names_are_kept(name):
+    assert safe_component(name) == name
+
+
+@pytest.mark.parametrize("name", ["..", ".", "../../../X", "/etc/passwd", "a/b", "a\\b", ".hidden", "x" * 200,
+                                  "my experiment", "..\x00"])
+def test_unsafe_names_become_one_component(name, tmp_path):
+    out = safe_component(name)
+    assert "/" not in out and "\\" not in out and not out.startswith(".") and len(out) <= 96
+    assert out not in (".", "..")
+    assert contained(tmp_path, out).parent == tmp_path.resolve()
+
+
+def test_different_names_stay_different():
+    assert safe_component("a/b") != safe_component("a_b") != safe_component("a b")
+    assert safe_component("../x") != safe_component("./x")
+
+
+@pytest.mark.parametrize("bad", ["", "   ", None, 5])
+def test_empty_or_non_string_names_refused(bad):
+    with pytest.raises(UnsafePath, match="--experiment"):
+        safe_component(bad, "--experiment")
+
+
+def test_contained_refuses_escapes(tmp_path):
+    with pytest.raises(UnsafePath, match="outside"):
+        contained(tmp_path, "..", "x")
+    with pytest.raises(UnsafePath, match="outside"):
+        contained(tmp_path, "/tmp")
+    (tmp_path / "link").symlink_to(tmp_path.parent)
+    with pytest.raises(UnsafePath, match="outside"):
+        contained(tmp_path, "link", "y")
+    assert contained(tmp_path, "a", "b") == tmp_path.resolve() / "a" / "b"
+
+
+def test_remove_owned_deletes_only_marked_folders(tmp_path):
+    mine = make_owned(tmp_path / "mine", "report")
+    (mine / "f.txt").write_text("x")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "important.txt").write_text("notes")
+    assert remove_owned(mine, tmp_path) and not mine.exists()
+    with pytest.raises(UnsafePath, match="not created by pobench"):
+        remove_owned(theirs, tmp_path)
+    assert (theirs / "important.txt").read_text() == "notes"
+    assert remove_owned(tmp_path / "absent", tmp_path) is False
+    outside = make_owned(tmp_path.parent / f"outside-{os.getpid()}")
+    try:
+        with pytest.raises(UnsafePath, match="outside"):
+            remove_owned(outside, tmp_path)
+        assert outside.exists()
+    finally:
+        (outside / MARKER).unlink()
+        outside.rmdir()
+
+
+def test_replace_owned_swaps_and_refuses_foreign_folders(tmp_path):
+    dest = tmp_path / "out"
+    tmp = new_temp_folder(dest)
+    (tmp / "a.txt").write_text("1")
+    replace_owned(tmp, dest, tmp_path)
+    assert (dest / "a.txt").read_text() == "1" and (dest / MARKER).exists()
+    tmp2 = new_temp_folder(dest)
+    (tmp2 / "b.txt").write_text("2")
+    replace_owned(tmp2, dest, tmp_path)
+    assert sorted(p.name for p in dest.iterdir()) == sorted([MARKER, "b.txt"])
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary or old folder left
+    foreign = tmp_path / "nb"
+    foreign.mkdir()
+    (foreign / "important.txt").write_text("notes")
+    tmp3 = new_temp_folder(foreign)
+    with pytest.raises(UnsafePath, match="not created by pobench"):
+        replace_owned(tmp3, foreign, tmp_path)
+    assert (foreign / "important.txt").read_text() == "notes"

@@ -6,8 +6,9 @@ that multiply the objective's policy term (IS weights × off-policy mask; ``None
 
 Rollout mismatch: the sampler (vLLM, or any engine whose numerics differ) reports log-probs ``s`` of the tokens it
 sampled; the trainer recomputes ``old`` for the same policy. The per-token IS weight is w_it = exp(old − s) (token
-modes) or w_i = exp(Σ_t m (old − s)) (sequence modes), and (TRL ``vllm_importance_sampling_mode``, verl rollout
-correction, arXiv 2512.02556 / Yao et al. "Your efficient RL framework secretly brings you off-policy RL training"):
+modes) or w_i = exp(Σ_t m (old − s)) (sequence modes; the SUM is clamped to ±20 before exp, never its tokens), and
+(TRL ``vllm_importance_sampling_mode``, verl rollout correction, arXiv 2512.02556 / Yao et al. "Your efficient RL
+framework secretly brings you off-policy RL training"):
 
 - ``token-truncate`` / ``sequence-truncate``: w ← min(w, C)  (truncated IS)
 - ``token-mask`` / ``sequence-mask``: w ← w · 1[1/C ≤ w ≤ C]  (masked IS: the token / sequence is dropped)
@@ -39,9 +40,10 @@ def is_weights(batch: PolicyBatch, mode: str, cap: float) -> tuple[torch.Tensor,
     """Rollout-correction weights, (B, T) for token modes or (B, 1) for sequence modes, and their metrics."""
     sampler = batch.require("sampler_logprobs", f"rollout_correction={mode}")
     mask = batch.mask
-    d = ((batch.old_logprobs - sampler) * mask).clamp(-LOG_CLAMP, LOG_CLAMP)
-    if mode.startswith("sequence"):
-        d = d.sum(-1, keepdim=True).clamp(-LOG_CLAMP, LOG_CLAMP)  # (B, 1)
+    d = (batch.old_logprobs - sampler) * mask
+    if mode.startswith("sequence"):  # the summed log-ratio is clamped, never each token before the sum (as verl)
+        d = d.sum(-1, keepdim=True)  # (B, 1)
+    d = d.clamp(-LOG_CLAMP, LOG_CLAMP)  # only so that exp() stays finite
     raw = torch.exp(d)
     if mode.endswith("truncate"):
         w = raw.clamp(max=cap)

@@ -6,6 +6,8 @@ Same tensors in, values and gradients w.r.t. the current log-probs must match.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -145,4 +147,40 @@ def test_remax_matches_verl():
         config=AlgoConfig())
     our = group_advantages(REWARDS, "remax", greedy_rewards=greedy).flatten()
     # verl's returns-to-go: the outcome reward counts from every token of the completion (γ = 1)
+    torch.testing.assert_close(our[:, None] * mask, their, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode,threshold", [("sequence-truncate", "5.0"), ("sequence-mask", f"{1 / 5.0}_5.0")])
+def test_sequence_correction_of_an_extreme_token_matches_verl(mode, threshold):
+    """Sequence 0: one token at old − sampler = 25, its 6 neighbours summing to −24: verl clamps only the sum (w =
+    e^1), so must we (clamping each token first gave e^−4, or dropped the sequence under a mask)."""
+    lp, old, sampler, adv, mask = tensors(seed=2)
+    d = torch.full((T,), -4.0, dtype=torch.float64)
+    d[3] = 25.0
+    sampler = sampler.clone()
+    sampler[0] = old[0] - d
+    weights, _ = compute_rollout_correction_weights(old - sampler, mask, rollout_is="sequence",
+                                                    rollout_is_threshold=threshold)
+    assert weights[0, 0].item() == pytest.approx(math.e, rel=1e-9)
+    cfg = actor_config(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
+    their_loss, their_grad = theirs("vanilla", lp, old, adv, mask, "token-mean", cfg, weights=weights)
+    our_loss, our_grad = ours("ppo_dual_clip", lp, old, adv, mask, sampler=sampler, clip_high=0.28,
+                              rollout_correction=mode, rollout_correction_cap=5.0)
+    torch.testing.assert_close(our_loss, their_loss, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(our_grad, their_grad, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "reinforce++-baseline"])
+def test_one_completion_per_prompt_matches_verl(estimator):
+    """Groups of one completion: verl uses no group baseline (mean 0) for them; so do we."""
+    rewards = REWARDS[:, :1].clone()
+    lengths = LENGTHS[:, :1]
+    P = rewards.shape[0]
+    mask = (torch.arange(7)[None, :] < lengths.flatten()[:, None]).double()
+    token_rewards = torch.zeros_like(mask)
+    token_rewards[torch.arange(P), lengths.flatten() - 1] = rewards.flatten()
+    verl_name = ESTIMATORS[estimator][0]
+    their, _ = core_algos.get_adv_estimator_fn(verl_name)(
+        token_level_rewards=token_rewards, response_mask=mask, index=np.arange(P), config=AlgoConfig(gamma=1.0))
+    our = group_advantages(rewards, estimator, lengths=lengths).flatten()
     torch.testing.assert_close(our[:, None] * mask, their, rtol=1e-6, atol=1e-6)

@@ -1,7 +1,7 @@
 """GPU check at real size: a randomly initialised Qwen2.5-1.5B-architecture model on one GPU, no network.
 
-    python benchmarks/gpu_check.py [--steps 3] [--out gpu_check.json]     # one GPU (written for an H200)
-    python benchmarks/gpu_check.py --tiny --device cpu                    # the same code path on a CPU, in minutes
+    python perf/gpu_check.py [--steps 3] [--out gpu_check.json]     # one GPU (written for an H200)
+    python perf/gpu_check.py --tiny --device cpu                    # the same code path on a CPU, in minutes
 
 Prints (and writes as JSON):
 1. Peak GPU memory of ONE scoring pass with gradient (forward + backward, bf16) of 8 completions x 2,048 tokens:
@@ -13,7 +13,7 @@ Prints (and writes as JSON):
    generation, bf16 autocast): step seconds and tokens/s of the same batch, beside the native loop's.
 
 On the H200 (no network, none of this project's dependencies but torch / transformers / accelerate / peft):
-``bash benchmarks/gpu_check.sh`` installs the wheels carried in ``.whl/`` (``bash benchmarks/gpu_wheels.sh`` downloads
+``bash perf/gpu_check.sh`` installs the wheels carried in ``.whl/`` (``bash perf/gpu_wheels.sh`` downloads
 them here) and runs the native and TRL variants.
 
 The model: the Qwen2.5-1.5B shape (hidden 1536, MLP 8960, 28 layers, 12 heads / 2 KV heads, vocabulary 151,936,

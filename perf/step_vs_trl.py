@@ -3,7 +3,7 @@
 Same tiny model, same 32 prompts x 8 completions (256), 48 new tokens, one update per rollout, measured in ONE process
 so that the ratios compare like with like on whatever machine runs it:
 
-    python benchmarks/step_vs_trl.py [--steps 4] [--prompts 32] [--group 8] [--max-new-tokens 48] [--rounds 3]
+    python perf/step_vs_trl.py [--steps 4] [--prompts 32] [--group 8] [--max-new-tokens 48] [--rounds 3]
                                      [--threads 2] [--minibatches 4]
 
 `--minibatches M` is the several-mini-batch regime: each rollout batch is split into M mini-batches with one optimizer

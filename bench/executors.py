@@ -283,7 +283,7 @@ class RayExecutor:
     def execute(self, jobs: list[PairJob], *, notify: Notify, on_eval=None, step0_cfg: TrainConfig | None = None,
                 step0_seeds: list[int] = (), on_result: Callable[[PairResult], None] | None = None
                 ) -> list[PairResult]:
-        from bench.train import _sigterm_as_interrupt
+        from bench.engines.native.loop import _sigterm_as_interrupt
 
         if not jobs:
             return []

@@ -207,7 +207,7 @@ def base_config(config: str | Path | None = None, **flags: Any) -> TrainConfig:
 def plan(cfg: TrainConfig, algos: list[str], seeds: list[int], params: dict[str, dict[str, Any]], *,
          force: bool = False, client=None) -> tuple[str, list[Pair]]:
     """Decide for each (objective, seed) whether it is reused, resumed or trained."""
-    from bench import checkpoint
+    from bench.engines.native import checkpoint
 
     h = cfg.comparison_hash()
     variants = {variant_label(a, params.get(a, {})): params.get(a, {}) for a in algos}
@@ -297,7 +297,7 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
                    on_eval: Callable[[Pair, int, dict[str, float]], None] | None = None,
                    executor: str | None = None, ray_address: str | None = None) -> HarnessResult:
     """Train the missing pairs of the comparison, then (``report``) write its report. ``on_eval(pair, step,
-    metrics)`` is called after each held-out evaluation (it may raise ``bench.train.StopTraining``); with more than
+    metrics)`` is called after each held-out evaluation (it may raise ``bench.engines.native.loop.StopTraining``); with more than
     one worker it runs in the worker processes, so it must be picklable (with ``executor="ray"`` it runs in the Ray
     tasks). ``workers``: see ``RunDefaults.workers`` (with ``ray``: the CPUs of the local Ray instance).
     ``executor``: ``local`` | ``ray`` (``RunDefaults.executor``); ``ray_address``: the Ray cluster to connect to

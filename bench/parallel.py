@@ -58,9 +58,9 @@ def initial_evals(cfg: TrainConfig, seeds: list[int]) -> dict[int, dict[str, flo
     evaluation (``eval_temperature`` > 0) draws per seed: evaluated once per seed."""
 
     from bench.data import eval_problems
+    from bench.engines.native.loop import derive_seed, eval_metrics, held_out_result, seed_and_threads
     from bench.model import load_policy
     from bench.rollout import make_engine
-    from bench.train import derive_seed, eval_metrics, held_out_result, seed_and_threads
     from evaluators.metrics import summarize
 
     seed_and_threads(cfg)
@@ -85,10 +85,10 @@ def initial_evals(cfg: TrainConfig, seeds: list[int]) -> dict[int, dict[str, flo
 def run_pair(job: PairJob, notify: Notify, on_eval=None, step0: dict[str, float] | None = None) -> PairResult:
     """Claim the pair, decide reuse / resume / train under the claim, train. Exceptions other than an interrupt
     become a failed result naming the pair (the caller goes on with the other pairs)."""
-    from bench import checkpoint
+    from bench.engines.native import checkpoint
+    from bench.engines.native.loop import TrainingDiverged, train
     from bench.harness import finished_run, pair_config, run_dir
     from bench.store import locks_dir, pair_lock
-    from bench.train import TrainingDiverged, train
     from reports.record import member_tag, open_client
 
     p, cfg = job.pair, job.cfg
@@ -204,7 +204,7 @@ def _execute_pool(jobs, workers, notify, on_eval, step0_cfg, step0_seeds, on_res
     import multiprocessing as mp
     import queue as queue_mod
 
-    from bench.train import _sigterm_as_interrupt
+    from bench.engines.native.loop import _sigterm_as_interrupt
 
     ctx = mp.get_context("spawn")
     events, stop = ctx.Queue(), ctx.Event()

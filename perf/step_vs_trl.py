@@ -97,7 +97,7 @@ def our_step(steps: int, prompts: int, group: int, max_new: int, workdir: str, t
     from mlflow.tracking import MlflowClient
 
     from bench.config import TrainConfig
-    from bench.train import train
+    from bench.engines.native.loop import train
 
     uri = f"sqlite:///{workdir}/mlflow.db"
     cfg = TrainConfig(algo="grpo", objective_overrides={"kl_coef": 0.0}, steps=steps, prompts_per_step=prompts,

@@ -62,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
     baseline = args.baseline or (DEFAULTS.baseline if DEFAULTS.baseline in algos else None)
     if args.baseline and args.baseline not in algos:
         raise ValueError(f"--baseline {args.baseline!r} is not among the objectives run ({', '.join(algos)})")
+    from bench.engines.native.loop import check_engine
     from bench.tracking import check_reachable
-    from bench.train import check_engine
 
     check_reachable(cfg.tracking_uri)
     for a in algos:  # what the engine cannot train: one line now, not one failed pair after another

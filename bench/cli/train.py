@@ -16,8 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bench.engines.native.loop import TrainingDiverged, check_engine, train
     from bench.tracking import check_reachable
-    from bench.train import TrainingDiverged, check_engine, train
 
     cfg = config_from_args(args)
     check_reachable(cfg.tracking_uri)  # an unreachable server: one line now, not minutes later after the model loads

@@ -1,7 +1,7 @@
 """The study loop of `bench tune`: create or join a study, run trials until it holds enough finished ones.
 
 One trial trains the same base ``TrainConfig`` once per seed with the sampled ``objective_overrides`` through
-``bench.train.train`` and scores it by ``bench.tune.metric``. Pruning: each held-out evaluation reports the eval
+``bench.engines.native.loop.train`` and scores it by ``bench.tune.metric``. Pruning: each held-out evaluation reports the eval
 metric to Optuna (sign-flipped for the ``*_to`` metrics, so that "lower is better" holds for both the study and its
 curves) at step ``seed_index * (steps + 1) + train_step``: all trials use the same seed list, so the pruner compares
 like with like. Several workers may run one study against one storage (``bench.tune.storage``); a rerun resumes it.
@@ -94,7 +94,7 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
     """Run trials of ``spec.study`` until it holds ``spec.trials`` finished (complete or pruned) trials.
 
     Safe to run from several processes / machines at once against one storage; a rerun resumes the study.
-    ``train_fn`` (default ``bench.train.train``) trains one config: ``train_fn(cfg, on_eval=...) -> TrainResult``.
+    ``train_fn`` (default ``bench.engines.native.loop.train``) trains one config: ``train_fn(cfg, on_eval=...) -> TrainResult``.
     """
     import warnings
 
@@ -102,8 +102,8 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study, runs = open_study(spec)  # an unreachable storage fails here, before anything heavy is imported
     if train_fn is None:
-        from bench.train import train as train_fn
-    from bench.train import TrainingDiverged
+        from bench.engines.native.loop import train as train_fn
+    from bench.engines.native.loop import TrainingDiverged
 
     optuna.storages.fail_stale_trials(study)  # re-queue trials of workers that died since the last run
     log(f"study {spec.study!r} at {redact(spec.storage or default_storage_url())}: "
@@ -181,7 +181,7 @@ def _train_one(cfg: TrainConfig, metric: TuneMetric, train_fn: Callable[..., Any
                curve: dict[int, dict[str, float]], report: Callable[[float, int], bool], step_offset: int) -> bool:
     """Train one seed, recording every evaluation in ``curve`` and passing it to ``report(value, step_offset +
     step)``; True if ``report`` asked to prune (training then stops early)."""
-    from bench.train import StopTraining
+    from bench.engines.native.loop import StopTraining
 
     pruned = False
     t0: float | None = None

@@ -15,11 +15,11 @@ from mlflow.tracking import MlflowClient
 from bench.cli import main
 from bench.config import TrainConfig
 from bench.distinguish import probe_config, regime_of, warn_before_run
+from bench.engines.native.loop import train
 from bench.harness import DEFAULTS, base_config
 from bench.model import format_prompt, load_policy
 from bench.rollout import HFEngine, SamplingParams, make_engine
 from bench.rollout.scoring import score
-from bench.train import train
 from evaluators.arith import ArithTask
 
 
@@ -67,11 +67,11 @@ def test_off_policy_loop_takes_pi_old_from_the_rollout(tmp_path, uri, monkeypatc
     """With a learning rate too small to move the policy, |log r| measures how well π_old matches the policy: it
     is float32 rounding when taken from the rollout (and from the scoring pass when the engine is not exact), and
     no scoring pass of π_old runs. A misaligned or stale π_old (wrong rows, shifted tokens) would show here."""
-    import bench.step
+    import bench.engines.native.step
 
     calls = []
-    real = bench.step._score_rows
-    monkeypatch.setattr(bench.step, "_score_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = bench.engines.native.step._score_rows
+    monkeypatch.setattr(bench.engines.native.step, "_score_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
     res = train(tiny(tmp_path, uri, algo="dapo", minibatches=2, lr=1e-12, run_name="exact"))
     m = _metrics(uri, res.run_id)
     assert m["train/abs_log_ratio"] < 1e-6 and m["train/abs_log_ratio_max"] < 1e-4
@@ -131,7 +131,7 @@ def test_fewer_completions_than_minibatches_still_updates():
     """Dynamic sampling can keep fewer completions than `minibatches` (one group of 2 with M = 4): the loop makes one
     update per completion instead of failing on empty mini-batches."""
     from algorithms import get_objective
-    from bench.step import Group, update
+    from bench.engines.native.step import Group, update
 
     cfg = TrainConfig(prompts_per_step=2, group_size=2, minibatches=4, max_new_tokens=16, lr=1e-4)
     model, tok = load_policy(cfg.model)

@@ -97,10 +97,10 @@ def test_shared_step0_eval_equals_each_runs_own(tmp_path, model_dir):
     """A run given the comparison's shared step-0 evaluation logs exactly what it logs when it evaluates
     itself (interval bounds included), and trains exactly the same afterwards."""
     from bench.data import eval_problems
+    from bench.engines.native.loop import eval_metrics, held_out_result, train
     from bench.model import load_policy
     from bench.parallel import initial_evals
     from bench.rollout import make_engine
-    from bench.train import eval_metrics, held_out_result, train
 
     cfg = tiny(tmp_path, model_dir, "s0", steps=1)
     shared = initial_evals(cfg, list(range(12)))   # one greedy evaluation, summarized per seed

@@ -32,8 +32,8 @@ def _callback_class():
         def _evaluate(self, step: int, given: dict[str, float] | None = None) -> None:
             from trl.models import unwrap_model_for_generation
 
+            from bench.engines.native.loop import StopTraining, eval_metrics, held_out_result
             from bench.rollout import make_engine
-            from bench.train import StopTraining, eval_metrics, held_out_result
 
             tr = self.trainer
             metrics = dict(given) if given is not None else None
@@ -68,7 +68,7 @@ def _callback_class():
                 return
             from pathlib import Path
 
-            from bench import checkpoint
+            from bench.engines.native import checkpoint
 
             trl_dir = Path(args.output_dir).resolve() / f"checkpoint-{state.global_step}"
             checkpoint.save_state(self.run_dir, state.global_step // self.k, {

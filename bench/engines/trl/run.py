@@ -33,7 +33,7 @@ def grpo_config(cfg: TrainConfig, run_dir: Path, world: int):
         top_p=cfg.top_p, seed=cfg.seed, shuffle_dataset=False, logging_steps=geo["updates_per_step"],
         save_strategy="steps" if cfg.checkpoint_every else "no",
         save_steps=max(1, cfg.checkpoint_every) * geo["updates_per_step"], save_total_limit=None,  # (rotated by
-        # pobench after its own checkpoint points at the new one: bench.checkpoint.save_state)
+        # pobench after its own checkpoint points at the new one: bench.engines.native.checkpoint.save_state)
         save_only_model=False, use_cpu=cfg.device == "cpu", beta=0.0, loss_type="grpo",
         mask_truncated_completions=False, vllm_importance_sampling_correction=False,
         **({"gradient_checkpointing": True} if cfg.activation_checkpointing else {}), report_to="none",
@@ -51,14 +51,11 @@ def world_size() -> int:
 
 
 def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
-    """Train ``cfg`` with TRL (``cfg.engine == "trl"``); called by ``bench.train.train``. Returns its TrainResult."""
+    """Train ``cfg`` with TRL (``cfg.engine == "trl"``); called by ``bench.engines.native.loop.train``. Returns its TrainResult."""
     from datasets import Dataset
 
     from bench.data import TrainData, eval_problems
-    from bench.model import format_prompt, load_policy
-    from bench.rollout import stop_token_ids
-    from bench.tracking import RunLogger
-    from bench.train import (
+    from bench.engines.native.loop import (
         TrainingDiverged,
         TrainResult,
         end_interrupted_run,
@@ -66,6 +63,9 @@ def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
         run_tags_and_params,
         seed_and_threads,
     )
+    from bench.model import format_prompt, load_policy
+    from bench.rollout import stop_token_ids
+    from bench.tracking import RunLogger
 
     cfg.validate()
     check_supported(cfg)

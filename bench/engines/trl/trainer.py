@@ -58,7 +58,7 @@ def _trainer_class():
 
         # --- learning-rate schedule: the native loop's, per pobench step (M·μ optimizer steps)
         def create_scheduler(self, num_training_steps: int, optimizer=None):
-            from bench.train import lr_lambda
+            from bench.engines.native.loop import lr_lambda
 
             if self.lr_scheduler is None:
                 f, k = lr_lambda(self.pobench_cfg), self.pobench_cfg.minibatches * self.pobench_cfg.update_epochs
@@ -180,7 +180,7 @@ def _trainer_class():
             lp, ent, _ = self._get_per_token_logps_and_entropies(model, ids, attn, inputs["completion_ids"].size(1),
                                                                  compute_entropy=True)
             batch = self.pobench_batch(inputs, lp, ent)
-            from bench.step import derive_seed
+            from bench.engines.native.step import derive_seed
 
             gen = torch.Generator().manual_seed(derive_seed(self.pobench_cfg.seed, "objective", self.state.global_step,
                                                             self._step))
@@ -243,7 +243,7 @@ def _trainer_class():
                 padded = acc.pad_across_processes(ent.to(acc.device), dim=0, pad_index=-1e9)
                 ent = acc.gather(padded).cpu()
                 ent = ent[ent != -1e9]
-            from bench.step import percentiles
+            from bench.engines.native.step import percentiles
 
             pct = percentiles(ent)
             out.update({"rollout/entropy_mean": float(ent.mean()) if ent.numel() else float("nan"),

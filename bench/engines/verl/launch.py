@@ -36,7 +36,7 @@ def run_record(cfg) -> tuple[dict[str, str], dict[str, str]]:
     """The tags and params every engine gives a training run (bench/train.py ``run_tags_and_params``), with
     ``pobench.engine`` = ``verl``."""
     from algorithms import get_objective
-    from bench.train import run_tags_and_params
+    from bench.engines.native.loop import run_tags_and_params
     from reports.record import ENGINE
 
     tags, params = run_tags_and_params(cfg, get_objective(cfg.algo, **cfg.objective_overrides))
@@ -107,7 +107,7 @@ def launch_run(cfg, options: VerlOptions | None = None, *, python: str | None = 
     env = {**os.environ, **env_vars}
     if os.environ.get("PYTHONPATH"):  # pobench's source tree first, then what the user had
         env["PYTHONPATH"] = os.pathsep.join([env_vars["PYTHONPATH"], os.environ["PYTHONPATH"]])
-    from bench.train import _sigterm_as_interrupt, end_interrupted_run
+    from bench.engines.native.loop import _sigterm_as_interrupt, end_interrupted_run
 
     restore = _sigterm_as_interrupt()  # SIGTERM ends the run KILLED too (and verl with it), as a native one
     try:

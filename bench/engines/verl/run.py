@@ -80,10 +80,10 @@ def preflight(cfg) -> VerlOptions:
 
 
 def train(cfg, *, on_eval=None, on_step=None, step0_eval=None):
-    """Train ``cfg`` on verl (``launch.launch_run``); returns bench.train's ``TrainResult``. Raises RuntimeError when
+    """Train ``cfg`` on verl (``launch.launch_run``); returns bench.engines.native.loop's ``TrainResult``. Raises RuntimeError when
     verl exits with an error (the MLflow run is FAILED with the exit code in ``pobench.failure``)."""
+    from bench.engines.native.loop import StopTraining, TrainResult
     from bench.engines.verl.launch import launch_run
-    from bench.train import StopTraining, TrainResult
     from reports.record import open_client
 
     del on_step, step0_eval  # no live steps; verl evaluates the starting policy itself (val_before_train)

@@ -16,9 +16,9 @@ import torch
 
 from algorithms import PolicyBatch, kl_estimate
 from algorithms.aggregation import masked_mean
-from bench.batching import length_grouped
 from bench.config import TrainConfig
 from bench.data import TrainData
+from bench.engines.native.batching import length_grouped
 from bench.model import format_prompt
 from bench.rollout import SamplingParams
 from bench.rollout.scoring import score

@@ -23,13 +23,13 @@ from typing import Any
 import torch
 
 from algorithms import get_objective
-from bench import checkpoint
 from bench.config import BUILTIN_MODEL, TrainConfig
 from bench.data import TrainData, eval_problems
+from bench.engines.native import checkpoint
+from bench.engines.native.scale import Reference, is_peft, merged_for_export, prepare_policy, trainable_parameters
+from bench.engines.native.step import TrainingDiverged, collect_rollouts, derive_seed, roll_samples, update
 from bench.model import load_policy, warn_unknown_characters
 from bench.rollout import make_engine
-from bench.scale import Reference, is_peft, merged_for_export, prepare_policy, trainable_parameters
-from bench.step import TrainingDiverged, collect_rollouts, derive_seed, roll_samples, update
 from bench.tracking import RunLogger, flatten, version_tags
 from reports.record import (
     COMPARISON,

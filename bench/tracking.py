@@ -23,7 +23,7 @@ def tracking_uri(uri: str | None) -> str:
     (bench/dburl.py)."""
     resolved = record.tracking_uri(uri)
     if resolved.startswith("postgres"):  # an MLflow backend store in PostgreSQL: name the installed driver
-        from bench.dburl import with_driver
+        from reports.dburl import with_driver
 
         resolved = with_driver(resolved)
     return resolved

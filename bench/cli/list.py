@@ -29,8 +29,8 @@ def run(args: argparse.Namespace) -> int:
         print(details_text(args.details))
         return 0
     if args.compare:
-        from bench.distinguish import probe_config
-        from bench.harness import base_config, load_params, resolve_algos
+        from bench.compare.distinguish import probe_config
+        from bench.compare.plan import base_config, load_params, resolve_algos
 
         algos = resolve_algos(args.compare)
         cfg = base_config(args.config, update_epochs=args.update_epochs, minibatches=args.minibatches, lr=args.lr)

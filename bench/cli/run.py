@@ -15,8 +15,8 @@ SKIP = ("algo", "seed", "run_name", "comparison", "resume", "objective_overrides
 
 def register(sub: argparse._SubParsersAction) -> None:
     from bench.cli.flags import add_config_flags, add_report_flags
-    from bench.executors import EXECUTORS
-    from bench.harness import DEFAULTS
+    from bench.compare.executors import EXECUTORS
+    from bench.compare.plan import DEFAULTS
 
     p = sub.add_parser("run", help="compare objectives over seeds, then write the report", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,9 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from bench.compare.executors import make_executor
+    from bench.compare.plan import DEFAULTS, base_config, load_params, parse_seeds, resolve_algos, run_comparison
     from bench.config import TrainConfig
-    from bench.executors import make_executor
-    from bench.harness import DEFAULTS, base_config, load_params, parse_seeds, resolve_algos, run_comparison
 
     make_executor(args.executor, workers=args.workers, ray_address=args.ray_address)  # bad flags: one line, nothing run
     algos = resolve_algos(args.algos, args.ablation)

@@ -71,7 +71,7 @@ def _base_config(args: argparse.Namespace) -> TrainConfig:
 
 def spec_from_args(args: argparse.Namespace) -> tune.TuneSpec:
     """Validate every input (objective, space, metric, storage flags) before any trial starts."""
-    from bench.harness import parse_seeds  # the one --seeds rule of bench run and bench tune
+    from bench.compare.plan import parse_seeds  # the one --seeds rule of bench run and bench tune
 
     if not args.algo:
         raise ValueError("--algo is required (e.g. --algo tepo)")

@@ -43,7 +43,7 @@ def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_re
 
     from sqlalchemy.engine import make_url
 
-    from bench.dburl import INSTALL_HINT, with_driver
+    from reports.dburl import INSTALL_HINT, with_driver
 
     try:
         url = with_driver(url)  # postgresql:// -> the installed driver (SQLAlchemy versions differ in the default)

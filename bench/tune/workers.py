@@ -37,7 +37,7 @@ def worker_spec(spec: TuneSpec, i: int) -> TuneSpec:
 def _worker(spec: TuneSpec, i: int, ctx: dict[str, Any] | None = None) -> int:
     """One worker, in a pool process or a Ray task; returns the number of trials the study holds finished."""
     if ctx is not None:  # a Ray task: the driver's environment and working folder, as a pair's task gets them
-        from bench.executors import _task_setup
+        from bench.compare.executors import _task_setup
 
         _task_setup(ctx, lambda *event: print(f"[worker {i}] {event[-1]}", flush=True), i)
     else:  # a pool process: as a pair's (bench/parallel.py)
@@ -56,7 +56,7 @@ def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_a
     """Run the study with ``workers`` workers on ``executor``; returns the study (as ``run_study`` does)."""
     import optuna
 
-    from bench.harness import resolve_workers  # the one --workers rule of bench run and bench tune
+    from bench.compare.plan import resolve_workers  # the one --workers rule of bench run and bench tune
 
     n = resolve_workers(workers, spec.trials, spec.base)  # (a bad value: an error before anything is created)
     if executor not in EXECUTORS:
@@ -66,7 +66,7 @@ def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_a
     if executor == "local" and workers == 1:
         return run_study(spec, log=log)
     if executor == "ray":
-        from bench.executors import absolute_tracking_uri, import_ray
+        from bench.compare.executors import absolute_tracking_uri, import_ray
 
         import_ray()  # not installed: one line now
         storage = spec.storage or default_storage_url()
@@ -100,7 +100,7 @@ def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_a
 def _run_ray(spec: TuneSpec, workers: int, missing: int, address: str | None, parent_id: str, log) -> None:
     """``workers`` Ray tasks (0: one per CPU, or per GPU when the cluster has GPUs, of the cluster), at most
     ``missing``."""
-    from bench.executors import _code_root, forwarded_env, init_ray, task_resources
+    from bench.compare.executors import _code_root, forwarded_env, init_ray, task_resources
 
     ray = init_ray(address, workers or None, None)
     owned = not address

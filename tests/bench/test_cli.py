@@ -93,7 +93,7 @@ def test_tracking_uri_default_is_the_stated_one(tmp_path, monkeypatch):
 
 
 def test_bench_run_help_shows_the_defaults_it_uses(capsys):
-    from bench.harness import DEFAULTS
+    from bench.compare.plan import DEFAULTS
 
     entries = _option_entries(["run"], capsys)
     for name, value in DEFAULTS.train.items():
@@ -106,8 +106,8 @@ def _effective_default(cmd: str, flag: str):
     """The value a subcommand uses when `flag` is not given."""
     import dataclasses
 
+    from bench.compare.plan import DEFAULTS
     from bench.config import TrainConfig
-    from bench.harness import DEFAULTS
 
     parser = cli.build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
@@ -143,7 +143,7 @@ def test_docs_state_the_default_comparison():
     import re
     from pathlib import Path
 
-    from bench.harness import DEFAULTS
+    from bench.compare.plan import DEFAULTS
 
     root = Path(__file__).resolve().parents[2]
     for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:

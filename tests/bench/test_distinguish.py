@@ -13,10 +13,10 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from bench.cli import main
+from bench.compare.distinguish import probe_config, regime_of, warn_before_run
+from bench.compare.plan import DEFAULTS, base_config
 from bench.config import TrainConfig
-from bench.distinguish import probe_config, regime_of, warn_before_run
 from bench.engines.native.loop import train
-from bench.harness import DEFAULTS, base_config
 from bench.model import format_prompt, load_policy
 from bench.rollout import HFEngine, SamplingParams, make_engine
 from bench.rollout.scoring import score

@@ -16,8 +16,8 @@ import yaml
 from mlflow import MlflowClient
 
 from bench.cli import main
-from bench.executors import EXECUTORS, absolute_tracking_uri, make_executor, task_resources
-from bench.harness import run_comparison
+from bench.compare.executors import EXECUTORS, absolute_tracking_uri, make_executor, task_resources
+from bench.compare.plan import run_comparison
 
 from .test_parallel import TIMING, TINY, all_series, model_dir, tiny  # noqa: F401  (model_dir: the tiny-model fixture)
 
@@ -60,7 +60,7 @@ def test_run_help_shows_the_executor_flags(capsys):
 
 
 def test_missing_ray_names_the_extra(monkeypatch):
-    import bench.executors as ex
+    import bench.compare.executors as ex
 
     monkeypatch.setitem(sys.modules, "ray", None)   # `import ray` raises ImportError, as when it is not installed
     with pytest.raises(ValueError, match=r"pip install 'pobench\[ray\]'"):
@@ -86,7 +86,7 @@ def test_local_stores_get_absolute_paths(tmp_path):
 
 
 def test_task_setup_forwards_the_environment_and_notes_other_code(tmp_path, monkeypatch):
-    from bench.executors import _code_root, _task_setup, forwarded_env
+    from bench.compare.executors import _code_root, _task_setup, forwarded_env
 
     monkeypatch.setenv("POBENCH_MLFLOW_TIMEOUT", "7")
     monkeypatch.setenv("UNRELATED_SECRET", "x")
@@ -114,7 +114,7 @@ def ray_cluster():
     that exists (as in a notebook), so the slow tests below share this one."""
     if not HAVE_RAY:
         pytest.skip("Ray is not installed (pip install 'pobench[ray]')")
-    from bench.executors import init_ray
+    from bench.compare.executors import init_ray
 
     ray = init_ray(None, workers=2)
     assert ray.cluster_resources().get("CPU") == 2

@@ -12,7 +12,7 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
-from bench.harness import (
+from bench.compare.plan import (
     DEFAULTS,
     base_config,
     comparison_id,

@@ -16,7 +16,7 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
-from bench.harness import DEFAULTS, base_config, resolve_workers, run_comparison
+from bench.compare.plan import DEFAULTS, base_config, resolve_workers, run_comparison
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMING = ("time/", "rollout/tokens_per_s")  # wall-clock measurements: the only metrics allowed to differ
@@ -96,10 +96,10 @@ def test_pool_gives_the_same_runs_as_one_after_another(tmp_path, model_dir):
 def test_shared_step0_eval_equals_each_runs_own(tmp_path, model_dir):
     """A run given the comparison's shared step-0 evaluation logs exactly what it logs when it evaluates
     itself (interval bounds included), and trains exactly the same afterwards."""
+    from bench.compare.pairs import initial_evals
     from bench.data import eval_problems
     from bench.engines.native.loop import eval_metrics, held_out_result, train
     from bench.model import load_policy
-    from bench.parallel import initial_evals
     from bench.rollout import make_engine
 
     cfg = tiny(tmp_path, model_dir, "s0", steps=1)

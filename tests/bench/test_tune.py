@@ -375,7 +375,7 @@ def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server, tiny_
     assert 1e-3 <= best["objective_overrides"]["kl_coef"] <= 1e-1
     assert (out / "history.png").stat().st_size > 0
     # `bench run` takes it: its --params reader resolves the overrides, and a 1-step comparison runs with them
-    from bench.harness import load_params
+    from bench.compare.plan import load_params
 
     assert load_params(out / "best.yaml", ["tepo"]) == {"tepo": best["objective_overrides"]}
     assert cli_main(["run", "--algos", "tepo", "--seeds", "0", "--params", str(out / "best.yaml"), "--steps", "1",

@@ -7,7 +7,7 @@ rerunning the command resumes exactly there. A pair whose worker raises is repor
 pairs go on. Results are identical to running the pairs one after another: every random draw of a run is a pure
 function of its config and seed, and every run uses one intra-op thread either way.
 
-Each pair is claimed with a lock file (``bench.store.pair_lock``) before anything is decided about it; under the
+Each pair is claimed with a lock file (``bench.compare.store.pair_lock``) before anything is decided about it; under the
 claim the store is asked again whether the pair already FINISHED (then it is reused: another process trained it
 meanwhile) or has a checkpoint (resumed), else it is trained.
 
@@ -33,7 +33,7 @@ Notify = Callable[..., None]  # notify(kind, pair index, *payload): "start" | "s
 class PairJob:
     index: int                     # position in the harness's list of pairs to run
     cfg: TrainConfig               # the comparison's base config (pair_config derives the run's)
-    pair: Any                      # bench.harness.Pair
+    pair: Any                      # bench.compare.plan.Pair
     cid: str
     parent_id: str
     experiment_id: str
@@ -85,10 +85,10 @@ def initial_evals(cfg: TrainConfig, seeds: list[int]) -> dict[int, dict[str, flo
 def run_pair(job: PairJob, notify: Notify, on_eval=None, step0: dict[str, float] | None = None) -> PairResult:
     """Claim the pair, decide reuse / resume / train under the claim, train. Exceptions other than an interrupt
     become a failed result naming the pair (the caller goes on with the other pairs)."""
+    from bench.compare.plan import finished_run, pair_config, run_dir
+    from bench.compare.store import locks_dir, pair_lock
     from bench.engines.native import checkpoint
     from bench.engines.native.loop import TrainingDiverged, train
-    from bench.harness import finished_run, pair_config, run_dir
-    from bench.store import locks_dir, pair_lock
     from reports.record import member_tag, open_client
 
     p, cfg = job.pair, job.cfg

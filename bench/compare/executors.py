@@ -1,7 +1,7 @@
 """Where the (objective, seed) pairs of `bench run` are trained: ``local`` (this machine: in this process or a pool
 of processes, bench/parallel.py) or ``ray`` (one Ray task per pair, on a local Ray instance or an existing cluster).
 
-Both run the same function for a pair, :func:`bench.parallel.run_pair`: it claims the pair with its lock file, asks the
+Both run the same function for a pair, :func:`bench.compare.pairs.run_pair`: it claims the pair with its lock file, asks the
 MLflow store under the claim whether the pair already FINISHED (reuse) or has a checkpoint (resume), else trains it.
 So reuse, resume, ``--force`` and the MLflow records are the same whichever executor trains the pairs, and a pair
 trained by one executor is reused by the other. The harness (bench/harness.py) talks to an executor through four
@@ -27,8 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.compare.pairs import Notify, PairJob, PairResult
 from bench.config import TrainConfig
-from bench.parallel import Notify, PairJob, PairResult
 
 # the executors `bench run --executor` accepts, with the one line `--help` and the errors show for each
 EXECUTORS: dict[str, str] = {
@@ -75,7 +75,7 @@ class LocalExecutor:
         return cfg
 
     def start(self, n_todo: int, cfg: TrainConfig, on_eval=None) -> int:
-        from bench.harness import resolve_workers
+        from bench.compare.plan import resolve_workers
 
         self.slots = resolve_workers(self.workers, n_todo, cfg)
         if self.slots > 1 and on_eval is not None:
@@ -91,7 +91,7 @@ class LocalExecutor:
     def execute(self, jobs: list[PairJob], *, notify: Notify, on_eval=None, step0_cfg: TrainConfig | None = None,
                 step0_seeds: list[int] = (), on_result: Callable[[PairResult], None] | None = None
                 ) -> list[PairResult]:
-        from bench.parallel import execute
+        from bench.compare.pairs import execute
 
         return execute(jobs, workers=self.slots, notify=notify, on_eval=on_eval, step0_cfg=step0_cfg,
                        step0_seeds=step0_seeds, on_result=on_result)
@@ -221,8 +221,8 @@ def _remote_notify(events) -> Notify:
 
 
 def _ray_pair(job: PairJob, on_eval, step0, events, ctx: dict[str, Any]) -> PairResult:
-    """The Ray task of one pair: the local pool's pair function, :func:`bench.parallel.run_pair`."""
-    from bench.parallel import run_pair
+    """The Ray task of one pair: the local pool's pair function, :func:`bench.compare.pairs.run_pair`."""
+    from bench.compare.pairs import run_pair
 
     notify = _remote_notify(events)
     try:
@@ -233,7 +233,7 @@ def _ray_pair(job: PairJob, on_eval, step0, events, ctx: dict[str, Any]) -> Pair
 
 
 def _ray_step0(cfg: TrainConfig, seeds: list[int], events, ctx: dict[str, Any]) -> dict[int, dict[str, float]]:
-    from bench.parallel import initial_evals
+    from bench.compare.pairs import initial_evals
 
     try:
         _task_setup(ctx, _remote_notify(events), -1)

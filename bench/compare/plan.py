@@ -274,7 +274,7 @@ def pair_config(cfg: TrainConfig, p: Pair, cid: str, parent_id: str | None) -> T
 
 # ------------------------------------------------------------------ running
 def _comparison_run(client, exp_id: str, cid: str, cfg: TrainConfig, algos, seeds) -> str:
-    from bench.store import locks_dir, pair_lock
+    from bench.compare.store import locks_dir, pair_lock
 
     # one parent run per comparison, also when two `bench run` of it start at once
     with pair_lock(locks_dir(cfg.output_dir, cfg.experiment) / f"comparison-{cid}.lock", f"comparison {cid}"):
@@ -302,8 +302,8 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
     tasks). ``workers``: see ``RunDefaults.workers`` (with ``ray``: the CPUs of the local Ray instance).
     ``executor``: ``local`` | ``ray`` (``RunDefaults.executor``); ``ray_address``: the Ray cluster to connect to
     (default: start a local instance); see bench/executors.py."""
-    from bench.executors import make_executor
-    from bench.parallel import PairJob, PairResult
+    from bench.compare.executors import make_executor
+    from bench.compare.pairs import PairJob, PairResult
     from bench.tracking import tracking_uri
     from reports.record import get_or_create_experiment, open_client
 
@@ -319,7 +319,7 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
     cid, pairs = plan(cfg, algos, seeds, params, force=force, client=client)
     exp_id = get_or_create_experiment(client, uri, cfg.experiment)
     parent = _comparison_run(client, exp_id, cid, cfg, algos, seeds)
-    from bench.distinguish import warn_before_run  # names coinciding objectives and inert terms before training
+    from bench.compare.distinguish import warn_before_run  # names coinciding objectives and inert terms before training
 
     warn_before_run(cfg, algos, params, client=client, run_id=parent)
     result = HarnessResult(cid, cfg.experiment, uri, pairs)
@@ -432,7 +432,7 @@ class _Display:
             print(text, file=self.err)
 
     def event(self, kind: str, i: int, *payload: Any) -> None:
-        """``notify`` of bench.parallel: start / step / eval / msg events of pair ``i`` (-1: the comparison)."""
+        """``notify`` of bench.compare.pairs: start / step / eval / msg events of pair ``i`` (-1: the comparison)."""
         if kind == "msg":
             self.print(f"  {payload[0]}")  # messages name their pair
             return

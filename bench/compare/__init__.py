@@ -1,0 +1,1 @@
+"""`bench run`: a comparison of objectives, (objective, seed) pairs trained under identical conditions."""

@@ -166,13 +166,13 @@ class _progress:
 def held_out_accuracy(model, tokenizer, *, difficulty: int = 2, problems: int = 400, temperature: float = 1.0,
                       samples: int = 1, seed: int = 0, max_new_tokens: int = 48) -> float:
     """Mean verifier reward on the first `problems` held-out arith problems (temperature 0 = greedy)."""
-    from bench.rollout import SamplingParams, make_engine
+    from bench.rollout import SamplingParams, make_sampler
     from evaluators.arith import ArithTask
 
     task = ArithTask(difficulty)
     test = task.test_set(problems)
     prompts = [format_prompt(tokenizer, p.question) for p in test]
-    engine = make_engine("hf", model, tokenizer)
+    engine = make_sampler("hf", model, tokenizer)
     r = engine.generate(prompts, samples, SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
                         seed=seed)
     rewards = [task.reward(text, test[i // samples]) for i, text in enumerate(r.texts)]

@@ -6,7 +6,7 @@
 Prints (and writes as JSON):
 1. Peak GPU memory of ONE scoring pass with gradient (forward + backward, bf16) of 8 completions x 2,048 tokens:
    chunked (``scoring_chunk_mb`` 256) vs the one-piece (B, T, V) logits (0), and chunked with a LoRA adapter.
-2. A few `tepo` steps of the native loop (bench.engines.native.loop.train) in bf16 for: full fine-tuning with and without chunked
+2. A few `tepo` steps of the native loop (bench.engines.train) in bf16 for: full fine-tuning with and without chunked
    scoring, with activation checkpointing, and LoRA (r=16): peak GPU memory, seconds per step (median), rollout
    tokens/s and update tokens/s.
 3. The same `tepo` steps with ``engine=trl`` (``--engine trl``: TRL's GRPOTrainer with pobench's loss, TRL's own HF
@@ -124,7 +124,7 @@ def scoring_memory(model_dir: Path, device: str, batch: int, length: int) -> dic
 def train_variant(model_dir: Path, root: Path, device: str, name: str, steps: int, prompts: int, group: int,
                   max_new: int, **fields) -> dict:
     from bench.config import TrainConfig
-    from bench.engines.native.loop import train
+    from bench.engines import train
 
     per_step: list[dict] = []
     cfg = TrainConfig(model=str(model_dir), algo="tepo", dtype="bfloat16", device=device, steps=steps,

@@ -16,7 +16,7 @@ python3 - <<'PY'
 import importlib, sys
 missing = []
 for name in ("torch", "transformers", "accelerate", "peft", "trl", "datasets", "mlflow", "sqlalchemy", "alembic",
-             "yaml", "rich", "filelock", "bench.engines.native.loop", "bench.engines.trl"):
+             "yaml", "rich", "filelock", "bench.engines.native.loop", "bench.engines.trl.run"):
     try:
         importlib.import_module(name)
     except Exception as e:  # noqa: BLE001

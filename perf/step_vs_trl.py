@@ -70,11 +70,11 @@ def raw_generate(prompts: list[str], group: int, max_new: int, repeats: int) -> 
 def our_rollout_and_floor(prompts, group, max_new, repeats) -> dict[str, float]:
     """Our engine's tokens/s, and one forward/backward over its completions (the floor's training half)."""
     from bench.model import load_policy
-    from bench.rollout import SamplingParams, make_engine
+    from bench.rollout import SamplingParams, make_sampler
     from bench.rollout.scoring import score
 
     model, tok = load_policy("builtin:tiny-arith")
-    engine = make_engine("hf", model, tok)
+    engine = make_sampler("hf", model, tok)
     times, toks, fb = [], 0, []
     for i in range(repeats):
         t0 = time.perf_counter()
@@ -97,7 +97,7 @@ def our_step(steps: int, prompts: int, group: int, max_new: int, workdir: str, t
     from mlflow.tracking import MlflowClient
 
     from bench.config import TrainConfig
-    from bench.engines.native.loop import train
+    from bench.engines import train
 
     uri = f"sqlite:///{workdir}/mlflow.db"
     cfg = TrainConfig(algo="grpo", objective_overrides={"kl_coef": 0.0}, steps=steps, prompts_per_step=prompts,

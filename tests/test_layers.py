@@ -41,7 +41,7 @@ def test_package_never_imports_bench(package):
 
 def test_rollout_engines_import_only_the_shared_modules():
     """Inside ``bench/rollout/`` (docs/ARCHITECTURE.md, "Rollout engine"): the engines use ``types`` and ``scoring``,
-    never each other nor the package's ``make_engine``; ``types`` and ``scoring`` use no other pobench module."""
+    never each other nor the package's ``make_sampler``; ``types`` and ``scoring`` use no other pobench module."""
     pkg = ROOT / "bench" / "rollout"
 
     def bench_imports(name: str) -> set[str]:

@@ -118,7 +118,7 @@ def run(args) -> int:
         check_reachable(args.tracking_uri)
     from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
     from bench.model import format_prompt, load_policy, warn_unknown_characters
-    from bench.rollout import make_engine
+    from bench.rollout import make_sampler
     from evaluators import get_benchmark
 
     names = [n.strip() for n in args.benchmarks.split(",") if n.strip()]
@@ -141,7 +141,7 @@ def run(args) -> int:
 
     model, tokenizer = load_policy(args.model, args.device, args.dtype)
     options = {"max_batch_size": args.batch_size} if args.batch_size and args.backend == "hf" else {}
-    engine = make_engine(args.backend, model, tokenizer, **options)
+    engine = make_sampler(args.backend, model, tokenizer, **options)
     all_prompts = [format_prompt(tokenizer, p.question, args.prompt_template) for _, ps, _ in loaded for p in ps]
     warn_unknown_characters(tokenizer, [p.question for _, ps, _ in loaded for p in ps], "prompts")
     max_new = _max_new_tokens(args.max_new_tokens, model, [len(tokenizer(x)["input_ids"]) for x in all_prompts])

@@ -16,15 +16,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.engines.native.loop import TrainingDiverged, check_engine, train
+    from bench import engines
     from bench.tracking import check_reachable
 
     cfg = config_from_args(args)
     check_reachable(cfg.tracking_uri)  # an unreachable server: one line now, not minutes later after the model loads
-    check_engine(cfg)
+    engines.check(cfg)
     try:
-        result = train(cfg)
-    except TrainingDiverged as e:
+        result = engines.train(cfg)
+    except engines.TrainingDiverged as e:
         print(f"bench train: training diverged: {e}", file=sys.stderr)
         return 3
     print(f"run {result.run_id}: {result.steps_done} steps; checkpoints and final model in {result.output_dir}")

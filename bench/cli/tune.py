@@ -71,7 +71,7 @@ def _base_config(args: argparse.Namespace) -> TrainConfig:
 
 def spec_from_args(args: argparse.Namespace) -> tune.TuneSpec:
     """Validate every input (objective, space, metric, storage flags) before any trial starts."""
-    from bench.compare.plan import parse_seeds  # the one --seeds rule of bench run and bench tune
+    from bench.workers import parse_seeds  # the one --seeds rule of bench run and bench tune
 
     if not args.algo:
         raise ValueError("--algo is required (e.g. --algo tepo)")
@@ -85,7 +85,7 @@ def spec_from_args(args: argparse.Namespace) -> tune.TuneSpec:
     spec = tune.TuneSpec(
         algo=args.algo, base=base, space=tune.resolve_space(args.algo, args.space, base.objective_overrides),
         metric=tune.parse_metric(args.metric, args.direction), study=args.study or f"tune-{args.algo}",
-        trials=args.trials, seeds=parse_seeds(args.seeds), storage=args.storage, pruner=args.pruner,
+        trials=args.trials, seeds=parse_seeds(args.seeds, default=(0,)), storage=args.storage, pruner=args.pruner,
         pruner_warmup=args.pruner_warmup, pruner_startup=args.pruner_startup, heartbeat=args.heartbeat,
         grace=args.grace, max_retry=args.max_retry, sampler_seed=args.sampler_seed)
     tune.make_pruner(spec.pruner)  # bad pruner spec -> error now

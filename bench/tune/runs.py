@@ -7,17 +7,26 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
-from bench.tracking import tracking_uri
+from bench.tracking import version_tags
+from bench.tune.spec import TuneSpec
 from bench.tune.storage import count, default_storage_url, redact
-from reports.record import BEST_TRIAL, BEST_VALUE, FAIL_REASON, KIND, OBJECTIVE, RETRY_OF, STUDY, TRIAL, TRIAL_STATE
-
-if TYPE_CHECKING:
-    from bench.tune.study import TuneSpec
+from reports.record import (
+    BEST_TRIAL,
+    BEST_VALUE,
+    FAIL_REASON,
+    KIND,
+    OBJECTIVE,
+    RETRY_OF,
+    STUDY,
+    TRIAL,
+    TRIAL_STATE,
+    tracking_uri,
+)
 
 
 class StudyRuns:
@@ -143,8 +152,6 @@ class StudyRuns:
 
 
 def _version_tags() -> dict[str, str]:
-    from bench.tracking import version_tags
-
     return version_tags(commit=False)  # pobench.version (tune runs carry no commit tag)
 
 

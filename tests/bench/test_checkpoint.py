@@ -48,7 +48,7 @@ def test_keep_checkpoints_must_be_positive():
 
 def test_a_training_run_leaves_one_checkpoint_and_the_final_weights(tmp_path):
     from bench.config import TrainConfig
-    from bench.engines.native.loop import train
+    from bench.engines import train
 
     cfg = TrainConfig(steps=3, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0, eval_problems=4,
                       samples_every=0, checkpoint_every=1, track_ref_kl=False, output_dir=str(tmp_path / "runs"),

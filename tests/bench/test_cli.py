@@ -87,7 +87,7 @@ def test_tracking_uri_default_is_the_stated_one(tmp_path, monkeypatch):
 
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, "-c", "from bench.tracking import tracking_uri; print(tracking_uri(None))"],
+    out = subprocess.run([sys.executable, "-c", "from reports.record import tracking_uri; print(tracking_uri(None))"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.strip().replace(str(tmp_path) + "/", "") == DEFAULT_TRACKING_URI.replace("///", "///")
 

@@ -16,9 +16,9 @@ from bench.cli import main
 from bench.compare.distinguish import probe_config, regime_of, warn_before_run
 from bench.compare.plan import DEFAULTS, base_config
 from bench.config import TrainConfig
-from bench.engines.native.loop import train
+from bench.engines import train
 from bench.model import format_prompt, load_policy
-from bench.rollout import HFEngine, SamplingParams, make_engine
+from bench.rollout import HFSampler, SamplingParams, make_sampler
 from bench.rollout.scoring import score
 from evaluators.arith import ArithTask
 
@@ -34,7 +34,7 @@ def test_hf_rollout_logprobs_are_the_scoring_pass_under_the_loop_settings():
     cfg = TrainConfig()
     model, tok = load_policy(cfg.model)
     prompts = [format_prompt(tok, p.question) for p in ArithTask(cfg.difficulty).test_set(cfg.prompts_per_step)]
-    r = make_engine("hf", model, tok).generate(prompts, cfg.group_size, SamplingParams(
+    r = make_sampler("hf", model, tok).generate(prompts, cfg.group_size, SamplingParams(
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature), seed=1)
     rows = [r.prompt_ids[i // r.n] for i in range(len(r))]
     diffs, ent_diffs = [], []
@@ -76,7 +76,7 @@ def test_off_policy_loop_takes_pi_old_from_the_rollout(tmp_path, uri, monkeypatc
     m = _metrics(uri, res.run_id)
     assert m["train/abs_log_ratio"] < 1e-6 and m["train/abs_log_ratio_max"] < 1e-4
     assert calls == []  # neither π_old nor π_ref scored (track_ref_kl off, dapo has no KL)
-    monkeypatch.setattr(HFEngine, "exact_logprobs", False)  # as for vLLM: one scoring pass instead
+    monkeypatch.setattr(HFSampler, "exact_logprobs", False)  # as for vLLM: one scoring pass instead
     res2 = train(tiny(tmp_path, uri, algo="dapo", minibatches=2, lr=1e-12, run_name="scored"))
     m2 = _metrics(uri, res2.run_id)
     assert calls == [1] and m2["train/abs_log_ratio"] < 1e-6
@@ -135,7 +135,7 @@ def test_fewer_completions_than_minibatches_still_updates():
 
     cfg = TrainConfig(prompts_per_step=2, group_size=2, minibatches=4, max_new_tokens=16, lr=1e-4)
     model, tok = load_policy(cfg.model)
-    engine = make_engine("hf", model, tok)
+    engine = make_sampler("hf", model, tok)
     r = engine.generate([format_prompt(tok, ArithTask(2).test_set(1)[0].question)], 2,
                         SamplingParams(max_new_tokens=16), seed=0)
     group = Group("q", r.prompt_ids[0], r.completion_ids, r.texts, torch.tensor([1.0, 0.0]),

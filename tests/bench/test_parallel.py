@@ -16,7 +16,8 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
-from bench.compare.plan import DEFAULTS, base_config, resolve_workers, run_comparison
+from bench.compare import DEFAULTS, ComparisonSpec, base_config, run_comparison
+from bench.workers import resolve_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMING = ("time/", "rollout/tokens_per_s")  # wall-clock measurements: the only metrics allowed to differ
@@ -80,7 +81,7 @@ def test_pool_gives_the_same_runs_as_one_after_another(tmp_path, model_dir):
     got = {}
     for w in (1, 2):
         cfg = tiny(tmp_path / f"w{w}", model_dir, "par")
-        res = run_comparison(cfg, ["grpo", "tepo"], [0], workers=w, report=False, progress=False)
+        res = run_comparison(ComparisonSpec(cfg, ["grpo", "tepo"], [0], workers=w, report=False, progress=False))
         assert res.workers == w
         assert [(p.variant, p.outcome) for p in res.pairs] == [("grpo", "finished"), ("tepo", "finished")]
         got[w] = all_series(MlflowClient(cfg.tracking_uri), "par")
@@ -98,14 +99,15 @@ def test_shared_step0_eval_equals_each_runs_own(tmp_path, model_dir):
     itself (interval bounds included), and trains exactly the same afterwards."""
     from bench.compare.pairs import initial_evals
     from bench.data import eval_problems
-    from bench.engines.native.loop import eval_metrics, held_out_result, train
+    from bench.engines import train
+    from bench.evaluate import eval_metrics, held_out_result
     from bench.model import load_policy
-    from bench.rollout import make_engine
+    from bench.rollout import make_sampler
 
     cfg = tiny(tmp_path, model_dir, "s0", steps=1)
     shared = initial_evals(cfg, list(range(12)))   # one greedy evaluation, summarized per seed
     model, tok = load_policy(cfg.model, cfg.device, cfg.dtype)
-    engine = make_engine(cfg.backend, model, tok)
+    engine = make_sampler(cfg.backend, model, tok)
     b, problems = eval_problems(cfg.task, limit=cfg.eval_problems, difficulty=cfg.difficulty)
 
     def untimed(m):
@@ -137,7 +139,7 @@ def fail_tepo(pair, step, metrics):
 @pytest.mark.slow
 def test_a_failing_pair_is_named_and_the_others_finish(tmp_path, model_dir, capsys):
     cfg = tiny(tmp_path, model_dir, "fail", steps=1)
-    res = run_comparison(cfg, ["grpo", "tepo"], [0], workers=2, report=False, progress=False, on_eval=fail_tepo)
+    res = run_comparison(ComparisonSpec(cfg, ["grpo", "tepo"], [0], workers=2, report=False, progress=False, on_eval=fail_tepo))
     out = {p.objective: p.outcome for p in res.pairs}
     assert out["grpo"] == "finished"
     assert out["tepo"] == "failed: RuntimeError: boom in tepo"

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from algorithms import list_objectives
 from bench.config import TrainConfig
-from bench.engines.native.loop import TrainingDiverged, train
+from bench.engines import TrainingDiverged, train
 from bench.model import resolve_model_path
 
 TIME_KEYS = ("time/", "rollout/tokens_per_s")

@@ -223,7 +223,7 @@ def test_interrupted_trial_is_queued_again_on_resume(tmp_path, mlflow_server):
         def hook(step, metrics):
             on_eval(step, metrics)
             if step == 1:
-                raise KeyboardInterrupt  # what Ctrl-C (or SIGTERM, inside bench.engines.native.loop) does mid-training
+                raise KeyboardInterrupt  # what Ctrl-C (or SIGTERM, inside bench.engines.train) does mid-training
         return fake_train(cfg, hook)
 
     with pytest.raises(KeyboardInterrupt):

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from algorithms import get_objective
+from bench.engines.base import VerlOptions
 from bench.engines.verl.losses import (
     EXTERNAL_LIB,
     OVERRIDES_ENV,
@@ -84,21 +84,6 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
 
 
 # ------------------------------------------------------------------------------------------------ config
-@dataclass
-class VerlOptions:
-    """What verl needs that pobench's TrainConfig does not say (the cluster, the rollout engine's sharding)."""
-
-    rollout_engine: str = "vllm"  # vllm | sglang
-    nnodes: int = 1
-    n_gpus_per_node: int = 8
-    tensor_parallel: int = 1  # rollout tensor-parallel size
-    gpu_memory_utilization: float = 0.5
-    max_prompt_length: int = 1024
-    data_dir: str | None = None  # where write_data puts the parquet files (default: <output_dir>/<run>/verl-data)
-    python: str | None = None  # the interpreter that runs verl (default: this one); verl pins transformers < 5.11, so
-    # it often lives in an environment of its own: e.g. /opt/verl/bin/python
-
-
 def run_name(cfg) -> str:
     return cfg.run_label()
 

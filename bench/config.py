@@ -16,7 +16,9 @@ from typing import Any
 
 import yaml
 
+from algorithms import get_objective
 from bench.engines.base import CAPABILITIES, DEFAULT_ENGINE, ENGINES, check_engine_args
+from evaluators.hints import did_you_mean
 from reports.record import DEFAULT_TRACKING_URI
 
 
@@ -190,7 +192,6 @@ class TrainConfig:
             bad("scoring_chunk_mb", "must be >= 0 (0 = no chunking)")
         if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
             bad("adam_betas", "must be two numbers in [0, 1)")
-        from algorithms import get_objective  # raises with the valid names / fields
 
         get_objective(self.algo, **dict(self.objective_overrides))
 
@@ -207,8 +208,6 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            from evaluators.hints import did_you_mean
-
             hints = [u + did_you_mean(u, known, quote=False) for u in unknown]
             raise ValueError(f"unknown config field(s): {', '.join(hints)}; valid: {', '.join(sorted(known))}")
         return cls(**d)

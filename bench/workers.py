@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import torch
 
@@ -135,8 +136,6 @@ def absolute_tracking_uri(uri: str, cwd: str | Path | None = None) -> str:
             return uri
         return url.set(database=str(base / db)).render_as_string(hide_password=False)
     if uri.startswith("file:"):
-        from urllib.parse import urlparse
-
         path = urlparse(uri).path
         return uri if os.path.isabs(path) else (base / path).as_uri()
     if "://" not in uri:  # a bare folder: MLflow's file store

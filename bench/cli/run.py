@@ -8,16 +8,21 @@ schedule; finished pairs are reused, interrupted ones resumed (``--force`` redoe
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+
+from bench import engines
+from bench.cli.flags import add_config_flags, add_report_flags
+from bench.compare import DEFAULTS, ComparisonSpec, base_config, load_params, resolve_algos, run_comparison
+from bench.compare.executors import EXECUTORS, make_executor
+from bench.config import TrainConfig
+from bench.tracking import check_reachable
+from bench.workers import parse_seeds
 
 SKIP = ("algo", "seed", "run_name", "comparison", "resume", "objective_overrides")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from bench.cli.flags import add_config_flags, add_report_flags
-    from bench.compare.executors import EXECUTORS
-    from bench.compare.plan import DEFAULTS
-
     p = sub.add_parser("run", help="compare objectives over seeds, then write the report", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--algos", help="comma-separated registered objectives and groups (@tepo = tepo and its "
@@ -47,15 +52,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from bench import engines
-    from bench.compare import DEFAULTS, ComparisonSpec, base_config, load_params, resolve_algos, run_comparison
-    from bench.compare.executors import make_executor
-    from bench.config import TrainConfig
-    from bench.tracking import check_reachable
-    from bench.workers import parse_seeds
-
     make_executor(args.executor, workers=args.workers, ray_address=args.ray_address)  # bad flags: one line, nothing run
     algos = resolve_algos(args.algos, args.ablation)
     seeds = parse_seeds(args.seeds, DEFAULTS.seeds)

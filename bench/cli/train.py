@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bench import engines
 from bench.cli.flags import add_config_flags, config_from_args
+from bench.tracking import check_reachable
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,9 +18,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench import engines
-    from bench.tracking import check_reachable
-
     cfg = config_from_args(args)
     check_reachable(cfg.tracking_uri)  # an unreachable server: one line now, not minutes later after the model loads
     engines.check(cfg)

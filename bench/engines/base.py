@@ -7,8 +7,8 @@ work, what it cannot train; ``train(cfg, hooks)`` trains and returns a ``TrainRe
 ``native`` (pobench's own loop, bench/engines/native/), ``trl`` (bench/engines/trl/) and ``verl``
 (bench/engines/verl/); ``bench.engines.get_engine`` is the one place that picks one.
 
-This module imports nothing of pobench (TrainConfig reads the declarations below to validate ``engine_args`` and to
-hash a comparison), so every module may import it.
+This module imports nothing of pobench (``bench.config.TrainConfig`` reads the declarations below to validate
+``engine_args`` and to hash a comparison), so every module may import it.
 """
 
 from __future__ import annotations
@@ -17,10 +17,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from bench.config import TrainConfig
+from typing import Any, Protocol
 
 EvalHook = Callable[[int, dict[str, float]], None]
 
@@ -130,10 +127,11 @@ class TrainingEngine(Protocol):
     name: str
     capabilities: Capabilities
 
-    def check(self, cfg: TrainConfig) -> None:
-        """Refuse, before any work starts, what this engine cannot train: ValueError naming the cause."""
+    def check(self, cfg: Any) -> None:
+        """Refuse, before any work starts, what this engine cannot train (``cfg``: a ``bench.config.TrainConfig``,
+        which imports this module): ValueError naming the cause."""
         ...
 
-    def train(self, cfg: TrainConfig, hooks: Hooks) -> TrainResult:
+    def train(self, cfg: Any, hooks: Hooks) -> TrainResult:
         """Train ``cfg`` (checked first); log to MLflow through bench/engines/lifecycle.py; return the result."""
         ...

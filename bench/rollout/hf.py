@@ -9,6 +9,7 @@ log-probs match the training loop's scoring pass.
 from __future__ import annotations
 
 import inspect
+import time
 
 import torch
 
@@ -60,8 +61,6 @@ class HFSampler:
 
     def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: int) -> Rollouts:
         """`n` completions of every prompt (prompt-major), deterministic for `seed` on CPU."""
-        import time
-
         check_request(params, n)
         prompt_ids = encode_prompts(self.tokenizer, prompts)
         device = next(self.model.parameters()).device

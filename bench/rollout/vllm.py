@@ -18,6 +18,8 @@ the ``import vllm`` below is the installed vllm package (absolute import), not t
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from bench.rollout.scoring import score
@@ -83,8 +85,6 @@ class VLLMSampler:
 
     def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: int) -> Rollouts:
         """`n` completions of every prompt (prompt-major), sampled by vLLM with per-prompt seeds from `seed`."""
-        import time
-
         check_request(params, n)
         prompt_ids = encode_prompts(self.tokenizer, prompts)
         greedy = params.temperature == 0

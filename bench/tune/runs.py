@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from mlflow.entities import Metric as MlMetric
 from optuna.trial import TrialState
 
 from bench.tracking import version_tags
@@ -25,6 +26,9 @@ from reports.record import (
     STUDY,
     TRIAL,
     TRIAL_STATE,
+    get_or_create_experiment,
+    log_batch,
+    open_client,
     tracking_uri,
 )
 
@@ -36,8 +40,6 @@ class StudyRuns:
     """
 
     def __init__(self, uri: str, experiment: str, study: str) -> None:
-        from reports.record import get_or_create_experiment, open_client
-
         self.client, self.study, self.parent_id = open_client(uri), study, ""
         self.experiment_id = get_or_create_experiment(self.client, uri, experiment)  # safe against other workers
 
@@ -92,10 +94,6 @@ class StudyRuns:
     def end_trial(self, run_id: str, state: str, curves: list[dict[int, dict[str, float]]], value: float | None,
                   spec: TuneSpec, reason: str | None = None) -> None:
         """Log the seed-mean eval curve and the objective value, then close the run with the trial's state."""
-        from mlflow.entities import Metric as MlMetric
-
-        from reports.record import log_batch
-
         now = int(time.time() * 1000)
         batch = []
         for step in sorted({s for c in curves for s in c}):

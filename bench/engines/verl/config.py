@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from algorithms import get_objective
+from bench.data import eval_problems
 from bench.engines.base import VerlOptions
 from bench.engines.verl.losses import (
     EXTERNAL_LIB,
@@ -18,6 +19,9 @@ from bench.engines.verl.losses import (
     TRAINER_MODULE,
     plan,
 )
+from bench.model import format_string
+from evaluators import get_benchmark
+from evaluators.verify import is_correct
 
 #: verl imports the modules named here on ``import verl`` (verl/__init__.py), in every process of the run
 EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
@@ -27,8 +31,6 @@ EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 def _chat_template(template: str) -> str | None:
     """A Jinja chat template that renders pobench's prompt ``template`` around the user message (None: the tokenizer's
     own chat template, what pobench's ``chat`` / ``auto`` use)."""
-    from bench.model import format_string
-
     if template in ("auto", "chat"):
         return None
     before, after = format_string(template).split("{question}", 1)
@@ -52,9 +54,6 @@ def write_data(cfg, out_dir: str | Path) -> tuple[Path, Path]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from bench.data import eval_problems
-    from evaluators import get_benchmark
-
     train_bench = get_benchmark(cfg.task)
     if train_bench.generated:
         raise ValueError(f"task {cfg.task} is pobench's built-in toy task: verl runs need a benchmark with files")
@@ -75,9 +74,6 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
                   **_: Any) -> dict[str, float]:
     """verl's custom reward function: pobench's verifier (1 / 0), as ``score`` and as ``acc`` (the metric DAPO's
     group filter and verl's validation read)."""
-    from evaluators import get_benchmark
-    from evaluators.verify import is_correct
-
     kind = (extra_info or {}).get("answer_kind") or get_benchmark(data_source).answer_kind
     r = 1.0 if is_correct(solution_str, str(ground_truth), kind) else 0.0
     return {"score": r, "acc": r}
@@ -107,7 +103,6 @@ def make_verl_config(cfg, options: VerlOptions | None = None) -> dict[str, Any]:
         raise ValueError(f"model {cfg.model!r} is pobench's built-in toy model: verl needs a Hugging Face model")
     if cfg.control is not None:
         raise ValueError(f"control {cfg.control!r} is not implemented on verl")
-    from evaluators import get_benchmark
 
     if get_benchmark(cfg.task).generated:
         raise ValueError(f"task {cfg.task} is pobench's built-in toy task: verl runs need a benchmark with files")

@@ -8,6 +8,7 @@ import sys
 from bench import engines
 from bench.cli.flags import add_config_flags, config_from_args
 from bench.tracking import check_reachable
+from reports import metric_keys as K
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"bench train: training diverged: {e}", file=sys.stderr)
         return 3
     print(f"run {result.run_id}: {result.steps_done} steps; checkpoints and final model in {result.output_dir}")
-    for k in ("eval/accuracy", "eval/accuracy_sampled"):
+    for k in (K.EVAL_ACCURACY, K.EVAL_ACCURACY_SAMPLED):
         if k in result.final_eval:
             print(f"  {k} = {result.final_eval[k]:.4f}")
     return 0

@@ -16,6 +16,7 @@ from optuna.trial import TrialState
 from bench.tracking import version_tags
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import count, default_storage_url, redact
+from reports import metric_keys as K
 from reports.record import (
     BEST_TRIAL,
     BEST_VALUE,
@@ -89,7 +90,7 @@ class StudyRuns:
         return rid
 
     def log_intermediate(self, run_id: str, value: float, step: int) -> None:
-        self.client.log_metric(run_id, "tune/intermediate", float(value), step=int(step))
+        self.client.log_metric(run_id, K.TUNE_INTERMEDIATE, float(value), step=int(step))
 
     def end_trial(self, run_id: str, state: str, curves: list[dict[int, dict[str, float]]], value: float | None,
                   spec: TuneSpec, reason: str | None = None) -> None:
@@ -102,7 +103,7 @@ class StudyRuns:
                 vals = [r[key] for r in rows if key in r]
                 batch.append(MlMetric(key, float(sum(vals) / len(vals)), now, int(step)))
         if value is not None:
-            batch.append(MlMetric("tune/objective", float(value), now, 0))
+            batch.append(MlMetric(K.TUNE_OBJECTIVE, float(value), now, 0))
         log_batch(self.client, run_id, metrics=batch)
         self.client.set_tag(run_id, TRIAL_STATE, state)
         if reason:
@@ -123,14 +124,15 @@ class StudyRuns:
 
     def log_progress(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if trial.value is not None:
-            self.client.log_metric(self.parent_id, "tune/value", float(trial.value), step=trial.number)
+            self.client.log_metric(self.parent_id, K.TUNE_VALUE, float(trial.value), step=trial.number)
         try:
-            self.client.log_metric(self.parent_id, "tune/best_value", float(study.best_value), step=trial.number)
+            self.client.log_metric(self.parent_id, K.TUNE_BEST_VALUE, float(study.best_value), step=trial.number)
         except ValueError:  # no complete trial yet
             pass
         for name, state in (("complete", TrialState.COMPLETE), ("pruned", TrialState.PRUNED),
                             ("failed", TrialState.FAIL)):
-            self.client.log_metric(self.parent_id, f"tune/n_{name}", count(study, state), step=trial.number)
+            self.client.log_metric(self.parent_id, K.TUNE_COUNT.format(state=name), count(study, state),
+                                   step=trial.number)
 
     def finish_parent(self, study: optuna.Study, spec: TuneSpec, complete: bool) -> None:
         try:

@@ -25,6 +25,7 @@ from bench.tune.metric import TuneMetric, score
 from bench.tune.runs import StudyRuns
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url, make_pruner, open_storage, redact
+from reports import metric_keys as K
 from reports.record import STUDY, TRIAL, tracking_uri
 
 
@@ -159,7 +160,7 @@ def _train_one(cfg: TrainConfig, metric: TuneMetric, train_fn: Callable[..., Any
         if t0 is None:
             t0 = now
         m = dict(metrics)
-        m.setdefault("time/elapsed_s", now - t0)
+        m.setdefault(K.ELAPSED_S, now - t0)
         curve[int(step)] = m
         if metric.key not in m:
             raise ValueError(f"--metric {metric.spec}: the evaluation reports no {metric.key!r}; it "

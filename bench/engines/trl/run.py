@@ -19,6 +19,7 @@ from bench.engines.trl.support import check_supported, layout
 from bench.engines.trl.trainer import _trainer_class
 from bench.model import format_prompt, load_policy
 from bench.rollout import stop_token_ids
+from reports import metric_keys as K
 from reports.record import ENGINE, ENGINE_DISTRIBUTED, ENGINE_PROCESSES
 
 
@@ -102,9 +103,9 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     with recorded(logger):
         trainer.train(resume_from_checkpoint=resumed["trl_checkpoint"] if resumed is not None else None)
         loss_ok = all(math.isfinite(v) for h in trainer.state.log_history for k, v in h.items()
-                      if k == "train/loss" and isinstance(v, float))
+                      if k == K.LOSS and isinstance(v, float))
         if not loss_ok:
-            raise TrainingDiverged("the loss became non-finite (train/loss)")
+            raise TrainingDiverged(f"the loss became non-finite ({K.LOSS})")
     trainer.save_model(str(run_dir / "final"))
     if main:
         tok.save_pretrained(run_dir / "final")

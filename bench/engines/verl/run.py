@@ -24,6 +24,7 @@ from bench.config import TrainConfig
 from bench.engines.base import CAPABILITIES, Hooks, StopTraining, TrainResult, VerlOptions, check_engine_args
 from bench.engines.verl.config import make_verl_config
 from bench.engines.verl.launch import launch_run
+from reports import metric_keys as K
 from reports.record import open_client
 
 
@@ -58,9 +59,9 @@ def eval_points(client, run_id: str) -> dict[int, dict[str, float]]:
         if key.startswith("eval/"):
             for m in client.get_metric_history(run_id, key):
                 out.setdefault(m.step, {})[key] = m.value
-    elapsed = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "time/elapsed_s"))
+    elapsed = sorted((m.step, m.value) for m in client.get_metric_history(run_id, K.ELAPSED_S))
     for step, metrics in out.items():
-        metrics["time/elapsed_s"] = max((v for s, v in elapsed if s <= step), default=0.0)
+        metrics[K.ELAPSED_S] = max((v for s, v in elapsed if s <= step), default=0.0)
     return out
 
 

@@ -65,7 +65,8 @@ DEFAULT_EXECUTOR = "local"
 
 @dataclass
 class Task:
-    """One unit of work: ``fn(notify, *args)``, run where the executor runs it (``fn`` and ``args`` are pickled)."""
+    """One unit of work: ``fn(notify, *args)``, run where the executor runs it (``fn``, ``args`` and ``not_started``
+    travel to the worker, pickled; the rest stays here)."""
 
     index: int                     # the pair's position (-1: the comparison's own, e.g. its step-0 evaluation)
     fn: Callable[..., Any]
@@ -261,12 +262,12 @@ def _pool_notify(*event: Any) -> None:
     _WORKER["queue"].put(event)
 
 
-def _pool_task(task: Task) -> Any:
+def _pool_task(fn: Callable[..., Any], args: tuple, not_started: Any) -> Any:
     if _WORKER["stop"].is_set():
-        return task.not_started
+        return not_started
     _WORKER["busy"] = True
     try:
-        return task.fn(_pool_notify, *task.args)
+        return fn(_pool_notify, *args)
     except KeyboardInterrupt:
         return Interrupted()
     finally:
@@ -282,7 +283,7 @@ class _Pool(_Backend):
 
     def submit(self, task: Task, notify: Notify) -> Any:
         try:
-            return self.pool.submit(_pool_task, task)
+            return self.pool.submit(_pool_task, task.fn, task.args, task.not_started)
         except cf.BrokenExecutor as e:  # a worker died before this task started: reported as its failure
             failed: cf.Future = cf.Future()
             failed.set_exception(e)
@@ -347,11 +348,11 @@ def _remote_notify(events) -> Notify:
     return notify
 
 
-def _ray_task(task: Task, events, ctx: dict[str, Any]) -> Any:
+def _ray_task(fn: Callable[..., Any], args: tuple, index: int, events, ctx: dict[str, Any]) -> Any:
     notify = _remote_notify(events)
     try:
-        task_setup(ctx, notify, task.index)
-        return task.fn(notify, *task.args)
+        task_setup(ctx, notify, index)
+        return fn(notify, *args)
     except KeyboardInterrupt:  # ray.cancel (Ctrl-C in the driver) or an on_eval hook that interrupts
         return Interrupted()
 
@@ -398,7 +399,7 @@ class _Ray(_Backend):
         self.task = ray.remote(_ray_task).options(**options, max_retries=0)
 
     def submit(self, task: Task, notify: Notify) -> Any:
-        return self.task.remote(task, self.log, self.ctx)
+        return self.task.remote(task.fn, task.args, task.index, self.log, self.ctx)
 
     def wait(self, pending: list) -> tuple[list, list]:
         return self.ray.wait(pending, num_returns=1, timeout=0.2)

@@ -218,8 +218,8 @@ def fail_some(pair, step, metrics):
 @pytest.mark.slow
 def test_a_failing_ray_task_is_named_and_the_other_pairs_are_kept(tmp_path, model_dir, ray_cluster, capsys):  # noqa: F811
     cfg = tiny(tmp_path, model_dir, "rfail", steps=1)
-    res = run_comparison(ComparisonSpec(cfg, ["grpo", "tepo", "dapo"], [0], report=False, progress=False, executor="ray",
-                         on_eval=fail_some))
+    res = run_comparison(ComparisonSpec(cfg, ["grpo", "tepo", "dapo"], [0], report=False, progress=False,
+                                        executor="ray", on_eval=fail_some))
     out = {p.objective: p.outcome for p in res.pairs}
     assert out["grpo"] == "finished"
     assert out["tepo"] == "failed: RuntimeError: boom in tepo"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue 14 / docs/SCALE.md, for one GPU with no network (the lent H200; about 5 minutes):
+# The GPU check of docs/SCALE.md, for one GPU with no network (the lent H200; about 5 minutes):
 # installs the wheels carried in .whl/ (bash perf/gpu_wheels.sh downloads them) into /tmp/site, checks every
 # import the check needs, then runs a few `tepo` steps of the native loop (HF engine, bf16) and of `--engine trl` on a
 # randomly initialised model of the Qwen2.5-1.5B shape and prints step seconds and tokens/s of each.

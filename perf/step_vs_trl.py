@@ -16,7 +16,7 @@ alike), each round a fresh run whose first step (warm-up) is excluded, with the 
 both; the ratio is reported as the median over rounds with its min and max. Prints seconds per step (ours, TRL) and
 their ratio; our rollout tokens/s against raw `model.generate`; the floor
 (raw generate + one forward/backward over the same tokens) and our step's ratio to it; peak RSS after each part.
-Targets (issue #3): ours <= 0.7x TRL, <= 1.2x the floor; rollout >= 90% of raw generate.
+Targets: ours <= 0.7x TRL, <= 1.2x the floor; rollout >= 90% of raw generate.
 """
 
 from __future__ import annotations

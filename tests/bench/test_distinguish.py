@@ -1,4 +1,4 @@
-"""Off-policy updates by default (issue #11): the HF rollout's log-probs are exact for the training module, so the
+"""Off-policy updates by default: the HF rollout's log-probs are exact for the training module, so the
 loop takes π_old from the rollout; the drift metrics; the probe under `bench run`'s configuration (`bench list
 --compare`, the warning before training, probe.json on the comparison run)."""
 

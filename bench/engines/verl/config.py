@@ -54,17 +54,17 @@ def write_data(cfg, out_dir: str | Path) -> tuple[Path, Path]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    train_bench = get_benchmark(cfg.task)
-    if train_bench.generated:
+    train_task = get_benchmark(cfg.task)
+    if train_task.generated:
         raise ValueError(f"task {cfg.task} is pobench's built-in toy task: verl runs need a benchmark with files")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train = train_bench.load(split="train", data=cfg.data, skip_bad_rows=cfg.skip_bad_rows)
-    eval_bench, held_out = eval_problems(cfg.eval_task or cfg.task, limit=cfg.eval_problems, data=cfg.eval_data,
-                                         skip_bad_rows=cfg.skip_bad_rows)
+    train = train_task.load(split="train", data=cfg.data, skip_bad_rows=cfg.skip_bad_rows)
+    held_out_task, held_out = eval_problems(cfg.eval_task or cfg.task, limit=cfg.eval_problems, data=cfg.eval_data,
+                                            skip_bad_rows=cfg.skip_bad_rows)
     paths = out / "train.parquet", out / "val.parquet"
-    for path, name, kind, problems, split in ((paths[0], cfg.task, train_bench.answer_kind, train, "train"),
-                                              (paths[1], cfg.eval_task or cfg.task, eval_bench.answer_kind, held_out,
+    for path, name, kind, problems, split in ((paths[0], cfg.task, train_task.answer_kind, train, "train"),
+                                              (paths[1], cfg.eval_task or cfg.task, held_out_task.answer_kind, held_out,
                                                "test")):
         pq.write_table(pa.Table.from_pylist(problem_rows(name, problems, kind, split)), path)
     return paths

@@ -393,7 +393,7 @@ def test_postgresql_url_without_driver_gets_the_installed_one(monkeypatch):
     """SQLAlchemy 2.0 reads `postgresql://` as psycopg2, 2.1 as psycopg 3: the URL names the installed driver."""
     import importlib.util
 
-    from bench import dburl
+    from reports import dburl
 
     installed = [m for m in dburl.POSTGRES_DRIVERS if importlib.util.find_spec(m) is not None]
     if not installed:

@@ -17,6 +17,7 @@ from mlflow import MlflowClient
 
 from bench.compare import DEFAULTS, base_config
 from bench.workers import resolve_workers
+from tests.conftest import copy_store
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMING = ("time/", "rollout/tokens_per_s")  # wall-clock measurements: the only metrics allowed to differ
@@ -46,9 +47,18 @@ TINY = dict(steps=2, prompts_per_step=2, group_size=2, eval_problems=8, eval_eve
             max_new_tokens=16, samples_every=0)
 
 
+@pytest.fixture(autouse=True)
+def _store_template(empty_store, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "EMPTY_STORE", empty_store)
+
+
+EMPTY_STORE: Path | None = None  # conftest.py's empty_store, during a test of this module or one importing tiny
+
+
 def tiny(folder: Path, model: str, experiment: str, **kw):
-    return base_config(None, model=model, **{**TINY, **kw}, experiment=experiment,
-                       tracking_uri=f"sqlite:///{folder}/mlflow.db", output_dir=str(folder / "runs"))
+    uri = copy_store(EMPTY_STORE, folder) if EMPTY_STORE is not None else f"sqlite:///{folder}/mlflow.db"
+    return base_config(None, model=model, **{**TINY, **kw}, experiment=experiment, tracking_uri=uri,
+                       output_dir=str(folder / "runs"))
 
 
 def all_series(client, experiment: str) -> dict[tuple[str, int], dict[str, list[tuple[int, float]]]]:

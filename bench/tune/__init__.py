@@ -25,10 +25,8 @@ from bench.tune.storage import DEFAULT_DIR, FINISHED, count, default_storage_url
 from bench.tune.study import open_study, run_study, seed_config
 from bench.tune.workers import run_workers
 
-Metric = TuneMetric  # the name before the rename (tests/bench/test_tune.py); evaluators.metrics.Metric is another one
-
 __all__ = [
-    "DEFAULT_DIR", "FINISHED", "Metric", "Range", "StudyRuns", "TuneMetric", "TuneSpec", "best_params_yaml", "count",
+    "DEFAULT_DIR", "FINISHED", "Range", "StudyRuns", "TuneMetric", "TuneSpec", "best_params_yaml", "count",
     "declared_space", "default_storage_url", "leaderboard", "log_outputs", "make_pruner", "objective_config",
     "open_storage", "open_study", "parse_metric", "parse_space", "print_leaderboard", "redact", "resolve_space",
     "run_study", "run_workers", "score", "seed_config", "write_outputs",

@@ -79,7 +79,7 @@ def test_bad_space_names_the_problem(spec, words):
 
 
 def test_metric_parsing():
-    assert tune.parse_metric("eval/accuracy") == tune.Metric("eval/accuracy", "final", None, "maximize")
+    assert tune.parse_metric("eval/accuracy") == tune.TuneMetric("eval/accuracy", "final", None, "maximize")
     m = tune.parse_metric("steps_to:eval/accuracy_sampled>=0.5")
     assert (m.kind, m.key, m.threshold, m.direction) == ("steps_to", "eval/accuracy_sampled", 0.5, "minimize")
     assert m.intermediate(0.3) == -0.3  # minimised study: higher accuracy must read as better

@@ -1,4 +1,4 @@
-"""Speed benchmark: our training step against TRL's GRPOTrainer, raw `model.generate`, and the floor.
+"""Speed measurement: our training step against TRL's GRPOTrainer, raw `model.generate`, and the floor.
 
 Same tiny model, same 32 prompts x 8 completions (256), 48 new tokens, one update per rollout, measured in ONE process
 so that the ratios compare like with like on whatever machine runs it:

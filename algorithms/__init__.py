@@ -79,7 +79,7 @@ register("tepo-kl-old", base="tepo", description="TEPO ablation: masked KL to π
 register("tepo-entropy-old", base="tepo", description="TEPO ablation: entropy baseline H_old instead of H_ref.",
          entropy_baseline="old")
 
-# --- issue 12: the objectives TRL (GRPOConfig.loss_type and experimental trainers) and verl (policy-loss registry,
+# --- the objectives TRL (GRPOConfig.loss_type and experimental trainers) and verl (policy-loss registry,
 # advantage estimators) offer beyond the above; docs/objectives.md maps each to their names.
 register("bnpo", ClippedPG, paper="TRL loss_type='bnpo'",
          description="BNPO (TRL's name): GRPO surrogate with token-mean over the batch, no KL (TRL's defaults).",

@@ -1,3 +1,4 @@
-"""pobench: the CLI, rollout engine, training loop and harness of the policy-optimization benchmark suite."""
+"""pobench: the command line, rollout sampler, training engines and comparisons of the policy-optimization benchmark
+suite."""
 
 __version__ = "0.1.0"

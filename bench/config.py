@@ -16,6 +16,9 @@ from typing import Any
 
 import yaml
 
+from algorithms import get_objective
+from bench.engines.base import CAPABILITIES, DEFAULT_ENGINE, ENGINES, check_engine_args
+from evaluators.hints import did_you_mean
 from reports.record import DEFAULT_TRACKING_URI
 
 
@@ -27,7 +30,6 @@ def _f(default: Any, doc: str, **kw: Any) -> Any:
 
 
 BUILTIN_MODEL = "builtin:tiny-arith"
-ENGINES = ("native", "trl", "verl")
 # what every `--tracking-uri` help states as the default (reports.record.tracking_uri resolves it)
 TRACKING_URI_DEFAULT = f"$MLFLOW_TRACKING_URI, else {DEFAULT_TRACKING_URI} in the working folder"
 
@@ -52,7 +54,7 @@ class TrainConfig:
     dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
     device: str = _f("auto", "cpu | cuda | auto.")
     backend: str = _f("hf", "Rollout engine backend: hf | vllm.")
-    engine: str = _f("native", "Training engine: native (bench/train.py's loop), trl (a TRL GRPOTrainer subclass "
+    engine: str = _f(DEFAULT_ENGINE, "Training engine: native (bench/train.py's loop), trl (a TRL GRPOTrainer subclass "
                                "that trains the same objective: bench/engines/trl/) or verl (verl's trainer on a Ray "
                                "cluster with GPUs: bench/engines/verl/); docs/SCALE.md.",
                      choices=ENGINES)
@@ -163,15 +165,10 @@ class TrainConfig:
             bad("lr_schedule", "valid: constant, cosine, linear")
         if self.engine not in ENGINES:
             bad("engine", f"valid: {', '.join(ENGINES)}")
-        if self.engine == "native" and self.engine_args:
-            bad("engine_args", "the native engine takes no engine_args")
-        if self.engine == "verl":
-            from bench.engines.verl.run import options_from  # (verl itself is imported only when a run starts)
-
-            try:
-                options_from(self.engine_args)
-            except ValueError as e:
-                bad("engine_args", str(e))
+        try:  # the engine_args its engine declares (bench/engines/base.py)
+            check_engine_args(self.engine, self.engine_args)
+        except ValueError as e:
+            bad("engine_args", str(e))
         if self.backend not in ("hf", "vllm"):
             bad("backend", "valid: hf, vllm")
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -195,7 +192,6 @@ class TrainConfig:
             bad("scoring_chunk_mb", "must be >= 0 (0 = no chunking)")
         if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
             bad("adam_betas", "must be two numbers in [0, 1)")
-        from algorithms import get_objective  # raises with the valid names / fields
 
         get_objective(self.algo, **dict(self.objective_overrides))
 
@@ -212,8 +208,6 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            from evaluators.hints import did_you_mean
-
             hints = [u + did_you_mean(u, known, quote=False) for u in unknown]
             raise ValueError(f"unknown config field(s): {', '.join(hints)}; valid: {', '.join(sorted(known))}")
         return cls(**d)
@@ -233,8 +227,9 @@ class TrainConfig:
     def comparison_hash(self) -> str:
         """Hash of every field that must be identical across the runs of one comparison."""
         d = {k: v for k, v in self.to_dict().items() if k not in PER_RUN_FIELDS}
-        if d["engine"] == "native" and not d["engine_args"]:  # the hashes of runs from before engines existed
+        if d["engine"] == DEFAULT_ENGINE and not d["engine_args"]:  # the hashes of runs from before engines existed
             del d["engine"], d["engine_args"]
-        elif d["engine"] == "verl":  # where verl is installed and where its data goes change no result
-            d["engine_args"] = {k: v for k, v in d["engine_args"].items() if k not in ("python", "data_dir")}
+        elif d["engine"] in CAPABILITIES:  # engine_args that change no result (e.g. where verl is installed)
+            free = CAPABILITIES[d["engine"]].hash_free_args
+            d["engine_args"] = {k: v for k, v in d["engine_args"].items() if k not in free}
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]

@@ -1,4 +1,5 @@
-"""Training and held-out problems for a run, in an order that is a pure function of (seed, step, round).
+"""Training and held-out problems for a run, in an order that is a pure function of (seed, step, round), and
+``derive_seed``, which makes every random draw of a run such a function.
 
 Every objective of a comparison therefore sees exactly the same prompts at every step (refill rounds of dynamic
 sampling draw from their own deterministic sub-stream, so they never shift the main order), and a resumed run sees
@@ -7,10 +8,17 @@ the prompts it would have seen without interruption.
 
 from __future__ import annotations
 
+import hashlib
 import random
+from typing import Any
 
 from evaluators import Task, get_task
 from evaluators.tasks import Problem
+
+
+def derive_seed(*parts: Any) -> int:
+    """A 63-bit seed from any tuple: every random draw of a run is a pure function of (seed, step, ...)."""
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1
 
 
 class TrainData:
@@ -20,12 +28,12 @@ class TrainData:
                  difficulty: int = 2, skip_bad_rows: bool = False) -> None:
         self.prompts_per_step = prompts_per_step
         self.seed = seed
-        self.benchmark = get_task(task, difficulty=difficulty)
-        if self.benchmark.generated and data is not None:
+        self.task = get_task(task, difficulty=difficulty)
+        if self.task.generated and data is not None:
             raise ValueError(f"task {task} is generated procedurally; it takes no --data")
         # a generated task: the first steps * P + 4096 problems of its seed's stream; a file task: its whole train
         # split, shuffled by the seed
-        self.pool: list[Problem] = list(self.benchmark.train_pool(seed, steps * prompts_per_step + 4096, data=data,
+        self.pool: list[Problem] = list(self.task.train_pool(seed, steps * prompts_per_step + 4096, data=data,
                                                                   skip_bad_rows=skip_bad_rows))
         if not self.pool:
             raise ValueError(f"task {task}: the training split is empty")
@@ -42,9 +50,9 @@ class TrainData:
 
 def eval_problems(task: str, *, limit: int, data: str | None = None, difficulty: int = 2,
                   skip_bad_rows: bool = False) -> tuple[Task, list[Problem]]:
-    """(benchmark, held-out problems) for periodic evaluation."""
-    bench = get_task(task, difficulty=difficulty)
-    problems = bench.load(split="test", data=data, limit=limit, skip_bad_rows=skip_bad_rows)
+    """(task, held-out problems) for periodic evaluation."""
+    held_out = get_task(task, difficulty=difficulty)
+    problems = held_out.load(split="test", data=data, limit=limit, skip_bad_rows=skip_bad_rows)
     if not problems:
         raise ValueError(f"held-out task {task}: no problems loaded")
-    return bench, problems
+    return held_out, problems

@@ -1,8 +1,9 @@
-"""Benchmark evaluation with the shared rollout engine: greedy accuracy, pass@1, pass@k, maj@k (with 95% CIs).
+"""Evaluation of a task with the shared rollout sampler: greedy accuracy, pass@1, pass@k, maj@k (with 95% CIs).
 
-`evaluate` is the one evaluation routine, used by ``bench eval`` and by the training loop's held-out evaluation. It
-samples with the same engine as training rollouts and scores with the benchmark's verifier (its training reward).
-`log_to_mlflow` records results in their own MLflow run, or in a run nested under the active (training) run.
+`evaluate` is the one evaluation routine, used by ``bench eval`` and by every engine's held-out evaluation
+(``held_out_result``, ``eval_metrics``). It samples with the same sampler as training rollouts and scores with the
+task's verifier (its training reward). `log_to_mlflow` records results in their own MLflow run, or in a run nested
+under the active (training) run.
 """
 
 from __future__ import annotations
@@ -13,12 +14,25 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import mlflow
+from mlflow.entities import Metric as MlflowMetric
+from mlflow.entities import Param
+
+from bench.data import derive_seed
+from bench.model import format_prompt
+from bench.rollout import Sampler, SamplingParams
+from bench.tracking import version_tags
 from evaluators.metrics import Metric, summarize
-from evaluators.tasks import Problem
+from evaluators.tasks import Problem, Task
 from evaluators.verify import answer_key, judge
-from reports.record import KIND
+from reports import metric_keys as K
+from reports import record
+from reports.record import KIND, get_or_create_experiment, log_batch, open_client
+
+if TYPE_CHECKING:
+    from bench.config import TrainConfig
 
 
 @dataclass
@@ -69,29 +83,26 @@ def _judge_all(completions: list[str], references: list[str], kind: str, timeout
         return list(pool.map(lambda cr: judge(cr[0], cr[1], kind, timeout), zip(completions, references)))
 
 
-def evaluate(engine, tokenizer, benchmark, problems: list[Problem], k: int = 1, temperature: float = 1.0,
+def evaluate(sampler: Sampler, tokenizer, task: Task, problems: list[Problem], k: int = 1, temperature: float = 1.0,
              seed: int = 0, *, n_samples: int | None = None, greedy: bool = True, max_new_tokens: int = 512,
              top_p: float = 1.0, prompt_template: str = "auto", verify_timeout: float = 5.0,
              verify_threads: int = 4, confidence: float = 0.95) -> EvalResult:
-    """Evaluate `engine` on `problems` of `benchmark` (anything with ``name``, ``version``, ``answer_kind``).
+    """Evaluate `sampler`'s policy on `problems` of `task` (anything with ``name``, ``version``, ``answer_kind``).
 
     Greedy decoding gives ``greedy_acc``; ``n_samples`` (default k) completions per problem at `temperature` give
     ``pass@1`` (mean over samples), unbiased ``pass@k`` and ``maj@k``; ``k=0`` or ``n_samples=0`` skips sampling.
-    Every metric carries a bootstrap interval over problems. Completions are scored by the benchmark's verifier.
+    Every metric carries a bootstrap interval over problems. Completions are scored by the task's verifier.
     """
-    from bench.model import format_prompt
-    from bench.rollout import SamplingParams
-
     n = k if n_samples is None else n_samples
     if not problems:
-        raise ValueError(f"evaluate: no problems to evaluate for {benchmark.name}")
+        raise ValueError(f"evaluate: no problems to evaluate for {task.name}")
     if k < 0 or n < 0 or (n and k > n):
         raise ValueError(f"evaluate: need 0 <= k <= n_samples, got k={k}, n_samples={n}")
     if n and temperature <= 0:
         raise ValueError("evaluate: sampled metrics need temperature > 0 (greedy accuracy is computed separately)")
     if not greedy and not n:
         raise ValueError("evaluate: nothing to do (greedy=False and no samples)")
-    kind = benchmark.answer_kind
+    kind = task.answer_kind
     t0 = time.perf_counter()
     prompts = [format_prompt(tokenizer, p.question, prompt_template) for p in problems]
     references = [p.answer for p in problems]
@@ -99,7 +110,7 @@ def evaluate(engine, tokenizer, benchmark, problems: list[Problem], k: int = 1, 
                                   for p, prompt in zip(problems, prompts)]
     greedy_correct = None
     if greedy:
-        out = engine.generate(prompts, 1, SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0), seed)
+        out = sampler.generate(prompts, 1, SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0), seed)
         judged = _judge_all(out.texts, references, kind, verify_timeout, verify_threads)
         greedy_correct = [ok for _, ok in judged]
         for row, text, (pred, ok), reason in zip(rows, out.texts, judged, out.finish_reasons):
@@ -107,7 +118,7 @@ def evaluate(engine, tokenizer, benchmark, problems: list[Problem], k: int = 1, 
     samples = keys = None
     if n:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
-        out = engine.generate(prompts, n, params, seed)
+        out = sampler.generate(prompts, n, params, seed)
         judged = _judge_all(out.texts, [r for r in references for _ in range(n)], kind, verify_timeout,
                             verify_threads)
         samples = [[ok for _, ok in judged[i * n:(i + 1) * n]] for i in range(len(problems))]
@@ -116,9 +127,27 @@ def evaluate(engine, tokenizer, benchmark, problems: list[Problem], k: int = 1, 
             row.update(sample_answers=[pred for pred, _ in judged[i * n:(i + 1) * n]], sample_correct=samples[i],
                        n_correct=sum(samples[i]), sample_completions=out.texts[i * n:(i + 1) * n])
     metrics = summarize(greedy_correct, samples, keys, k, confidence=confidence, seed=seed)
-    return EvalResult(benchmark=benchmark.name, version=str(benchmark.version), answer_kind=kind, k=k, n_samples=n,
+    return EvalResult(benchmark=task.name, version=str(task.version), answer_kind=kind, k=k, n_samples=n,
                       temperature=temperature, seed=seed, metrics=metrics, rows=rows,
                       seconds=time.perf_counter() - t0)
+
+
+def held_out_result(cfg: TrainConfig, sampler: Sampler, tok, task: Task, problems: list[Problem]) -> EvalResult:
+    """One held-out evaluation of the sampler's current policy, as a training run of ``cfg`` evaluates."""
+    return evaluate(sampler, tok, task, problems, k=1 if cfg.eval_temperature > 0 else 0,
+                    temperature=cfg.eval_temperature or 1.0, seed=derive_seed(cfg.seed, "eval"),
+                    n_samples=cfg.eval_samples if cfg.eval_temperature > 0 else 0,
+                    max_new_tokens=cfg.max_new_tokens, prompt_template=cfg.prompt_template)
+
+
+def eval_metrics(res: EvalResult) -> dict[str, float]:
+    """The ``eval/*`` metrics logged for one held-out evaluation (and ``time/eval_s``)."""
+    m = res.flat_metrics()
+    m[K.EVAL_ACCURACY] = res.metrics["greedy_acc"].value
+    if "pass@1" in res.metrics:
+        m[K.EVAL_ACCURACY_SAMPLED] = res.metrics["pass@1"].value
+    m[K.EVAL_S] = res.seconds
+    return m
 
 
 # ---------------------------------------------------------------------------------------------- outputs
@@ -177,17 +206,9 @@ def log_to_mlflow(results: list[EvalResult], *, params: dict[str, Any], artifact
     The run is nested under `parent_run_id` (e.g. a training run), else under the run active in this process if any,
     else it is a top-level run in `experiment`. Tags: ``pobench.kind=eval``, version and commit, plus `tags`.
     """
-    import mlflow
-    from mlflow.entities import Metric as MlflowMetric
-    from mlflow.entities import Param
-
-    from bench.tracking import tracking_uri as resolve_uri
-    from bench.tracking import version_tags
-    from reports.record import get_or_create_experiment, log_batch, open_client
-
     active = mlflow.active_run()
     parent = parent_run_id or (active.info.run_id if active is not None else None)
-    uri = resolve_uri(tracking_uri)
+    uri = record.tracking_uri(tracking_uri)
     client = open_client(uri)
     if parent is not None:
         experiment_id = client.get_run(parent).info.experiment_id
@@ -199,10 +220,10 @@ def log_to_mlflow(results: list[EvalResult], *, params: dict[str, Any], artifact
     metrics: dict[str, float] = {}
     for r in results:
         metrics.update(r.flat_metrics("eval/"))
-        metrics[f"eval/{r.benchmark}/problems"] = float(len(r.rows))
-        metrics[f"time/eval_{r.benchmark}_seconds"] = r.seconds
+        metrics[K.EVAL_TASK_PROBLEMS.format(task=r.benchmark)] = float(len(r.rows))
+        metrics[K.EVAL_TASK_SECONDS.format(task=r.benchmark)] = r.seconds
         if "lm_eval" in r.extra:  # the lm-evaluation-harness accuracy on the same rows (`--harness lm-eval`)
-            metrics[f"eval/{r.benchmark}/lm_eval_acc"] = r.extra["lm_eval"]["lm_eval_acc"]
+            metrics[K.EVAL_TASK_LM_EVAL.format(task=r.benchmark)] = r.extra["lm_eval"]["lm_eval_acc"]
     now = int(time.time() * 1000)
     log_batch(client, run_id, metrics=[MlflowMetric(k, float(v), now, step) for k, v in metrics.items()],
               params=[Param(k, str(v)[:6000]) for k, v in params.items()])

@@ -9,6 +9,7 @@ model folder that ``AutoModelForCausalLM`` / ``AutoTokenizer`` load like any hub
 from __future__ import annotations
 
 import string
+import sys
 from pathlib import Path
 
 import torch
@@ -158,8 +159,6 @@ def unknown_characters(tokenizer, texts: list[str]) -> tuple[int, str, str]:
 
 def warn_unknown_characters(tokenizer, texts: list[str], what: str) -> int:
     """Print one warning line when some ``texts`` hold characters the tokenizer does not know; returns the count."""
-    import sys
-
     n, char, text = unknown_characters(tokenizer, texts)
     if n:
         short = text if len(text) <= 60 else text[:57] + "..."

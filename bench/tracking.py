@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -15,19 +17,7 @@ from mlflow.entities import Metric, RunStatus
 
 import bench
 from reports import record
-
-
-def tracking_uri(uri: str | None) -> str:
-    """The tracking URI of :func:`reports.record.tracking_uri` (explicit, else ``$MLFLOW_TRACKING_URI``, else
-    ``sqlite:///mlflow.db`` in the working folder), with the installed driver named in a PostgreSQL backend store URI
-    (bench/dburl.py)."""
-    resolved = record.tracking_uri(uri)
-    if resolved.startswith("postgres"):  # an MLflow backend store in PostgreSQL: name the installed driver
-        from bench.dburl import with_driver
-
-        resolved = with_driver(resolved)
-    return resolved
-
+from reports.record import GIT_COMMIT, VERSION, get_or_create_experiment, open_client
 
 TIMEOUT_ENV = "POBENCH_MLFLOW_TIMEOUT"  # seconds the reachability check of an MLflow server waits
 DEFAULT_TIMEOUT_S = 5.0
@@ -38,10 +28,7 @@ def check_reachable(uri: str | None) -> str:
     ``$POBENCH_MLFLOW_TIMEOUT`` seconds (default 5): one ValueError line naming the URI otherwise, before any model
     is loaded. (MLflow's own client retries a refused connection for about four minutes before it gives up.) Local
     stores (sqlite, file) need no check. Returns the resolved URI."""
-    import urllib.error
-    import urllib.request
-
-    resolved = tracking_uri(uri)
+    resolved = record.tracking_uri(uri)
     if not resolved.startswith(("http://", "https://")):
         return resolved
     try:
@@ -62,7 +49,7 @@ def check_reachable(uri: str | None) -> str:
 
 def version_tags(commit: bool = True) -> dict[str, str]:
     """``pobench.version`` of this package, and ``pobench.git_commit`` of its checkout when ``commit``."""
-    return record.version_tags(bench.__version__, git_commit() if commit else None)
+    return {VERSION: str(bench.__version__), **({GIT_COMMIT: git_commit()} if commit else {})}
 
 
 def git_commit() -> str:
@@ -91,9 +78,7 @@ class RunLogger:
     """One MLflow run: create or reopen it, buffer metrics, flush them when a checkpoint covers their steps."""
 
     def __init__(self, uri: str | None, experiment: str) -> None:
-        from reports.record import get_or_create_experiment, open_client
-
-        self.uri = tracking_uri(uri)
+        self.uri = record.tracking_uri(uri)
         self.client = open_client(self.uri)  # a fresh local store is created under a lock (reports/record.py)
         self.experiment_id = get_or_create_experiment(self.client, self.uri, experiment)
         self.run_id: str | None = None

@@ -19,8 +19,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from bench.model import build_char_tokenizer, format_prompt, tiny_config
+from bench.rollout import SamplingParams, make_sampler
+from evaluators.arith import ArithTask
 
 FINGERPRINT_STEPS = (50, 100)  # besides the last step: the reproducibility test replays this prefix
 
@@ -79,8 +82,6 @@ def warmstart(out: str | Path, recipe: Recipe = Recipe(), *, force: bool = False
     `snapshots`: extra steps at which a copy is saved to ``out/step-<k>`` (for choosing the number of steps).
     """
     from transformers import AutoModelForCausalLM, GenerationConfig
-
-    from evaluators.arith import ArithTask
 
     recipe.validate()
     out = Path(out)
@@ -149,7 +150,6 @@ class _progress:
     def __enter__(self):
         if not self.enabled:
             return lambda loss: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.bar = Progress(TextColumn("warm start"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                             TextColumn("loss {task.fields[loss]:.4f}"))
@@ -166,13 +166,10 @@ class _progress:
 def held_out_accuracy(model, tokenizer, *, difficulty: int = 2, problems: int = 400, temperature: float = 1.0,
                       samples: int = 1, seed: int = 0, max_new_tokens: int = 48) -> float:
     """Mean verifier reward on the first `problems` held-out arith problems (temperature 0 = greedy)."""
-    from bench.rollout import SamplingParams, make_engine
-    from evaluators.arith import ArithTask
-
     task = ArithTask(difficulty)
     test = task.test_set(problems)
     prompts = [format_prompt(tokenizer, p.question) for p in test]
-    engine = make_engine("hf", model, tokenizer)
+    engine = make_sampler("hf", model, tokenizer)
     r = engine.generate(prompts, samples, SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
                         seed=seed)
     rewards = [task.reward(text, test[i // samples]) for i, text in enumerate(r.texts)]

@@ -33,16 +33,18 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from reports import metric_keys as K
+
 Series = Sequence[tuple[int, float]]  # [(step, value)], sorted by step
 
 # metric keys the derived quantities are read from (docs/METRICS.md)
-KEY_ACC = "eval/accuracy"
-KEY_ENTROPY = "rollout/entropy_mean"
-KEY_GRAD = "train/grad_norm"
-KEY_KL = "train/kl_ref"
-KEY_REWARD = "rollout/reward_mean"
-KEY_ZERO_ADV = "rollout/zero_adv_frac"
-KEY_ELAPSED = "time/elapsed_s"
+KEY_ACC = K.EVAL_ACCURACY
+KEY_ENTROPY = K.ENTROPY_MEAN
+KEY_GRAD = K.GRAD_NORM
+KEY_KL = K.KL_REF
+KEY_REWARD = K.REWARD_MEAN
+KEY_ZERO_ADV = K.ZERO_ADV_FRAC
+KEY_ELAPSED = K.ELAPSED_S
 
 
 @dataclass(frozen=True)

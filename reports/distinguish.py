@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 
 from algorithms.probe import ProbeResult, Regime, probe
+from reports import metric_keys as K
 from reports.load import Comparison
 from reports.record import OVERRIDES
 from reports.tables import Table
 
 LOOP_FIELDS = ("update_epochs", "minibatches", "lr", "prompts_per_step", "group_size", "micro_batch_size",
                "max_new_tokens")
-DRIFT_KEY = "train/abs_log_ratio"
+DRIFT_KEY = K.ABS_LOG_RATIO
 
 
 def measured_drift(cmp: Comparison) -> float | None:

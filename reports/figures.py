@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from reports import metric_keys as K
 from reports.derived import value_at  # noqa: E402
 
 # colour-blind-safe colours (Okabe-Ito first, then tab10), fixed per registered objective name
@@ -105,13 +106,13 @@ def accuracy_time_figure(runs, out_dir: Path, name: str = "accuracy_vs_time") ->
     with plt.rc_context(STYLE):
         fig, ax = plt.subplots(figsize=SIZE)
         for obj, rs in _by_objective(runs).items():
-            sers = [r.series.get("eval/accuracy", []) for r in rs if r.series.get("eval/accuracy")]
+            sers = [r.series.get(K.EVAL_ACCURACY, []) for r in rs if r.series.get(K.EVAL_ACCURACY)]
             if not sers:
                 continue
             steps, mean, lo, hi, _ = seed_band(sers)
             secs = []
             for s in steps:
-                ts = [0.0 if s == 0 else value_at(r.series.get("time/elapsed_s", []), int(s)) for r in rs]
+                ts = [0.0 if s == 0 else value_at(r.series.get(K.ELAPSED_S, []), int(s)) for r in rs]
                 ts = [t for t in ts if t is not None]
                 secs.append(np.mean(ts) if ts else np.nan)
             secs = np.array(secs)

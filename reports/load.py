@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from reports import metric_keys as K
 from reports.record import (  # noqa: F401  (DEFAULT_TRACKING_URI, member_tag: re-exported)
     COMPARISON,
     CONFIG_HASH,
@@ -25,13 +26,12 @@ from reports.record import tracking_uri as resolve_tracking_uri
 
 # series every report reads (others are ignored)
 SERIES_KEYS = (
-    "eval/accuracy", "eval/accuracy_sampled",
-    "rollout/reward_mean", "rollout/accuracy", "rollout/refill_completions", "rollout/entropy_mean",
-    "rollout/zero_adv_frac",
-    "train/grad_norm", "train/kl_ref", "train/abs_log_ratio",
+    K.EVAL_ACCURACY, K.EVAL_ACCURACY_SAMPLED,
+    K.REWARD_MEAN, K.ROLLOUT_ACCURACY, K.REFILL_COMPLETIONS, K.ENTROPY_MEAN, K.ZERO_ADV_FRAC,
+    K.GRAD_NORM, K.KL_REF, K.ABS_LOG_RATIO,
     "objective/clip_frac_low", "objective/clip_frac_high", "objective/masked_frac", "objective/detached_frac",
     "objective/selected_frac",
-    "time/elapsed_s",
+    K.ELAPSED_S,
 )
 
 

@@ -29,6 +29,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from reports.dburl import with_driver
+
 # ------------------------------------------------------------------ tag names
 KIND = "pobench.kind"                # train | comparison | eval | tune-study | tune-trial
 COMPARISON = "pobench.comparison"    # on a training run: the comparison that trained it; on a comparison run: its id
@@ -65,28 +67,26 @@ def member_tag(comparison: str) -> str:
     return f"{MEMBER_PREFIX}{comparison}"
 
 
-def version_tags(version: str, commit: str | None = None) -> dict[str, str]:
-    """``pobench.version`` (and ``pobench.git_commit`` when ``commit`` is given): what wrote a run."""
-    return {VERSION: str(version), **({GIT_COMMIT: commit} if commit is not None else {})}
-
-
 # ------------------------------------------------------------------ tracking URI
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
 
 def tracking_uri(uri: str | None) -> str:
     """The MLflow tracking URI every command uses: ``uri`` when given, else ``$MLFLOW_TRACKING_URI``, else MLflow's
-    own default, which is :data:`DEFAULT_TRACKING_URI` (``sqlite:///mlflow.db``) in the working folder, made absolute.
+    own default, which is :data:`DEFAULT_TRACKING_URI` (``sqlite:///mlflow.db``) in the working folder, made absolute;
+    a PostgreSQL backend-store URI gets the installed driver (reports/dburl.py).
 
     (MLflow resolves its default: the URI set by ``mlflow.set_tracking_uri`` in this process if any; a working folder
     that already holds a file store with runs in ``./mlruns`` makes MLflow choose that file store instead.)"""
     if uri:
-        return uri
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"]
-    import mlflow
+        resolved = uri
+    elif os.environ.get("MLFLOW_TRACKING_URI"):
+        resolved = os.environ["MLFLOW_TRACKING_URI"]
+    else:
+        import mlflow
 
-    return mlflow.get_tracking_uri()
+        resolved = mlflow.get_tracking_uri()
+    return with_driver(resolved) if resolved.startswith("postgres") else resolved
 
 
 # ------------------------------------------------------------------ the store and its experiments

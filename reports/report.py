@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reports import checks, figures
+from reports import metric_keys as K
 from reports.derived import KEY_ACC, DerivedSettings, RunDerived, default_target, derive, store
 from reports.load import Comparison, load_comparison
 from reports.record import COMPARISON, CONFIG_HASH, KIND, STOPPED
@@ -298,13 +299,13 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
             "accuracy_vs_step": figures.series_figure(cmp.runs, KEY_ACC, "held-out accuracy (greedy)",
                                                       "Held-out accuracy vs step", tmp, "accuracy_vs_step"),
             "accuracy_vs_time": figures.accuracy_time_figure(cmp.runs, tmp),
-            "train_accuracy": series("rollout/accuracy", "verifier accuracy of rollouts",
+            "train_accuracy": series(K.ROLLOUT_ACCURACY, "verifier accuracy of rollouts",
                                      "Training accuracy vs step (verifier, first round)", "train_accuracy_vs_step"),
-            "reward": series("rollout/reward_mean", "mean shaped reward",
+            "reward": series(K.REWARD_MEAN, "mean shaped reward",
                              "Training reward vs step (as shaped by each objective)", "reward_vs_step"),
-            "refill": series("rollout/refill_completions", "completions",
+            "refill": series(K.REFILL_COMPLETIONS, "completions",
                              "Refill-round completions per step (dynamic sampling)", "refill_vs_step"),
-            "entropy": series("rollout/entropy_mean", "mean token entropy (nats)", "Rollout entropy vs step",
+            "entropy": series(K.ENTROPY_MEAN, "mean token entropy (nats)", "Rollout entropy vs step",
                               "entropy_vs_step"),
             "fractions": figures.fractions_figure(cmp.runs, tmp) or
             "no clip / mask / selection fraction varies in any run",

@@ -22,6 +22,28 @@ from tests.net import free_port
 
 
 @pytest.fixture(scope="session")
+def empty_store(tmp_path_factory):
+    """An empty local MLflow store (SQLite, tables created and migrated: seconds), made once; tests that train into a
+    fresh folder start from a copy of it (``copy_store``)."""
+    from reports.record import open_client
+
+    db = tmp_path_factory.mktemp("empty-store") / "mlflow.db"
+    open_client(f"sqlite:///{db}").search_experiments()
+    return db
+
+
+def copy_store(template, folder) -> str:
+    """``folder/mlflow.db`` as a copy of ``template`` (unless it exists); returns its URI."""
+    from pathlib import Path
+
+    db = Path(folder) / "mlflow.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    if not db.exists():
+        shutil.copy(template, db)
+    return f"sqlite:///{db}"
+
+
+@pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
     """URI of a real `mlflow server` (SQLite backend, local artifact root) on a free loopback port."""
     if shutil.which("mlflow") is None:

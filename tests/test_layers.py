@@ -1,10 +1,12 @@
-"""Imports point one way: ``bench`` uses ``algorithms``, ``evaluators`` and ``reports``, never the reverse
-(docs/ARCHITECTURE.md, "Imports point one way"). Read from the source with ``ast``, so a lazy import inside a function
-counts as much as one at the top of a module."""
+"""Imports point one way: ``bench`` uses ``algorithms``, ``evaluators`` and ``reports``, never the reverse, and inside
+``bench`` no module imports itself back through others (docs/ARCHITECTURE.md, "Imports point one way"). Read from the
+source with ``ast``, so a lazy import inside a function (or under ``TYPE_CHECKING``) counts as much as one at the top
+of a module. The documented layout is the tree, and no module is over 500 lines."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,19 +41,96 @@ def test_package_never_imports_bench(package):
     assert not found, "imports must point one way (bench -> others), but:\n" + "\n".join(found)
 
 
-def test_rollout_engines_import_only_the_shared_modules():
-    """Inside ``bench/rollout/`` (docs/ARCHITECTURE.md, "Rollout engine"): the engines use ``types`` and ``scoring``,
-    never each other nor the package's ``make_engine``; ``types`` and ``scoring`` use no other pobench module."""
+def test_rollout_samplers_import_only_the_shared_modules():
+    """Inside ``bench/rollout/`` (docs/ARCHITECTURE.md, "Rollout sampler"): the samplers use ``types`` and ``scoring``,
+    never each other nor the package's ``make_sampler``; ``types`` and ``scoring`` use no other pobench module."""
     pkg = ROOT / "bench" / "rollout"
 
     def bench_imports(name: str) -> set[str]:
         return {mod for _, mod in imported_modules((pkg / f"{name}.py").read_text())
                 if mod == "bench" or mod.startswith("bench.")}
 
-    for engine in ("hf", "vllm"):
-        assert bench_imports(engine) <= {"bench.rollout.types", "bench.rollout.scoring"}, engine
+    for sampler in ("hf", "vllm"):
+        assert bench_imports(sampler) <= {"bench.rollout.types", "bench.rollout.scoring"}, sampler
     assert bench_imports("types") == set()
     assert bench_imports("scoring") == set()
+
+
+# ------------------------------------------------------------------ no import circle inside bench/
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package: str = "bench") -> dict[str, set[str]]:
+    """{module: the modules of ``package`` it imports}, at any depth of its source. ``from a.b import c`` is an import
+    of the module ``a.b.c`` when there is one, else of ``a.b``; a package's ``__init__`` is the package's name."""
+    modules = {module_name(f): f for f in sorted((ROOT / package).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+                subs = {f"{node.module}.{a.name}" for a in node.names} & modules.keys()
+                edges.update(subs or {node.module})
+                if len(subs) < len(node.names):
+                    edges.add(node.module)
+        graph[name] = edges - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph`` (its modules in order, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                return path[path.index(n):] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_circle_through_a_lazy_import(tmp_path, monkeypatch):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from pkg import c\n")
+    (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    graph = import_graph("pkg")
+    assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.c"} and graph["pkg.c"] == {"pkg.a"}
+    assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]
+    (pkg / "c.py").write_text("import pkg.sub\n")
+    assert find_cycle(import_graph("pkg")) is None
+
+
+def test_no_import_circle_in_bench():
+    cycle = find_cycle(import_graph("bench"))
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_only_the_command_line_imports_it():
+    """Library code never imports ``bench.cli`` (entry points ``__main__`` may: they are command lines too)."""
+    graph = import_graph("bench")
+    found = sorted(m for m, deps in graph.items() if not m.startswith("bench.cli") and not m.endswith("__main__")
+                   and any(d == "bench.cli" or d.startswith("bench.cli.") for d in deps))
+    assert not found, f"library modules import the command line: {found}"
 
 
 # ------------------------------------------------------------------ the documented layout is the tree
@@ -99,6 +178,6 @@ def test_architecture_doc_lists_exactly_the_modules_there_are():
 
 
 def test_no_module_over_500_lines():
-    long = {f.relative_to(ROOT).as_posix(): n for package in (*LOWER, "bench", "benchmarks")
+    long = {f.relative_to(ROOT).as_posix(): n for package in (*LOWER, "bench", "perf")
             for f in (ROOT / package).rglob("*.py") if (n := len(f.read_text().splitlines())) > 500}
-    assert not long, f"split these modules (issue #9: no file over 500 lines): {long}"
+    assert not long, f"split these modules (no file over 500 lines): {long}"

@@ -13,6 +13,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.config import BUILTIN_MODEL, TRACKING_URI_DEFAULT
+from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
+from bench.model import format_prompt, load_policy, resolve_device, resolve_model_path, warn_unknown_characters
+from bench.rollout import make_sampler
+from bench.tracking import check_reachable
+from evaluators import get_benchmark, list_benchmarks
+
 if TYPE_CHECKING:
     from evaluators import Task
 
@@ -20,9 +27,6 @@ DEFAULT_MAX_NEW_TOKENS = 512
 
 
 def register(sub) -> None:
-    from bench.config import BUILTIN_MODEL, TRACKING_URI_DEFAULT
-    from evaluators import list_benchmarks
-
     p = sub.add_parser("eval", help="evaluate a model on math benchmarks (greedy, pass@k, maj@k, with 95%% CIs)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=BUILTIN_MODEL,
@@ -113,13 +117,7 @@ def _max_new_tokens(requested: int | None, model, prompt_lengths: list[int]) -> 
 
 def run(args) -> int:
     if not args.no_mlflow:  # an unreachable server: one line now, before transformers and the model load
-        from bench.tracking import check_reachable
-
         check_reachable(args.tracking_uri)
-    from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
-    from bench.model import format_prompt, load_policy, warn_unknown_characters
-    from bench.rollout import make_engine
-    from evaluators import get_benchmark
 
     names = [n.strip() for n in args.benchmarks.split(",") if n.strip()]
     if not names:
@@ -141,7 +139,7 @@ def run(args) -> int:
 
     model, tokenizer = load_policy(args.model, args.device, args.dtype)
     options = {"max_batch_size": args.batch_size} if args.batch_size and args.backend == "hf" else {}
-    engine = make_engine(args.backend, model, tokenizer, **options)
+    engine = make_sampler(args.backend, model, tokenizer, **options)
     all_prompts = [format_prompt(tokenizer, p.question, args.prompt_template) for _, ps, _ in loaded for p in ps]
     warn_unknown_characters(tokenizer, [p.question for _, ps, _ in loaded for p in ps], "prompts")
     max_new = _max_new_tokens(args.max_new_tokens, model, [len(tokenizer(x)["input_ids"]) for x in all_prompts])
@@ -163,7 +161,6 @@ def run(args) -> int:
                             "backend": args.backend}
     out_dir = Path(args.out or Path(".pobench") / "eval" / time.strftime("%Y%m%d-%H%M%S"))
     if args.harness == "lm-eval":
-        from bench.model import format_prompt, resolve_device, resolve_model_path
         from evaluators.lm_eval_bridge import compare_with_ours, run_lm_eval
 
         harness = run_lm_eval(resolve_model_path(args.model), [(b, ps) for b, ps, _ in loaded], out_dir / "lm_eval",

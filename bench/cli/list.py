@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import argparse
 
+from algorithms import get_spec, list_objectives, objective_groups
+from algorithms.describe import defaults_markdown, details_text
+from bench.compare.distinguish import probe_config
+from bench.compare.plan import base_config, load_params, resolve_algos
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list", help="list registered objectives", description=__doc__)
@@ -22,16 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from algorithms import get_spec, list_objectives, objective_groups
-    from algorithms.describe import defaults_markdown, details_text
-
     if args.details:
         print(details_text(args.details))
         return 0
     if args.compare:
-        from bench.distinguish import probe_config
-        from bench.harness import base_config, load_params, resolve_algos
-
         algos = resolve_algos(args.compare)
         cfg = base_config(args.config, update_epochs=args.update_epochs, minibatches=args.minibatches, lr=args.lr)
         cfg.validate()

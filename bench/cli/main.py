@@ -15,6 +15,7 @@ from bench.cli import run as run_cmd
 from bench.cli import train as train_cmd
 from bench.cli import tune as tune_cmd
 from bench.cli import warmstart as warmstart_cmd
+from bench.workers import quiet_libraries
 
 # the subcommands, in the order `bench --help` lists them
 COMMANDS = [list_cmd, train_cmd, warmstart_cmd, eval_cmd, run_cmd, report_cmd, tune_cmd]
@@ -26,21 +27,6 @@ def build_parser() -> argparse.ArgumentParser:
     for module in COMMANDS:
         module.register(sub)
     return parser
-
-
-def quiet_libraries() -> None:
-    """No per-file progress bars from transformers / hub downloads in our output (our own displays remain)."""
-    import os
-
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
-    except ImportError:
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import argparse
 
+from mlflow.exceptions import MlflowException
+
+from bench.cli.flags import add_report_flags
+from bench.config import TRACKING_URI_DEFAULT
+from bench.tracking import check_reachable
+from reports.load import _client, get_experiment, list_comparisons, resolve_tracking_uri
+from reports.report import build_report
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from bench.cli.flags import add_report_flags
-    from bench.config import TRACKING_URI_DEFAULT
-
     p = sub.add_parser("report", help="write the report of a comparison (from MLflow)", description=__doc__)
     p.add_argument("--experiment", default="pobench", help="MLflow experiment (default: pobench)")
     p.add_argument("--comparison", help="comparison id (default: the experiment's most recent comparison)")
@@ -20,8 +25,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mlflow.exceptions import MlflowException
-
     try:
         return _run(args)
     except MlflowException as e:  # unreachable server, bad URI: one line naming the cause
@@ -29,14 +32,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from bench.tracking import check_reachable
-    from reports.load import _client, list_comparisons, resolve_tracking_uri
-    from reports.report import build_report
-
     uri = check_reachable(resolve_tracking_uri(args.tracking_uri))
     if args.comparison is None:  # say which one is reported when there is a choice
-        from reports.load import get_experiment
-
         client = _client(uri)
         comps = list_comparisons(client, get_experiment(client, args.experiment).experiment_id)
         if len(comps) > 1:

@@ -1,23 +1,28 @@
 """`bench run --algos grpo,dapo,tepo --seeds 0,1,2 ...`: a comparison of objectives under identical conditions.
 
-Every (objective, seed) pair is one MLflow run with the same model, data order, rollout engine and evaluation
+Every (objective, seed) pair is one MLflow run with the same model, data order, rollout sampler and evaluation
 schedule; finished pairs are reused, interrupted ones resumed (``--force`` redoes them); then the report is written
-(``bench report``). Settings: `bench run` defaults (bench/harness.py RunDefaults) < ``--config`` file < flags.
+(``bench report``). Settings: `bench run` defaults (bench/compare/plan.py RunDefaults) < ``--config`` file < flags.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+
+from bench import engines
+from bench.cli.flags import add_config_flags, add_report_flags
+from bench.compare import DEFAULTS, ComparisonSpec, base_config, load_params, resolve_algos, run_comparison
+from bench.compare.executors import EXECUTORS, make_executor
+from bench.config import TrainConfig
+from bench.tracking import check_reachable
+from bench.workers import parse_seeds
 
 SKIP = ("algo", "seed", "run_name", "comparison", "resume", "objective_overrides")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from bench.cli.flags import add_config_flags, add_report_flags
-    from bench.executors import EXECUTORS
-    from bench.harness import DEFAULTS
-
     p = sub.add_parser("run", help="compare objectives over seeds, then write the report", description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--algos", help="comma-separated registered objectives and groups (@tepo = tepo and its "
@@ -47,36 +52,28 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    from bench.config import TrainConfig
-    from bench.executors import make_executor
-    from bench.harness import DEFAULTS, base_config, load_params, parse_seeds, resolve_algos, run_comparison
-
     make_executor(args.executor, workers=args.workers, ray_address=args.ray_address)  # bad flags: one line, nothing run
     algos = resolve_algos(args.algos, args.ablation)
-    seeds = parse_seeds(args.seeds)
+    seeds = parse_seeds(args.seeds, DEFAULTS.seeds)
     params = load_params(args.params, algos)
     flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig) if f.name not in SKIP}
     cfg = base_config(args.config, **flags)
     baseline = args.baseline or (DEFAULTS.baseline if DEFAULTS.baseline in algos else None)
     if args.baseline and args.baseline not in algos:
         raise ValueError(f"--baseline {args.baseline!r} is not among the objectives run ({', '.join(algos)})")
-    from bench.tracking import check_reachable
-    from bench.train import check_engine
-
     check_reachable(cfg.tracking_uri)
     for a in algos:  # what the engine cannot train: one line now, not one failed pair after another
-        check_engine(dataclasses.replace(cfg, algo=a, objective_overrides=dict(params.get(a, {}))))
-    if cfg.engine == "verl" and (args.executor == "ray" or (args.workers or 0) > 1):
-        raise ValueError("--engine verl runs one pair at a time from this process (each verl job takes the Ray "
+        engines.check(dataclasses.replace(cfg, algo=a, objective_overrides=dict(params.get(a, {}))))
+    engine = engines.engine_for(cfg)
+    if not engine.capabilities.parallel_pairs and (args.executor == "ray" or (args.workers or 0) > 1):
+        raise ValueError(f"--engine {engine.name} runs one pair at a time from this process (each job takes the "
                          "cluster it is given): drop --executor ray / --workers above 1")
 
+    spec = ComparisonSpec(cfg, algos, seeds, params, force=args.force, workers=args.workers, executor=args.executor,
+                          ray_address=args.ray_address, report=not args.no_report, baseline=baseline,
+                          target_acc=args.target_acc, out_root=args.out_root, progress=not args.no_progress)
     try:
-        res = run_comparison(cfg, algos, seeds, params, force=args.force, progress=not args.no_progress,
-                             report=not args.no_report, baseline=baseline, target_acc=args.target_acc,
-                             out_root=args.out_root, workers=args.workers, executor=args.executor,
-                             ray_address=args.ray_address)
+        res = run_comparison(spec)
     except KeyboardInterrupt:
         print("bench run: interrupted; rerun the same command to resume where it stopped", file=sys.stderr)
         return 130

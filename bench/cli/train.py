@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bench import engines
 from bench.cli.flags import add_config_flags, config_from_args
+from bench.tracking import check_reachable
+from reports import metric_keys as K
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,19 +19,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.tracking import check_reachable
-    from bench.train import TrainingDiverged, check_engine, train
-
     cfg = config_from_args(args)
     check_reachable(cfg.tracking_uri)  # an unreachable server: one line now, not minutes later after the model loads
-    check_engine(cfg)
+    engines.check(cfg)
     try:
-        result = train(cfg)
-    except TrainingDiverged as e:
+        result = engines.train(cfg)
+    except engines.TrainingDiverged as e:
         print(f"bench train: training diverged: {e}", file=sys.stderr)
         return 3
     print(f"run {result.run_id}: {result.steps_done} steps; checkpoints and final model in {result.output_dir}")
-    for k in ("eval/accuracy", "eval/accuracy_sampled"):
+    for k in (K.EVAL_ACCURACY, K.EVAL_ACCURACY_SAMPLED):
         if k in result.final_eval:
             print(f"  {k} = {result.final_eval[k]:.4f}")
     return 0

@@ -11,9 +11,12 @@ import sys
 from pathlib import Path
 
 from bench import tune
+from bench.cli.flags import add_config_flags, config_from_args
 from bench.config import TrainConfig
+from bench.tracking import check_reachable
 from bench.tune.outputs import print_leaderboard, write_outputs
 from bench.tune.outputs import show as show_study
+from bench.workers import parse_seeds
 
 # TrainConfig fields a study sets itself per trial (the rest come from --config and the flags)
 SKIP = ("algo", "seed", "run_name", "comparison", "resume")
@@ -56,7 +59,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                           "ray://HOST:10001) (default: a local Ray instance)")
     p.add_argument("--out", help="output folder (default .pobench/tune/<study>)")
     p.add_argument("--show", action="store_true", help="print the leaderboard of --study and write its outputs")
-    from bench.cli.flags import add_config_flags
 
     add_config_flags(p, skip=SKIP)  # --steps, --prompts-per-step, --tracking-uri, ... as in `bench train`
     p.set_defaults(func=main)
@@ -64,15 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _base_config(args: argparse.Namespace) -> TrainConfig:
     """``--config`` file < TrainConfig flags; validated with the objective's default config."""
-    from bench.cli.flags import config_from_args
-
     return config_from_args(args, algo=args.algo)
 
 
 def spec_from_args(args: argparse.Namespace) -> tune.TuneSpec:
     """Validate every input (objective, space, metric, storage flags) before any trial starts."""
-    from bench.harness import parse_seeds  # the one --seeds rule of bench run and bench tune
-
     if not args.algo:
         raise ValueError("--algo is required (e.g. --algo tepo)")
     if args.trials < 1:
@@ -85,7 +83,7 @@ def spec_from_args(args: argparse.Namespace) -> tune.TuneSpec:
     spec = tune.TuneSpec(
         algo=args.algo, base=base, space=tune.resolve_space(args.algo, args.space, base.objective_overrides),
         metric=tune.parse_metric(args.metric, args.direction), study=args.study or f"tune-{args.algo}",
-        trials=args.trials, seeds=parse_seeds(args.seeds), storage=args.storage, pruner=args.pruner,
+        trials=args.trials, seeds=parse_seeds(args.seeds, default=(0,)), storage=args.storage, pruner=args.pruner,
         pruner_warmup=args.pruner_warmup, pruner_startup=args.pruner_startup, heartbeat=args.heartbeat,
         grace=args.grace, max_retry=args.max_retry, sampler_seed=args.sampler_seed)
     tune.make_pruner(spec.pruner)  # bad pruner spec -> error now
@@ -95,7 +93,6 @@ def spec_from_args(args: argparse.Namespace) -> tune.TuneSpec:
 def main(args: argparse.Namespace) -> int:
     if args.show:
         return show(args)
-    from bench.tracking import check_reachable
 
     spec = spec_from_args(args)
     check_reachable(spec.base.tracking_uri)

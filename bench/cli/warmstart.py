@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from bench.warmstart import Recipe
+from bench.model import load_policy
+from bench.warmstart import Recipe, held_out_accuracy, warmstart
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,9 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.model import load_policy
-    from bench.warmstart import held_out_accuracy, warmstart
-
     recipe = Recipe(steps=args.steps, seed=args.seed, difficulty=args.difficulty)
     recipe.validate()
     if args.eval < 0:

@@ -1,4 +1,4 @@
-"""The Hugging Face rollout engine: sampling with the training module itself, batched, with a KV cache (CPU or GPU).
+"""The Hugging Face rollout sampler: sampling with the training module itself, batched, with a KV cache (CPU or GPU).
 
 It shares the module with the training loop, so ``update_weights`` is a no-op. Sampling is deterministic for a seed on
 CPU: all randomness comes from one ``torch.Generator`` seeded per call. Sequences are laid out exactly as
@@ -9,6 +9,7 @@ log-probs match the training loop's scoring pass.
 from __future__ import annotations
 
 import inspect
+import time
 
 import torch
 
@@ -30,7 +31,7 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-class HFEngine:
+class HFSampler:
     """Batched sampling with the Hugging Face model itself and a KV cache.
 
     Options: `max_batch_size` (completions per forward; prompts are chunked so that chunk * n <= it; default: all).
@@ -43,7 +44,7 @@ class HFEngine:
 
     def __init__(self, model, tokenizer, max_batch_size: int | None = None):
         if max_batch_size is not None and max_batch_size < 1:
-            raise ValueError(f"hf engine: max_batch_size={max_batch_size!r} must be >= 1")
+            raise ValueError(f"hf sampler: max_batch_size={max_batch_size!r} must be >= 1")
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
@@ -54,14 +55,12 @@ class HFEngine:
         self.cache_kw = "cache" if "cache" in inspect.signature(net.forward).parameters else "past_key_values"
 
     def update_weights(self, model) -> None:
-        """No-op: this engine samples with the training module itself."""
+        """No-op: this sampler samples with the training module itself."""
         if model is not self.model:
-            raise ValueError("hf engine: update_weights got a different module than the one it samples with")
+            raise ValueError("hf sampler: update_weights got a different module than the one it samples with")
 
     def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: int) -> Rollouts:
         """`n` completions of every prompt (prompt-major), deterministic for `seed` on CPU."""
-        import time
-
         check_request(params, n)
         prompt_ids = encode_prompts(self.tokenizer, prompts)
         device = next(self.model.parameters()).device

@@ -1,9 +1,9 @@
 """The one scoring pass: per-token log-probs and entropies of given completions under a model.
 
 The training loop scores every rollout batch with this function (with gradient for the current policy, without for
-the old / reference policies), and the rollout engine's own log-probs are checked against it. Sequences are laid out
+the old / reference policies), and the rollout sampler's own log-probs are checked against it. Sequences are laid out
 as left-padded prompts followed by right-padded completions, with position ids counted over real tokens only, exactly
-as the Hugging Face rollout engine lays them out while sampling::
+as the Hugging Face rollout sampler lays them out while sampling::
 
     [pad pad p1 p2 p3 | c1 c2 c3 pad]      attention mask 0 on pads, positions 0.. over the real tokens
 

@@ -1,8 +1,8 @@
-"""What both rollout engines share: the sampling parameters, the ``Rollouts`` they return, and how prompts are
+"""What both rollout samplers share: the sampling parameters, the ``Rollouts`` they return, and how prompts are
 encoded and where a completion stops.
 
-The engines (``bench/rollout/hf.py``, ``bench/rollout/vllm.py``) import this module, never each other; the factory
-``make_engine`` that picks one lives in ``bench/rollout/__init__.py``.
+The samplers (``bench/rollout/hf.py``, ``bench/rollout/vllm.py``) import this module, never each other; the factory
+``make_sampler`` that picks one lives in ``bench/rollout/__init__.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class SamplingParams:
 
 
 def check_request(params: SamplingParams, n: int) -> None:
-    """What every engine's ``generate`` refuses before sampling: invalid parameters, ``n`` not an integer >= 1."""
+    """What every sampler's ``generate`` refuses before sampling: invalid parameters, ``n`` not an integer >= 1."""
     params.validate()
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"generate: n={n!r} must be an integer >= 1")

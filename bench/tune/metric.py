@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from bench.tune.space import NUMBER
+from reports import metric_keys as K
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,6 @@ def score(metric: TuneMetric, curve: dict[int, dict[str, float]], steps: int) ->
         return float(curve[max(curve)][key])
     for step in sorted(curve):
         if curve[step].get(key, -math.inf) >= metric.threshold:
-            return float(step if metric.kind == "steps_to" else curve[step]["time/elapsed_s"])
+            return float(step if metric.kind == "steps_to" else curve[step][K.ELAPSED_S])
     last = curve[max(curve)]
-    return float(2 * steps if metric.kind == "steps_to" else 2 * last["time/elapsed_s"])
+    return float(2 * steps if metric.kind == "steps_to" else 2 * last[K.ELAPSED_S])

@@ -11,10 +11,17 @@ from __future__ import annotations
 
 import csv
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
+import optuna
 import yaml
+from optuna.importance import FanovaImportanceEvaluator, get_param_importances
+from optuna.trial import TrialState
+from optuna.visualization import matplotlib as ovm
+from rich.console import Console
+from rich.table import Table
 
 from bench.tune.storage import DEFAULT_DIR, default_storage_url, open_storage, redact
 
@@ -22,8 +29,6 @@ from bench.tune.storage import DEFAULT_DIR, default_storage_url, open_storage, r
 def show(study_name: str | None, storage_url: str | None = None, out: Path | None = None) -> Path:
     """`bench tune --show`: print the leaderboard of an existing study and write its outputs (to ``out``, default
     ``.pobench/tune/<study>``); ValueError listing the studies of the storage when ``study_name`` is not one."""
-    import optuna
-
     url = storage_url or default_storage_url()
     storage = open_storage(url)
     names = optuna.study.get_all_study_names(storage)
@@ -39,8 +44,6 @@ def show(study_name: str | None, storage_url: str | None = None, out: Path | Non
 
 def leaderboard(study: Any) -> list[dict[str, Any]]:
     """One row per trial: finished trials best first, then the others by number."""
-    from optuna.trial import TrialState
-
     sign = -1.0 if study.direction.name == "MAXIMIZE" else 1.0
     rows = []
     for t in study.get_trials(deepcopy=False):
@@ -57,9 +60,6 @@ def leaderboard(study: Any) -> list[dict[str, Any]]:
 
 
 def print_leaderboard(study: Any) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     rows = leaderboard(study)
     params = sorted({k for r in rows for k in r if k.startswith("p.")})
     metric = study.user_attrs.get("metric", "")
@@ -91,13 +91,10 @@ def best_params_yaml(study: Any) -> str:
 
 def write_outputs(study: Any, out: Path) -> dict[str, Path]:
     """best.yaml, summary.csv, summary.md and the PNG plots; returns the paths written."""
-    import warnings
-
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from optuna.visualization import matplotlib as ovm
 
     out.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
@@ -150,16 +147,11 @@ def write_outputs(study: Any, out: Path) -> dict[str, Path]:
 
 def _evaluator() -> Any:
     """fANOVA with a fixed seed: the importance plot and the contour's choice of parameters agree."""
-    from optuna.importance import FanovaImportanceEvaluator
-
     return FanovaImportanceEvaluator(seed=0)
 
 
 def _top_params(study: Any) -> list[str]:
     """The two most important parameters (fANOVA) for a readable contour; [] when a contour cannot be drawn."""
-    from optuna.importance import get_param_importances
-    from optuna.trial import TrialState
-
     names = sorted({k for t in study.get_trials(deepcopy=False) for k in t.params})
     if len(names) < 2 or len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < 2:
         return []

@@ -7,17 +7,31 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna
+from mlflow.entities import Metric as MlMetric
 from optuna.trial import TrialState
 
-from bench.tracking import tracking_uri
+from bench.tracking import version_tags
+from bench.tune.spec import TuneSpec
 from bench.tune.storage import count, default_storage_url, redact
-from reports.record import BEST_TRIAL, BEST_VALUE, FAIL_REASON, KIND, OBJECTIVE, RETRY_OF, STUDY, TRIAL, TRIAL_STATE
-
-if TYPE_CHECKING:
-    from bench.tune.study import TuneSpec
+from reports import metric_keys as K
+from reports.record import (
+    BEST_TRIAL,
+    BEST_VALUE,
+    FAIL_REASON,
+    KIND,
+    OBJECTIVE,
+    RETRY_OF,
+    STUDY,
+    TRIAL,
+    TRIAL_STATE,
+    get_or_create_experiment,
+    log_batch,
+    open_client,
+    tracking_uri,
+)
 
 
 class StudyRuns:
@@ -27,8 +41,6 @@ class StudyRuns:
     """
 
     def __init__(self, uri: str, experiment: str, study: str) -> None:
-        from reports.record import get_or_create_experiment, open_client
-
         self.client, self.study, self.parent_id = open_client(uri), study, ""
         self.experiment_id = get_or_create_experiment(self.client, uri, experiment)  # safe against other workers
 
@@ -78,15 +90,11 @@ class StudyRuns:
         return rid
 
     def log_intermediate(self, run_id: str, value: float, step: int) -> None:
-        self.client.log_metric(run_id, "tune/intermediate", float(value), step=int(step))
+        self.client.log_metric(run_id, K.TUNE_INTERMEDIATE, float(value), step=int(step))
 
     def end_trial(self, run_id: str, state: str, curves: list[dict[int, dict[str, float]]], value: float | None,
                   spec: TuneSpec, reason: str | None = None) -> None:
         """Log the seed-mean eval curve and the objective value, then close the run with the trial's state."""
-        from mlflow.entities import Metric as MlMetric
-
-        from reports.record import log_batch
-
         now = int(time.time() * 1000)
         batch = []
         for step in sorted({s for c in curves for s in c}):
@@ -95,7 +103,7 @@ class StudyRuns:
                 vals = [r[key] for r in rows if key in r]
                 batch.append(MlMetric(key, float(sum(vals) / len(vals)), now, int(step)))
         if value is not None:
-            batch.append(MlMetric("tune/objective", float(value), now, 0))
+            batch.append(MlMetric(K.TUNE_OBJECTIVE, float(value), now, 0))
         log_batch(self.client, run_id, metrics=batch)
         self.client.set_tag(run_id, TRIAL_STATE, state)
         if reason:
@@ -116,14 +124,15 @@ class StudyRuns:
 
     def log_progress(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if trial.value is not None:
-            self.client.log_metric(self.parent_id, "tune/value", float(trial.value), step=trial.number)
+            self.client.log_metric(self.parent_id, K.TUNE_VALUE, float(trial.value), step=trial.number)
         try:
-            self.client.log_metric(self.parent_id, "tune/best_value", float(study.best_value), step=trial.number)
+            self.client.log_metric(self.parent_id, K.TUNE_BEST_VALUE, float(study.best_value), step=trial.number)
         except ValueError:  # no complete trial yet
             pass
         for name, state in (("complete", TrialState.COMPLETE), ("pruned", TrialState.PRUNED),
                             ("failed", TrialState.FAIL)):
-            self.client.log_metric(self.parent_id, f"tune/n_{name}", count(study, state), step=trial.number)
+            self.client.log_metric(self.parent_id, K.TUNE_COUNT.format(state=name), count(study, state),
+                                   step=trial.number)
 
     def finish_parent(self, study: optuna.Study, spec: TuneSpec, complete: bool) -> None:
         try:
@@ -143,8 +152,6 @@ class StudyRuns:
 
 
 def _version_tags() -> dict[str, str]:
-    from bench.tracking import version_tags
-
     return version_tags(commit=False)  # pobench.version (tune runs carry no commit tag)
 
 

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import optuna
+import yaml
+
+from algorithms import default_config
+from evaluators.hints import did_you_mean
 
 NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"  # a number as Python writes it (also read by bench.tune.metric)
 
@@ -43,8 +47,6 @@ class Range:
 
 def objective_config(algo: str, **overrides: Any) -> Any:
     """The resolved config dataclass of objective ``algo`` (ValueError naming valid names / fields when wrong)."""
-    from algorithms import default_config
-
     return default_config(algo, **overrides)
 
 
@@ -100,8 +102,6 @@ def parse_space(spec: str | None) -> dict[str, Range]:
 
 
 def _scalar(text: str) -> Any:
-    import yaml
-
     return yaml.safe_load(text)
 
 
@@ -117,8 +117,6 @@ def resolve_space(algo: str, spec: str | None = None, overrides: dict[str, Any] 
     space = declared_space(algo, overrides)
     for name, rng in parse_space(spec).items():
         if name not in fields_by_name:
-            from evaluators.hints import did_you_mean
-
             hint = did_you_mean(name, fields_by_name)
             raise ValueError(f"--space: objective {algo!r} has no parameter {name!r}{hint}; its fields: "
                              f"{', '.join(fields_by_name)}")

@@ -6,12 +6,15 @@ parameters), the pruner (``--pruner``), and counts of trials by state.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
+
+from reports.dburl import INSTALL_HINT, with_driver
 
 DEFAULT_DIR = Path(".pobench/tune")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -39,11 +42,7 @@ def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_re
     Trials whose worker stops sending heartbeats for ``grace`` seconds are failed and re-queued (up to ``max_retry``
     times per original trial); ``on_stale`` runs after the re-queueing (used to close the trial's MLflow run).
     """
-    import warnings
-
     from sqlalchemy.engine import make_url
-
-    from bench.dburl import INSTALL_HINT, with_driver
 
     try:
         url = with_driver(url)  # postgresql:// -> the installed driver (SQLAlchemy versions differ in the default)

@@ -1,7 +1,7 @@
 """The study loop of `bench tune`: create or join a study, run trials until it holds enough finished ones.
 
 One trial trains the same base ``TrainConfig`` once per seed with the sampled ``objective_overrides`` through
-``bench.train.train`` and scores it by ``bench.tune.metric``. Pruning: each held-out evaluation reports the eval
+``bench.engines.train`` and scores it by ``bench.tune.metric``. Pruning: each held-out evaluation reports the eval
 metric to Optuna (sign-flipped for the ``*_to`` metrics, so that "lower is better" holds for both the study and its
 curves) at step ``seed_index * (steps + 1) + train_step``: all trials use the same seed list, so the pruner compares
 like with like. Several workers may run one study against one storage (``bench.tune.storage``); a rerun resumes it.
@@ -11,48 +11,22 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
+from bench import engines
 from bench.config import TrainConfig
-from bench.tracking import tracking_uri
+from bench.engines import StopTraining, TrainingDiverged
 from bench.tune.metric import TuneMetric, score
 from bench.tune.runs import StudyRuns
-from bench.tune.space import Range
+from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url, make_pruner, open_storage, redact
-from reports.record import STUDY, TRIAL
-
-
-@dataclass
-class TuneSpec:
-    """Everything one `bench tune` worker needs."""
-
-    algo: str
-    base: TrainConfig
-    space: dict[str, Range]
-    metric: TuneMetric
-    study: str
-    trials: int = 30
-    seeds: list[int] = field(default_factory=lambda: [0])
-    storage: str | None = None              # None: default_storage_url()
-    pruner: str = "median"
-    pruner_warmup: int = 1
-    pruner_startup: int = 2
-    heartbeat: int = 30
-    grace: int | None = None
-    max_retry: int = 3
-    sampler_seed: int | None = None
-
-    def fingerprint(self) -> dict[str, str]:
-        """What must match when a worker joins or resumes an existing study."""
-        return {"algo": self.algo, "metric": self.metric.spec, "direction": self.metric.direction,
-                "seeds": ",".join(map(str, self.seeds)), "steps": str(self.base.steps),
-                "space": ",".join(f"{n}={r.describe()}" for n, r in sorted(self.space.items())),
-                "config_hash": self.base.comparison_hash()}
+from reports import metric_keys as K
+from reports.record import STUDY, TRIAL, tracking_uri
 
 
 def open_study(spec: TuneSpec) -> tuple[optuna.Study, StudyRuns]:
@@ -94,16 +68,12 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
     """Run trials of ``spec.study`` until it holds ``spec.trials`` finished (complete or pruned) trials.
 
     Safe to run from several processes / machines at once against one storage; a rerun resumes the study.
-    ``train_fn`` (default ``bench.train.train``) trains one config: ``train_fn(cfg, on_eval=...) -> TrainResult``.
+    ``train_fn`` (default ``bench.engines.train``) trains one config: ``train_fn(cfg, on_eval=...) -> TrainResult``.
     """
-    import warnings
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    study, runs = open_study(spec)  # an unreachable storage fails here, before anything heavy is imported
-    if train_fn is None:
-        from bench.train import train as train_fn
-    from bench.train import TrainingDiverged
+    study, runs = open_study(spec)  # an unreachable storage fails here, before any training
+    train_fn = train_fn or engines.train
 
     optuna.storages.fail_stale_trials(study)  # re-queue trials of workers that died since the last run
     log(f"study {spec.study!r} at {redact(spec.storage or default_storage_url())}: "
@@ -181,8 +151,6 @@ def _train_one(cfg: TrainConfig, metric: TuneMetric, train_fn: Callable[..., Any
                curve: dict[int, dict[str, float]], report: Callable[[float, int], bool], step_offset: int) -> bool:
     """Train one seed, recording every evaluation in ``curve`` and passing it to ``report(value, step_offset +
     step)``; True if ``report`` asked to prune (training then stops early)."""
-    from bench.train import StopTraining
-
     pruned = False
     t0: float | None = None
 
@@ -192,7 +160,7 @@ def _train_one(cfg: TrainConfig, metric: TuneMetric, train_fn: Callable[..., Any
         if t0 is None:
             t0 = now
         m = dict(metrics)
-        m.setdefault("time/elapsed_s", now - t0)
+        m.setdefault(K.ELAPSED_S, now - t0)
         curve[int(step)] = m
         if metric.key not in m:
             raise ValueError(f"--metric {metric.spec}: the evaluation reports no {metric.key!r}; it "

@@ -18,13 +18,28 @@ parameters).
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+import optuna
+
+from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url
-from bench.tune.study import TuneSpec, open_study, run_study
+from bench.tune.study import open_study, run_study
+from bench.workers import (
+    absolute_tracking_uri,
+    import_ray,
+    init_ray,
+    one_thread,
+    quiet_libraries,
+    resolve_workers,
+    task_context,
+    task_resources,
+    task_setup,
+)
 
 EXECUTORS = ("local", "ray")
 
@@ -37,16 +52,10 @@ def worker_spec(spec: TuneSpec, i: int) -> TuneSpec:
 def _worker(spec: TuneSpec, i: int, ctx: dict[str, Any] | None = None) -> int:
     """One worker, in a pool process or a Ray task; returns the number of trials the study holds finished."""
     if ctx is not None:  # a Ray task: the driver's environment and working folder, as a pair's task gets them
-        from bench.executors import _task_setup
-
-        _task_setup(ctx, lambda *event: print(f"[worker {i}] {event[-1]}", flush=True), i)
-    else:  # a pool process: as a pair's (bench/parallel.py)
-        import torch
-
-        from bench.cli import quiet_libraries
-
+        task_setup(ctx, lambda *event: print(f"[worker {i}] {event[-1]}", flush=True), i)
+    else:  # a pool process: as a pair's (bench/compare/executors.py)
         quiet_libraries()
-        torch.set_num_threads(1)
+        one_thread()
     study = run_study(spec, log=lambda m: print(f"[worker {i}] {m}", flush=True), worker=str(i))
     return count(study, *FINISHED)
 
@@ -54,10 +63,6 @@ def _worker(spec: TuneSpec, i: int, ctx: dict[str, Any] | None = None) -> int:
 def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_address: str | None = None,
                 log=print):
     """Run the study with ``workers`` workers on ``executor``; returns the study (as ``run_study`` does)."""
-    import optuna
-
-    from bench.harness import resolve_workers  # the one --workers rule of bench run and bench tune
-
     n = resolve_workers(workers, spec.trials, spec.base)  # (a bad value: an error before anything is created)
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; choices: {', '.join(EXECUTORS)}")
@@ -66,8 +71,6 @@ def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_a
     if executor == "local" and workers == 1:
         return run_study(spec, log=log)
     if executor == "ray":
-        from bench.executors import absolute_tracking_uri, import_ray
-
         import_ray()  # not installed: one line now
         storage = spec.storage or default_storage_url()
         if ray_address and storage.startswith("sqlite"):
@@ -88,8 +91,6 @@ def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_a
         if n == 1:
             return run_study(spec, log=log)
         log(f"study {spec.study!r}: {n} local workers (parent MLflow run {runs.parent_id})")
-        import multiprocessing
-
         with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(_worker, worker_spec(spec, i), i) for i in range(n)]
             for f in futures:
@@ -100,8 +101,6 @@ def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_a
 def _run_ray(spec: TuneSpec, workers: int, missing: int, address: str | None, parent_id: str, log) -> None:
     """``workers`` Ray tasks (0: one per CPU, or per GPU when the cluster has GPUs, of the cluster), at most
     ``missing``."""
-    from bench.executors import _code_root, forwarded_env, init_ray, task_resources
-
     ray = init_ray(address, workers or None, None)
     owned = not address
     try:
@@ -110,8 +109,7 @@ def _run_ray(spec: TuneSpec, workers: int, missing: int, address: str | None, pa
         slots = int(cluster.get("GPU" if "num_gpus" in options else "CPU", 1))
         n = max(1, min(workers or slots, missing))
         log(f"study {spec.study!r}: {n} ray workers (parent MLflow run {parent_id})")
-        ctx = {"env": forwarded_env(spec.base.tracking_uri), "cwd": os.getcwd(), "code_root": _code_root(),
-               "cpu": "num_gpus" not in options}
+        ctx = task_context(spec.base.tracking_uri, options)
         task = ray.remote(_worker).options(**options, max_retries=0)
         refs = [task.remote(worker_spec(spec, i), i, ctx) for i in range(n)]
         try:

@@ -1,5 +1,5 @@
 """The distinguishability probe: its batch has the regime's properties, its gradients are the objectives' true
-gradients, and it reports the coinciding groups and inert terms measured on identical float64 tensors (issue #11)."""
+gradients, and it reports the coinciding groups and inert terms measured on identical float64 tensors."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import torch
 from algorithms import get_objective
 from algorithms.probe import Regime, gradient, make_batch, probe, relative_difference
 
-# the objectives registered when issue #11 listed the on-policy coincidences (a fixed list: objectives registered
-# later, e.g. KL to π_old, coincide on-policy for reasons of their own)
-ISSUE_11 = ["grpo", "dr_grpo", "dapo", "gspo", "entropy_reg", "clip_cov", "kl_cov", "forking_tokens", "tepo",
-            "tepo-no-mask", "tepo-mask-all", "tepo-mask-adv", "tepo-mask-entropy", "tepo-token-ratio",
-            "tepo-seq-mean", "tepo-likelihood-credit", ("grpo", {"kl_coef": 0.0})]
+# the objectives whose on-policy coincidences docs/objectives.md lists (a fixed list: objectives registered later, e.g.
+# KL to π_old, coincide on-policy for reasons of their own)
+FIRST_SET = ["grpo", "dr_grpo", "dapo", "gspo", "entropy_reg", "clip_cov", "kl_cov", "forking_tokens", "tepo",
+             "tepo-no-mask", "tepo-mask-all", "tepo-mask-adv", "tepo-mask-entropy", "tepo-token-ratio",
+             "tepo-seq-mean", "tepo-likelihood-credit", ("grpo", {"kl_coef": 0.0})]
 ONE_UPDATE = Regime.from_loop(update_epochs=1, minibatches=1, lr=3e-5, prompts_per_step=16, group_size=8,
                               micro_batch_size=64, max_new_tokens=48)
 DEFAULT = Regime.from_loop(update_epochs=1, minibatches=4, lr=3e-5, prompts_per_step=16, group_size=8,
@@ -22,12 +22,12 @@ DEFAULT = Regime.from_loop(update_epochs=1, minibatches=4, lr=3e-5, prompts_per_
 
 @pytest.fixture(scope="module")
 def one_update():
-    return probe(ISSUE_11, ONE_UPDATE)
+    return probe(FIRST_SET, ONE_UPDATE)
 
 
 @pytest.fixture(scope="module")
 def default():
-    return probe(ISSUE_11, DEFAULT)
+    return probe(FIRST_SET, DEFAULT)
 
 
 def test_regime_from_loop_counts_updates_and_micro_batch():
@@ -62,7 +62,7 @@ def test_gradient_is_the_objective_gradient():
     assert g_ent[n:].abs().max() > 0
 
 
-def test_one_update_regime_reports_exactly_the_issue_groups(one_update):
+def test_one_update_regime_reports_exactly_the_documented_groups(one_update):
     groups = {frozenset(g) for g in one_update.groups}
     assert groups == {frozenset({"dapo", "kl_cov", "tepo-no-mask"}), frozenset({"tepo", "tepo-token-ratio"}),
                       frozenset({"gspo", "grpo(kl_coef=0.0)"})}
@@ -81,7 +81,7 @@ def test_one_update_regime_reports_inert_terms(one_update):
     assert any("dapo == kl_cov == tepo-no-mask" in w and "dynamic_sampling" in w for w in warnings)
 
 
-def test_default_regime_separates_the_issue_groups(default):
+def test_default_regime_separates_the_documented_groups(default):
     assert default.groups == []
     assert not any("clip never binds" in t for t in default.inert["dapo"])  # token clips bind off-policy
     assert not any("clip never binds" in t for t in default.inert["gspo"])

@@ -10,12 +10,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from algorithms import get_objective
-from bench.batching import length_grouped, padded_tokens
 from bench.config import TrainConfig
+from bench.engines.native.batching import length_grouped, padded_tokens
+from bench.engines.native.scale import Reference
+from bench.engines.native.step import Group, update
 from bench.model import build_char_tokenizer, tiny_config
-from bench.rollout import make_engine
-from bench.scale import Reference
-from bench.step import Group, update
+from bench.rollout import make_sampler
 
 
 def _lengths(n: int, seed: int) -> tuple[list[int], list[int]]:
@@ -64,7 +64,7 @@ def test_update_with_length_grouped_micro_batches_gives_the_same_gradient(algo):
         cfg = TrainConfig(algo=algo, micro_batch_size=4, length_grouped_micro_batches=grouped, max_new_tokens=32)
         opt = RecordGrads(model.parameters())
         ref = Reference(model)
-        out = update(cfg, objective, model, ref, opt, make_engine("hf", model, tok), copy.deepcopy(groups), 1)
+        out = update(cfg, objective, model, ref, opt, make_sampler("hf", model, tok), copy.deepcopy(groups), 1)
         assert torch.isfinite(torch.tensor(out["train/loss"]))
         grads[grouped] = opt.grads[0]
         model.zero_grad(set_to_none=True)
@@ -79,8 +79,8 @@ def test_update_with_length_grouped_micro_batches_gives_the_same_gradient(algo):
 
 
 def test_scoring_rows_in_length_order_returns_them_in_input_order():
+    from bench.engines.native.step import _score_rows
     from bench.rollout.scoring import score
-    from bench.step import _score_rows
 
     tok = build_char_tokenizer()
     with torch.random.fork_rng():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench import checkpoint
+from bench.engines.native import checkpoint
 
 
 def _save_steps(run_dir, steps, keep):
@@ -48,7 +48,7 @@ def test_keep_checkpoints_must_be_positive():
 
 def test_a_training_run_leaves_one_checkpoint_and_the_final_weights(tmp_path):
     from bench.config import TrainConfig
-    from bench.train import train
+    from bench.engines import train
 
     cfg = TrainConfig(steps=3, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0, eval_problems=4,
                       samples_every=0, checkpoint_every=1, track_ref_kl=False, output_dir=str(tmp_path / "runs"),
@@ -62,7 +62,7 @@ def test_a_training_run_leaves_one_checkpoint_and_the_final_weights(tmp_path):
 def test_state_only_checkpoints_rotate_with_the_engine_folder_they_name(tmp_path):
     """The TRL engine's checkpoints: pobench's state.json names TRL's folder; dropping an old checkpoint drops that
     folder too, and only after the new one is complete (TRL's own rotation is off)."""
-    from bench import checkpoint
+    from bench.engines.native import checkpoint
 
     trl = [tmp_path / "trl" / f"checkpoint-{n}" for n in (2, 4)]
     for d in trl:

@@ -87,13 +87,13 @@ def test_tracking_uri_default_is_the_stated_one(tmp_path, monkeypatch):
 
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, "-c", "from bench.tracking import tracking_uri; print(tracking_uri(None))"],
+    out = subprocess.run([sys.executable, "-c", "from reports.record import tracking_uri; print(tracking_uri(None))"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.strip().replace(str(tmp_path) + "/", "") == DEFAULT_TRACKING_URI.replace("///", "///")
 
 
 def test_bench_run_help_shows_the_defaults_it_uses(capsys):
-    from bench.harness import DEFAULTS
+    from bench.compare.plan import DEFAULTS
 
     entries = _option_entries(["run"], capsys)
     for name, value in DEFAULTS.train.items():
@@ -106,8 +106,8 @@ def _effective_default(cmd: str, flag: str):
     """The value a subcommand uses when `flag` is not given."""
     import dataclasses
 
+    from bench.compare.plan import DEFAULTS
     from bench.config import TrainConfig
-    from bench.harness import DEFAULTS
 
     parser = cli.build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
@@ -143,7 +143,7 @@ def test_docs_state_the_default_comparison():
     import re
     from pathlib import Path
 
-    from bench.harness import DEFAULTS
+    from bench.compare.plan import DEFAULTS
 
     root = Path(__file__).resolve().parents[2]
     for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:

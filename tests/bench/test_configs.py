@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.compare.plan import base_config, load_params, resolve_algos
 from bench.config import TrainConfig
-from bench.harness import base_config, load_params, resolve_algos
 from bench.model import format_prompt
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))

@@ -1,4 +1,4 @@
-"""Off-policy updates by default (issue #11): the HF rollout's log-probs are exact for the training module, so the
+"""Off-policy updates by default: the HF rollout's log-probs are exact for the training module, so the
 loop takes π_old from the rollout; the drift metrics; the probe under `bench run`'s configuration (`bench list
 --compare`, the warning before training, probe.json on the comparison run)."""
 
@@ -13,13 +13,13 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from bench.cli import main
+from bench.compare.distinguish import probe_config, regime_of, warn_before_run
+from bench.compare.plan import DEFAULTS, base_config
 from bench.config import TrainConfig
-from bench.distinguish import probe_config, regime_of, warn_before_run
-from bench.harness import DEFAULTS, base_config
+from bench.engines import train
 from bench.model import format_prompt, load_policy
-from bench.rollout import HFEngine, SamplingParams, make_engine
+from bench.rollout import HFSampler, SamplingParams, make_sampler
 from bench.rollout.scoring import score
-from bench.train import train
 from evaluators.arith import ArithTask
 
 
@@ -34,7 +34,7 @@ def test_hf_rollout_logprobs_are_the_scoring_pass_under_the_loop_settings():
     cfg = TrainConfig()
     model, tok = load_policy(cfg.model)
     prompts = [format_prompt(tok, p.question) for p in ArithTask(cfg.difficulty).test_set(cfg.prompts_per_step)]
-    r = make_engine("hf", model, tok).generate(prompts, cfg.group_size, SamplingParams(
+    r = make_sampler("hf", model, tok).generate(prompts, cfg.group_size, SamplingParams(
         max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature), seed=1)
     rows = [r.prompt_ids[i // r.n] for i in range(len(r))]
     diffs, ent_diffs = [], []
@@ -67,16 +67,16 @@ def test_off_policy_loop_takes_pi_old_from_the_rollout(tmp_path, uri, monkeypatc
     """With a learning rate too small to move the policy, |log r| measures how well π_old matches the policy: it
     is float32 rounding when taken from the rollout (and from the scoring pass when the engine is not exact), and
     no scoring pass of π_old runs. A misaligned or stale π_old (wrong rows, shifted tokens) would show here."""
-    import bench.step
+    import bench.engines.native.step
 
     calls = []
-    real = bench.step._score_rows
-    monkeypatch.setattr(bench.step, "_score_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = bench.engines.native.step._score_rows
+    monkeypatch.setattr(bench.engines.native.step, "_score_rows", lambda *a, **k: calls.append(1) or real(*a, **k))
     res = train(tiny(tmp_path, uri, algo="dapo", minibatches=2, lr=1e-12, run_name="exact"))
     m = _metrics(uri, res.run_id)
     assert m["train/abs_log_ratio"] < 1e-6 and m["train/abs_log_ratio_max"] < 1e-4
     assert calls == []  # neither π_old nor π_ref scored (track_ref_kl off, dapo has no KL)
-    monkeypatch.setattr(HFEngine, "exact_logprobs", False)  # as for vLLM: one scoring pass instead
+    monkeypatch.setattr(HFSampler, "exact_logprobs", False)  # as for vLLM: one scoring pass instead
     res2 = train(tiny(tmp_path, uri, algo="dapo", minibatches=2, lr=1e-12, run_name="scored"))
     m2 = _metrics(uri, res2.run_id)
     assert calls == [1] and m2["train/abs_log_ratio"] < 1e-6
@@ -131,11 +131,11 @@ def test_fewer_completions_than_minibatches_still_updates():
     """Dynamic sampling can keep fewer completions than `minibatches` (one group of 2 with M = 4): the loop makes one
     update per completion instead of failing on empty mini-batches."""
     from algorithms import get_objective
-    from bench.step import Group, update
+    from bench.engines.native.step import Group, update
 
     cfg = TrainConfig(prompts_per_step=2, group_size=2, minibatches=4, max_new_tokens=16, lr=1e-4)
     model, tok = load_policy(cfg.model)
-    engine = make_engine("hf", model, tok)
+    engine = make_sampler("hf", model, tok)
     r = engine.generate([format_prompt(tok, ArithTask(2).test_set(1)[0].question)], 2,
                         SamplingParams(max_new_tokens=16), seed=0)
     group = Group("q", r.prompt_ids[0], r.completion_ids, r.texts, torch.tensor([1.0, 0.0]),

@@ -65,8 +65,9 @@ def _grads(model) -> list[torch.Tensor]:
 def _both(tr, name: str, objective=None, advantages_to_trl=None):
     """(loss, grads) of the native loop (bench.rollout.scoring.score + the objective on a PolicyBatch) and of the TRL
     engine's ``_compute_loss`` on the same rollout batch."""
+    from bench.data import derive_seed
+    from bench.engines.native.step import pad
     from bench.rollout.scoring import score
-    from bench.step import derive_seed, pad
 
     model, tok = tr.model, tr.processing_class
     objective = objective or get_objective(name)

@@ -146,7 +146,7 @@ def test_launch_path_records_a_native_looking_run(tmp_path, monkeypatch, rc):
 
 
 def test_verl_train_hands_evaluations_to_on_eval_and_fails_loudly(tmp_path, monkeypatch):
-    from bench.train import StopTraining, train
+    from bench.engines import StopTraining, train
 
     monkeypatch.setenv("FAKE_VERL_OUT", str(tmp_path / "verl-call.json"))
     verl_env = {"n_gpus_per_node": 1, "python": _fake_python(tmp_path)}  # verl's own environment: FAKE_VERL
@@ -193,7 +193,7 @@ def test_what_a_verl_run_cannot_do_is_refused(tmp_path, capsys):
 def test_a_pruner_cannot_cut_a_verl_trial_short():
     """An engine that hands evaluations over after its run (verl) cannot stop early: the trial is complete, with its
     whole curve, although the pruner asked to stop; an engine that stops (native, TRL) is pruned."""
-    from bench.train import StopTraining, TrainResult
+    from bench.engines import StopTraining, TrainResult
     from bench.tune.metric import parse_metric
     from bench.tune.study import _train_one
 

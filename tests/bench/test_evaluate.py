@@ -10,7 +10,7 @@ import torch
 from bench.cli import main
 from bench.evaluate import evaluate, log_to_mlflow
 from bench.model import load_policy
-from bench.rollout import make_engine
+from bench.rollout import make_sampler
 from evaluators import get_benchmark
 from evaluators.verify import is_correct
 from tests.evaluators.tiny_model import tiny_model_dir
@@ -36,7 +36,7 @@ def one_thread_and_own_tracking_uri():
 
 def test_evaluate_bookkeeping_matches_the_verifier(model_dir):
     model, tok = load_policy(model_dir)
-    engine = make_engine("hf", model, tok)
+    engine = make_sampler("hf", model, tok)
     bench = get_benchmark("arith", difficulty=1)
     problems = bench.load("test", limit=6)
     r = evaluate(engine, tok, bench, problems, k=2, n_samples=3, temperature=1.0, seed=3, max_new_tokens=16)
@@ -63,7 +63,7 @@ def test_nested_mlflow_run(model_dir, mlflow_server):
 
     model, tok = load_policy(model_dir)
     bench = get_benchmark("arith", difficulty=1)
-    r = evaluate(make_engine("hf", model, tok), tok, bench, bench.load(limit=3), k=0, n_samples=0,
+    r = evaluate(make_sampler("hf", model, tok), tok, bench, bench.load(limit=3), k=0, n_samples=0,
                  max_new_tokens=8)
     uri = mlflow_server
     mlflow.set_tracking_uri(uri)

@@ -16,10 +16,11 @@ import yaml
 from mlflow import MlflowClient
 
 from bench.cli import main
-from bench.executors import EXECUTORS, absolute_tracking_uri, make_executor, task_resources
-from bench.harness import run_comparison
+from bench.compare import ComparisonSpec, run_comparison
+from bench.compare.executors import EXECUTORS, make_executor
+from bench.workers import absolute_tracking_uri, task_resources
 
-from .test_parallel import TIMING, TINY, all_series, model_dir, tiny  # noqa: F401  (model_dir: the tiny-model fixture)
+from .test_parallel import TIMING, TINY, _store_template, all_series, model_dir, tiny  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
 HAVE_RAY = importlib.util.find_spec("ray") is not None
@@ -60,7 +61,7 @@ def test_run_help_shows_the_executor_flags(capsys):
 
 
 def test_missing_ray_names_the_extra(monkeypatch):
-    import bench.executors as ex
+    import bench.workers as ex
 
     monkeypatch.setitem(sys.modules, "ray", None)   # `import ray` raises ImportError, as when it is not installed
     with pytest.raises(ValueError, match=r"pip install 'pobench\[ray\]'"):
@@ -86,7 +87,7 @@ def test_local_stores_get_absolute_paths(tmp_path):
 
 
 def test_task_setup_forwards_the_environment_and_notes_other_code(tmp_path, monkeypatch):
-    from bench.executors import _code_root, _task_setup, forwarded_env
+    from bench.workers import code_root, forwarded_env, task_setup
 
     monkeypatch.setenv("POBENCH_MLFLOW_TIMEOUT", "7")
     monkeypatch.setenv("UNRELATED_SECRET", "x")
@@ -94,16 +95,16 @@ def test_task_setup_forwards_the_environment_and_notes_other_code(tmp_path, monk
     assert env["MLFLOW_TRACKING_URI"] == "sqlite:////abs/m.db" and env["POBENCH_MLFLOW_TIMEOUT"] == "7"
     assert "UNRELATED_SECRET" not in env
     monkeypatch.chdir(tmp_path)
-    for key in env:  # restored after the test, also those _task_setup sets
+    for key in env:  # restored after the test, also those task_setup sets
         monkeypatch.setenv(key, "")
         monkeypatch.delenv(key)
     seen = []
-    _task_setup({"env": env, "cwd": str(tmp_path), "cpu": False, "code_root": _code_root()},
+    task_setup({"env": env, "cwd": str(tmp_path), "cpu": False, "code_root": code_root()},
                 lambda *e: seen.append(e), 0)
     assert seen == [] and os.environ["MLFLOW_TRACKING_URI"] == "sqlite:////abs/m.db"
-    _task_setup({"env": {}, "cwd": "/no/such/folder", "cpu": False, "code_root": str(tmp_path)},
+    task_setup({"env": {}, "cwd": "/no/such/folder", "cpu": False, "code_root": str(tmp_path)},
                 lambda *e: seen.append(e), 3)
-    assert seen == [("msg", 3, f"note: a Ray worker runs pobench from {_code_root()}, this process from {tmp_path}")]
+    assert seen == [("msg", 3, f"note: a Ray worker runs pobench from {code_root()}, this process from {tmp_path}")]
     assert os.getcwd() == str(tmp_path)   # a folder this node lacks: the working folder stays
 
 
@@ -114,7 +115,7 @@ def ray_cluster():
     that exists (as in a notebook), so the slow tests below share this one."""
     if not HAVE_RAY:
         pytest.skip("Ray is not installed (pip install 'pobench[ray]')")
-    from bench.executors import init_ray
+    from bench.workers import init_ray
 
     ray = init_ray(None, workers=2)
     assert ray.cluster_resources().get("CPU") == 2
@@ -145,11 +146,11 @@ PER_FOLDER = ("output_dir", "tracking_uri", "tags.mlflow.parentRunId")
 def test_ray_gives_the_local_runs_then_reuses_and_force_retrains(tmp_path, model_dir, ray_cluster, capsys):  # noqa: F811
     # the local executor, one pair after another in this process
     local = tiny(tmp_path / "local", model_dir, "rx")
-    res = run_comparison(local, ["grpo", "tepo"], [0], workers=1, report=False, progress=False)
+    res = run_comparison(ComparisonSpec(local, ["grpo", "tepo"], [0], workers=1, report=False, progress=False))
     assert [p.outcome for p in res.pairs] == ["finished", "finished"]
     # the same comparison as Ray tasks, in another folder
     cfg = tiny(tmp_path / "ray", model_dir, "rx")
-    res = run_comparison(cfg, ["grpo", "tepo"], [0], report=False, progress=False, executor="ray")
+    res = run_comparison(ComparisonSpec(cfg, ["grpo", "tepo"], [0], report=False, progress=False, executor="ray"))
     assert (res.executor, res.workers) == ("ray", 2)
     assert [(p.variant, p.outcome, p.action) for p in res.pairs] == [("grpo", "finished", "train"),
                                                                      ("tepo", "finished", "train")]
@@ -217,8 +218,8 @@ def fail_some(pair, step, metrics):
 @pytest.mark.slow
 def test_a_failing_ray_task_is_named_and_the_other_pairs_are_kept(tmp_path, model_dir, ray_cluster, capsys):  # noqa: F811
     cfg = tiny(tmp_path, model_dir, "rfail", steps=1)
-    res = run_comparison(cfg, ["grpo", "tepo", "dapo"], [0], report=False, progress=False, executor="ray",
-                         on_eval=fail_some)
+    res = run_comparison(ComparisonSpec(cfg, ["grpo", "tepo", "dapo"], [0], report=False, progress=False,
+                                        executor="ray", on_eval=fail_some))
     out = {p.objective: p.outcome for p in res.pairs}
     assert out["grpo"] == "finished"
     assert out["tepo"] == "failed: RuntimeError: boom in tepo"

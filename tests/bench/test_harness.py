@@ -1,10 +1,9 @@
-"""`bench run`: resolving objectives, seeds and params; real comparisons on the tiny model (reuse, resume, report)."""
+"""`bench run`: resolving objectives, seeds and params; one real comparison on the tiny model (training, report, reuse).
+Its orchestration (resume, --force, failures, Ctrl-C, executors) is tested on a fake trainer in test_compare.py."""
 
 from __future__ import annotations
 
 import csv
-import math
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,16 +11,10 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
-from bench.harness import (
-    DEFAULTS,
-    base_config,
-    comparison_id,
-    load_params,
-    parse_seeds,
-    resolve_algos,
-    run_comparison,
-    variant_label,
-)
+from bench.compare import ComparisonSpec, run_comparison
+from bench.compare.plan import DEFAULTS, base_config, comparison_id, load_params, resolve_algos, variant_label
+from bench.workers import parse_seeds
+from tests.conftest import copy_store
 
 FIGURES = ["accuracy_vs_step", "accuracy_vs_time", "entropy_vs_step", "reward_vs_step", "clip_masked_fractions",
            "time_to_convergence"]
@@ -44,10 +37,10 @@ def test_resolve_algos_names_groups_and_ablation():
 
 
 def test_parse_seeds():
-    assert parse_seeds("0, 1,2,1") == [0, 1, 2]
-    assert parse_seeds(None) == list(DEFAULTS.seeds)
+    assert parse_seeds("0, 1,2,1", DEFAULTS.seeds) == [0, 1, 2]
+    assert parse_seeds(None, DEFAULTS.seeds) == list(DEFAULTS.seeds)
     with pytest.raises(ValueError, match="comma-separated integers"):
-        parse_seeds("0,a")
+        parse_seeds("0,a", DEFAULTS.seeds)
 
 
 def test_load_params_forms_and_errors(tmp_path):
@@ -129,10 +122,10 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def tiny(tmp_path, model: str, experiment: str):
+def tiny(tmp_path, model: str, experiment: str, store):
     return base_config(None, model=model, steps=3, prompts_per_step=2, group_size=2, eval_problems=8, eval_every=1,
                        checkpoint_every=1, max_new_tokens=16, samples_every=0, experiment=experiment,
-                       tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", output_dir=str(tmp_path / "runs"))
+                       tracking_uri=copy_store(store, tmp_path), output_dir=str(tmp_path / "runs"))
 
 
 def _runs(client, experiment, kind="train"):
@@ -145,9 +138,9 @@ def _history(client, run_id, key):
 
 
 @pytest.mark.slow
-def test_two_objectives_two_seeds_report_equals_mlflow_series(tmp_path, model_dir):
-    cfg = tiny(tmp_path, model_dir, "e2e")
-    res = run_comparison(cfg, ["grpo", "tepo"], [0, 1], out_root=tmp_path / "out", progress=False)
+def test_two_objectives_two_seeds_report_equals_mlflow_series(tmp_path, model_dir, empty_store):
+    cfg = tiny(tmp_path, model_dir, "e2e", empty_store)
+    res = run_comparison(ComparisonSpec(cfg, ["grpo", "tepo"], [0, 1], out_root=tmp_path / "out", progress=False))
     assert [(p.variant, p.seed, p.outcome) for p in res.pairs] == [
         ("grpo", 0, "finished"), ("grpo", 1, "finished"), ("tepo", 0, "finished"), ("tepo", 1, "finished")]
     out = tmp_path / "out" / "e2e"
@@ -198,59 +191,7 @@ def test_two_objectives_two_seeds_report_equals_mlflow_series(tmp_path, model_di
     assert "report/report.md" in art
 
     # the same command again: every pair reused, nothing retrained
-    again = run_comparison(cfg, ["grpo", "tepo"], [0, 1], out_root=tmp_path / "out", progress=False)
+    again = run_comparison(ComparisonSpec(cfg, ["grpo", "tepo"], [0, 1], out_root=tmp_path / "out", progress=False))
     assert again.comparison == res.comparison
     assert all(p.outcome == "reused" for p in again.pairs)
     assert len(_runs(client, "e2e")) == 4
-
-
-@pytest.mark.slow
-def test_interrupted_comparison_resumes_only_missing_pairs(tmp_path, model_dir):
-    cfg = tiny(tmp_path, model_dir, "resume")
-
-    def interrupt(pair, step, metrics):
-        if pair.objective == "tepo" and step == 2:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        run_comparison(cfg, ["grpo", "tepo"], [0], out_root=tmp_path / "out", progress=False, on_eval=interrupt,
-                       workers=1)
-    client = MlflowClient(cfg.tracking_uri)
-    before = {r.data.tags["pobench.objective"]: r for r in _runs(client, "resume")}
-    assert before["grpo"].info.status == "FINISHED" and before["tepo"].info.status == "KILLED"
-
-    trained: list[tuple[str, int]] = []
-    res = run_comparison(cfg, ["grpo", "tepo"], [0], out_root=tmp_path / "out", progress=False,
-                         on_eval=lambda p, step, m: trained.append((p.objective, step)), workers=1)
-    assert {p.objective: p.action for p in res.pairs} == {"grpo": "reuse", "tepo": "resume"}
-    assert {a for a, _ in trained} == {"tepo"}            # only the missing pair ran
-    assert [s for _, s in trained] == [2, 3]              # from its checkpoint at step 1, not from scratch
-    after = {r.data.tags["pobench.objective"]: r for r in _runs(client, "resume")}
-    assert len(after) == 2 and after["tepo"].info.run_id == before["tepo"].info.run_id
-    assert client.get_run(after["tepo"].info.run_id).info.status == "FINISHED"
-    steps = [s for s, _ in _history(client, after["tepo"].info.run_id, "eval/accuracy")]
-    assert steps == [0, 1, 2, 3]                          # no step lost or logged twice
-    elapsed = _history(client, after["tepo"].info.run_id, "time/elapsed_s")
-    assert all(math.isfinite(v) for _, v in elapsed) and [s for s, _ in elapsed] == [1, 2, 3]
-    assert (tmp_path / "out" / "resume" / "report.md").exists()
-
-
-@pytest.mark.slow
-def test_params_variant_and_force_redo(tmp_path, model_dir):
-    cfg = replace(tiny(tmp_path, model_dir, "force"), steps=2)
-    params = {"grpo": {"kl_coef": 0.0}}
-    first = run_comparison(cfg, ["grpo"], [0], params, out_root=tmp_path / "out", progress=False)
-    label = variant_label("grpo", {"kl_coef": 0.0})
-    assert [p.variant for p in first.pairs] == [label] and label.startswith("grpo+")
-    client = MlflowClient(cfg.tracking_uri)
-    (old,) = _runs(client, "force")
-    assert old.data.tags["pobench.variant"] == label and old.data.params["objective.kl_coef"] == "0.0"
-    assert "| " + label + " |" in (tmp_path / "out" / "force" / "accuracy.md").read_text()
-
-    again = run_comparison(cfg, ["grpo"], [0], params, out_root=tmp_path / "out", progress=False)
-    assert again.pairs[0].outcome == "reused"           # the overrides are part of the run's identity
-    redo = run_comparison(cfg, ["grpo"], [0], params, force=True, out_root=tmp_path / "out", progress=False)
-    assert redo.pairs[0].outcome == "finished" and redo.pairs[0].run_id != old.info.run_id
-    assert client.get_run(old.info.run_id).data.tags[f"pobench.in.{redo.comparison}"] == "0"
-    with open(tmp_path / "out" / "force" / "runs.csv") as f:
-        assert [r["run_id"] for r in csv.DictReader(f)] == [redo.pairs[0].run_id]

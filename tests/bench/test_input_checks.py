@@ -65,7 +65,7 @@ def test_degenerate_config_is_refused_naming_the_field(argv, field, capsys, tmp_
 
 
 def test_empty_algos_is_an_error_not_the_defaults(capsys, tmp_path, monkeypatch):
-    from bench.harness import resolve_algos
+    from bench.compare.plan import resolve_algos
 
     for given in ("", " , ", []):
         with pytest.raises(ValueError, match="names no objective"):
@@ -92,7 +92,7 @@ def test_unknown_characters_are_warned_with_count_and_example(capsys):
 def test_training_warns_about_unknown_characters_before_the_first_step(tmp_path, capsys):
     """The loop itself warns (before step 1), for the training and the held-out prompts."""
     from bench.config import TrainConfig
-    from bench.train import train
+    from bench.engines import train
 
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in [*GSM, {"question": "小明有 3 个苹果", "answer": "#### 3"}]))

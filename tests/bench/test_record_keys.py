@@ -12,6 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 from bench.cli import main
+from tests.conftest import copy_store
 
 DERIVED = ("acc_drawdown", "best_acc", "entropy_collapse_step", "entropy_slope", "final_acc", "grad_spikes",
            "initial_acc", "kl_max", "reward_var", "target_acc", "ttc_seconds", "ttc_step", "zero_adv_frac")
@@ -47,8 +48,8 @@ COMPARISON_METRICS: set[str] = set()
 
 
 @pytest.mark.slow
-def test_bench_run_writes_exactly_the_recorded_keys(tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+def test_bench_run_writes_exactly_the_recorded_keys(tmp_path, empty_store):
+    uri = copy_store(empty_store, tmp_path)
     assert main(["run", "--algos", "grpo,tepo", "--seeds", "0", "--steps", "2", "--prompts-per-step", "2",
                  "--group-size", "2", "--eval-problems", "8", "--eval-every", "1", "--checkpoint-every", "1",
                  "--max-new-tokens", "16", "--samples-every", "0", "--workers", "1", "--no-progress",
@@ -116,8 +117,8 @@ def _keys(client, exp: str) -> dict[str, list[tuple[set[str], set[str], set[str]
 
 
 @pytest.mark.slow
-def test_bench_eval_writes_exactly_the_recorded_keys(tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+def test_bench_eval_writes_exactly_the_recorded_keys(tmp_path, empty_store):
+    uri = copy_store(empty_store, tmp_path)
     assert main(["eval", "--benchmarks", "arith", "--limit", "3", "--k", "2", "--max-new-tokens", "16",
                  "--experiment", "keys", "--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 0
     runs = _keys(MlflowClient(uri), "keys")
@@ -129,8 +130,8 @@ def test_bench_eval_writes_exactly_the_recorded_keys(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_tune_writes_exactly_the_recorded_keys(tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+def test_bench_tune_writes_exactly_the_recorded_keys(tmp_path, empty_store):
+    uri = copy_store(empty_store, tmp_path)
     assert main(["tune", "--algo", "grpo", "--trials", "1", "--steps", "1", "--seeds", "0", "--study", "keys",
                  "--storage", f"sqlite:///{tmp_path}/optuna.db", "--tracking-uri", uri, "--out", str(tmp_path / "o"),
                  "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--eval-every", "1",

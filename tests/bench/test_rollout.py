@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from bench.model import build_char_tokenizer, format_prompt, load_policy, tiny_config
-from bench.rollout import SamplingParams, make_engine
+from bench.rollout import SamplingParams, make_sampler
 from bench.rollout.scoring import score
 from evaluators.arith import ArithTask
 
@@ -48,7 +48,7 @@ def test_engine_logprobs_match_the_scoring_pass(which, params, request):
     model, tok = request.getfixturevalue(which)
     prompts = PROMPTS if which == "random_policy" else [format_prompt(tok, p.question)
                                                         for p in ArithTask(3).test_set(6)]
-    r = make_engine("hf", model, tok).generate(prompts, 4, params, seed=3)
+    r = make_sampler("hf", model, tok).generate(prompts, 4, params, seed=3)
     lp, ent, mask = score(model, r.prompt_ids, r.completion_ids, temperature=params.temperature)
     assert lp.shape == ent.shape == mask.shape == (len(prompts) * 4, max(map(len, r.completion_ids)))
     assert _max_diff(r, lp, ent, mask) < 1e-4
@@ -56,7 +56,7 @@ def test_engine_logprobs_match_the_scoring_pass(which, params, request):
 
 def test_sampling_is_deterministic_for_a_seed_and_leaves_global_rng_alone(random_policy):
     model, tok = random_policy
-    engine = make_engine("hf", model, tok)
+    engine = make_sampler("hf", model, tok)
     params = SamplingParams(max_new_tokens=16)
     state = torch.get_rng_state()
     a = engine.generate(PROMPTS, 3, params, seed=11)
@@ -69,7 +69,7 @@ def test_sampling_is_deterministic_for_a_seed_and_leaves_global_rng_alone(random
 
 def test_rollout_shapes_and_length_finish(random_policy):
     model, tok = random_policy
-    r = make_engine("hf", model, tok).generate(PROMPTS, 5, SamplingParams(max_new_tokens=12), seed=0)
+    r = make_sampler("hf", model, tok).generate(PROMPTS, 5, SamplingParams(max_new_tokens=12), seed=0)
     assert r.n == 5 and len(r.prompt_ids) == 3 and len(r) == 15
     assert r.prompt_ids[2] == tok(PROMPTS[2])["input_ids"]
     for ids, lp, ent, fin, text in zip(r.completion_ids, r.logprobs, r.entropies, r.finish_reasons, r.texts):
@@ -83,21 +83,21 @@ def test_rollout_shapes_and_length_finish(random_policy):
 def test_greedy_chunking_and_top_k_one(random_policy):
     model, tok = random_policy
     greedy = SamplingParams(max_new_tokens=10, temperature=0)
-    full = make_engine("hf", model, tok).generate(PROMPTS, 2, greedy, seed=0)
-    chunked = make_engine("hf", model, tok, max_batch_size=2).generate(PROMPTS, 2, greedy, seed=5)
+    full = make_sampler("hf", model, tok).generate(PROMPTS, 2, greedy, seed=0)
+    chunked = make_sampler("hf", model, tok, max_batch_size=2).generate(PROMPTS, 2, greedy, seed=5)
     assert full.completion_ids == chunked.completion_ids
     assert full.completion_ids[0] == full.completion_ids[1]  # greedy: the n copies agree
-    top1 = make_engine("hf", model, tok).generate(PROMPTS, 2, SamplingParams(max_new_tokens=10, top_k=1), seed=9)
+    top1 = make_sampler("hf", model, tok).generate(PROMPTS, 2, SamplingParams(max_new_tokens=10, top_k=1), seed=9)
     assert top1.completion_ids == full.completion_ids
     # an unbatched prompt gives the same greedy completion as inside a left-padded batch
-    alone = make_engine("hf", model, tok).generate(PROMPTS[1:2], 1, greedy, seed=0)
+    alone = make_sampler("hf", model, tok).generate(PROMPTS[1:2], 1, greedy, seed=0)
     assert alone.completion_ids[0] == full.completion_ids[2]
 
 
 def test_trained_model_stops_at_eos(trained_policy):
     model, tok = trained_policy
     prompts = [format_prompt(tok, p.question) for p in ArithTask(2).test_set(8)]
-    r = make_engine("hf", model, tok).generate(prompts, 2, SamplingParams(max_new_tokens=48), seed=0)
+    r = make_sampler("hf", model, tok).generate(prompts, 2, SamplingParams(max_new_tokens=48), seed=0)
     assert r.finish_reasons.count("stop") >= 14
     for ids, fin, text in zip(r.completion_ids, r.finish_reasons, r.texts):
         if fin == "stop":
@@ -128,9 +128,9 @@ def test_scoring_is_padding_invariant_and_differentiable(random_policy):
 
 def test_bad_input_is_refused(random_policy):
     model, tok = random_policy
-    engine = make_engine("hf", model, tok)
+    engine = make_sampler("hf", model, tok)
     with pytest.raises(ValueError, match="backend"):
-        make_engine("onnx", model, tok)
+        make_sampler("onnx", model, tok)
     with pytest.raises(ValueError, match="top_p"):
         engine.generate(PROMPTS, 1, SamplingParams(top_p=0), seed=0)
     with pytest.raises(ValueError, match="temperature"):

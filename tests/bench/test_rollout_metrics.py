@@ -6,7 +6,7 @@ from __future__ import annotations
 from mlflow.tracking import MlflowClient
 
 from bench.config import TrainConfig
-from bench.train import train
+from bench.engines import train
 
 
 def _run(tmp_path, algo):

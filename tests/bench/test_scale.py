@@ -13,10 +13,10 @@ from mlflow.tracking import MlflowClient
 from transformers import AutoModelForCausalLM
 
 from bench.config import TrainConfig
+from bench.engines import train
+from bench.engines.native.scale import Reference, enable_activation_checkpointing, prepare_policy
 from bench.model import build_char_tokenizer, load_policy, tiny_config
 from bench.rollout.scoring import score
-from bench.scale import Reference, enable_activation_checkpointing, prepare_policy
-from bench.train import train
 
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
 COMPS = [[20, 21, 22, 23], [24], [25, 26, 27, 28, 29, 1]]

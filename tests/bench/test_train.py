@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 
 from algorithms import list_objectives
 from bench.config import TrainConfig
+from bench.engines import TrainingDiverged, train
 from bench.model import resolve_model_path
-from bench.train import TrainingDiverged, train
 
 TIME_KEYS = ("time/", "rollout/tokens_per_s")
 

@@ -79,7 +79,7 @@ def test_bad_space_names_the_problem(spec, words):
 
 
 def test_metric_parsing():
-    assert tune.parse_metric("eval/accuracy") == tune.Metric("eval/accuracy", "final", None, "maximize")
+    assert tune.parse_metric("eval/accuracy") == tune.TuneMetric("eval/accuracy", "final", None, "maximize")
     m = tune.parse_metric("steps_to:eval/accuracy_sampled>=0.5")
     assert (m.kind, m.key, m.threshold, m.direction) == ("steps_to", "eval/accuracy_sampled", 0.5, "minimize")
     assert m.intermediate(0.3) == -0.3  # minimised study: higher accuracy must read as better
@@ -223,7 +223,7 @@ def test_interrupted_trial_is_queued_again_on_resume(tmp_path, mlflow_server):
         def hook(step, metrics):
             on_eval(step, metrics)
             if step == 1:
-                raise KeyboardInterrupt  # what Ctrl-C (or SIGTERM, inside bench.train) does mid-training
+                raise KeyboardInterrupt  # what Ctrl-C (or SIGTERM, inside bench.engines.train) does mid-training
         return fake_train(cfg, hook)
 
     with pytest.raises(KeyboardInterrupt):
@@ -375,7 +375,7 @@ def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server, tiny_
     assert 1e-3 <= best["objective_overrides"]["kl_coef"] <= 1e-1
     assert (out / "history.png").stat().st_size > 0
     # `bench run` takes it: its --params reader resolves the overrides, and a 1-step comparison runs with them
-    from bench.harness import load_params
+    from bench.compare.plan import load_params
 
     assert load_params(out / "best.yaml", ["tepo"]) == {"tepo": best["objective_overrides"]}
     assert cli_main(["run", "--algos", "tepo", "--seeds", "0", "--params", str(out / "best.yaml"), "--steps", "1",
@@ -393,7 +393,7 @@ def test_postgresql_url_without_driver_gets_the_installed_one(monkeypatch):
     """SQLAlchemy 2.0 reads `postgresql://` as psycopg2, 2.1 as psycopg 3: the URL names the installed driver."""
     import importlib.util
 
-    from bench import dburl
+    from reports import dburl
 
     installed = [m for m in dburl.POSTGRES_DRIVERS if importlib.util.find_spec(m) is not None]
     if not installed:

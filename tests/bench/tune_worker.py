@@ -1,7 +1,7 @@
 """A `bench tune` worker with a cheap stand-in for the training loop, for the storage-mechanics tests.
 
 Everything but the training is real (Optuna storage with heartbeats, pruner, MLflow runs): ``fake_train`` has the
-signature and early-stop contract of ``bench.train.train`` but produces a held-out accuracy curve from the sampled
+signature and early-stop contract of ``bench.engines.train`` but produces a held-out accuracy curve from the sampled
 ``kl_coef`` in ``step_s`` seconds per step instead of training a model. Used by tests/bench/test_tune.py in-process
 and as a subprocess (``python tests/bench/tune_worker.py --storage URL ...``) for the multi-worker and killed-worker
 tests. See docs/TUNING.md.
@@ -27,8 +27,8 @@ def curve_for(kl_coef: float, steps: int) -> list[float]:
 
 
 def fake_train(cfg, on_eval=None, step_s: float = 0.0, curve: list[float] | None = None):
-    """Stand-in for ``bench.train.train``: evaluates at every step of ``curve`` (default ``curve_for``)."""
-    from bench.train import StopTraining
+    """Stand-in for ``bench.engines.train``: evaluates at every step of ``curve`` (default ``curve_for``)."""
+    from bench.engines import StopTraining
 
     values = curve if curve is not None else curve_for(cfg.objective_overrides["kl_coef"], cfg.steps)
     metrics = {}

@@ -18,7 +18,7 @@ import math  # noqa: E402
 import torch  # noqa: E402
 
 from bench.model import format_prompt, load_policy  # noqa: E402
-from bench.rollout import SamplingParams, make_engine  # noqa: E402
+from bench.rollout import SamplingParams, make_sampler  # noqa: E402
 from bench.rollout.scoring import score  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -30,7 +30,7 @@ QUESTIONS = ["Ann has 12 pens, gets 34. How many now?", "Bob has 50 cards, gets 
 @pytest.fixture(scope="module")
 def setup():
     model, tok = load_policy("builtin:tiny-arith")
-    engine = make_engine("vllm", model, tok, kv_cache_memory_bytes=64 * 2**20)
+    engine = make_sampler("vllm", model, tok, kv_cache_memory_bytes=64 * 2**20)
     prompts = [format_prompt(tok, q) for q in QUESTIONS]
     return model, tok, engine, prompts
 
@@ -59,7 +59,7 @@ def test_vllm_greedy_rollouts_match_the_hf_backend(setup):
     model, tok, engine, prompts = setup
     params = SamplingParams(max_new_tokens=48, temperature=0)
     v = engine.generate(prompts, 2, params, seed=0)
-    h = make_engine("hf", model, tok).generate(prompts, 2, params, seed=0)
+    h = make_sampler("hf", model, tok).generate(prompts, 2, params, seed=0)
     assert v.completion_ids == h.completion_ids and v.finish_reasons == h.finish_reasons
     assert max(abs(a - b) for x, y in zip(v.logprobs, h.logprobs) for a, b in zip(x, y)) < 1e-4
 
@@ -73,7 +73,7 @@ def test_vllm_follows_the_weights_after_a_sync(setup):
         g = torch.Generator().manual_seed(0)
         for p in changed.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.05)
-    expected = make_engine("hf", changed, tok).generate(prompts, 1, params, seed=0)
+    expected = make_sampler("hf", changed, tok).generate(prompts, 1, params, seed=0)
     assert expected.completion_ids != before.completion_ids  # the perturbation changes the greedy answers
     try:
         engine.update_weights(changed)

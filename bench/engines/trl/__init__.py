@@ -12,13 +12,14 @@ pobench decides everything an objective owns:
   adds what TRL never computes: H_old (from the π_old scoring pass) and log π_ref / H_ref (pobench's own frozen copy of
   the initial policy, so TRL's ``beta`` stays 0);
 - the record: one MLflow run per training run, written by the main process only, with the tags, params and metric
-  names of ``bench/train.py`` (``objective/*``, ``train/*``, ``rollout/*``, ``time/*``, ``eval/*`` at pobench steps:
+  names of every engine (bench/engines/lifecycle.py, bench/engines/stats.py: ``objective/*``, ``train/*``,
+  ``rollout/*``, ``time/*``, ``eval/*`` at pobench steps:
   one step = one generation batch of ``prompts_per_step × group_size`` completions, ``minibatches × update_epochs``
   optimizer steps), so ``bench report`` reads it unchanged. The same metrics go through ``self._metrics`` to every
   ``report_to`` backend of TRL (``engine_args``).
 
 Modules: ``support`` (what is honoured / refused, batch layout), ``trainer`` (the ``GRPOTrainer`` subclass),
-``record`` (MLflow callback, reward function), ``run`` (``train``, ``main``).
+``record`` (MLflow callback, reward function), ``run`` (``train``, ``TRLEngine``); ``__main__`` is its command line.
 
 What it does not do is refused, naming the field: ``UNSUPPORTED`` (TrainConfig fields honoured only at their default),
 ``OBJECTIVE_UNSUPPORTED`` (objective fields), ``REFUSED_ENGINE_ARGS`` (GRPOConfig fields this module sets).
@@ -30,7 +31,7 @@ with a DeepSpeed / FSDP config file); docs/SCALE.md "TRL engine".
 from __future__ import annotations
 
 from bench.engines.trl.record import _callback_class, reward_function
-from bench.engines.trl.run import grpo_config, main, train, world_size
+from bench.engines.trl.run import TRLEngine, grpo_config, train, world_size
 from bench.engines.trl.support import (
     ADVANTAGE_UNSUPPORTED,
     OBJECTIVE_UNSUPPORTED,
@@ -42,6 +43,6 @@ from bench.engines.trl.support import (
 )
 from bench.engines.trl.trainer import _trainer_class
 
-__all__ = ["ADVANTAGE_UNSUPPORTED", "OBJECTIVE_UNSUPPORTED", "PREFIXES", "REFUSED_ENGINE_ARGS", "UNSUPPORTED",
-           "_callback_class", "_trainer_class", "check_supported", "grpo_config", "layout", "main", "reward_function",
-           "train", "world_size"]
+__all__ = ["ADVANTAGE_UNSUPPORTED", "OBJECTIVE_UNSUPPORTED", "PREFIXES", "REFUSED_ENGINE_ARGS", "TRLEngine",
+           "UNSUPPORTED", "_callback_class", "_trainer_class", "check_supported", "grpo_config", "layout",
+           "reward_function", "train", "world_size"]

@@ -4,11 +4,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 
 from bench.config import TrainConfig
+from bench.engines.base import Hooks, StopTraining
+from bench.engines.native import checkpoint
 from bench.engines.trl.support import PREFIXES
+from bench.evaluate import eval_metrics, held_out_result
+from bench.rollout import make_sampler
+from reports import metric_keys as K
 
 
 # ----------------------------------------------------------------------------------------------- the record
@@ -18,10 +24,8 @@ def _callback_class():
     class PobenchRecord(TrainerCallback):
         """pobench's MLflow run (main process only) and held-out evaluations at pobench steps."""
 
-        def __init__(self, cfg: TrainConfig, logger, tok, eval_set, on_eval, on_step, step0_eval, run_dir=None,
-                     start_step: int = 0):
-            self.cfg, self.logger, self.tok, self.eval_set = cfg, logger, tok, eval_set
-            self.on_eval, self.on_step, self.step0_eval = on_eval, on_step, step0_eval
+        def __init__(self, cfg: TrainConfig, logger, tok, eval_set, hooks: Hooks, run_dir=None, start_step: int = 0):
+            self.cfg, self.logger, self.tok, self.eval_set, self.hooks = cfg, logger, tok, eval_set, hooks
             self.k = cfg.minibatches * cfg.update_epochs
             self.trainer = None
             self.final_eval: dict[str, float] = {}
@@ -32,17 +36,14 @@ def _callback_class():
         def _evaluate(self, step: int, given: dict[str, float] | None = None) -> None:
             from trl.models import unwrap_model_for_generation
 
-            from bench.rollout import make_engine
-            from bench.train import StopTraining, eval_metrics, held_out_result
-
             tr = self.trainer
             metrics = dict(given) if given is not None else None
             with unwrap_model_for_generation(tr.model_wrapped, tr.accelerator) as model:
                 if metrics is None and tr.accelerator.is_main_process:
                     was = model.training
                     try:
-                        engine = make_engine("hf", model, self.tok)
-                        metrics = eval_metrics(held_out_result(self.cfg, engine, self.tok, *self.eval_set))
+                        sampler = make_sampler("hf", model, self.tok)
+                        metrics = eval_metrics(held_out_result(self.cfg, sampler, self.tok, *self.eval_set))
                     finally:
                         model.train(was)
             tr.accelerator.wait_for_everyone()
@@ -51,25 +52,20 @@ def _callback_class():
             self.logger.log(metrics, step)
             self.final_eval = metrics
             try:
-                if self.on_eval is not None:
-                    self.on_eval(step, {**metrics, "time/elapsed_s": tr.pobench_elapsed})
+                self.hooks.eval(step, {**metrics, K.ELAPSED_S: tr.pobench_elapsed})
             except StopTraining:
                 self.stopped_early = True
                 tr.control.should_training_stop = True
 
         def on_train_begin(self, args, state, control, **kwargs):
             if self.cfg.eval_every > 0 and self.steps_done == 0:  # (a resumed run has its step-0 evaluation)
-                self._evaluate(0, self.step0_eval)
+                self._evaluate(0, self.hooks.step0_eval)
 
         def on_save(self, args, state, control, **kwargs):
             """After TRL wrote checkpoint-<global step>: pobench's checkpoint of this step (run id, the metrics not
             yet in MLflow, elapsed time, TRL's folder), then the metrics go to MLflow, as the native loop does."""
             if self.logger is None or state.global_step % self.k:
                 return
-            from pathlib import Path
-
-            from bench import checkpoint
-
             trl_dir = Path(args.output_dir).resolve() / f"checkpoint-{state.global_step}"
             checkpoint.save_state(self.run_dir, state.global_step // self.k, {
                 "run_id": self.logger.run_id, "pending": self.logger.pending, "elapsed": self.trainer.pobench_elapsed,
@@ -84,8 +80,7 @@ def _callback_class():
             metrics = {k: v for k, v in logs.items() if k.startswith(PREFIXES) and v is not None}
             if self.logger is not None:
                 self.logger.log(metrics, step)
-                if self.on_step is not None:
-                    self.on_step(step, metrics)
+                self.hooks.step(step, metrics)
                 if self.cfg.samples_every and (step % self.cfg.samples_every == 0 or step == 1):
                     self.logger.log_text(json.dumps(self.trainer.pobench_samples, indent=1),
                                          f"samples/step_{step:06d}.json")
@@ -96,13 +91,13 @@ def _callback_class():
     return PobenchRecord
 
 
-def reward_function(trainer_ref: dict, objective, benchmark, problems: list, max_new_tokens: int, eos: set[int]):
+def reward_function(trainer_ref: dict, objective, task, problems: list, max_new_tokens: int, eos: set[int]):
     """TRL reward function: the verifier's outcome, shaped by the objective; records what advantages / metrics need."""
     def pobench_reward(prompts, completions, completion_ids, pobench_problem, **_):
         rec = trainer_ref["trainer"]._pb_reward
         out = []
         for text, ids, idx in zip(completions, completion_ids, pobench_problem):
-            correct = float(benchmark.reward(text, problems[idx]))
+            correct = float(task.reward(text, problems[idx]))
             length = len(ids)
             shaped = float(objective.shape_rewards(torch.tensor([correct]), torch.tensor([length]),
                                                    max_new_tokens)[0])

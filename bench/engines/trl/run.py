@@ -1,22 +1,26 @@
-"""One TRL-engine training run (``train``) and its command line (``main``, ``python -m bench.engines.trl``)."""
+"""One TRL-engine training run (``train``, ``TRLEngine``); its command line is ``__main__.py``."""
 
 from __future__ import annotations
 
-import argparse
 import copy
-import dataclasses
 import json
 import math
-import sys
+import os
 from pathlib import Path
 from typing import Any
 
 from algorithms import get_objective
 from bench.config import TrainConfig
+from bench.data import TrainData, eval_problems
+from bench.engines.base import CAPABILITIES, Hooks, TrainingDiverged, TrainResult
+from bench.engines.lifecycle import finish_run, open_run, recorded, run_folder, seed_and_threads
 from bench.engines.trl.record import _callback_class, reward_function
 from bench.engines.trl.support import check_supported, layout
 from bench.engines.trl.trainer import _trainer_class
-from reports.record import ENGINE_DISTRIBUTED, ENGINE_PROCESSES, STOPPED
+from bench.model import format_prompt, load_policy
+from bench.rollout import stop_token_ids
+from reports import metric_keys as K
+from reports.record import ENGINE, ENGINE_DISTRIBUTED, ENGINE_PROCESSES
 
 
 def grpo_config(cfg: TrainConfig, run_dir: Path, world: int):
@@ -33,7 +37,7 @@ def grpo_config(cfg: TrainConfig, run_dir: Path, world: int):
         top_p=cfg.top_p, seed=cfg.seed, shuffle_dataset=False, logging_steps=geo["updates_per_step"],
         save_strategy="steps" if cfg.checkpoint_every else "no",
         save_steps=max(1, cfg.checkpoint_every) * geo["updates_per_step"], save_total_limit=None,  # (rotated by
-        # pobench after its own checkpoint points at the new one: bench.checkpoint.save_state)
+        # pobench after its own checkpoint points at the new one: checkpoint.save_state)
         save_only_model=False, use_cpu=cfg.device == "cpu", beta=0.0, loss_type="grpo",
         mask_truncated_completions=False, vllm_importance_sampling_correction=False,
         **({"gradient_checkpointing": True} if cfg.activation_checkpointing else {}), report_to="none",
@@ -45,32 +49,18 @@ def grpo_config(cfg: TrainConfig, run_dir: Path, world: int):
 
 
 def world_size() -> int:
-    import os
-
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
-    """Train ``cfg`` with TRL (``cfg.engine == "trl"``); called by ``bench.train.train``. Returns its TrainResult."""
-    from datasets import Dataset
+def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
+    """Train ``cfg`` with TRL (``cfg.engine == "trl"``): the MLflow run is written by the main process only."""
+    from datasets import Dataset  # (TRL's own dependency)
 
-    from bench.data import TrainData, eval_problems
-    from bench.model import format_prompt, load_policy
-    from bench.rollout import stop_token_ids
-    from bench.tracking import RunLogger
-    from bench.train import (
-        TrainingDiverged,
-        TrainResult,
-        end_interrupted_run,
-        run_folder,
-        run_tags_and_params,
-        seed_and_threads,
-    )
-
+    hooks = hooks or Hooks()
     cfg.validate()
     check_supported(cfg)
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
-    run_name, run_dir, last = run_folder(cfg)
+    _, run_dir, last = run_folder(cfg)
     resumed = json.loads((last / "state.json").read_text()) if last is not None else None
     if resumed is not None and resumed.get("engine") != "trl":
         raise ValueError(f"{last} is a checkpoint of the native loop: --engine trl cannot resume it")
@@ -90,7 +80,7 @@ def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
                          "pobench_problem": len(problems)})
             problems.append(p)
     holder: dict[str, Any] = {}
-    reward = reward_function(holder, objective, data.benchmark, problems, cfg.max_new_tokens,
+    reward = reward_function(holder, objective, data.task, problems, cfg.max_new_tokens,
                              set(stop_token_ids(model, tok)))
     model.train()
     trainer = _trainer_class()(model=model, reward_funcs=reward, args=args, train_dataset=Dataset.from_list(rows),
@@ -98,60 +88,40 @@ def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
     holder["trainer"] = trainer
     main = trainer.accelerator.is_main_process
     logger = None
-    if main:
-        logger = RunLogger(cfg.tracking_uri, cfg.experiment)
-        tags, params = run_tags_and_params(cfg, objective)
+    if main:  # the same MLflow run when resuming, with the metrics its checkpoint had not yet written
         acc = trainer.accelerator
-        tags.update({ENGINE_DISTRIBUTED: str(acc.distributed_type).split(".")[-1],
-                     ENGINE_PROCESSES: str(acc.num_processes)})
-        if resumed is not None:  # the same MLflow run, with the metrics its checkpoint had not yet written
-            logger.reopen(resumed["run_id"], [tuple(p) for p in resumed["pending"]])
-        else:
-            logger.start(run_name, tags, params)
-            cfg.save(run_dir / "config.yaml")
-            logger.log_artifact(run_dir / "config.yaml")
+        logger = open_run(cfg, objective, run_dir, resume_state=resumed, tags={
+            ENGINE: "trl", ENGINE_DISTRIBUTED: str(acc.distributed_type).split(".")[-1],
+            ENGINE_PROCESSES: str(acc.num_processes)})
     if resumed is not None:
         trainer.pobench_elapsed = resumed["elapsed"]
-    record = _callback_class()(cfg, logger, tok, eval_set, on_eval, on_step, step0_eval, run_dir=run_dir,
+    record = _callback_class()(cfg, logger, tok, eval_set, hooks, run_dir=run_dir,
                                start_step=resumed["step"] if resumed is not None else 0)
     record.trainer = trainer
     trainer.add_callback(record)
-    try:
+    # (on an error, metrics no checkpoint covers are not written: a resume trains those steps again)
+    with recorded(logger):
         trainer.train(resume_from_checkpoint=resumed["trl_checkpoint"] if resumed is not None else None)
         loss_ok = all(math.isfinite(v) for h in trainer.state.log_history for k, v in h.items()
-                      if k == "train/loss" and isinstance(v, float))
+                      if k == K.LOSS and isinstance(v, float))
         if not loss_ok:
-            raise TrainingDiverged("the loss became non-finite (train/loss)")
-    except BaseException as e:
-        if logger is not None:  # (metrics no checkpoint covers are not written: a resume trains those steps again)
-            end_interrupted_run(logger, e)
-        raise
+            raise TrainingDiverged(f"the loss became non-finite ({K.LOSS})")
     trainer.save_model(str(run_dir / "final"))
     if main:
         tok.save_pretrained(run_dir / "final")
-        if record.stopped_early:
-            logger.set_tags({STOPPED: "early"})
-        logger.flush()
-        logger.end("FINISHED")
+        finish_run(logger, record.stopped_early)
     run_id = logger.run_id if logger is not None else ""
     return TrainResult(run_id, record.steps_done, run_dir, record.final_eval, record.stopped_early)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m bench.engines.trl --config run.yaml [--flag value ...]``: one run with the TRL engine (any
-    TrainConfig flag of `bench train`); launch it with ``torchrun`` / ``accelerate launch`` for several processes."""
-    from bench.cli.flags import add_config_flags, config_from_args
+class TRLEngine:
+    """TRL's ``GRPOTrainer`` with pobench's objective (package doc)."""
 
-    p = argparse.ArgumentParser(prog="python -m bench.engines.trl", description=main.__doc__)
-    p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
-    add_config_flags(p)
-    args = p.parse_args(argv)
-    cfg = dataclasses.replace(config_from_args(args), engine="trl")
-    res = train(cfg)
-    if res.run_id:
-        print(f"run {res.run_id}: {res.steps_done} steps; final model in {res.output_dir / 'final'}")
-    return 0
+    name = "trl"
+    capabilities = CAPABILITIES[name]
 
+    def check(self, cfg: TrainConfig) -> None:
+        check_supported(cfg)
 
-if __name__ == "__main__":
-    sys.exit(main())
+    def train(self, cfg: TrainConfig, hooks: Hooks) -> TrainResult:
+        return train(cfg, hooks)

@@ -8,9 +8,12 @@ from typing import Any
 
 import torch
 
-from algorithms import PolicyBatch, kl_estimate
-from algorithms.aggregation import masked_mean
+from algorithms import PolicyBatch
 from bench.config import TrainConfig
+from bench.data import derive_seed
+from bench.engines.native.loop import lr_lambda
+from bench.engines.stats import UpdateStats, entropy_summary, rollout_summary
+from reports import metric_keys as K
 
 
 # ----------------------------------------------------------------------------------------------- the trainer
@@ -46,10 +49,7 @@ def _trainer_class():
             self._pb_capture: list | None = None   # H_old captured from TRL's π_old scoring pass
             self._pb_reward: dict[str, list] = defaultdict(list)  # local outcomes / lengths of the reward call
             self._pb_step_metrics: dict[str, float] = {}   # rollout/* and time/* of the current step
-            self._pb_sums: dict[str, float] = defaultdict(float)
-            self._pb_weight = 0.0
-            self._pb_drift_max = 0.0
-            self._pb_grad_norms: list[float] = []
+            self._pb_stats = UpdateStats()  # this process's micro-batches of the current step
             self._pb_entropies: list[torch.Tensor] = []  # rollout entropies (on-policy: the first update's)
             self._pb_entropy_pending = False
             self._pb_step_start = time.perf_counter()
@@ -58,8 +58,6 @@ def _trainer_class():
 
         # --- learning-rate schedule: the native loop's, per pobench step (M·μ optimizer steps)
         def create_scheduler(self, num_training_steps: int, optimizer=None):
-            from bench.train import lr_lambda
-
             if self.lr_scheduler is None:
                 f, k = lr_lambda(self.pobench_cfg), self.pobench_cfg.minibatches * self.pobench_cfg.update_epochs
                 self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer,
@@ -79,7 +77,7 @@ def _trainer_class():
         def _generate(self, prompts):
             t0 = time.perf_counter()
             out = super()._generate(prompts)
-            self._pb_step_metrics["time/rollout_s"] = time.perf_counter() - t0
+            self._pb_step_metrics[K.ROLLOUT_S] = time.perf_counter() - t0
             return out
 
         # --- rollouts: the objective's advantages; H_old, π_ref, H_ref added; rollout/* metrics
@@ -119,19 +117,12 @@ def _trainer_class():
                         self.ref_model, ids, attn, T, batch_size=self.args.per_device_train_batch_size,
                         compute_entropy=True)
                 out["ref_per_token_logps"], out["pobench_ref_entropy"] = ref_lp, ref_ent
-            # rollout/* as bench/train.py defines them (every process computes the same from gathered values)
+            # rollout/* as the native loop computes them (every process the same, from gathered values)
             grouped = shaped.view(-1, G)
-            P = grouped.shape[0]
-            self._pb_step_metrics.update({
-                "rollout/reward_mean": float(shaped.mean()), "rollout/reward_std": float(shaped.std()),
-                "rollout/accuracy": float(correct.mean()),
-                "rollout/zero_adv_frac": float(((grouped.max(1).values - grouped.min(1).values) == 0).sum()) / P,
-                "rollout/length_mean": float(lengths.mean()), "rollout/length_max": float(lengths.max()),
-                "rollout/truncation_rate": float(trunc.mean()),
-                "rollout/sampling_rounds": 1.0, "rollout/kept_groups": float(P),
-            })
-            rollout_s = self._pb_step_metrics.get("time/rollout_s", 0.0)
-            self._pb_step_metrics["rollout/tokens_per_s"] = float(lengths.sum()) / max(rollout_s, 1e-9)
+            self._pb_step_metrics.update({**rollout_summary(grouped, correct, lengths, trunc),
+                                          K.SAMPLING_ROUNDS: 1.0, K.KEPT_GROUPS: float(grouped.shape[0])})
+            rollout_s = self._pb_step_metrics.get(K.ROLLOUT_S, 0.0)
+            self._pb_step_metrics[K.TOKENS_PER_S] = float(lengths.sum()) / max(rollout_s, 1e-9)
             self._pb_entropies = []
             if captured:
                 self._pb_entropies = [out["pobench_old_entropy"][mask.bool()].detach().float().cpu()]
@@ -180,8 +171,6 @@ def _trainer_class():
             lp, ent, _ = self._get_per_token_logps_and_entropies(model, ids, attn, inputs["completion_ids"].size(1),
                                                                  compute_entropy=True)
             batch = self.pobench_batch(inputs, lp, ent)
-            from bench.step import derive_seed
-
             gen = torch.Generator().manual_seed(derive_seed(self.pobench_cfg.seed, "objective", self.state.global_step,
                                                             self._step))
             loss, metrics = self.objective.loss(batch, generator=gen)
@@ -193,70 +182,44 @@ def _trainer_class():
             return loss * scale
 
         def _pb_record(self, batch: PolicyBatch, loss, metrics, w: float) -> None:
-            m = dict(metrics)
-            mask = batch.mask
-            if batch.ref_logprobs is not None:
-                m["train/kl_ref"] = masked_mean(kl_estimate(batch.logprobs.detach(), batch.ref_logprobs, "k3"), mask)
-            m["train/loss"] = loss.detach()
-            log_r = (batch.logprobs.detach() - batch.old_logprobs) * mask
-            for k, v in m.items():
-                self._pb_sums[k] += float(v) * w
-            self._pb_weight += w
-            self._pb_sums["#abs"] += float(log_r.abs().sum())
-            self._pb_sums["#tokens"] += float(mask.sum())
-            self._pb_sums["#seq"] += float((log_r.sum(-1) / mask.sum(-1).clamp(min=1.0)).abs().sum())
-            self._pb_sums["#seqs"] += float(mask.shape[0])
-            self._pb_drift_max = max(self._pb_drift_max, float(log_r.abs().max()) if log_r.numel() else 0.0)
+            self._pb_stats.add(batch, loss, metrics, w)
             if self._pb_entropy_pending:  # on-policy: these are the sampling policy's entropies
-                self._pb_entropies.append(batch.entropy.detach()[mask.bool()].float().cpu())
+                self._pb_entropies.append(batch.entropy.detach()[batch.mask.bool()].float().cpu())
 
         def _maybe_log_save_evaluate(self, tr_loss, grad_norm, *args, **kwargs):
             if grad_norm is not None:
-                self._pb_grad_norms.append(float(grad_norm))
+                self._pb_stats.add_grad_norm(float(grad_norm))
             return super()._maybe_log_save_evaluate(tr_loss, grad_norm, *args, **kwargs)
 
         # --- logging: pobench's metrics, reduced over processes, through self._metrics to every backend
         def pobench_metrics(self) -> dict[str, float]:
             acc = self.accelerator
-            keys = sorted(self._pb_sums)
-            if acc.num_processes > 1:
+            stats = self._pb_stats
+            if acc.num_processes > 1:  # every process's sums added up (the largest drift taken), then one summary
                 from accelerate.utils import gather_object
 
-                keys = sorted(set().union(*gather_object([keys])))
-            vals = torch.tensor([self._pb_sums.get(k, 0.0) for k in keys] + [self._pb_weight, self._pb_drift_max],
-                                dtype=torch.float64, device=acc.device)
-            if acc.num_processes > 1:
+                keys = sorted(set().union(*gather_object([sorted(stats.sums)])))
+                vals = torch.tensor([stats.sums.get(k, 0.0) for k in keys] + [stats.weight, stats.drift_max],
+                                    dtype=torch.float64, device=acc.device)
                 summed = acc.reduce(vals.clone(), reduction="sum")
                 mx = acc.gather(vals[-1:].clone()).max()
-                vals = torch.cat([summed[:-1], mx.view(1)])
-            sums = dict(zip(keys, vals[:-2].tolist()))
-            weight, drift_max = float(vals[-2]), float(vals[-1])
-            out = {k: v / max(weight, 1e-30) for k, v in sums.items() if not k.startswith("#")}
-            out["train/abs_log_ratio"] = sums.get("#abs", 0.0) / max(sums.get("#tokens", 0.0), 1.0)
-            out["train/abs_log_ratio_max"] = drift_max
-            out["train/abs_seq_log_ratio"] = sums.get("#seq", 0.0) / max(sums.get("#seqs", 0.0), 1.0)
-            norms = self._pb_grad_norms
-            out["train/grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
-            out["train/lr"] = self.lr_scheduler.get_last_lr()[0]
+                stats = UpdateStats(dict(zip(keys, summed[:-2].tolist())), float(summed[-2]), float(mx),
+                                    stats.grad_norms)
+            out = stats.summary()
+            out[K.LR] = self.lr_scheduler.get_last_lr()[0]
             ent = torch.cat(self._pb_entropies) if self._pb_entropies else torch.zeros(0)
             if acc.num_processes > 1:
                 padded = acc.pad_across_processes(ent.to(acc.device), dim=0, pad_index=-1e9)
                 ent = acc.gather(padded).cpu()
                 ent = ent[ent != -1e9]
-            from bench.step import percentiles
-
-            pct = percentiles(ent)
-            out.update({"rollout/entropy_mean": float(ent.mean()) if ent.numel() else float("nan"),
-                        "rollout/entropy_p10": pct[10], "rollout/entropy_p50": pct[50], "rollout/entropy_p90": pct[90]})
+            out.update(entropy_summary(ent))
             out.update(self._pb_step_metrics)
             step_s = time.perf_counter() - self._pb_step_start
             self.pobench_elapsed += step_s
-            out["time/step_s"] = step_s
-            out["time/elapsed_s"] = self.pobench_elapsed
-            out["time/update_s"] = step_s - out.get("time/rollout_s", 0.0)
-            self._pb_sums.clear()
-            self._pb_weight = self._pb_drift_max = 0.0
-            self._pb_grad_norms = []
+            out[K.STEP_S] = step_s
+            out[K.ELAPSED_S] = self.pobench_elapsed
+            out[K.UPDATE_S] = step_s - out.get(K.ROLLOUT_S, 0.0)
+            self._pb_stats = UpdateStats()
             return out
 
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:

@@ -33,9 +33,11 @@ Three parts, each usable alone:
    ``python -m verl.trainer.main_ppo``. ``write_data`` converts a task's problems into verl's parquet layout, and
    ``compute_score`` is the reward function verl calls (pobench's own verifier).
 
-3. **Launch** (``launch``; needs GPUs and a Ray cluster): creates the MLflow run with pobench's tags, runs verl with
-   ``MLFLOW_RUN_ID`` set so verl's MLflow logger writes into it, then copies verl's metrics under pobench's names
-   (``METRIC_MAP``) so ``bench report`` can read the run.
+3. **Launch** (module ``launch``; needs GPUs and a Ray cluster): creates the MLflow run with pobench's tags, runs
+   verl with ``MLFLOW_RUN_ID`` set so verl's MLflow logger writes into it, then copies verl's metrics under pobench's
+   names (``METRIC_MAP``) so ``bench report`` can read the run. ``run.VerlEngine`` is the training engine of
+   ``--engine verl``. Neither is imported here: this package is verl's ``external_lib``, imported in every verl
+   worker, whose environment has no MLflow.
 
 Entry point: ``python -m bench.engines.verl --algo NAME --seed N [--config run.yaml] --print-config|--launch``.
 verl is imported lazily: without it, ``plan``, ``objective_table`` and ``make_verl_config`` still work
@@ -55,7 +57,6 @@ from bench.engines.verl.config import (
     run_name,
     write_data,
 )
-from bench.engines.verl.launch import METRIC_MAP, launch, pobench_tags, translate_metrics
 from bench.engines.verl.losses import (
     ADV_ESTIMATORS,
     EXTERNAL_LIB,
@@ -75,11 +76,10 @@ from bench.engines.verl.losses import (
 )
 from bench.engines.verl.worker_loss import pobench_worker_loss, worker_loss_fn
 
-__all__ = ["ADV_ESTIMATORS", "EXTERNAL_LIB", "KL_TYPES", "METRIC_MAP", "OVERRIDES_ENV", "PREFIX", "ROLLOUT_ENGINES",
-           "TRAINER_MODE", "TRAINER_MODULE", "WORKER_FIELDS", "VerlOptions", "VerlPlan", "compute_score",
-           "hydra_overrides", "launch", "main_ppo_command", "make_policy_loss", "make_verl_config", "objective_table",
-           "plan", "pobench_tags", "pobench_worker_loss", "problem_rows", "register_all", "run_name", "table_markdown",
-           "translate_metrics", "worker_loss_fn", "write_data"]
+__all__ = ["ADV_ESTIMATORS", "EXTERNAL_LIB", "KL_TYPES", "OVERRIDES_ENV", "PREFIX", "ROLLOUT_ENGINES", "TRAINER_MODE",
+           "TRAINER_MODULE", "WORKER_FIELDS", "VerlOptions", "VerlPlan", "compute_score", "hydra_overrides",
+           "main_ppo_command", "make_policy_loss", "make_verl_config", "objective_table", "plan", "pobench_worker_loss",
+           "problem_rows", "register_all", "run_name", "table_markdown", "worker_loss_fn", "write_data"]
 
 try:  # registration on import (verl's external_lib); without verl the config part still works
     import verl.trainer.ppo.core_algos  # noqa: F401

@@ -8,6 +8,9 @@ import shlex
 import sys
 from pathlib import Path
 
+import yaml
+
+from bench.config import TrainConfig
 from bench.engines.verl.config import VerlOptions, main_ppo_command, make_verl_config
 from bench.engines.verl.launch import launch
 from bench.engines.verl.losses import (
@@ -16,8 +19,6 @@ from bench.engines.verl.losses import (
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.config import TrainConfig
-
     ap = argparse.ArgumentParser(prog="python -m bench.engines.verl", description=__doc__.split("\n\n")[0])
     ap.add_argument("--algo", help="objective (bench list)")
     ap.add_argument("--seed", type=int)
@@ -45,8 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     options = VerlOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(VerlOptions)})
     try:
         if args.print_config:
-            import yaml
-
             print(yaml.safe_dump(make_verl_config(cfg, options), sort_keys=False), end="")
             print("# command:\n# " + shlex.join(main_ppo_command(make_verl_config(cfg, options))))
             return 0

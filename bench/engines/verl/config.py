@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from algorithms import get_objective
+from bench.data import eval_problems
+from bench.engines.base import VerlOptions
 from bench.engines.verl.losses import (
     EXTERNAL_LIB,
     OVERRIDES_ENV,
@@ -18,6 +19,9 @@ from bench.engines.verl.losses import (
     TRAINER_MODULE,
     plan,
 )
+from bench.model import format_string
+from evaluators import get_benchmark
+from evaluators.verify import is_correct
 
 #: verl imports the modules named here on ``import verl`` (verl/__init__.py), in every process of the run
 EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
@@ -27,8 +31,6 @@ EXTERNAL_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 def _chat_template(template: str) -> str | None:
     """A Jinja chat template that renders pobench's prompt ``template`` around the user message (None: the tokenizer's
     own chat template, what pobench's ``chat`` / ``auto`` use)."""
-    from bench.model import format_string
-
     if template in ("auto", "chat"):
         return None
     before, after = format_string(template).split("{question}", 1)
@@ -52,20 +54,17 @@ def write_data(cfg, out_dir: str | Path) -> tuple[Path, Path]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from bench.data import eval_problems
-    from evaluators import get_benchmark
-
-    train_bench = get_benchmark(cfg.task)
-    if train_bench.generated:
+    train_task = get_benchmark(cfg.task)
+    if train_task.generated:
         raise ValueError(f"task {cfg.task} is pobench's built-in toy task: verl runs need a benchmark with files")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train = train_bench.load(split="train", data=cfg.data, skip_bad_rows=cfg.skip_bad_rows)
-    eval_bench, held_out = eval_problems(cfg.eval_task or cfg.task, limit=cfg.eval_problems, data=cfg.eval_data,
-                                         skip_bad_rows=cfg.skip_bad_rows)
+    train = train_task.load(split="train", data=cfg.data, skip_bad_rows=cfg.skip_bad_rows)
+    held_out_task, held_out = eval_problems(cfg.eval_task or cfg.task, limit=cfg.eval_problems, data=cfg.eval_data,
+                                            skip_bad_rows=cfg.skip_bad_rows)
     paths = out / "train.parquet", out / "val.parquet"
-    for path, name, kind, problems, split in ((paths[0], cfg.task, train_bench.answer_kind, train, "train"),
-                                              (paths[1], cfg.eval_task or cfg.task, eval_bench.answer_kind, held_out,
+    for path, name, kind, problems, split in ((paths[0], cfg.task, train_task.answer_kind, train, "train"),
+                                              (paths[1], cfg.eval_task or cfg.task, held_out_task.answer_kind, held_out,
                                                "test")):
         pq.write_table(pa.Table.from_pylist(problem_rows(name, problems, kind, split)), path)
     return paths
@@ -75,30 +74,12 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
                   **_: Any) -> dict[str, float]:
     """verl's custom reward function: pobench's verifier (1 / 0), as ``score`` and as ``acc`` (the metric DAPO's
     group filter and verl's validation read)."""
-    from evaluators import get_benchmark
-    from evaluators.verify import is_correct
-
     kind = (extra_info or {}).get("answer_kind") or get_benchmark(data_source).answer_kind
     r = 1.0 if is_correct(solution_str, str(ground_truth), kind) else 0.0
     return {"score": r, "acc": r}
 
 
 # ------------------------------------------------------------------------------------------------ config
-@dataclass
-class VerlOptions:
-    """What verl needs that pobench's TrainConfig does not say (the cluster, the rollout engine's sharding)."""
-
-    rollout_engine: str = "vllm"  # vllm | sglang
-    nnodes: int = 1
-    n_gpus_per_node: int = 8
-    tensor_parallel: int = 1  # rollout tensor-parallel size
-    gpu_memory_utilization: float = 0.5
-    max_prompt_length: int = 1024
-    data_dir: str | None = None  # where write_data puts the parquet files (default: <output_dir>/<run>/verl-data)
-    python: str | None = None  # the interpreter that runs verl (default: this one); verl pins transformers < 5.11, so
-    # it often lives in an environment of its own: e.g. /opt/verl/bin/python
-
-
 def run_name(cfg) -> str:
     return cfg.run_label()
 
@@ -122,7 +103,6 @@ def make_verl_config(cfg, options: VerlOptions | None = None) -> dict[str, Any]:
         raise ValueError(f"model {cfg.model!r} is pobench's built-in toy model: verl needs a Hugging Face model")
     if cfg.control is not None:
         raise ValueError(f"control {cfg.control!r} is not implemented on verl")
-    from evaluators import get_benchmark
 
     if get_benchmark(cfg.task).generated:
         raise ValueError(f"task {cfg.task} is pobench's built-in toy task: verl runs need a benchmark with files")

@@ -41,6 +41,7 @@ import torch
 
 from algorithms import PolicyBatch, get_objective
 from bench.engines.verl.losses import PREFIX, VerlPlan, _check_config, _env_overrides, _global_scale, plan
+from reports import metric_keys as K
 
 #: fields pobench's trainer writes to the batch (TransferQueue), response positions only
 OLD_ENTROPY = "old_entropy"
@@ -129,7 +130,7 @@ def pobench_worker_loss(config, model_output: dict, data, dp_group=None) -> tupl
     # are micro-batch means
     scaled = info["dp_size"] > 1 or any(info[k] is not None for k in ("batch_num_tokens", "global_batch_size",
                                                                         "loss_scale_factor"))
-    pg = metrics.get("objective/policy_loss", loss.detach()) * scale
+    pg = metrics.get(K.POLICY_LOSS, loss.detach()) * scale
     out = Metric.from_dict({k: float(v) for k, v in metrics.items()}, aggregation=AggregationType.MEAN)
     out["actor/pg_loss"] = Metric(value=pg, aggregation=AggregationType.SUM if scaled else AggregationType.MEAN)
     return loss, out

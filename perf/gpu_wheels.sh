@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Download, here (where the package registries are reachable), the wheels benchmarks/gpu_check.sh installs on a GPU
+# Download, here (where the package registries are reachable), the wheels perf/gpu_check.sh installs on a GPU
 # machine that has PyTorch, transformers, accelerate, peft, numpy, pandas, pyarrow and no network (the lent H200:
 # Python 3.12, x86-64). Writes .whl/ at the repository root (git-ignored); carry it with the check.
 # Versions: the ones pobench is tested with (pip list of the project's environment); --no-deps, so each wheel a

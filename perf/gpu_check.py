@@ -1,19 +1,19 @@
 """GPU check at real size: a randomly initialised Qwen2.5-1.5B-architecture model on one GPU, no network.
 
-    python benchmarks/gpu_check.py [--steps 3] [--out gpu_check.json]     # one GPU (written for an H200)
-    python benchmarks/gpu_check.py --tiny --device cpu                    # the same code path on a CPU, in minutes
+    python perf/gpu_check.py [--steps 3] [--out gpu_check.json]     # one GPU (written for an H200)
+    python perf/gpu_check.py --tiny --device cpu                    # the same code path on a CPU, in minutes
 
 Prints (and writes as JSON):
 1. Peak GPU memory of ONE scoring pass with gradient (forward + backward, bf16) of 8 completions x 2,048 tokens:
    chunked (``scoring_chunk_mb`` 256) vs the one-piece (B, T, V) logits (0), and chunked with a LoRA adapter.
-2. A few `tepo` steps of the native loop (bench.train.train) in bf16 for: full fine-tuning with and without chunked
+2. A few `tepo` steps of the native loop (bench.engines.train) in bf16 for: full fine-tuning with and without chunked
    scoring, with activation checkpointing, and LoRA (r=16): peak GPU memory, seconds per step (median), rollout
    tokens/s and update tokens/s.
 3. The same `tepo` steps with ``engine=trl`` (``--engine trl``: TRL's GRPOTrainer with pobench's loss, TRL's own HF
    generation, bf16 autocast): step seconds and tokens/s of the same batch, beside the native loop's.
 
 On the H200 (no network, none of this project's dependencies but torch / transformers / accelerate / peft):
-``bash benchmarks/gpu_check.sh`` installs the wheels carried in ``.whl/`` (``bash benchmarks/gpu_wheels.sh`` downloads
+``bash perf/gpu_check.sh`` installs the wheels carried in ``.whl/`` (``bash perf/gpu_wheels.sh`` downloads
 them here) and runs the native and TRL variants.
 
 The model: the Qwen2.5-1.5B shape (hidden 1536, MLP 8960, 28 layers, 12 heads / 2 KV heads, vocabulary 151,936,
@@ -89,9 +89,9 @@ class Peak:
 
 
 def scoring_memory(model_dir: Path, device: str, batch: int, length: int) -> dict:
+    from bench.engines.native.scale import apply_lora
     from bench.model import load_policy
     from bench.rollout.scoring import score
-    from bench.scale import apply_lora
 
     model, _ = load_policy(str(model_dir), device, "bfloat16")
     g = torch.Generator().manual_seed(0)
@@ -124,7 +124,7 @@ def scoring_memory(model_dir: Path, device: str, batch: int, length: int) -> dic
 def train_variant(model_dir: Path, root: Path, device: str, name: str, steps: int, prompts: int, group: int,
                   max_new: int, **fields) -> dict:
     from bench.config import TrainConfig
-    from bench.train import train
+    from bench.engines import train
 
     per_step: list[dict] = []
     cfg = TrainConfig(model=str(model_dir), algo="tepo", dtype="bfloat16", device=device, steps=steps,

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The GPU check of issue 14 / docs/SCALE.md, for one GPU with no network (the lent H200; about 5 minutes):
-# installs the wheels carried in .whl/ (bash benchmarks/gpu_wheels.sh downloads them) into /tmp/site, checks every
+# The GPU check of docs/SCALE.md, for one GPU with no network (the lent H200; about 5 minutes):
+# installs the wheels carried in .whl/ (bash perf/gpu_wheels.sh downloads them) into /tmp/site, checks every
 # import the check needs, then runs a few `tepo` steps of the native loop (HF engine, bf16) and of `--engine trl` on a
 # randomly initialised model of the Qwen2.5-1.5B shape and prints step seconds and tokens/s of each.
-#   bash benchmarks/gpu_check.sh [extra flags of benchmarks/gpu_check.py]
+#   bash perf/gpu_check.sh [extra flags of perf/gpu_check.py]
 # Results: gpu_check.json in $OUT (the device tool's output folder) or the current folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ python3 - <<'PY'
 import importlib, sys
 missing = []
 for name in ("torch", "transformers", "accelerate", "peft", "trl", "datasets", "mlflow", "sqlalchemy", "alembic",
-             "yaml", "rich", "filelock", "bench.train", "bench.engines.trl"):
+             "yaml", "rich", "filelock", "bench.engines.native.loop", "bench.engines.trl.run"):
     try:
         importlib.import_module(name)
     except Exception as e:  # noqa: BLE001
@@ -26,7 +26,7 @@ for name in ("torch", "transformers", "trl", "pyarrow"):
     print(f"{name} {getattr(m, '__version__', 'missing')}", end="; ")
 print(f"cuda {sys.modules['torch'].cuda.is_available()}")
 if missing:
-    sys.exit("gpu_check: cannot import what the check needs (carry the wheels: bash benchmarks/gpu_wheels.sh):\n  "
+    sys.exit("gpu_check: cannot import what the check needs (carry the wheels: bash perf/gpu_wheels.sh):\n  "
              + "\n  ".join(missing))
 PY
-python3 benchmarks/gpu_check.py --only full_chunked,trl_full --steps 3 --out "${OUT:-.}/gpu_check.json" "$@"
+python3 perf/gpu_check.py --only full_chunked,trl_full --steps 3 --out "${OUT:-.}/gpu_check.json" "$@"

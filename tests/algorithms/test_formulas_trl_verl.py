@@ -1,4 +1,5 @@
-"""Hand-computed 2 x 3 cases for the objectives, options and batch corrections of issue 12 (values and gradients).
+"""Hand-computed 2 x 3 cases for the objectives, options and batch corrections that come from TRL and verl (values
+and gradients).
 
 Same tensors as test_formulas.py (sequence 0: 3 tokens, Â = +1; sequence 1: 2 tokens + 1 pad, Â = −1); expected
 values in plain Python arithmetic from the formulas of docs/objectives.md.

@@ -1,4 +1,4 @@
-"""One training step of the loop in bench/train.py, in its order: ``collect_rollouts`` (sample, verify, the
+"""One training step of the native loop (loop.py), in its order: ``collect_rollouts`` (sample, verify, the
 objective's shaping / filtering / refill, advantages) then ``update`` (π_old / π_ref scoring when needed, μ epochs x
 minibatches of gradient-accumulated optimizer steps). ``Group`` is what passes between them. Objectives differ only in
 `algorithms/`: nothing here branches on an objective's name.
@@ -6,7 +6,6 @@ minibatches of gradient-accumulated optimizer steps). ``Group`` is what passes b
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -14,23 +13,16 @@ from typing import Any
 
 import torch
 
-from algorithms import PolicyBatch, kl_estimate
-from algorithms.aggregation import masked_mean
-from bench.batching import length_grouped
+from algorithms import PolicyBatch
 from bench.config import TrainConfig
-from bench.data import TrainData
+from bench.data import TrainData, derive_seed
+from bench.engines.base import TrainingDiverged
+from bench.engines.native.batching import length_grouped
+from bench.engines.stats import UpdateStats, entropy_summary, rollout_summary
 from bench.model import format_prompt
-from bench.rollout import SamplingParams
+from bench.rollout import Sampler, SamplingParams
 from bench.rollout.scoring import score
-
-
-class TrainingDiverged(RuntimeError):
-    """A loss or gradient became NaN/inf. The run is marked FAILED; the last good step is checkpointed."""
-
-
-def derive_seed(*parts: Any) -> int:
-    """A 63-bit seed from any tuple: every random draw of a run is a pure function of (seed, step, ...)."""
-    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1
+from reports import metric_keys as K
 
 
 def pad(rows: list[torch.Tensor], T: int) -> torch.Tensor:
@@ -38,13 +30,6 @@ def pad(rows: list[torch.Tensor], T: int) -> torch.Tensor:
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
     return out
-
-
-def percentiles(values: torch.Tensor, qs=(10, 50, 90)) -> dict[int, float]:
-    if values.numel() == 0:
-        return {q: float("nan") for q in qs}
-    v = torch.quantile(values.float(), torch.tensor([q / 100 for q in qs]))
-    return {q: float(x) for q, x in zip(qs, v)}
 
 
 @dataclass
@@ -58,20 +43,20 @@ class Group:
     rewards: torch.Tensor  # (G,) shaped rewards the objective trains on
     correct: torch.Tensor  # (G,) verifier outcome
     advantages: torch.Tensor | None = None  # (G,)
-    logprobs: list[list[float]] = field(default_factory=list)  # per completion: the rollout engine's log-probs
-    entropies: list[list[float]] = field(default_factory=list)  # ... and entropies, as the engine returned them
-    problem: Any = None  # the benchmark problem (scores the greedy baseline completion when the estimator needs one)
+    logprobs: list[list[float]] = field(default_factory=list)  # per completion: the sampler's log-probs
+    entropies: list[list[float]] = field(default_factory=list)  # ... and entropies, as the sampler returned them
+    problem: Any = None  # the task's problem (scores the greedy baseline completion when the estimator needs one)
     truncated: torch.Tensor | None = None  # (G,) bool: finished by length, not by a stop token
 
 
-def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, step: int
+def collect_rollouts(cfg: TrainConfig, objective, sampler: Sampler, tok, data: TrainData, step: int
                      ) -> tuple[list[Group], dict[str, float]]:
     """Sample, score with the verifier, shape / filter / refill, compute advantages. Returns groups and metrics."""
     P, G = cfg.prompts_per_step, cfg.group_size
     params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p)
     rounds = objective.config.max_sampling_rounds if objective.config.dynamic_sampling else 1
     kept: list[Group] = []
-    all_correct, all_rewards, lengths, entropies, truncated, zero_adv = [], [], [], [], 0, 0
+    all_correct, entropies, zero_adv = [], [], 0
     n_groups = gen_tokens = 0
     gen_s = 0.0
     for r in range(rounds):
@@ -79,14 +64,14 @@ def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, 
         prompts = [format_prompt(tok, p.question, cfg.prompt_template) for p in problems]
         t0 = time.perf_counter()
         try:
-            ro = engine.generate(prompts, G, params, seed=derive_seed(cfg.seed, "rollout", step, r))
+            ro = sampler.generate(prompts, G, params, seed=derive_seed(cfg.seed, "rollout", step, r))
         except RuntimeError as e:  # torch.multinomial refuses NaN/inf probabilities: the weights blew up
             if any(w in str(e).lower() for w in ("nan", "inf")):
                 raise TrainingDiverged(f"step {step}: sampling failed because the policy's probabilities are "
                                        f"non-finite ({e}); the learning rate may be too high") from e
             raise
         gen_s += time.perf_counter() - t0
-        correct = torch.tensor([data.benchmark.reward(ro.texts[i], problems[i // G]) for i in range(len(ro))])
+        correct = torch.tensor([data.task.reward(ro.texts[i], problems[i // G]) for i in range(len(ro))])
         rewards = correct.clone()
         if cfg.control == "random-reward":  # a coin flip with the same mean: gains must then vanish
             g = torch.Generator().manual_seed(derive_seed(cfg.seed, "random-reward", step, r))
@@ -95,16 +80,14 @@ def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, 
         shaped = objective.shape_rewards(rewards, length, cfg.max_new_tokens).view(len(problems), G)  # (P, G)
         keep = objective.keep_groups(shaped, outcomes=rewards.view(len(problems), G))  # (P,): filter on accuracy
         all_correct.append(correct)
-        all_rewards.append(shaped.flatten())
-        lengths.append(length)
         entropies.extend(torch.tensor(e) for e in ro.entropies if e)
-        truncated += sum(f == "length" for f in ro.finish_reasons)
         by_length = torch.tensor([f == "length" for f in ro.finish_reasons])  # (P·G,)
         zero_adv += int(((shaped.max(1).values - shaped.min(1).values) == 0).sum())
         n_groups += len(problems)
         gen_tokens += int(length.sum())
         if r == 0:  # the step's own prompts, sampled alike by every objective: the like-for-like metrics below
-            ent_0, truncated_0, zero_adv_0 = len(entropies), truncated, zero_adv
+            round_0 = rollout_summary(shaped, correct, length, by_length)
+            ent_0, zero_adv_0 = len(entropies), zero_adv
         for p in range(len(problems)):
             if keep[p] and len(kept) < P:
                 kept.append(Group(problems[p].question, ro.prompt_ids[p], ro.completion_ids[p * G:(p + 1) * G],
@@ -115,36 +98,27 @@ def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, 
             break
     extra: dict[str, torch.Tensor] = {}
     if kept:
-        extra = advantage_inputs(cfg, objective, engine, tok, data, kept, step)
+        extra = advantage_inputs(cfg, objective, sampler, tok, data, kept, step)
         adv = objective.advantages(torch.stack([g.rewards for g in kept]), **extra)  # (K, G)
         for g, a in zip(kept, adv):
             g.advantages = a
     # rollout/* describe round 0 only, so every objective's curves measure the same thing; what dynamic sampling's
     # refill rounds add has its own rollout/refill_* metrics (docs/METRICS.md)
-    correct_0, rewards_0, length_0 = all_correct[0], all_rewards[0], lengths[0]
-    ent = torch.cat(entropies[:ent_0]) if ent_0 else torch.zeros(0)
-    pct = percentiles(ent)
     refill_correct = torch.cat(all_correct[1:]) if len(all_correct) > 1 else torch.zeros(0)
-    metrics = {
-        "rollout/reward_mean": float(rewards_0.mean()), "rollout/reward_std": float(rewards_0.std()),
-        "rollout/accuracy": float(correct_0.mean()),
-        "rollout/entropy_mean": float(ent.mean()) if ent.numel() else float("nan"),
-        "rollout/entropy_p10": pct[10], "rollout/entropy_p50": pct[50], "rollout/entropy_p90": pct[90],
-        "rollout/zero_adv_frac": zero_adv_0 / P, "rollout/length_mean": float(length_0.float().mean()),
-        "rollout/length_max": float(length_0.max()), "rollout/truncation_rate": truncated_0 / len(length_0),
-        "rollout/tokens_per_s": gen_tokens / max(gen_s, 1e-9), "rollout/sampling_rounds": float(r + 1),
-        "rollout/kept_groups": float(len(kept)),
-    }
+    metrics = {**round_0, **entropy_summary(torch.cat(entropies[:ent_0]) if ent_0 else torch.zeros(0)),
+               K.TOKENS_PER_S: gen_tokens / max(gen_s, 1e-9), K.SAMPLING_ROUNDS: float(r + 1),
+               K.KEPT_GROUPS: float(len(kept))}
     if rounds > 1:  # objectives with dynamic sampling
-        metrics["rollout/refill_completions"] = float(refill_correct.numel())
-        metrics["rollout/refill_accuracy"] = float(refill_correct.mean()) if refill_correct.numel() else float("nan")
-        metrics["rollout/refill_zero_adv_frac"] = (zero_adv - zero_adv_0) / max(1, n_groups - P)
+        metrics[K.REFILL_COMPLETIONS] = float(refill_correct.numel())
+        metrics[K.REFILL_ACCURACY] = float(refill_correct.mean()) if refill_correct.numel() else float("nan")
+        metrics[K.REFILL_ZERO_ADV_FRAC] = (zero_adv - zero_adv_0) / max(1, n_groups - P)
     if "greedy_rewards" in extra:
-        metrics["rollout/greedy_reward_mean"] = float(extra["greedy_rewards"].mean())
+        metrics[K.GREEDY_REWARD_MEAN] = float(extra["greedy_rewards"].mean())
     return kept, metrics
 
 
-def advantage_inputs(cfg: TrainConfig, objective, engine, tok, data: TrainData, groups: list[Group], step: int
+def advantage_inputs(cfg: TrainConfig, objective, sampler: Sampler, tok, data: TrainData, groups: list[Group],
+                     step: int
                      ) -> dict[str, torch.Tensor]:
     """What the objective's advantage estimator declares it needs beyond the rewards (``advantage_needs``):
     completion lengths, and/or the shaped reward of one greedy completion per prompt (ReMax), generated only then."""
@@ -155,23 +129,23 @@ def advantage_inputs(cfg: TrainConfig, objective, engine, tok, data: TrainData, 
     if "greedy_rewards" in needs:
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=0.0)
         prompts = [format_prompt(tok, g.question, cfg.prompt_template) for g in groups]
-        ro = engine.generate(prompts, 1, params, seed=derive_seed(cfg.seed, "greedy-baseline", step))
-        correct = torch.tensor([data.benchmark.reward(ro.texts[i], g.problem) for i, g in enumerate(groups)])
+        ro = sampler.generate(prompts, 1, params, seed=derive_seed(cfg.seed, "greedy-baseline", step))
+        correct = torch.tensor([data.task.reward(ro.texts[i], g.problem) for i, g in enumerate(groups)])
         length = torch.tensor([len(c) for c in ro.completion_ids])
         out["greedy_rewards"] = objective.shape_rewards(correct, length, cfg.max_new_tokens)
     return out
 
 
-def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, groups: list[Group], step: int
-           ) -> dict[str, float]:
+def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sampler, groups: list[Group],
+           step: int) -> dict[str, float]:
     """μ epochs over `cfg.minibatches` minibatches, each gradient-accumulated over micro-batches."""
     if not groups:  # dynamic sampling found no informative group in its rounds: nothing to learn from
-        return {"train/skipped": 1.0, "time/scoring_s": 0.0}
+        return {K.SKIPPED: 1.0, K.SCORING_S: 0.0}
     prompts = [g.prompt_ids for g in groups for _ in g.completion_ids]
     completions = [c for g in groups for c in g.completion_ids]
     adv = torch.cat([g.advantages for g in groups]).float()  # (N,)
-    has_engine_lp = all(len(g.logprobs) == len(g.completion_ids) for g in groups)
-    samp_lp = [lp for g in groups for lp in g.logprobs] if has_engine_lp else None  # (rollout correction)
+    has_sampler_lp = all(len(g.logprobs) == len(g.completion_ids) for g in groups)
+    samp_lp = [lp for g in groups for lp in g.logprobs] if has_sampler_lp else None  # (rollout correction)
     truncated = torch.cat([g.truncated if g.truncated is not None else torch.zeros(len(g.completion_ids), dtype=bool)
                            for g in groups])  # (N,)
     N = len(completions)
@@ -182,10 +156,10 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
     c_len, p_len = [len(c) for c in completions], [len(p) for p in prompts]
 
     # --- the sampling policy (when off-policy updates follow): the rollout's own log-probs and entropies when the
-    # engine's are exact for the training module (HF engine), otherwise one scoring pass without gradient; reference
+    # sampler's are exact for the training module (HF sampler), otherwise one scoring pass without gradient; reference
     t0 = time.perf_counter()
     old_lp = old_ent = ref_lp = ref_ent = None
-    if not on_policy and has_engine_lp and getattr(engine, "exact_logprobs", False):
+    if not on_policy and has_sampler_lp and sampler.exact_logprobs:
         old_lp = [torch.tensor(x) for g in groups for x in g.logprobs]
         old_ent = [torch.tensor(x) for g in groups for x in g.entropies]
     elif not on_policy:
@@ -195,14 +169,11 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
             ref_lp, ref_ent = _score_rows(ref, prompts, completions, temp, mb, cfg.scoring_chunk_mb)
     scoring_s = time.perf_counter() - t0
 
-    sums: dict[str, float] = {}
-    weight_total = 0.0
-    drift = {"abs": 0.0, "tokens": 0.0, "max": 0.0, "seq": 0.0, "seqs": 0.0}  # how far the policy moved from π_old
-    grad_norms = []
+    stats = UpdateStats()  # weighted objective metrics, train/loss, KL to π_ref, how far the policy moved from π_old
     for epoch in range(cfg.update_epochs):
         order = torch.randperm(N, generator=torch.Generator().manual_seed(derive_seed(cfg.seed, "perm", step, epoch)))
         for minibatch in torch.tensor_split(order, min(cfg.minibatches, N)):  # dynamic sampling may keep < M rows
-            micro = (length_grouped(minibatch, c_len, p_len, mb)  # less padding, same gradient (bench/batching.py)
+            micro = (length_grouped(minibatch, c_len, p_len, mb)  # less padding, same gradient (batching.py)
                      if cfg.length_grouped_micro_batches and objective.split_invariant else torch.split(minibatch, mb))
             masks = [pad([torch.ones(len(completions[i])) for i in idx], max(len(completions[i]) for i in idx))
                      for idx in micro]
@@ -231,38 +202,21 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
                     raise TrainingDiverged(f"step {step}: the loss is {float(loss)} (non-finite metrics: "
                                            f"{', '.join(bad) or 'none; check the log-probs'})")
                 (loss * (w / w_total)).backward()
-                if batch.ref_logprobs is not None:
-                    m["train/kl_ref"] = masked_mean(kl_estimate(lp.detach(), batch.ref_logprobs, "k3"), mask)
-                m["train/loss"] = loss.detach()
-                log_r = (lp.detach() - batch.old_logprobs) * mask  # (B, T)
-                drift["abs"] += float(log_r.abs().sum())
-                drift["tokens"] += float(mask.sum())
-                drift["max"] = max(drift["max"], float(log_r.abs().max()))
-                drift["seq"] += float((log_r.sum(-1) / mask.sum(-1).clamp(min=1.0)).abs().sum())
-                drift["seqs"] += float(mask.shape[0])
-                for key, v in m.items():
-                    sums[key] = sums.get(key, 0.0) + float(v) * w
-                weight_total += w
+                stats.add(batch, loss, m, w)
             limit = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
             norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), limit))
             if not math.isfinite(norm):
                 raise TrainingDiverged(f"step {step}: the gradient norm is {norm} (train/grad_norm)")
-            grad_norms.append(norm)
+            stats.add_grad_norm(norm)
             optimizer.step()
-            engine.update_weights(model)
-    out = {k: v / weight_total for k, v in sums.items()}
-    out["train/grad_norm"] = sum(grad_norms) / len(grad_norms)
-    out["train/abs_log_ratio"] = drift["abs"] / max(drift["tokens"], 1.0)
-    out["train/abs_log_ratio_max"] = drift["max"]
-    out["train/abs_seq_log_ratio"] = drift["seq"] / max(drift["seqs"], 1.0)
-    out["time/scoring_s"] = scoring_s
-    return out
+            sampler.update_weights(model)
+    return {**stats.summary(), K.SCORING_S: scoring_s}
 
 
 def _score_rows(model, prompts, completions, temperature, mb, chunk_mb: float = 256.0
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per-completion 1-D log-prob and entropy tensors (no gradient), scored in micro-batches of similar lengths
-    (less padding; bench/batching.py), returned in the input order."""
+    (less padding; batching.py), returned in the input order."""
     n = len(completions)
     order = sorted(range(n), key=lambda i: (len(completions[i]), len(prompts[i])))
     lps: list[torch.Tensor] = [torch.zeros(0)] * n

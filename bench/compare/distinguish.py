@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from algorithms.probe import ProbeResult, Regime, probe
+from bench.compare.plan import variant_label
 from bench.config import TrainConfig
 
 
@@ -22,8 +23,6 @@ def regime_of(cfg: TrainConfig, log_ratio_per_update: float | None = None) -> Re
 def probe_config(cfg: TrainConfig, algos: list[str], params: dict[str, dict[str, Any]] | None = None
                  ) -> ProbeResult:
     """Probe the objectives of a comparison (with their overrides, labelled as ``bench run`` labels them)."""
-    from bench.harness import variant_label
-
     params = params or {}
     entries = [(variant_label(a, params.get(a, {})), a, dict(params.get(a, {}))) for a in algos]
     return probe(entries, regime_of(cfg))

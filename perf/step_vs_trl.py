@@ -1,9 +1,9 @@
-"""Speed benchmark: our training step against TRL's GRPOTrainer, raw `model.generate`, and the floor.
+"""Speed measurement: our training step against TRL's GRPOTrainer, raw `model.generate`, and the floor.
 
 Same tiny model, same 32 prompts x 8 completions (256), 48 new tokens, one update per rollout, measured in ONE process
 so that the ratios compare like with like on whatever machine runs it:
 
-    python benchmarks/step_vs_trl.py [--steps 4] [--prompts 32] [--group 8] [--max-new-tokens 48] [--rounds 3]
+    python perf/step_vs_trl.py [--steps 4] [--prompts 32] [--group 8] [--max-new-tokens 48] [--rounds 3]
                                      [--threads 2] [--minibatches 4]
 
 `--minibatches M` is the several-mini-batch regime: each rollout batch is split into M mini-batches with one optimizer
@@ -16,7 +16,7 @@ alike), each round a fresh run whose first step (warm-up) is excluded, with the 
 both; the ratio is reported as the median over rounds with its min and max. Prints seconds per step (ours, TRL) and
 their ratio; our rollout tokens/s against raw `model.generate`; the floor
 (raw generate + one forward/backward over the same tokens) and our step's ratio to it; peak RSS after each part.
-Targets (issue #3): ours <= 0.7x TRL, <= 1.2x the floor; rollout >= 90% of raw generate.
+Targets: ours <= 0.7x TRL, <= 1.2x the floor; rollout >= 90% of raw generate.
 """
 
 from __future__ import annotations
@@ -70,11 +70,11 @@ def raw_generate(prompts: list[str], group: int, max_new: int, repeats: int) -> 
 def our_rollout_and_floor(prompts, group, max_new, repeats) -> dict[str, float]:
     """Our engine's tokens/s, and one forward/backward over its completions (the floor's training half)."""
     from bench.model import load_policy
-    from bench.rollout import SamplingParams, make_engine
+    from bench.rollout import SamplingParams, make_sampler
     from bench.rollout.scoring import score
 
     model, tok = load_policy("builtin:tiny-arith")
-    engine = make_engine("hf", model, tok)
+    engine = make_sampler("hf", model, tok)
     times, toks, fb = [], 0, []
     for i in range(repeats):
         t0 = time.perf_counter()
@@ -97,7 +97,7 @@ def our_step(steps: int, prompts: int, group: int, max_new: int, workdir: str, t
     from mlflow.tracking import MlflowClient
 
     from bench.config import TrainConfig
-    from bench.train import train
+    from bench.engines import train
 
     uri = f"sqlite:///{workdir}/mlflow.db"
     cfg = TrainConfig(algo="grpo", objective_overrides={"kl_coef": 0.0}, steps=steps, prompts_per_step=prompts,

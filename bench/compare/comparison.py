@@ -1,0 +1,183 @@
+"""`bench run` as one call: ``run_comparison(ComparisonSpec(cfg, algos, seeds, ...))`` trains the missing pairs of the
+comparison (plan.py decides which; an executor runs them: executors.py, pairs.py), then writes its report.
+
+The training function is part of the spec (``train_fn``, default ``bench.engines.train``), as ``bench tune``'s
+``run_study(spec, train_fn=...)``: the orchestration (reuse, resume, ``--force``, failures, Ctrl-C, executors) is the
+same whatever trains, so its tests run on a fake trainer and only a few train for real.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench import engines
+from bench.compare.display import LiveDisplay
+from bench.compare.distinguish import warn_before_run
+from bench.compare.executors import Task, WorkerDied, make_executor
+from bench.compare.pairs import PairContext, PairJob, PairResult, TrainFn, initial_evals, run_pair, step0_task
+from bench.compare.plan import DEFAULTS, Pair, plan, run_dir
+from bench.compare.store import locks_dir, pair_lock
+from bench.config import TrainConfig
+from reports.record import (
+    COMPARISON,
+    CONFIG_HASH,
+    KIND,
+    OBJECTIVES,
+    SEEDS,
+    get_or_create_experiment,
+    member_tag,
+    open_client,
+    retry_locked,
+    tracking_uri,
+)
+from reports.report import build_report
+
+
+@dataclass
+class ComparisonSpec:
+    """Everything one `bench run` needs (the command line builds it from its flags: bench/cli/run.py)."""
+
+    cfg: TrainConfig                          # the comparison's config (every pair's, but objective and seed)
+    algos: list[str]
+    seeds: list[int]
+    params: dict[str, dict[str, Any]] = field(default_factory=dict)   # objective -> config overrides (--params)
+    force: bool = False                       # redo pairs that already finished
+    workers: int | None = None                # RunDefaults.workers when None (with ray: a local instance's CPUs)
+    executor: str | None = None               # local | ray (RunDefaults.executor when None)
+    ray_address: str | None = None            # the Ray cluster to connect to (default: start a local instance)
+    # on_eval(pair, step, metrics) after each held-out evaluation of a pair (it may raise bench.engines.StopTraining);
+    # with more than one worker it runs in the worker processes (Ray tasks), so it must be picklable
+    on_eval: Callable[[Pair, int, dict[str, float]], None] | None = None
+    train_fn: TrainFn = engines.train         # trains one pair's config: train_fn(cfg, on_eval=, on_step=, step0_eval=)
+    step0_fn: Callable[[TrainConfig, list[int]], dict[int, dict[str, float]]] = initial_evals  # shared step 0
+    report: bool = True                       # write the report afterwards
+    baseline: str | None = None
+    target_acc: float | None = None
+    out_root: str | Path = "reports/out"
+    progress: bool = True                     # the live display (LiveDisplay)
+
+
+@dataclass
+class ComparisonResult:
+    comparison: str
+    experiment: str
+    tracking_uri: str
+    pairs: list[Pair]
+    report: Any = None               # reports.report.Report when written
+    seconds: float = 0.0
+    workers: int = 1                 # pairs trained at once: processes (local) or Ray task slots (ray)
+    executor: str = "local"          # executors.py
+
+    @property
+    def failed(self) -> list[Pair]:
+        return [p for p in self.pairs if p.outcome.startswith("failed")]
+
+
+def comparison_run(client, exp_id: str, cid: str, cfg: TrainConfig, algos: list[str], seeds: list[int]) -> str:
+    """The comparison's own MLflow run (``pobench.kind=comparison``): found, or created with its config; one per
+    comparison, also when two `bench run` of it start at once."""
+    with pair_lock(locks_dir(cfg.output_dir, cfg.experiment) / f"comparison-{cid}.lock", f"comparison {cid}"):
+        found = client.search_runs([exp_id], filter_string=(
+            f"tags.`pobench.kind` = 'comparison' and tags.`pobench.comparison` = '{cid}'"), max_results=1)
+        if found:
+            client.update_run(found[0].info.run_id, status="RUNNING")
+            return found[0].info.run_id
+        run = client.create_run(exp_id, run_name=f"comparison-{cid}", tags={
+            KIND: "comparison", COMPARISON: cid, CONFIG_HASH: cfg.comparison_hash(),
+            OBJECTIVES: ",".join(algos), SEEDS: ",".join(map(str, seeds))})
+    client.log_text(run.info.run_id, yaml.safe_dump(cfg.to_dict(), sort_keys=False), "config.yaml")
+    return run.info.run_id
+
+
+def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
+    """Train the missing pairs of the comparison, then (``spec.report``) write its report."""
+    t_start = time.perf_counter()
+    ex = make_executor(spec.executor or DEFAULTS.executor, workers=spec.workers, ray_address=spec.ray_address)
+    algos, seeds = spec.algos, spec.seeds
+    params = {a: dict(spec.params.get(a, {})) for a in algos}
+    cfg = spec.cfg
+    for a in algos:  # every objective validates with its overrides before any run starts
+        replace(cfg, algo=a, objective_overrides=params[a]).validate()
+    cfg = ex.prepare(replace(cfg, tracking_uri=tracking_uri(cfg.tracking_uri)))
+    uri = cfg.tracking_uri
+    client = open_client(uri)  # a fresh local store is created under a lock (reports/record.py)
+    cid, pairs = plan(cfg, algos, seeds, params, force=spec.force, client=client)
+    exp_id = get_or_create_experiment(client, uri, cfg.experiment)
+    parent = comparison_run(client, exp_id, cid, cfg, algos, seeds)
+    warn_before_run(cfg, algos, params, client=client, run_id=parent)  # coinciding objectives, inert terms
+    result = ComparisonResult(cid, cfg.experiment, uri, pairs)
+
+    for p in pairs:
+        if p.action == "reuse":
+            client.set_tag(p.run_id, member_tag(cid), "1")
+            p.outcome = "reused"
+    if spec.force:  # runs this comparison redoes stop counting as its members
+        for p in pairs:
+            for r in client.search_runs([exp_id], filter_string=(
+                    f"tags.`pobench.kind` = 'train' and tags.`{member_tag(cid)}` = '1' and "
+                    f"tags.`pobench.objective` = '{p.objective}' and tags.`pobench.seed` = '{p.seed}'")):
+                client.set_tag(r.info.run_id, member_tag(cid), "0")
+            shutil.rmtree(run_dir(cfg, p), ignore_errors=True)
+
+    todo = [p for p in pairs if p.action != "reuse"]
+    ctx = PairContext(cfg, cid, parent, exp_id, spec.force, spec.train_fn, spec.on_eval)
+    # the starting policy's held-out evaluation, once for the comparison (pairs that start from scratch need it),
+    # when the engine takes one computed here (verl evaluates the starting policy itself, in its own job)
+    fresh = sorted({p.seed for p in todo if p.action == "train"})
+    shared_step0 = (fresh and cfg.eval_every > 0 and cfg.backend == "hf"
+                    and engines.engine_for(cfg).capabilities.step0_eval)
+    status = "FINISHED"
+
+    def finished(task: Task, r: PairResult) -> None:
+        nonlocal status
+        p = todo[r.index]
+        p.outcome = r.outcome
+        if r.action:
+            p.action = r.action
+        p.run_id = r.run_id or p.run_id
+        if r.outcome.startswith("failed"):
+            status = "FAILED"
+        display.done(r.index, p, r.error)
+
+    def pair_failed(i: int) -> Callable[[str, str], PairResult]:
+        return lambda why, detail: PairResult(i, f"failed: {why}", "train",
+                                              error=f"{todo[i].variant} seed {todo[i].seed}: {detail}")
+
+    try:  # the pool's size, or the Ray connection and task resources
+        n_workers = ex.start(len(todo), cfg, {"on_eval": spec.on_eval, "train_fn": spec.train_fn})
+        display = LiveDisplay(cid, pairs, cfg.steps, enabled=spec.progress, workers=n_workers)
+        with display:
+            step0: dict[int, dict[str, float]] = {}
+            if shared_step0:
+                got = ex.run([Task(-1, step0_task, (spec.step0_fn, cfg, fresh), not_started={}, interrupted={})],
+                             display.event)[-1]
+                if isinstance(got, WorkerDied):
+                    display.print(f"  the shared step-0 evaluation failed ({got.why}); each run evaluates its own "
+                                  "step 0")
+                else:
+                    step0 = got
+            tasks = [Task(i, run_pair, (PairJob(i, p, ctx, step0.get(p.seed)),), not_started=PairResult(i, "not "
+                          "started"), interrupted=PairResult(i, "interrupted"), failed=pair_failed(i))
+                     for i, p in enumerate(todo)]
+            ex.run(tasks, display.event, on_result=finished)
+    except BaseException:
+        retry_locked(client.set_terminated, parent, status="KILLED")
+        raise
+    finally:
+        ex.close()
+    retry_locked(client.set_terminated, parent, status=status)
+    if spec.report and any(p.outcome.startswith(("reused", "finished", "stopped early")) for p in pairs):
+        result.report = build_report(cfg.experiment, cid, uri, out_root=spec.out_root, baseline=spec.baseline,
+                                     target_acc=spec.target_acc, objectives=[p.variant for p in pairs], seeds=seeds,
+                                     client=client)
+    result.seconds = time.perf_counter() - t_start
+    result.workers = n_workers
+    result.executor = ex.name
+    return result

@@ -1,0 +1,141 @@
+"""One pair of a comparison, wherever an executor runs it (in this process, a pool process, a Ray task): claim it,
+decide under the claim whether it is reused, resumed or trained, train it with the comparison's training function.
+And the comparison's step-0 evaluation, shared by its pairs.
+
+Each pair is claimed with a lock file (store.py ``pair_lock``) before anything is decided about it; under the claim
+the store is asked again whether the pair already FINISHED (then it is reused: another process trained it meanwhile)
+or has a checkpoint (resumed), else it is trained. Exceptions other than an interrupt become a failed result naming the
+pair, and the other pairs go on.
+
+The step-0 (before training) evaluation is the same for every objective: the same starting policy on the same
+problems. It is computed once per comparison (:func:`initial_evals`) and logged into every run at step 0.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from bench.compare.plan import Pair, finished_run, pair_config, run_dir
+from bench.compare.store import locks_dir, pair_lock
+from bench.config import TrainConfig
+from bench.data import derive_seed, eval_problems
+from bench.engines import TrainingDiverged, TrainResult
+from bench.engines.lifecycle import has_checkpoint, seed_and_threads
+from bench.evaluate import eval_metrics, held_out_result
+from bench.model import load_policy
+from bench.rollout import make_sampler
+from bench.workers import Notify
+from evaluators.metrics import summarize
+from reports import metric_keys as K
+from reports.record import member_tag, open_client
+
+TrainFn = Callable[..., TrainResult]  # train_fn(cfg, *, on_eval, on_step, step0_eval): bench.engines.train
+
+
+@dataclass(frozen=True)
+class PairContext:
+    """What every pair of one comparison shares (pickled to the worker that runs a pair)."""
+
+    cfg: TrainConfig               # the comparison's base config (pair_config derives the run's)
+    cid: str
+    parent_id: str
+    experiment_id: str
+    force: bool
+    train_fn: TrainFn
+    on_eval: Callable[[Pair, int, dict[str, float]], None] | None = None
+
+
+@dataclass
+class PairJob:
+    index: int                     # position in the comparison's list of pairs to run
+    pair: Pair
+    ctx: PairContext
+    step0: dict[str, float] | None = None   # the shared step-0 evaluation of its seed, when computed
+
+
+@dataclass
+class PairResult:
+    index: int
+    outcome: str                   # finished | stopped early | reused (...) | failed: ... | interrupted | not started
+    action: str = ""               # what was done under the claim: reuse | resume | train
+    run_id: str | None = None
+    error: str = ""                # traceback of a failure
+
+
+# ------------------------------------------------------------------ step 0, once per comparison
+def initial_evals(cfg: TrainConfig, seeds: list[int]) -> dict[int, dict[str, float]]:
+    """The step-0 held-out metrics of each seed's run, computed from ONE evaluation when it is greedy.
+
+    Greedy decoding of the starting policy does not depend on the seed or the objective; only the bootstrap interval
+    of the accuracy is seeded (per run), so it is recomputed per seed from the same per-problem results. A sampled
+    evaluation (``eval_temperature`` > 0) draws per seed: evaluated once per seed."""
+    seed_and_threads(cfg)
+    model, tok = load_policy(cfg.model, cfg.device, cfg.dtype)
+    sampler = make_sampler(cfg.backend, model, tok)
+    task, problems = eval_problems(cfg.eval_task or cfg.task, limit=cfg.eval_problems, data=cfg.eval_data,
+                                   difficulty=cfg.difficulty)
+    out: dict[int, dict[str, float]] = {}
+    if cfg.eval_temperature > 0:
+        for s in seeds:
+            out[s] = eval_metrics(held_out_result(replace(cfg, seed=s), sampler, tok, task, problems))
+        return out
+    res = held_out_result(replace(cfg, seed=seeds[0]), sampler, tok, task, problems)
+    greedy = [bool(r["greedy_correct"]) for r in res.rows]
+    for s in seeds:
+        seed = derive_seed(s, "eval")
+        out[s] = eval_metrics(replace(res, seed=seed, metrics=summarize(greedy, None, None, 0, seed=seed)))
+    return out
+
+
+# ------------------------------------------------------------------ one pair, under its claim
+def run_pair(notify: Notify, job: PairJob) -> PairResult:
+    """Claim the pair, decide reuse / resume / train under the claim, train. Exceptions other than an interrupt
+    become a failed result naming the pair (the caller goes on with the other pairs)."""
+    p, ctx = job.pair, job.ctx
+    cfg = ctx.cfg
+    what = f"{p.variant} seed {p.seed}"
+    lock = locks_dir(cfg.output_dir, cfg.experiment) / f"{p.run_name}.lock"
+    try:
+        with pair_lock(lock, what, on_wait=lambda msg: notify("msg", job.index, msg)) as free:
+            client = open_client(cfg.tracking_uri)
+            if not ctx.force or not free:
+                done = finished_run(client, ctx.experiment_id, cfg, p)
+                if done is not None:
+                    client.set_tag(done, member_tag(ctx.cid), "1")
+                    how = "reused" if free else "reused (trained by another process)"
+                    return PairResult(job.index, how, "reuse", done)
+            action = "resume" if has_checkpoint(run_dir(cfg, p)) else "train"
+            notify("start", job.index, action)
+            p = replace(p, action=action)
+            pcfg = pair_config(cfg, p, ctx.cid, ctx.parent_id)
+
+            def on_eval(step: int, metrics: dict[str, float]) -> None:
+                notify("eval", job.index, step, metrics.get(K.EVAL_ACCURACY, float("nan")))
+                if ctx.on_eval is not None:
+                    ctx.on_eval(p, step, metrics)
+
+            def on_step(step: int, metrics: dict[str, float]) -> None:
+                notify("step", job.index, step, metrics.get(K.REWARD_MEAN, float("nan")))
+
+            res = ctx.train_fn(pcfg, on_eval=on_eval, on_step=on_step,
+                               step0_eval=job.step0 if action == "train" else None)
+            client.set_tag(res.run_id, member_tag(ctx.cid), "1")  # a resumed run may predate this id
+            return PairResult(job.index, "stopped early" if res.stopped_early else "finished", action, res.run_id)
+    except TrainingDiverged as e:
+        return PairResult(job.index, f"failed: {e}", "train", error=traceback.format_exc())
+    except Exception as e:  # noqa: BLE001  (reported with the pair named; the other pairs go on)
+        return PairResult(job.index, f"failed: {type(e).__name__}: {e}", "train", error=traceback.format_exc())
+
+
+def step0_task(notify: Notify, step0_fn: Callable[[TrainConfig, list[int]], dict[int, dict[str, float]]],
+               cfg: TrainConfig, seeds: list[int]) -> dict[int, dict[str, float]]:
+    """The comparison's step-0 evaluation as an executor task; when it fails, each run evaluates its own step 0."""
+    try:
+        return step0_fn(cfg, seeds)
+    except Exception as e:  # noqa: BLE001  (each run then evaluates its own step 0)
+        notify("msg", -1, f"the shared step-0 evaluation failed ({type(e).__name__}: {e}); each run evaluates its "
+                          "own step 0")
+        return {}
+

@@ -1,0 +1,169 @@
+"""The native engine: pobench's own training loop, shared by every objective. It reads top to bottom:
+
+    for each step:  sample prompts -> G completions each -> rewards (the task's verifier)
+                    -> the objective's hooks: reward shaping, group filtering (DAPO refills), advantages
+                    -> old / reference log-probs -> μ epochs x minibatches of gradient-accumulated updates
+                    -> metrics, held-out evaluation, checkpoint (then the metrics go to MLflow)
+
+Objectives differ only in `algorithms/`: this file never branches on an objective's name. The run's folder, MLflow
+record, interruption and end are bench/engines/lifecycle.py's, as for every engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from algorithms import get_objective
+from bench.config import TrainConfig
+from bench.data import TrainData, eval_problems
+from bench.engines.base import CAPABILITIES, Hooks, StopTraining, TrainResult
+from bench.engines.lifecycle import finish_run, open_run, recorded, run_folder, seed_and_threads
+from bench.engines.native import checkpoint
+from bench.engines.native.scale import Reference, is_peft, merged_for_export, prepare_policy, trainable_parameters
+from bench.engines.native.step import collect_rollouts, roll_samples, update
+from bench.evaluate import eval_metrics, held_out_result
+from bench.model import load_policy, warn_unknown_characters
+from bench.rollout import make_sampler
+from reports import metric_keys as K
+
+
+def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
+    def f(i: int) -> float:
+        if i < cfg.warmup_steps:
+            return (i + 1) / (cfg.warmup_steps + 1)
+        frac = (i - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        if cfg.lr_schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+        if cfg.lr_schedule == "linear":
+            return max(0.0, 1 - frac)
+        return 1.0
+    return f
+
+
+def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
+    """Train `cfg.algo` as configured; log to MLflow; checkpoint; resume with ``cfg.resume`` (``Hooks``: what the
+    caller is told during training)."""
+    hooks = hooks or Hooks()
+    cfg.validate()  # out-of-range config: error before any work starts
+    objective = get_objective(cfg.algo, **cfg.objective_overrides)
+    _, run_dir, last = run_folder(cfg)
+    seed_and_threads(cfg)
+
+    # --- policy, reference, rollout sampler, optimizer
+    model, tok = load_policy(cfg.model, cfg.device, cfg.dtype)
+    model = prepare_policy(model, cfg)  # LoRA adapter, activation checkpointing (scale.py)
+    need_ref = objective.needs_reference or cfg.track_ref_kl
+    ref_model = Reference(model) if need_ref else None  # LoRA: the base model with the adapter disabled
+    sampler = make_sampler(cfg.backend, model, tok)
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, betas=tuple(cfg.adam_betas),
+                                  weight_decay=cfg.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+
+    # --- data: same prompts at the same step for every objective and seed-matched run
+    data = TrainData(cfg.task, seed=cfg.seed, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
+                     data=cfg.data, difficulty=cfg.difficulty, skip_bad_rows=cfg.skip_bad_rows)
+    eval_task, eval_set = eval_problems(cfg.eval_task or cfg.task, limit=cfg.eval_problems, data=cfg.eval_data,
+                                        difficulty=cfg.difficulty, skip_bad_rows=cfg.skip_bad_rows)
+    warn_unknown_characters(tok, [p.question for p in data.pool], "training prompts")
+    warn_unknown_characters(tok, [p.question for p in eval_set], "held-out prompts")
+
+    # --- MLflow run (new, or the same one when resuming from the newest checkpoint)
+    state = None
+    if last is not None:
+        state = checkpoint.load(last, model=model, optimizer=optimizer, scheduler=scheduler)
+        sampler.update_weights(model)
+    logger = open_run(cfg, objective, run_dir, resume_state=state)
+    start_step, elapsed = (state["step"], state["elapsed"]) if state is not None else (0, 0.0)
+
+    def evaluate_now(step: int, given: dict[str, float] | None = None) -> dict[str, float]:
+        m = dict(given) if given is not None else eval_metrics(held_out_result(cfg, sampler, tok, eval_task,
+                                                                               eval_set))
+        logger.log(m, step)
+        return m
+
+    def save_checkpoint(step: int) -> None:
+        checkpoint.save(run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler,
+                        state={"run_id": logger.run_id, "elapsed": elapsed, "pending": logger.pending},
+                        keep=cfg.keep_checkpoints)
+        logger.flush()
+
+    final_eval: dict[str, float] = {}
+    stopped_early = False
+    step = completed = saved = start_step
+    changed = False  # True once an optimizer step of an unfinished step has changed the model
+
+    def model_changed(*_) -> None:
+        nonlocal changed
+        changed = True
+
+    def keep_last_step() -> None:
+        """On an interrupt or error: checkpoint the last finished step when the model is still exactly that step's."""
+        if not changed and completed > saved:
+            save_checkpoint(completed)
+
+    step_hook = optimizer.register_step_pre_hook(model_changed)  # (before: an interrupt inside step() counts)
+    try:
+        with recorded(logger, on_error=keep_last_step):
+            if start_step == 0 and cfg.eval_every > 0:
+                final_eval = evaluate_now(0, hooks.step0_eval)
+                try:
+                    hooks.eval(0, {**final_eval, K.ELAPSED_S: 0.0})
+                except StopTraining:
+                    stopped_early = True
+            for step in range(start_step + 1, cfg.steps + 1 if not stopped_early else start_step + 1):
+                t_step = time.perf_counter()
+                groups, roll = collect_rollouts(cfg, objective, sampler, tok, data, step)
+                t_rollout = time.perf_counter() - t_step
+                upd = update(cfg, objective, model, ref_model, optimizer, sampler, groups, step)
+                with warnings.catch_warnings():  # a step without update (no informative group) still advances the LR
+                    warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+                    scheduler.step()
+                step_s = time.perf_counter() - t_step
+                elapsed += step_s
+                metrics = {**roll, **upd, K.LR: scheduler.get_last_lr()[0], K.ROLLOUT_S: t_rollout,
+                           K.STEP_S: step_s, K.ELAPSED_S: elapsed}
+                metrics[K.UPDATE_S] = step_s - t_rollout - metrics.get(K.SCORING_S, 0.0)
+                logger.log(metrics, step)
+                hooks.step(step, metrics)
+                if cfg.samples_every and (step % cfg.samples_every == 0 or step == 1):
+                    logger.log_text(json.dumps(roll_samples(groups, tok), indent=1), f"samples/step_{step:06d}.json")
+                is_last = step == cfg.steps
+                if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or is_last):
+                    final_eval = evaluate_now(step)
+                    try:
+                        hooks.eval(step, {**final_eval, K.ELAPSED_S: elapsed})
+                    except StopTraining:
+                        stopped_early = True
+                completed, changed = step, False
+                if stopped_early or is_last or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+                    save_checkpoint(step)
+                    saved = step
+                if stopped_early:
+                    break
+    finally:
+        step_hook.remove()
+    finish_run(logger, stopped_early)
+    if is_peft(model):
+        model.save_pretrained(run_dir / "final" / "adapter")
+    merged_for_export(model).save_pretrained(run_dir / "final")
+    tok.save_pretrained(run_dir / "final")
+    return TrainResult(logger.run_id, step, run_dir, final_eval, stopped_early)
+
+
+class NativeEngine:
+    """pobench's own loop (``train`` above)."""
+
+    name = "native"
+    capabilities = CAPABILITIES[name]
+
+    def check(self, cfg: TrainConfig) -> None:
+        """Nothing beyond ``TrainConfig.validate``: the native loop trains every valid config."""
+
+    def train(self, cfg: TrainConfig, hooks: Hooks) -> TrainResult:
+        return train(cfg, hooks)

@@ -1,0 +1,173 @@
+"""What `bench run` and `bench tune` share about the processes and Ray tasks that train for them: the ``--seeds`` and
+``--workers`` rules, how a worker process or Ray task is set up, and the connection to Ray.
+
+Ray is optional (``pip install 'pobench[ray]'``) and imported only when asked for. A Ray task gets the driver's
+environment (``MLFLOW_*``, ``POBENCH_*``, the Hugging Face offline switches) and working folder (``task_setup``),
+since a remote node has neither; local stores get absolute paths (``absolute_tracking_uri``) for the same reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+
+import bench
+from bench.config import TrainConfig
+from bench.engines import engine_for
+from bench.model import resolve_device
+
+RAY_INSTALL = "pip install 'pobench[ray]'"
+# environment variables a Ray task gets from the driver (a remote node does not have the driver's environment)
+FORWARDED_ENV_PREFIXES = ("MLFLOW_", "POBENCH_")
+FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM")
+
+Notify = Callable[..., None]  # notify(kind, index, *payload): "start" | "step" | "eval" | "msg"
+
+
+# ------------------------------------------------------------------ --seeds, --workers
+def parse_seeds(seeds: str | Sequence[int] | None, default: Sequence[int]) -> list[int]:
+    """The seeds of ``--seeds`` (``bench run`` and ``bench tune``): comma-separated integers, in the order given; a
+    repeated seed is dropped (it would train or evaluate the same run twice), an empty list is an error; None gives
+    ``default``."""
+    if seeds is None:
+        return list(default)
+    if isinstance(seeds, str):
+        try:
+            seeds = [int(s) for s in seeds.split(",") if s.strip()]
+        except ValueError:
+            raise ValueError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
+    out: list[int] = []
+    for s in seeds:
+        if int(s) not in out:
+            out.append(int(s))
+    if not out:
+        raise ValueError("--seeds is empty")
+    return out
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def resolve_workers(workers: int | None, n_todo: int, cfg: TrainConfig, default: int = 0) -> int:
+    """Processes to train ``n_todo`` runs of ``cfg`` with (``default`` when None): 0 = one per usable CPU core (one
+    when the model runs on a GPU, or when the engine trains one run at a time), capped by ``n_todo``."""
+    n = default if workers is None else int(workers)
+    if n < 0:
+        raise ValueError(f"--workers must be >= 0 (0 = one per CPU core), got {n}")
+    if n == 0:
+        one_at_a_time = not engine_for(cfg).capabilities.parallel_pairs or resolve_device(cfg.device).type != "cpu"
+        n = 1 if one_at_a_time else usable_cores()
+    return max(1, min(n, n_todo))
+
+
+# ------------------------------------------------------------------ a worker process
+def quiet_libraries() -> None:
+    """No per-file progress bars from transformers / hub downloads in our output (our own displays remain)."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        from transformers.utils import logging as hf_logging  # (loaded lazily: transformers takes seconds to import)
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        pass
+
+
+def one_thread() -> None:
+    """A CPU worker trains with one torch thread (the tiny models gain nothing from more; more oversubscribe)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    torch.set_num_threads(1)
+
+
+# ------------------------------------------------------------------ Ray
+def import_ray():
+    """``ray``, or a ValueError that says how to install it."""
+    try:
+        import ray  # (optional dependency)
+    except ImportError as e:
+        raise ValueError(f"--executor ray needs Ray ({e}): {RAY_INSTALL}") from None
+    return ray
+
+
+def init_ray(address: str | None = None, workers: int | None = None, gpus: int | None = None):
+    """Connect to the Ray cluster at ``address``, or start a local instance with ``workers`` CPUs (0 / None: every
+    usable core) and ``gpus`` GPUs (None: Ray's own detection). Returns the ``ray`` module."""
+    ray = import_ray()
+    if address and address.startswith("ray://"):  # Ray Client: the server side decides everything else
+        ray.init(address=address)
+    elif address:
+        ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING)
+    else:
+        kw: dict[str, Any] = {} if gpus is None else {"num_gpus": gpus}
+        # "local": a new instance even when RAY_ADDRESS is set or a cluster runs on this machine (--ray-address auto
+        # connects to that one); the workers' output (warnings, tracebacks) is shown here, as the pool's is
+        ray.init(address="local", num_cpus=int(workers) if workers else usable_cores(), include_dashboard=False,
+                 log_to_driver=True, logging_level=logging.WARNING, **kw)
+    return ray
+
+
+def task_resources(cluster: dict[str, float], device: str = "auto") -> dict[str, float]:
+    """Ray resources of one run: one GPU when the cluster has any (and the run is not pinned to the CPU), else one
+    CPU."""
+    if device != "cpu" and cluster.get("GPU", 0) >= 1:
+        return {"num_gpus": 1}
+    return {"num_cpus": 1}
+
+
+def absolute_tracking_uri(uri: str, cwd: str | Path | None = None) -> str:
+    """A local store's URI with an absolute path (a relative ``sqlite:///mlflow.db`` names a different file on a
+    Ray worker whose working folder differs); other URIs unchanged."""
+    base = Path(cwd or os.getcwd())
+    if uri.startswith("sqlite:"):
+        from sqlalchemy.engine import make_url
+
+        url = make_url(uri)
+        db = url.database
+        if not db or db == ":memory:" or os.path.isabs(db):
+            return uri
+        return url.set(database=str(base / db)).render_as_string(hide_password=False)
+    if uri.startswith("file:"):
+        path = urlparse(uri).path
+        return uri if os.path.isabs(path) else (base / path).as_uri()
+    if "://" not in uri:  # a bare folder: MLflow's file store
+        return uri if os.path.isabs(uri) else str(base / uri)
+    return uri
+
+
+def forwarded_env(uri: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES) or k in FORWARDED_ENV}
+    env["MLFLOW_TRACKING_URI"] = uri
+    return env
+
+
+def code_root() -> str:
+    """The folder pobench runs from (the parent of the ``bench`` package)."""
+    return str(Path(bench.__file__).resolve().parent.parent)
+
+
+def task_context(uri: str, resources: dict[str, float]) -> dict[str, Any]:
+    """What a Ray task needs from the driver (``task_setup``): environment, working folder, code root, CPU or GPU."""
+    return {"env": forwarded_env(uri), "cwd": os.getcwd(), "code_root": code_root(), "cpu": "num_gpus" not in resources}
+
+
+def task_setup(ctx: dict[str, Any], notify: Notify, index: int) -> None:
+    """In the Ray worker, before its work: the driver's environment and working folder (when this node has it), one
+    torch thread on a CPU task as in the local pool, and a note when this worker's pobench is not the driver's."""
+    os.environ.update(ctx["env"])
+    quiet_libraries()  # as in `bench`: no per-file progress bars of transformers in the forwarded output
+    if os.path.isdir(ctx["cwd"]):
+        os.chdir(ctx["cwd"])
+    if ctx["cpu"]:
+        torch.set_num_threads(1)
+    here = code_root()
+    if here != ctx["code_root"] and os.path.isdir(ctx["code_root"]):
+        notify("msg", index, f"note: a Ray worker runs pobench from {here}, this process from {ctx['code_root']}")

@@ -1,0 +1,252 @@
+"""`bench run`'s orchestration (bench/compare/) on the injected fake trainer (tests/bench/fake_trainer.py): reuse,
+resume, ``--force``, variants, failures named by their pair, Ctrl-C, the local pool against one pair after another,
+two commands on one folder. Real MLflow stores (SQLite), real processes, the real command line; only the training is
+a stand-in. What needs a real model (learning, resume exactness, engine parity, Ray) is in test_train.py,
+test_harness.py, test_executor_ray.py, test_engine_trl.py."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+from bench.compare import ComparisonSpec, base_config, run_comparison, variant_label
+from tests.conftest import copy_store
+
+from .fake_trainer import FAKE_METRICS, fake_step0, fake_train
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_CLI = [sys.executable, str(ROOT / "tests" / "bench" / "fake_trainer.py")]
+TINY = dict(steps=3, eval_every=1, checkpoint_every=1, samples_every=0)
+
+
+@pytest.fixture(autouse=True)
+def _store_template(empty_store, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "EMPTY_STORE", empty_store)
+
+
+EMPTY_STORE: Path | None = None  # conftest.py's empty_store, during a test
+
+
+def tiny(folder: Path, experiment: str, **kw):
+    """A config whose local store (``folder/mlflow.db``) starts as a copy of the empty one."""
+    return base_config(None, **{**TINY, **kw}, experiment=experiment, tracking_uri=copy_store(EMPTY_STORE, folder),
+                       output_dir=str(folder / "runs"))
+
+
+def spec(cfg, algos, seeds, **kw) -> ComparisonSpec:
+    return ComparisonSpec(cfg, algos, seeds, train_fn=fake_train, step0_fn=fake_step0, progress=False,
+                          **{"report": False, "workers": 1, **kw})
+
+
+def runs(client, experiment: str, kind: str = "train") -> list:
+    exp = client.get_experiment_by_name(experiment)
+    return client.search_runs([exp.experiment_id], f"tags.`pobench.kind` = '{kind}'")
+
+
+def history(client, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def all_series(client, experiment: str) -> dict[tuple[str, int], dict[str, list[tuple[int, float]]]]:
+    out = {}
+    for r in runs(client, experiment):
+        key = (r.data.tags["pobench.objective"], int(r.data.tags["pobench.seed"]))
+        assert key not in out, f"two runs of {key}"
+        out[key] = {k: history(client, r.info.run_id, k) for k in r.data.metrics}
+    return out
+
+
+def env() -> dict[str, str]:
+    e = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    e.pop("MLFLOW_TRACKING_URI", None)  # the default store: sqlite:///mlflow.db in the working folder
+    return e
+
+
+# ------------------------------------------------------------------ reuse, resume, force, variants
+def test_variant_is_reused_then_force_redone(tmp_path):
+    cfg = tiny(tmp_path, "force", steps=2)
+    params = {"grpo": {"kl_coef": 0.0}}
+    first = run_comparison(spec(cfg, ["grpo"], [0], params=params, report=True, out_root=tmp_path / "out"))
+    label = variant_label("grpo", {"kl_coef": 0.0})
+    assert [p.variant for p in first.pairs] == [label] and label.startswith("grpo+")
+    client = MlflowClient(cfg.tracking_uri)
+    (old,) = runs(client, "force")
+    assert old.data.tags["pobench.variant"] == label and old.data.params["objective.kl_coef"] == "0.0"
+    assert "| " + label + " |" in (tmp_path / "out" / "force" / "accuracy.md").read_text()
+
+    again = run_comparison(spec(cfg, ["grpo"], [0], params=params))
+    assert again.pairs[0].outcome == "reused"           # the overrides are part of the run's identity
+    other = run_comparison(spec(cfg, ["grpo"], [0], params={"grpo": {"kl_coef": 0.1}}))
+    assert other.pairs[0].outcome == "finished"          # other overrides: another variant, trained
+    redo = run_comparison(spec(cfg, ["grpo"], [0], params=params, force=True, report=True,
+                               out_root=tmp_path / "out"))
+    assert redo.pairs[0].outcome == "finished" and redo.pairs[0].run_id != old.info.run_id
+    assert client.get_run(old.info.run_id).data.tags[f"pobench.in.{redo.comparison}"] == "0"
+    with open(tmp_path / "out" / "force" / "runs.csv") as f:
+        assert [r["run_id"] for r in csv.DictReader(f)] == [redo.pairs[0].run_id]
+
+
+def test_interrupted_comparison_resumes_only_missing_pairs(tmp_path):
+    cfg = tiny(tmp_path, "resume")
+
+    def interrupt(pair, step, metrics):
+        if pair.objective == "tepo" and step == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_comparison(spec(cfg, ["grpo", "tepo"], [0], on_eval=interrupt))
+    client = MlflowClient(cfg.tracking_uri)
+    before = {r.data.tags["pobench.objective"]: r for r in runs(client, "resume")}
+    assert before["grpo"].info.status == "FINISHED" and before["tepo"].info.status == "KILLED"
+    (parent,) = runs(client, "resume", "comparison")
+    assert parent.info.status == "KILLED"
+
+    trained: list[tuple[str, int]] = []
+    res = run_comparison(spec(cfg, ["grpo", "tepo"], [0], on_eval=lambda p, step, m: trained.append((p.objective,
+                                                                                                      step))))
+    assert {p.objective: p.action for p in res.pairs} == {"grpo": "reuse", "tepo": "resume"}
+    assert {a for a, _ in trained} == {"tepo"}            # only the missing pair ran
+    assert [s for _, s in trained] == [2, 3]              # from its checkpoint at step 1, not from scratch
+    after = {r.data.tags["pobench.objective"]: r for r in runs(client, "resume")}
+    assert len(after) == 2 and after["tepo"].info.run_id == before["tepo"].info.run_id
+    assert client.get_run(after["tepo"].info.run_id).info.status == "FINISHED"
+    assert [s for s, _ in history(client, after["tepo"].info.run_id, "eval/accuracy")] == [0, 1, 2, 3]
+    assert client.get_run(parent.info.run_id).info.status == "FINISHED"
+
+
+def test_shared_step0_goes_to_the_runs_that_start_from_scratch(tmp_path):
+    cfg = tiny(tmp_path, "step0", steps=1)
+    res = run_comparison(spec(cfg, ["grpo", "tepo"], [3, 4]))
+    client = MlflowClient(cfg.tracking_uri)
+    for r in runs(client, "step0"):
+        seed = int(r.data.tags["pobench.seed"])
+        assert history(client, r.info.run_id, "eval/accuracy")[0] == (0, fake_step0(cfg, [seed])[seed]["eval/accuracy"])
+    assert all(p.outcome == "finished" for p in res.pairs)
+
+
+# ------------------------------------------------------------------ executors: the pool, failures
+def test_pool_gives_the_same_runs_as_one_after_another(tmp_path):
+    got = {}
+    for w in (1, 2):
+        cfg = tiny(tmp_path / f"w{w}", "par")
+        res = run_comparison(spec(cfg, ["grpo", "tepo"], [0, 1], workers=w))
+        assert res.workers == w and res.executor == "local"
+        assert [(p.variant, p.seed, p.outcome) for p in res.pairs] == [
+            ("grpo", 0, "finished"), ("grpo", 1, "finished"), ("tepo", 0, "finished"), ("tepo", 1, "finished")]
+        assert {p.run_id for p in res.pairs} == {r.info.run_id for r in runs(MlflowClient(cfg.tracking_uri), "par")}
+        got[w] = all_series(MlflowClient(cfg.tracking_uri), "par")
+    assert set(got[1]) == {("grpo", 0), ("grpo", 1), ("tepo", 0), ("tepo", 1)}
+    assert got[2] == got[1]   # the same runs, step by step, the shared step 0 of each seed included
+
+
+def fail_tepo(pair, step, metrics):
+    """on_eval that breaks one pair (picklable: it runs in a worker process)."""
+    if pair.objective == "tepo" and step == 1:
+        raise RuntimeError("boom in tepo")
+
+
+def die_in_dapo(pair, step, metrics):
+    if pair.objective == "dapo" and step == 1:
+        os._exit(3)  # the worker process itself dies
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failing_pair_is_named_and_the_others_finish(tmp_path, capsys, workers):
+    cfg = tiny(tmp_path, "fail", steps=1)
+    res = run_comparison(spec(cfg, ["grpo", "tepo"], [0], workers=workers, on_eval=fail_tepo))
+    out = {p.objective: p.outcome for p in res.pairs}
+    assert out == {"grpo": "finished", "tepo": "failed: RuntimeError: boom in tepo"}
+    assert [p.objective for p in res.failed] == ["tepo"]
+    assert "tepo seed 0: failed: RuntimeError: boom in tepo" in capsys.readouterr().err
+    client = MlflowClient(cfg.tracking_uri)
+    status = {r.data.tags["pobench.objective"]: (r.info.status, r.data.tags.get("pobench.failure")) for r in
+              runs(client, "fail")}
+    assert status == {"grpo": ("FINISHED", None), "tepo": ("FAILED", "RuntimeError: boom in tepo")}
+    assert [r.info.status for r in runs(client, "fail", "comparison")] == ["FAILED"]
+
+
+def test_a_pool_worker_that_dies_is_named(tmp_path, capsys):
+    cfg = tiny(tmp_path, "die", steps=1)
+    res = run_comparison(spec(cfg, ["grpo", "dapo"], [0], workers=2, on_eval=die_in_dapo))
+    out = {p.objective: p.outcome for p in res.pairs}
+    assert out["dapo"].startswith("failed: worker process ended (BrokenProcessPool"), out
+    assert "dapo seed 0: failed: worker process ended" in capsys.readouterr().err
+    # (the pool is broken from then on: a pair still running in it ends the same way, and a rerun resumes it)
+    assert out["grpo"] == "finished" or out["grpo"].startswith("failed: worker process ended")
+
+
+def test_an_unpicklable_hook_is_refused_before_anything_runs(tmp_path):
+    cfg = tiny(tmp_path, "pickle")
+    with pytest.raises(ValueError, match="on_eval runs in the worker processes and must be picklable"):
+        run_comparison(spec(cfg, ["grpo", "tepo"], [0], workers=2, on_eval=lambda *a: None))
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("ckpt-*"))
+
+
+# ------------------------------------------------------------------ processes: two commands, Ctrl-C
+@pytest.mark.slow
+def test_two_bench_runs_at_once_in_a_fresh_folder_train_each_pair_once(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({**TINY, "steps": 4, "eval_every": 2}))
+    copy_store(EMPTY_STORE, tmp_path)   # (the default store of the working folder)
+    cmd = [*FAKE_CLI, "run", "--config", "tiny.yaml", "--algos", "grpo", "--seeds", "0,1", "--no-report",
+           "--no-progress", "--workers", "1"]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, env={**env(), "FAKE_STEP_S": "0.5"}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n----\n".join(o[-3000:] for o in outs)
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    train_runs = runs(client, "pobench")
+    assert all(set(r.data.metrics) <= FAKE_METRICS for r in train_runs)   # (the fake trained them)
+    assert sorted(int(r.data.tags["pobench.seed"]) for r in train_runs) == [0, 1]   # one run per pair
+    assert {r.info.status for r in train_runs} == {"FINISHED"}
+    assert len(runs(client, "pobench", "comparison")) == 1
+    text = "\n".join(outs)
+    assert "pass --resume" not in text and "Traceback" not in text
+    # every pair trained by exactly one of the two; the other waited (saying so) or found it finished
+    for seed in (0, 1):
+        finished = sum(f"{'grpo':<24} seed {seed}: finished" in o for o in outs)
+        reused = sum(f"{'grpo':<24} seed {seed}: reused" in o for o in outs)
+        assert (finished, reused) == (1, 1), text[-4000:]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_workers_cleanly(tmp_path):
+    """Ctrl-C in a terminal (SIGINT to the whole process group) while two workers train: exit 130 with one line, both
+    runs KILLED with a checkpoint to resume from, and no process of the group left behind."""
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump({**TINY, "steps": 20, "eval_every": 0, "checkpoint_every": 3}))
+    copy_store(EMPTY_STORE, tmp_path)   # (the default store of the working folder)
+    cmd = [*FAKE_CLI, "run", "--config", "long.yaml", "--algos", "grpo,tepo", "--seeds", "0", "--workers", "2",
+           "--no-report", "--no-progress"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env={**env(), "FAKE_STEP_S": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    folder = tmp_path / ".pobench" / "runs" / "pobench"
+    deadline = time.time() + 300
+    while len({c.parent for c in folder.glob("*/ckpt-*")}) < 2:   # both pairs have trained a step
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted; rerun the same command to resume" in out and "Traceback" not in out, out[-3000:]
+    for _ in range(30):   # the workers (and multiprocessing's helper) have exited with the parent
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(1)
+    else:
+        pytest.fail("processes of the interrupted `bench run` are still alive")
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    killed = runs(client, "pobench")
+    assert all(set(r.data.metrics) <= FAKE_METRICS for r in killed)   # (the fake trained them)
+    assert sorted(r.info.status for r in killed) == ["KILLED", "KILLED"]
+    assert [r.info.status for r in runs(client, "pobench", "comparison")] == ["KILLED"]
+    assert all(len(list(d.glob("ckpt-*"))) >= 1 for d in folder.iterdir() if d.is_dir() and d.name != ".locks")

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from bench.inputs import SEED_MAX, read_yaml, tag_values, typed_fields, typed_overrides
 from reports.record import DEFAULT_TRACKING_URI
 
 
@@ -82,7 +83,7 @@ class TrainConfig:
     lr_schedule: str = _f("constant", "constant | cosine | linear (after warm-up).")
     warmup_steps: int = _f(0, "Linear warm-up steps.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
-    adam_betas: list = _f([0.9, 0.999], "AdamW betas.")
+    adam_betas: list = _f([0.9, 0.999], "AdamW betas.", item=float)
     max_grad_norm: float = _f(1.0, "Gradient clipping (global norm); 0 disables.")
     update_epochs: int = _f(1, "μ: passes over each rollout batch.")
     minibatches: int = _f(4, "Optimizer steps per epoch (the rollout batch is split into this many minibatches). The "
@@ -101,7 +102,7 @@ class TrainConfig:
     lora_alpha: float = _f(16.0, "LoRA scaling alpha (the update is alpha / r * B A).")
     lora_target_modules: list = _f(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
                                    "Module names that get a LoRA adapter (all linear layers of a Llama / Qwen2 "
-                                   "block by default).")
+                                   "block by default).", item=str)
     length_grouped_micro_batches: bool = _f(True, "Split each minibatch into micro-batches of similar lengths (less "
                                                   "padding work; the same gradient for split-invariant objectives, "
                                                   "which are the only ones it applies to).")
@@ -129,9 +130,17 @@ class TrainConfig:
     resume: bool = _f(False, "Resume from the last checkpoint in output_dir (same MLflow run).")
 
     def validate(self) -> None:
-        """Raise ValueError naming the field for any out-of-range value (before any work starts)."""
+        """Raise ValueError naming the field for any value of the wrong type (numbers written as text are converted
+        in place) or out of range (before any work starts)."""
         def bad(name: str, why: str) -> None:
             raise ValueError(f"config field `{name}`={getattr(self, name)!r}: {why}")
+
+        for name, value in typed_fields(TrainConfig, self.to_dict()).items():
+            setattr(self, name, value)
+        tag_values(self.tags)
+        self.objective_overrides = typed_overrides(self.algo, self.objective_overrides)
+        if not 0 <= self.seed <= SEED_MAX:
+            bad("seed", f"a seed must be an integer in [0, {SEED_MAX}] (--seed)")
 
         for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "update_epochs", "minibatches",
                      "micro_batch_size", "eval_problems", "eval_samples", "keep_checkpoints"):
@@ -216,19 +225,27 @@ class TrainConfig:
 
             hints = [u + did_you_mean(u, known, quote=False) for u in unknown]
             raise ValueError(f"unknown config field(s): {', '.join(hints)}; valid: {', '.join(sorted(known))}")
-        return cls(**d)
+        return cls(**typed_fields(cls, d))
 
     @classmethod
     def load(cls, path: str | Path, **overrides: Any) -> TrainConfig:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = read_yaml(path, "--config")
+        data = {} if data is None else data
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a config file must be a YAML mapping of field: value")
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(data)
 
     def run_label(self) -> str:
-        """The run's name (``run_name``, else ``<algo>-s<seed>``) and with it its folder under ``output_dir``."""
+        """The run's name (``run_name``, else ``<algo>-s<seed>``): its MLflow run name."""
         return self.run_name or f"{self.algo}-s{self.seed}"
+
+    def run_dir(self) -> Path:
+        """The run's folder: ``output_dir / run_label()`` as ONE safe path component (a name with ``/``, ``..`` or an
+        absolute path becomes a slug plus a hash: reports/paths.py), never outside ``output_dir``."""
+        from bench.folders import under
+
+        return under(self.output_dir, self.run_label(), "--run-name")
 
     def comparison_hash(self) -> str:
         """Hash of every field that must be identical across the runs of one comparison."""

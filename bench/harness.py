@@ -16,7 +16,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -26,6 +25,8 @@ from typing import Any
 import yaml
 
 from bench.config import TrainConfig
+from bench.folders import check_removable, experiment_dir, remove_run_folder, under
+from bench.inputs import check_seed, read_yaml, typed_overrides
 from reports.record import (
     COMPARISON,
     CONFIG_HASH,
@@ -102,7 +103,7 @@ def parse_seeds(seeds: str | list[int] | None) -> list[int]:
             raise ValueError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
     out = []
     for s in seeds:
-        if int(s) not in out:
+        if check_seed(int(s), "--seeds") not in out:
             out.append(int(s))
     if not out:
         raise ValueError("--seeds is empty")
@@ -117,7 +118,7 @@ def load_params(path: str | Path | None, algos: list[str]) -> dict[str, dict[str
     out: dict[str, dict[str, Any]] = {a: {} for a in algos}
     if path is None:
         return out
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = read_yaml(path, "--params") or {}
     if isinstance(data, dict) and "objective_overrides" in data:
         data = data["objective_overrides"] or {}
     if not isinstance(data, dict):
@@ -131,8 +132,8 @@ def load_params(path: str | Path | None, algos: list[str]) -> dict[str, dict[str
             if name not in out:
                 raise ValueError(f"{path}: overrides for {name!r}, which is not among the objectives run "
                                  f"({', '.join(algos)})")
-            default_config(name, **(fields or {}))  # unknown field / bad value -> clear error
-            out[name] = dict(fields or {})
+            out[name] = typed_overrides(name, fields or {}, f"--params {path}")
+            default_config(name, **out[name])  # unknown field / bad value -> clear error
         return out
     for key, value in data.items():
         takers = [a for a in algos if key in {f.name for f in dataclasses.fields(default_config(a))}]
@@ -140,7 +141,7 @@ def load_params(path: str | Path | None, algos: list[str]) -> dict[str, dict[str
             raise ValueError(f"{path}: field {key!r} is not a config field of any objective run "
                              f"({', '.join(algos)})")
         for a in takers:
-            out[a][key] = value
+            out[a].update(typed_overrides(a, {key: value}, f"--params {path}"))
     for a, ov in out.items():
         default_config(a, **ov)
     return out
@@ -196,7 +197,8 @@ def base_config(config: str | Path | None = None, **flags: Any) -> TrainConfig:
     """RunDefaults.train < ``config`` YAML < ``flags`` (None values are ignored); not validated here."""
     d: dict[str, Any] = dict(DEFAULTS.train)
     if config:
-        data = yaml.safe_load(Path(config).read_text()) or {}
+        data = read_yaml(config, "--config")
+        data = {} if data is None else data
         if not isinstance(data, dict):
             raise ValueError(f"{config}: a config file must be a YAML mapping of field: value")
         d.update(data)
@@ -258,7 +260,7 @@ def resolve_workers(workers: int | None, n_todo: int, cfg: TrainConfig) -> int:
 
 
 def run_dir(cfg: TrainConfig, p: Pair) -> Path:
-    return Path(cfg.output_dir) / cfg.experiment / p.run_name
+    return under(experiment_dir(cfg.output_dir, cfg.experiment), p.run_name, "run name")
 
 
 def pair_config(cfg: TrainConfig, p: Pair, cid: str, parent_id: str | None) -> TrainConfig:
@@ -268,7 +270,7 @@ def pair_config(cfg: TrainConfig, p: Pair, cid: str, parent_id: str | None) -> T
     if parent_id:
         tags["mlflow.parentRunId"] = parent_id
     return replace(cfg, algo=p.objective, seed=p.seed, objective_overrides=dict(p.overrides), run_name=p.run_name,
-                   output_dir=str(Path(cfg.output_dir) / cfg.experiment), comparison=cid, tags=tags,
+                   output_dir=str(experiment_dir(cfg.output_dir, cfg.experiment)), comparison=cid, tags=tags,
                    resume=p.action == "resume")
 
 
@@ -312,11 +314,16 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
     params = params or {a: {} for a in algos}
     for a in algos:  # every objective validates with its overrides before any run starts
         replace(cfg, algo=a, objective_overrides=dict(params.get(a, {}))).validate()
+    if report and cfg.eval_every == 0:  # (the report would fail only after every pair had trained)
+        raise ValueError("config field `eval_every`=0: the report compares held-out accuracy, which eval_every 0 "
+                         "never measures; set --eval-every >= 1, or pass --no-report")
     uri = tracking_uri(cfg.tracking_uri)
     cfg = ex.prepare(replace(cfg, tracking_uri=uri))
     uri = cfg.tracking_uri
     client = open_client(uri)  # a fresh local store is created under a lock (reports/record.py)
     cid, pairs = plan(cfg, algos, seeds, params, force=force, client=client)
+    for p in pairs if force else []:  # --force deletes pobench's run folders only: refused now, before any record
+        check_removable(run_dir(cfg, p))
     exp_id = get_or_create_experiment(client, uri, cfg.experiment)
     parent = _comparison_run(client, exp_id, cid, cfg, algos, seeds)
     from bench.distinguish import warn_before_run  # names coinciding objectives and inert terms before training
@@ -334,7 +341,7 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
                     f"tags.`pobench.kind` = 'train' and tags.`{member_tag(cid)}` = '1' and "
                     f"tags.`pobench.objective` = '{p.objective}' and tags.`pobench.seed` = '{p.seed}'")):
                 client.set_tag(r.info.run_id, member_tag(cid), "0")
-            shutil.rmtree(run_dir(cfg, p), ignore_errors=True)
+            remove_run_folder(run_dir(cfg, p), experiment_dir(cfg.output_dir, cfg.experiment))  # marked ones only
 
     todo = [p for p in pairs if p.action != "reuse"]
     jobs = [PairJob(i, cfg, p, cid, parent, exp_id, force) for i, p in enumerate(todo)]

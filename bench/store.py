@@ -32,7 +32,9 @@ __all__ = ["locks_dir", "pair_lock"]
 
 
 def locks_dir(output_dir: str | Path, experiment: str) -> Path:
-    return Path(output_dir) / experiment / ".locks"
+    from bench.folders import experiment_dir
+
+    return experiment_dir(output_dir, experiment) / ".locks"
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ import mlflow
 from mlflow.entities import Metric, RunStatus
 
 import bench
+from bench.inputs import check_tracking_scheme
 from reports import record
 
 
@@ -41,7 +42,7 @@ def check_reachable(uri: str | None) -> str:
     import urllib.error
     import urllib.request
 
-    resolved = tracking_uri(uri)
+    resolved = check_tracking_scheme(tracking_uri(uri))  # foo://bar: one line, not MLflow's traceback
     if not resolved.startswith(("http://", "https://")):
         return resolved
     try:

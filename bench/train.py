@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 import time
 import warnings
@@ -26,6 +27,7 @@ from algorithms import get_objective
 from bench import checkpoint
 from bench.config import BUILTIN_MODEL, TrainConfig
 from bench.data import TrainData, eval_problems
+from bench.folders import claim_run_folder
 from bench.model import load_policy, warn_unknown_characters
 from bench.rollout import make_engine
 from bench.scale import Reference, is_peft, merged_for_export, prepare_policy, trainable_parameters
@@ -70,6 +72,14 @@ def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
             return max(0.0, 1 - frac)
         return 1.0
     return f
+
+
+def advance_lr(scheduler) -> None:
+    """One scheduler step. A step without update (no informative group) still advances the LR; torch then warns
+    that the scheduler stepped before the optimizer, which is intended here (the message is matched literally)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
+        scheduler.step()
 
 
 def held_out_result(cfg: TrainConfig, engine, tok, eval_bench, eval_set):
@@ -179,9 +189,7 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
             groups, roll = collect_rollouts(cfg, objective, engine, tok, data, step)
             t_rollout = time.perf_counter() - t_step
             upd = update(cfg, objective, model, ref_model, optimizer, engine, groups, step)
-            with warnings.catch_warnings():  # a step without update (no informative group) still advances the LR
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
-                scheduler.step()
+            advance_lr(scheduler)
             step_s = time.perf_counter() - t_step
             elapsed += step_s
             metrics = {**roll, **upd, "train/lr": scheduler.get_last_lr()[0], "time/rollout_s": t_rollout,
@@ -215,21 +223,26 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
         restore_sigterm()
         step_hook.remove()
     logger.end("FINISHED")
-    if is_peft(model):
-        model.save_pretrained(run_dir / "final" / "adapter")
-    merged_for_export(model).save_pretrained(run_dir / "final")
-    tok.save_pretrained(run_dir / "final")
+
+    def write_final(folder: Path) -> None:
+        if is_peft(model):
+            model.save_pretrained(folder / "adapter")
+        merged_for_export(model).save_pretrained(folder)
+        tok.save_pretrained(folder)
+
+    checkpoint.save_final(run_dir, write_final)  # <run>/final complete or absent
     return TrainResult(logger.run_id, step, run_dir, final_eval, stopped_early)
 
 
 def run_folder(cfg: TrainConfig) -> tuple[str, Path, Path | None]:
     """The run's name, its folder and newest checkpoint (every engine): a checkpoint there without ``cfg.resume`` is
     refused, so a run is never overwritten."""
-    run_dir = Path(cfg.output_dir) / cfg.run_label()
+    run_dir = cfg.run_dir()  # one safe component under output_dir (bench/folders.py)
     last = checkpoint.latest(run_dir)
     if last is not None and not cfg.resume:
         raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or choose "
                          "another --output-dir / --run-name")
+    claim_run_folder(run_dir)  # created and marked; a folder that is not pobench's is refused
     return cfg.run_label(), run_dir, last
 
 

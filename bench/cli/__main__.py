@@ -2,6 +2,9 @@
 
 import sys
 
-from bench.cli.main import main
-
-sys.exit(main())
+try:  # Ctrl-C while the command line is imported: one line, not a traceback
+    from bench.cli.main import entry
+except KeyboardInterrupt:
+    print("bench: interrupted", file=sys.stderr)
+    sys.exit(130)
+entry()

@@ -112,6 +112,9 @@ def _max_new_tokens(requested: int | None, model, prompt_lengths: list[int]) -> 
 
 
 def run(args) -> int:
+    from bench.inputs import check_seed
+
+    check_seed(args.seed, "--seed")
     if not args.no_mlflow:  # an unreachable server: one line now, before transformers and the model load
         from bench.tracking import check_reachable
 

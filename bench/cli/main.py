@@ -55,7 +55,41 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # user errors: one clear line, no traceback
         print(f"bench {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # (bench run / tune say how to resume themselves)
+        print(f"bench {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+# set once the command's result is written (`finished`): from then on Ctrl-C no longer interrupts the process
+_FINISHED = {"done": False}
+
+
+def finished() -> None:
+    """A command calls this once its result is complete (`bench report`: the report is written): an interrupt after
+    it no longer changes the exit code (in a process started by :func:`entry`)."""
+    _FINISHED["done"] = True
+
+
+def _on_sigint(*_) -> None:
+    if not _FINISHED["done"]:
+        raise KeyboardInterrupt
+
+
+def entry() -> None:
+    """The console script ``bench`` and ``python -m bench.cli``: :func:`main`, then exit with its code. Ctrl-C is one
+    line and 130 while the command works; once its result is complete (:func:`finished`) or it has returned, an
+    interrupt no longer changes the exit code."""
+    import signal
+
+    signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print("bench: interrupted", file=sys.stderr)
+        code = 130
+    finished()
+    sys.exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -4,6 +4,7 @@ MLflow only, written into ``reports/out/<experiment>/`` and logged as artifacts 
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,11 +25,16 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return _run(args)
+    except KeyboardInterrupt:
+        print("bench report: interrupted before the report was written; rerun the command to write it",
+              file=sys.stderr)
+        return 130
     except MlflowException as e:  # unreachable server, bad URI: one line naming the cause
         raise ValueError(f"MLflow at {args.tracking_uri or 'the default tracking URI'}: {e.message}") from None
 
 
 def _run(args: argparse.Namespace) -> int:
+    from bench.cli.main import finished
     from bench.tracking import check_reachable
     from reports.load import _client, list_comparisons, resolve_tracking_uri
     from reports.report import build_report
@@ -46,9 +52,17 @@ def _run(args: argparse.Namespace) -> int:
                   f"{latest} (others: {others}; choose with --comparison)")
     rep = build_report(args.experiment, args.comparison, uri, out_root=args.out_root, baseline=args.baseline,
                        target_acc=args.target_acc, store_derived=not args.no_store)
+    finished()  # the report is written: an interrupt from now on changes nothing (exit 0)
+    try:
+        _summary(rep)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _summary(rep) -> None:
     print(f"comparison {rep.comparison.comparison_id}: {len(rep.comparison.runs)} runs of "
           f"{', '.join(rep.comparison.objectives)}; report in {rep.out_dir / 'report.md'} "
           f"(and MLflow run {rep.artifact_run_id}, artifacts report/)")
     for n in rep.notes:
         print(f"note: {n}")
-    return 0

@@ -28,10 +28,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bench.inputs import check_seed
     from bench.model import load_policy
     from bench.warmstart import held_out_accuracy, warmstart
 
-    recipe = Recipe(steps=args.steps, seed=args.seed, difficulty=args.difficulty)
+    recipe = Recipe(steps=args.steps, seed=check_seed(args.seed, "--seed"), difficulty=args.difficulty)
     recipe.validate()
     if args.eval < 0:
         raise ValueError(f"--eval {args.eval}: must be >= 0")

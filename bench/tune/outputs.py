@@ -32,7 +32,9 @@ def show(study_name: str | None, storage_url: str | None = None, out: Path | Non
                          f"{', '.join(names) or '(none)'}")
     study = optuna.load_study(study_name=study_name, storage=storage)
     print_leaderboard(study)
-    out = out or DEFAULT_DIR / study_name
+    from bench.folders import study_dir
+
+    out = out or study_dir(DEFAULT_DIR, study_name)
     write_outputs(study, out)
     return out
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
 from algorithms import get_objective
+from bench import checkpoint
 from bench.config import TrainConfig
 from bench.engines.trl.record import _callback_class, reward_function
 from bench.engines.trl.support import check_supported, layout
@@ -71,9 +71,7 @@ def train(cfg: TrainConfig, *, on_eval=None, on_step=None, step0_eval=None):
     check_supported(cfg)
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
     run_name, run_dir, last = run_folder(cfg)
-    resumed = json.loads((last / "state.json").read_text()) if last is not None else None
-    if resumed is not None and resumed.get("engine") != "trl":
-        raise ValueError(f"{last} is a checkpoint of the native loop: --engine trl cannot resume it")
+    resumed = checkpoint.load_state(last, "trl") if last is not None else None  # verified; an older one if need be
     seed_and_threads(cfg)
     args = grpo_config(cfg, run_dir, world_size())
     model, tok = load_policy(cfg.model, "cpu", cfg.dtype)  # the Trainer places it

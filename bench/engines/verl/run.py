@@ -17,9 +17,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import sys
-from pathlib import Path
 
-from bench.engines.verl.config import VerlOptions, run_name
+from bench.engines.verl.config import VerlOptions
 
 
 def options_from(engine_args: dict) -> VerlOptions:
@@ -101,4 +100,4 @@ def train(cfg, *, on_eval=None, on_step=None, step0_eval=None):
                 on_eval(step, dict(evals[step]))
             except StopTraining:  # too late to stop: the run has finished (module doc)
                 pass
-    return TrainResult(run_id, cfg.steps, Path(cfg.output_dir) / run_name(cfg), final, False)
+    return TrainResult(run_id, cfg.steps, cfg.run_dir(), final, False)

@@ -75,7 +75,7 @@ def is_run_folder(folder: str | Path) -> bool:
 
 def _refuse(folder: Path, action: str) -> UnsafePath:
     return UnsafePath(f"{folder} exists and is not a pobench run folder (no {MARKER} file, and it holds files "
-                      f"pobench does not write): not {action} it; move it away or choose another --run-name / "
+                      f"pobench does not write): not {action} it; move it away, or choose another name or "
                       "--output-dir")
 
 

@@ -57,8 +57,10 @@ def _number(value: Any) -> float | None:
 def coerce(name: str, value: Any, hint: Any, item: type | None = None, where: str = "config field") -> Any:
     """``value`` converted to the type ``hint`` (bool, int, float, str, dict, list, or ``X | None``); ValueError
     ``<where> `name`=value: expected ...`` when it is not one. ``item``: the element type of a list."""
+    declared = hint
+
     def bad(extra: str = "") -> ValueError:
-        return ValueError(f"{where} `{name}`={value!r}: expected {_expected(hint, item)}{extra}")
+        return ValueError(f"{where} `{name}`={value!r}: expected {_expected(declared, item)}{extra}")
 
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(hint):

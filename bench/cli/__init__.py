@@ -3,6 +3,12 @@ to one module per command (``list``, ``train``, ``warmstart``, ``eval``, ``run``
 holds the flags several commands share. Command modules parse and check flags and call the library (bench/*.py,
 bench/tune/, reports/)."""
 
-from bench.cli.main import build_parser, entry, main, quiet_libraries
+try:
+    from bench.cli.main import build_parser, entry, main, quiet_libraries
+except KeyboardInterrupt:  # Ctrl-C while the command line loads (`python -m bench.cli` imports this first)
+    import sys
+
+    print("bench: interrupted while loading", file=sys.stderr)
+    raise SystemExit(130) from None
 
 __all__ = ["build_parser", "entry", "main", "quiet_libraries"]

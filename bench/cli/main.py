@@ -78,16 +78,19 @@ def _on_sigint(*_) -> None:
 def entry() -> None:
     """The console script ``bench`` and ``python -m bench.cli``: :func:`main`, then exit with its code. Ctrl-C is one
     line and 130 while the command works; once its result is complete (:func:`finished`) or it has returned, an
-    interrupt no longer changes the exit code."""
+    interrupt no longer changes the exit code. (The interpreter's shutdown takes seconds with MLflow and torch
+    loaded, and Python restores the default SIGINT action for it, which would end the process by the signal.)"""
     import signal
 
     signal.signal(signal.SIGINT, _on_sigint)
+    code = 130
     try:
         code = main()
     except KeyboardInterrupt:
         print("bench: interrupted", file=sys.stderr)
-        code = 130
-    finished()
+    finally:
+        finished()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(code)
 
 

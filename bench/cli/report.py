@@ -4,7 +4,6 @@ MLflow only, written into ``reports/out/<experiment>/`` and logged as artifacts 
 from __future__ import annotations
 
 import argparse
-import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,10 +24,6 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         return _run(args)
-    except KeyboardInterrupt:
-        print("bench report: interrupted before the report was written; rerun the command to write it",
-              file=sys.stderr)
-        return 130
     except MlflowException as e:  # unreachable server, bad URI: one line naming the cause
         raise ValueError(f"MLflow at {args.tracking_uri or 'the default tracking URI'}: {e.message}") from None
 

@@ -114,6 +114,22 @@ def test_corrupt_newest_checkpoint_is_named_and_the_resume_falls_back(tmp_path, 
     assert len(err) == 2 and f"ckpt-0000003/{name}" in err[0] and "resuming from" in err[1] and "0000002" in err[1]
 
 
+def test_a_flipped_byte_that_still_loads_is_caught_by_the_digest(tmp_path, capsys):
+    """Same size, still a valid file: only the recorded digest tells (the weights would load silently wrong)."""
+    _, _, _, at = _save_steps(tmp_path, range(1, 4), keep=2)
+    path = tmp_path / "ckpt-0000003" / "model.pt"
+    data = bytearray(path.read_bytes())
+    weights = torch.load(path, weights_only=True)["weight"]
+    raw = weights.numpy().tobytes()
+    i = bytes(data).index(raw) + len(raw) - 1  # the last byte of the weight matrix
+    data[i] ^= 0x40
+    path.write_bytes(bytes(data))
+    assert not torch.equal(torch.load(path, weights_only=True)["weight"], weights)  # it loads, and differs
+    fresh, _, state = _load(checkpoint.latest(tmp_path))
+    assert state["step"] == 2 and torch.equal(fresh.weight, at[2])
+    assert "ckpt-0000003/model.pt differs from what was written" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name, damage", DAMAGE, ids=[f"{n}-{d.__name__[1:]}" for n, d in DAMAGE])
 def test_no_resumable_checkpoint_says_which_folder_to_delete(tmp_path, name, damage):
     _save_steps(tmp_path, range(1, 3), keep=1)

@@ -122,7 +122,12 @@ def test_ctrl_c_after_the_report_is_written_exits_0(tmp_path, store):
     while first and not first.startswith("comparison "):
         first = proc.stdout.readline()
     assert first.startswith("comparison "), proc.stderr.read()
-    os.kill(proc.pid, signal.SIGINT)  # the report is written: the interrupt changes nothing
-    out, err = proc.communicate(timeout=120)
+    # the report is written: Ctrl-C, pressed again and again until the process has ended (its shutdown included),
+    # changes nothing
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline:
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+    out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0, err
     assert "Traceback" not in err and not [ln for ln in _lines(err) if "interrupted" in ln]

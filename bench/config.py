@@ -119,8 +119,8 @@ class TrainConfig:
     checkpoint_every: int = _f(10, "Checkpoint every N steps (and at the end); 0 = only at the end. (TRL engine: "
                                    "every N steps, none at the end; verl: its own save_freq.)")
     keep_checkpoints: int = _f(1, "Checkpoints kept per run: the newest N (older ones are deleted; the newest two "
-                                  "keep their optimizer state, so with N >= 2 a damaged newest checkpoint leaves one to "
-                                  "resume from). The final weights are saved apart in <run>/final.")
+                                  "keep their optimizer state, so with N >= 2 a damaged newest checkpoint leaves one "
+                                  "to resume from). The final weights are saved apart in <run>/final.")
     output_dir: str = _f(".pobench/runs", "Where checkpoints and resolved configs are written.")
     run_name: str | None = _f(None, "MLflow run name (default: <algo>-s<seed>).")
     experiment: str = _f("pobench", "MLflow experiment name.")

@@ -18,7 +18,9 @@ import yaml
 
 from algorithms import get_objective
 from bench.engines.base import CAPABILITIES, DEFAULT_ENGINE, ENGINES, check_engine_args
+from bench.inputs import SEED_MAX, read_yaml, tag_values, typed_fields, typed_overrides
 from evaluators.hints import did_you_mean
+from reports.paths import contained, safe_component
 from reports.record import DEFAULT_TRACKING_URI
 
 
@@ -54,9 +56,9 @@ class TrainConfig:
     dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
     device: str = _f("auto", "cpu | cuda | auto.")
     backend: str = _f("hf", "Rollout engine backend: hf | vllm.")
-    engine: str = _f(DEFAULT_ENGINE, "Training engine: native (bench/train.py's loop), trl (a TRL GRPOTrainer subclass "
-                               "that trains the same objective: bench/engines/trl/) or verl (verl's trainer on a Ray "
-                               "cluster with GPUs: bench/engines/verl/); docs/SCALE.md.",
+    engine: str = _f(DEFAULT_ENGINE, "Training engine: native (bench/engines/native/loop.py), trl (a TRL GRPOTrainer "
+                               "subclass that trains the same objective: bench/engines/trl/) or verl (verl's trainer "
+                               "on a Ray cluster with GPUs: bench/engines/verl/); docs/SCALE.md.",
                      choices=ENGINES)
     engine_args: dict = _f({}, "Options of the engine: with engine=trl, GRPOConfig fields TRL honours as they are "
                                "(e.g. {use_vllm: true, vllm_mode: colocate}); fields the engine sets from this config "
@@ -84,7 +86,7 @@ class TrainConfig:
     lr_schedule: str = _f("constant", "constant | cosine | linear (after warm-up).")
     warmup_steps: int = _f(0, "Linear warm-up steps.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
-    adam_betas: list = _f([0.9, 0.999], "AdamW betas.")
+    adam_betas: list = _f([0.9, 0.999], "AdamW betas.", item=float)
     max_grad_norm: float = _f(1.0, "Gradient clipping (global norm); 0 disables.")
     update_epochs: int = _f(1, "μ: passes over each rollout batch.")
     minibatches: int = _f(4, "Optimizer steps per epoch (the rollout batch is split into this many minibatches). The "
@@ -103,7 +105,7 @@ class TrainConfig:
     lora_alpha: float = _f(16.0, "LoRA scaling alpha (the update is alpha / r * B A).")
     lora_target_modules: list = _f(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
                                    "Module names that get a LoRA adapter (all linear layers of a Llama / Qwen2 "
-                                   "block by default).")
+                                   "block by default).", item=str)
     length_grouped_micro_batches: bool = _f(True, "Split each minibatch into micro-batches of similar lengths (less "
                                                   "padding work; the same gradient for split-invariant objectives, "
                                                   "which are the only ones it applies to).")
@@ -119,9 +121,9 @@ class TrainConfig:
     seed: int = _f(0, "Seed for data order, sampling and initialisation.")
     checkpoint_every: int = _f(10, "Checkpoint every N steps (and at the end); 0 = only at the end. (TRL engine: "
                                    "every N steps, none at the end; verl: its own save_freq.)")
-    keep_checkpoints: int = _f(1, "Checkpoints kept per run: the newest N (older ones are deleted; kept ones before "
-                                  "the newest lose their optimizer state, which only a resume from the newest reads). "
-                                  "The final weights are saved apart in <run>/final.")
+    keep_checkpoints: int = _f(1, "Checkpoints kept per run: the newest N (older ones are deleted; the newest two "
+                                  "keep their optimizer state, so with N >= 2 a damaged newest checkpoint leaves one "
+                                  "to resume from). The final weights are saved apart in <run>/final.")
     output_dir: str = _f(".pobench/runs", "Where checkpoints and resolved configs are written.")
     run_name: str | None = _f(None, "MLflow run name (default: <algo>-s<seed>).")
     experiment: str = _f("pobench", "MLflow experiment name.")
@@ -131,9 +133,17 @@ class TrainConfig:
     resume: bool = _f(False, "Resume from the last checkpoint in output_dir (same MLflow run).")
 
     def validate(self) -> None:
-        """Raise ValueError naming the field for any out-of-range value (before any work starts)."""
+        """Raise ValueError naming the field for any value of the wrong type (numbers written as text are converted
+        in place) or out of range (before any work starts)."""
         def bad(name: str, why: str) -> None:
             raise ValueError(f"config field `{name}`={getattr(self, name)!r}: {why}")
+
+        for name, value in typed_fields(TrainConfig, self.to_dict()).items():
+            setattr(self, name, value)
+        tag_values(self.tags)
+        self.objective_overrides = typed_overrides(self.algo, self.objective_overrides)
+        if not 0 <= self.seed <= SEED_MAX:
+            bad("seed", f"a seed must be an integer in [0, {SEED_MAX}] (--seed)")
 
         for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "update_epochs", "minibatches",
                      "micro_batch_size", "eval_problems", "eval_samples", "keep_checkpoints"):
@@ -210,19 +220,29 @@ class TrainConfig:
         if unknown:
             hints = [u + did_you_mean(u, known, quote=False) for u in unknown]
             raise ValueError(f"unknown config field(s): {', '.join(hints)}; valid: {', '.join(sorted(known))}")
-        return cls(**d)
+        return cls(**typed_fields(cls, d))
 
     @classmethod
     def load(cls, path: str | Path, **overrides: Any) -> TrainConfig:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = read_yaml(path, "--config")
+        data = {} if data is None else data
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a config file must be a YAML mapping of field: value")
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(data)
 
     def run_label(self) -> str:
-        """The run's name (``run_name``, else ``<algo>-s<seed>``) and with it its folder under ``output_dir``."""
+        """The run's name (``run_name``, else ``<algo>-s<seed>``): its MLflow run name."""
         return self.run_name or f"{self.algo}-s{self.seed}"
+
+    def run_dir(self) -> Path:
+        """The run's folder: ``output_dir / run_label()`` as ONE safe path component (a name with ``/``, ``..`` or an
+        absolute path becomes a slug plus a hash: reports/paths.py), never outside ``output_dir``; relative when
+        ``output_dir`` is. (bench/folders.py's ``under`` for the run folder; spelled out here because bench.folders
+        imports this module.)"""
+        component = safe_component(self.run_label(), "--run-name")
+        contained(self.output_dir, component)
+        return Path(self.output_dir) / component
 
     def comparison_hash(self) -> str:
         """Hash of every field that must be identical across the runs of one comparison."""

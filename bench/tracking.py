@@ -16,6 +16,7 @@ import mlflow
 from mlflow.entities import Metric, RunStatus
 
 import bench
+from bench.inputs import check_tracking_scheme
 from reports import record
 from reports.record import GIT_COMMIT, VERSION, get_or_create_experiment, open_client
 
@@ -28,7 +29,7 @@ def check_reachable(uri: str | None) -> str:
     ``$POBENCH_MLFLOW_TIMEOUT`` seconds (default 5): one ValueError line naming the URI otherwise, before any model
     is loaded. (MLflow's own client retries a refused connection for about four minutes before it gives up.) Local
     stores (sqlite, file) need no check. Returns the resolved URI."""
-    resolved = record.tracking_uri(uri)
+    resolved = check_tracking_scheme(record.tracking_uri(uri))  # foo://bar: one line, not MLflow's traceback
     if not resolved.startswith(("http://", "https://")):
         return resolved
     try:

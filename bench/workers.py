@@ -20,6 +20,7 @@ import torch
 import bench
 from bench.config import TrainConfig
 from bench.engines import engine_for
+from bench.inputs import check_seed
 from bench.model import resolve_device
 
 RAY_INSTALL = "pip install 'pobench[ray]'"
@@ -44,7 +45,7 @@ def parse_seeds(seeds: str | Sequence[int] | None, default: Sequence[int]) -> li
             raise ValueError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
     out: list[int] = []
     for s in seeds:
-        if int(s) not in out:
+        if check_seed(int(s), "--seeds") not in out:
             out.append(int(s))
     if not out:
         raise ValueError("--seeds is empty")

@@ -1,7 +1,5 @@
 """``python -m bench.cli ...`` = ``bench ...``."""
 
-import sys
+from bench.cli import entry
 
-from bench.cli.main import main
-
-sys.exit(main())
+entry()

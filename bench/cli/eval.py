@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.config import BUILTIN_MODEL, TRACKING_URI_DEFAULT
 from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
+from bench.inputs import check_seed
 from bench.model import format_prompt, load_policy, resolve_device, resolve_model_path, warn_unknown_characters
 from bench.rollout import make_sampler
 from bench.tracking import check_reachable
@@ -116,6 +117,7 @@ def _max_new_tokens(requested: int | None, model, prompt_lengths: list[int]) -> 
 
 
 def run(args) -> int:
+    check_seed(args.seed, "--seed")
     if not args.no_mlflow:  # an unreachable server: one line now, before transformers and the model load
         check_reachable(args.tracking_uri)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import typing
 
 from bench.config import TrainConfig
+from bench.inputs import yaml_flag
 
 
 def add_config_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), defaults: dict | None = None,
@@ -32,7 +32,7 @@ def add_config_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), def
         if hint is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif hint in (dict, list) or typing.get_origin(hint) in (dict, list):
-            p.add_argument(flag, type=json.loads, default=None, metavar="JSON", help=help_text)
+            p.add_argument(flag, type=yaml_flag, default=None, metavar="YAML", help=help_text)
         else:
             base = int if hint is int else float if hint is float else str
             p.add_argument(flag, type=base, default=None, help=help_text, choices=f.metadata.get("choices"))

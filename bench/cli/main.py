@@ -6,6 +6,7 @@ A subcommand module defines `register(sub)` which adds its parser and sets `func
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from bench.cli import eval as eval_cmd
@@ -15,6 +16,7 @@ from bench.cli import run as run_cmd
 from bench.cli import train as train_cmd
 from bench.cli import tune as tune_cmd
 from bench.cli import warmstart as warmstart_cmd
+from bench.cli.interrupt import finished, on_sigint
 from bench.workers import quiet_libraries
 
 # the subcommands, in the order `bench --help` lists them
@@ -41,7 +43,27 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # user errors: one clear line, no traceback
         print(f"bench {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # (bench run / tune say how to resume themselves)
+        print(f"bench {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def entry() -> None:
+    """The console script ``bench`` and ``python -m bench.cli``: :func:`main`, then exit with its code. Ctrl-C is one
+    line and 130 while the command works; once its result is complete (``bench.cli.interrupt.finished``) or it has
+    returned, an interrupt no longer changes the exit code. (The interpreter's shutdown takes seconds with MLflow and
+    torch loaded, and Python restores the default SIGINT action for it, which would end the process by the signal.)"""
+    signal.signal(signal.SIGINT, on_sigint)
+    code = 130
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        print("bench: interrupted", file=sys.stderr)
+    finally:
+        finished()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -8,6 +8,7 @@ import argparse
 from mlflow.exceptions import MlflowException
 
 from bench.cli.flags import add_report_flags
+from bench.cli.interrupt import finished
 from bench.config import TRACKING_URI_DEFAULT
 from bench.tracking import check_reachable
 from reports.load import _client, get_experiment, list_comparisons, resolve_tracking_uri
@@ -43,9 +44,17 @@ def _run(args: argparse.Namespace) -> int:
                   f"{latest} (others: {others}; choose with --comparison)")
     rep = build_report(args.experiment, args.comparison, uri, out_root=args.out_root, baseline=args.baseline,
                        target_acc=args.target_acc, store_derived=not args.no_store)
+    finished()  # the report is written: an interrupt from now on changes nothing (exit 0)
+    try:
+        _summary(rep)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _summary(rep) -> None:
     print(f"comparison {rep.comparison.comparison_id}: {len(rep.comparison.runs)} runs of "
           f"{', '.join(rep.comparison.objectives)}; report in {rep.out_dir / 'report.md'} "
           f"(and MLflow run {rep.artifact_run_id}, artifacts report/)")
     for n in rep.notes:
         print(f"note: {n}")
-    return 0

@@ -13,6 +13,8 @@ from pathlib import Path
 from bench import tune
 from bench.cli.flags import add_config_flags, config_from_args
 from bench.config import TrainConfig
+from bench.folders import study_dir
+from bench.inputs import check_seed
 from bench.tracking import check_reachable
 from bench.tune.outputs import print_leaderboard, write_outputs
 from bench.tune.outputs import show as show_study
@@ -73,6 +75,8 @@ def spec_from_args(args: argparse.Namespace) -> tune.TuneSpec:
     """Validate every input (objective, space, metric, storage flags) before any trial starts."""
     if not args.algo:
         raise ValueError("--algo is required (e.g. --algo tepo)")
+    if args.sampler_seed is not None:
+        check_seed(args.sampler_seed, "--sampler-seed")
     if args.trials < 1:
         raise ValueError(f"--trials {args.trials}: must be >= 1")
     if args.heartbeat < 1 or (args.grace is not None and args.grace <= args.heartbeat):
@@ -102,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"bench tune: interrupted; the running trial is queued again: rerun the same command to resume study "
               f"{spec.study!r}", file=sys.stderr)
         return 130
-    out = Path(args.out) if args.out else tune.DEFAULT_DIR / spec.study
+    out = Path(args.out) if args.out else study_dir(tune.DEFAULT_DIR, spec.study)
     paths = write_outputs(study, out)
     print_leaderboard(study)
     tune.log_outputs(spec, study, out)

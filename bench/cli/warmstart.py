@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from bench.inputs import check_seed
 from bench.model import load_policy
 from bench.warmstart import Recipe, held_out_accuracy, warmstart
 
@@ -29,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    recipe = Recipe(steps=args.steps, seed=args.seed, difficulty=args.difficulty)
+    recipe = Recipe(steps=args.steps, seed=check_seed(args.seed, "--seed"), difficulty=args.difficulty)
     recipe.validate()
     if args.eval < 0:
         raise ValueError(f"--eval {args.eval}: must be >= 0")

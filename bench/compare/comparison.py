@@ -8,7 +8,6 @@ same whatever trains, so its tests run on a fake trainer and only a few train fo
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -25,6 +24,7 @@ from bench.compare.pairs import PairContext, PairJob, PairResult, TrainFn, initi
 from bench.compare.plan import DEFAULTS, Pair, plan, run_dir
 from bench.compare.store import locks_dir, pair_lock
 from bench.config import TrainConfig
+from bench.folders import check_removable, experiment_dir, remove_run_folder
 from reports.record import (
     COMPARISON,
     CONFIG_HASH,
@@ -105,10 +105,15 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
     cfg = spec.cfg
     for a in algos:  # every objective validates with its overrides before any run starts
         replace(cfg, algo=a, objective_overrides=params[a]).validate()
+    if spec.report and cfg.eval_every == 0:  # (the report would fail only after every pair had trained)
+        raise ValueError("config field `eval_every`=0: the report compares held-out accuracy, which eval_every 0 "
+                         "never measures; set --eval-every >= 1, or pass --no-report")
     cfg = ex.prepare(replace(cfg, tracking_uri=tracking_uri(cfg.tracking_uri)))
     uri = cfg.tracking_uri
     client = open_client(uri)  # a fresh local store is created under a lock (reports/record.py)
     cid, pairs = plan(cfg, algos, seeds, params, force=spec.force, client=client)
+    for p in pairs if spec.force else []:  # --force deletes pobench's run folders only: refused now, before any record
+        check_removable(run_dir(cfg, p))
     exp_id = get_or_create_experiment(client, uri, cfg.experiment)
     parent = comparison_run(client, exp_id, cid, cfg, algos, seeds)
     warn_before_run(cfg, algos, params, client=client, run_id=parent)  # coinciding objectives, inert terms
@@ -124,7 +129,7 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
                     f"tags.`pobench.kind` = 'train' and tags.`{member_tag(cid)}` = '1' and "
                     f"tags.`pobench.objective` = '{p.objective}' and tags.`pobench.seed` = '{p.seed}'")):
                 client.set_tag(r.info.run_id, member_tag(cid), "0")
-            shutil.rmtree(run_dir(cfg, p), ignore_errors=True)
+            remove_run_folder(run_dir(cfg, p), experiment_dir(cfg.output_dir, cfg.experiment))  # marked ones only
 
     todo = [p for p in pairs if p.action != "reuse"]
     ctx = PairContext(cfg, cid, parent, exp_id, spec.force, spec.train_fn, spec.on_eval)

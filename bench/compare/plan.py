@@ -21,12 +21,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from algorithms import list_objectives, objective_groups, resolve_names
 from algorithms.registry import default_config
 from bench.config import TrainConfig
 from bench.engines.lifecycle import has_checkpoint
+from bench.folders import experiment_dir, under
+from bench.inputs import read_yaml, typed_overrides
 from reports.record import OVERRIDES, VARIANT, member_tag
 
 
@@ -86,7 +86,7 @@ def load_params(path: str | Path | None, algos: list[str]) -> dict[str, dict[str
     out: dict[str, dict[str, Any]] = {a: {} for a in algos}
     if path is None:
         return out
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = read_yaml(path, "--params") or {}
     if isinstance(data, dict) and "objective_overrides" in data:
         data = data["objective_overrides"] or {}
     if not isinstance(data, dict):
@@ -97,8 +97,8 @@ def load_params(path: str | Path | None, algos: list[str]) -> dict[str, dict[str
             if name not in out:
                 raise ValueError(f"{path}: overrides for {name!r}, which is not among the objectives run "
                                  f"({', '.join(algos)})")
-            default_config(name, **(fields or {}))  # unknown field / bad value -> clear error
-            out[name] = dict(fields or {})
+            out[name] = typed_overrides(name, fields or {}, f"--params {path}")
+            default_config(name, **out[name])  # unknown field / bad value -> clear error
         return out
     for key, value in data.items():
         takers = [a for a in algos if key in {f.name for f in dataclasses.fields(default_config(a))}]
@@ -106,7 +106,7 @@ def load_params(path: str | Path | None, algos: list[str]) -> dict[str, dict[str
             raise ValueError(f"{path}: field {key!r} is not a config field of any objective run "
                              f"({', '.join(algos)})")
         for a in takers:
-            out[a][key] = value
+            out[a].update(typed_overrides(a, {key: value}, f"--params {path}"))
     for a, ov in out.items():
         default_config(a, **ov)
     return out
@@ -146,7 +146,8 @@ def base_config(config: str | Path | None = None, **flags: Any) -> TrainConfig:
     """RunDefaults.train < ``config`` YAML < ``flags`` (None values are ignored); not validated here."""
     d: dict[str, Any] = dict(DEFAULTS.train)
     if config:
-        data = yaml.safe_load(Path(config).read_text()) or {}
+        data = read_yaml(config, "--config")
+        data = {} if data is None else data
         if not isinstance(data, dict):
             raise ValueError(f"{config}: a config file must be a YAML mapping of field: value")
         d.update(data)
@@ -188,7 +189,7 @@ def finished_run(client, experiment_id: str, cfg: TrainConfig, p: Pair) -> str |
 
 
 def run_dir(cfg: TrainConfig, p: Pair) -> Path:
-    return Path(cfg.output_dir) / cfg.experiment / p.run_name
+    return under(experiment_dir(cfg.output_dir, cfg.experiment), p.run_name, "run name")
 
 
 def pair_config(cfg: TrainConfig, p: Pair, cid: str, parent_id: str | None) -> TrainConfig:
@@ -198,5 +199,5 @@ def pair_config(cfg: TrainConfig, p: Pair, cid: str, parent_id: str | None) -> T
     if parent_id:
         tags["mlflow.parentRunId"] = parent_id
     return replace(cfg, algo=p.objective, seed=p.seed, objective_overrides=dict(p.overrides), run_name=p.run_name,
-                   output_dir=str(Path(cfg.output_dir) / cfg.experiment), comparison=cid, tags=tags,
+                   output_dir=str(experiment_dir(cfg.output_dir, cfg.experiment)), comparison=cid, tags=tags,
                    resume=p.action == "resume")

@@ -28,11 +28,13 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from bench.folders import experiment_dir
+
 __all__ = ["locks_dir", "pair_lock"]
 
 
 def locks_dir(output_dir: str | Path, experiment: str) -> Path:
-    return Path(output_dir) / experiment / ".locks"
+    return experiment_dir(output_dir, experiment) / ".locks"
 
 
 @contextlib.contextmanager

@@ -25,18 +25,21 @@ import torch
 from bench.config import TrainConfig
 from bench.engines.base import TrainingDiverged
 from bench.engines.native import checkpoint
+from bench.folders import claim_run_folder
 from bench.tracking import RunLogger, flatten, version_tags
 from reports.record import COMPARISON, CONFIG_HASH, CONTROL, FAILURE, KIND, MODEL, OBJECTIVE, SEED, STOPPED, TASK
 
 
 def run_folder(cfg: TrainConfig) -> tuple[str, Path, Path | None]:
-    """The run's name, its folder and newest checkpoint: a checkpoint there without ``cfg.resume`` is refused, so a
-    run is never overwritten."""
-    run_dir = Path(cfg.output_dir) / cfg.run_label()
+    """The run's name, its folder and newest checkpoint (every engine): the folder is one safe component under
+    ``output_dir`` (``cfg.run_dir()``), created and marked as pobench's (a folder in the way that is not pobench's is
+    refused: bench/folders.py); a checkpoint there without ``cfg.resume`` is refused, so a run is never overwritten."""
+    run_dir = cfg.run_dir()
     last = checkpoint.latest(run_dir)
     if last is not None and not cfg.resume:
         raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or choose "
                          "another --output-dir / --run-name")
+    claim_run_folder(run_dir)
     return cfg.run_label(), run_dir, last
 
 

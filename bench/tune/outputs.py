@@ -23,6 +23,7 @@ from optuna.visualization import matplotlib as ovm
 from rich.console import Console
 from rich.table import Table
 
+from bench.folders import study_dir
 from bench.tune.storage import DEFAULT_DIR, default_storage_url, open_storage, redact
 
 
@@ -37,7 +38,7 @@ def show(study_name: str | None, storage_url: str | None = None, out: Path | Non
                          f"{', '.join(names) or '(none)'}")
     study = optuna.load_study(study_name=study_name, storage=storage)
     print_leaderboard(study)
-    out = out or DEFAULT_DIR / study_name
+    out = out or study_dir(DEFAULT_DIR, study_name)
     write_outputs(study, out)
     return out
 

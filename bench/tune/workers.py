@@ -26,6 +26,7 @@ from typing import Any
 
 import optuna
 
+from bench.inputs import SEED_MAX
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url
 from bench.tune.study import open_study, run_study
@@ -46,7 +47,9 @@ EXECUTORS = ("local", "ray")
 
 def worker_spec(spec: TuneSpec, i: int) -> TuneSpec:
     """Worker ``i``'s copy of the spec: its own sampler seed when one is given."""
-    return spec if spec.sampler_seed is None else dataclasses.replace(spec, sampler_seed=spec.sampler_seed + i)
+    if spec.sampler_seed is None:
+        return spec
+    return dataclasses.replace(spec, sampler_seed=(spec.sampler_seed + i) % (SEED_MAX + 1))
 
 
 def _worker(spec: TuneSpec, i: int, ctx: dict[str, Any] | None = None) -> int:

@@ -100,6 +100,31 @@ def _fake_python(tmp_path) -> str:
     return str(exe)
 
 
+def test_launch_takes_its_run_folder_through_the_one_lifecycle(tmp_path, monkeypatch):
+    """verl's launch claims its run folder as every engine does (``lifecycle.run_folder``): a folder in the way that
+    is not pobench's is refused before verl starts, before any data is written and before an MLflow run exists; its
+    own folder gets pobench's marker."""
+    from bench.engines.verl.launch import launch_run
+    from bench.engines.verl.run import options_from
+    from reports.paths import MARKER, UnsafePath
+
+    monkeypatch.setenv("FAKE_VERL_OUT", str(tmp_path / "verl-call.json"))
+    monkeypatch.setenv("FAKE_VERL_RC", "0")
+    cfg = _config(tmp_path)
+    run_dir = cfg.run_dir()
+    run_dir.mkdir(parents=True)
+    (run_dir / "important.txt").write_text("notes")
+    python = _fake_python(tmp_path)
+    with pytest.raises(UnsafePath, match="not a pobench run folder"):
+        launch_run(cfg, options_from({"n_gpus_per_node": 1}), python=python)
+    assert [p.name for p in run_dir.iterdir()] == ["important.txt"] and not (tmp_path / "verl-call.json").exists()
+    client = MlflowClient(cfg.tracking_uri)
+    assert not client.search_runs([e.experiment_id for e in client.search_experiments()])
+    (run_dir / "important.txt").unlink()
+    assert launch_run(cfg, options_from({"n_gpus_per_node": 1}), python=python)[0] == 0
+    assert (run_dir / MARKER).is_file() and (run_dir / "verl-data" / "train.parquet").is_file()
+
+
 @pytest.mark.parametrize("rc", [0, 3])
 def test_launch_path_records_a_native_looking_run(tmp_path, monkeypatch, rc):
     from algorithms import get_objective

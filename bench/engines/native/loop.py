@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -44,6 +46,14 @@ def lr_lambda(cfg: TrainConfig) -> Callable[[int], float]:
             return max(0.0, 1 - frac)
         return 1.0
     return f
+
+
+def advance_lr(scheduler) -> None:
+    """One scheduler step. A step without update (no informative group) still advances the LR; torch then warns
+    that the scheduler stepped before the optimizer, which is intended here (the message is matched literally)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
+        scheduler.step()
 
 
 def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
@@ -121,9 +131,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
                 groups, roll = collect_rollouts(cfg, objective, sampler, tok, data, step)
                 t_rollout = time.perf_counter() - t_step
                 upd = update(cfg, objective, model, ref_model, optimizer, sampler, groups, step)
-                with warnings.catch_warnings():  # a step without update (no informative group) still advances the LR
-                    warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
-                    scheduler.step()
+                advance_lr(scheduler)
                 step_s = time.perf_counter() - t_step
                 elapsed += step_s
                 metrics = {**roll, **upd, K.LR: scheduler.get_last_lr()[0], K.ROLLOUT_S: t_rollout,
@@ -149,10 +157,14 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     finally:
         step_hook.remove()
     finish_run(logger, stopped_early)
-    if is_peft(model):
-        model.save_pretrained(run_dir / "final" / "adapter")
-    merged_for_export(model).save_pretrained(run_dir / "final")
-    tok.save_pretrained(run_dir / "final")
+
+    def write_final(folder: Path) -> None:
+        if is_peft(model):
+            model.save_pretrained(folder / "adapter")
+        merged_for_export(model).save_pretrained(folder)
+        tok.save_pretrained(folder)
+
+    checkpoint.save_final(run_dir, write_final)  # <run>/final complete or absent
     return TrainResult(logger.run_id, step, run_dir, final_eval, stopped_early)
 
 

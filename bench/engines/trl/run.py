@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 from pathlib import Path
@@ -14,6 +13,7 @@ from bench.config import TrainConfig
 from bench.data import TrainData, eval_problems
 from bench.engines.base import CAPABILITIES, Hooks, TrainingDiverged, TrainResult
 from bench.engines.lifecycle import finish_run, open_run, recorded, run_folder, seed_and_threads
+from bench.engines.native import checkpoint
 from bench.engines.trl.record import _callback_class, reward_function
 from bench.engines.trl.support import check_supported, layout
 from bench.engines.trl.trainer import _trainer_class
@@ -61,9 +61,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     check_supported(cfg)
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
     _, run_dir, last = run_folder(cfg)
-    resumed = json.loads((last / "state.json").read_text()) if last is not None else None
-    if resumed is not None and resumed.get("engine") != "trl":
-        raise ValueError(f"{last} is a checkpoint of the native loop: --engine trl cannot resume it")
+    resumed = checkpoint.load_state(last, "trl") if last is not None else None  # verified; an older one if need be
     seed_and_threads(cfg)
     args = grpo_config(cfg, run_dir, world_size())
     model, tok = load_policy(cfg.model, "cpu", cfg.dtype)  # the Trainer places it

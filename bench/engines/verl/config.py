@@ -114,7 +114,7 @@ def make_verl_config(cfg, options: VerlOptions | None = None) -> dict[str, Any]:
     if o.rollout_engine not in ROLLOUT_ENGINES:
         raise ValueError(f"rollout engine {o.rollout_engine!r}: valid: {', '.join(ROLLOUT_ENGINES)}")
     name = run_name(cfg)
-    run_dir = Path(cfg.output_dir).resolve() / name
+    run_dir = cfg.run_dir().resolve()
     data_dir = Path(o.data_dir).resolve() if o.data_dir else run_dir / "verl-data"
     micro = min(cfg.micro_batch_size, cfg.prompts_per_step // cfg.minibatches * cfg.group_size)
     env = {OVERRIDES_ENV: json.dumps({cfg.algo: dict(cfg.objective_overrides)}, sort_keys=True),

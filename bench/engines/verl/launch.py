@@ -13,7 +13,7 @@ from mlflow.entities import Metric
 
 from algorithms import get_objective
 from bench.engines.base import VerlOptions
-from bench.engines.lifecycle import end_run, open_run, recorded, run_tags_and_params
+from bench.engines.lifecycle import end_run, open_run, recorded, run_folder, run_tags_and_params
 from bench.engines.verl.config import main_ppo_command, make_verl_config, write_data
 from reports import metric_keys as K
 from reports import record
@@ -91,9 +91,10 @@ def launch_run(cfg, options: VerlOptions | None = None, *, python: str | None = 
     (bench/engines/lifecycle.py): Ctrl-C / SIGTERM while verl runs stops verl and ends the run KILLED; a failed
     translation ends it FAILED; a non-zero exit of verl ends it FAILED with the code in ``pobench.failure``."""
     config = make_verl_config(cfg, options)
+    _, run_dir, _ = run_folder(cfg)  # created and marked as pobench's before anything is written into it
     write_data(cfg, Path(config["data"]["train_files"]).parent)
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
-    logger = open_run(cfg, objective, Path(cfg.output_dir) / cfg.run_label(), tags=ENGINE_TAGS)
+    logger = open_run(cfg, objective, run_dir, tags=ENGINE_TAGS)
     run_id = logger.run_id
     env_vars = config["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
     env_vars.update({"MLFLOW_TRACKING_URI": logger.uri, "MLFLOW_RUN_ID": run_id})

@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 from bench.config import TrainConfig
 from bench.engines.base import CAPABILITIES, Hooks, StopTraining, TrainResult, VerlOptions, check_engine_args
@@ -95,7 +94,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
             hooks.eval(step, dict(evals[step]))
         except StopTraining:  # too late to stop: the run has finished (module doc)
             pass
-    return TrainResult(run_id, cfg.steps, Path(cfg.output_dir) / cfg.run_label(), final, False)
+    return TrainResult(run_id, cfg.steps, cfg.run_dir(), final, False)
 
 
 class VerlEngine:

@@ -1,0 +1,211 @@
+"""Typed user input, checked before any work starts, each problem one line naming its cause.
+
+- :func:`coerce`: a config value to its field's declared type (``TrainConfig`` fields, objective overrides): numbers
+  written as text (``lr: 1e-5``, which YAML 1.1 reads as a string) become numbers; booleans come only from real
+  booleans or the words true/false, yes/no, on/off (``steps: true`` and ``skip_bad_rows: "no"`` are not guessed at);
+  anything else is a ValueError naming the field, the value and the expected type.
+- :func:`typed_overrides`: an objective's overrides (``objective_overrides``, ``--params``) checked against the types
+  of its config fields.
+- :func:`read_yaml`: a YAML file (``--config``, ``--params``): a folder, a binary file or invalid YAML is one line with
+  the file, line and column.
+- :func:`yaml_flag`: the value of a mapping / list flag (``--objective-overrides '{kl_coef: 0.1}'``): YAML flow syntax
+  (JSON is a subset of it).
+- :func:`check_seed`: a seed in the range every random generator pobench feeds accepts, naming the flag.
+- :func:`check_tracking_scheme`: a tracking URI whose scheme MLflow has a store for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+#: seeds are 32-bit: numpy (Optuna's samplers) refuses more, torch takes them all
+SEED_MAX = 2**32 - 1
+_TRUE, _FALSE = ("true", "yes", "on"), ("false", "no", "off")
+
+
+def _expected(hint: Any, item: type | None = None) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        inner = [h for h in typing.get_args(hint) if h is not type(None)]
+        return " or ".join(_expected(h) for h in inner) + " or null"
+    return {bool: "true or false", int: "an integer", float: "a number (e.g. 0.5 or 1e-5)", str: "a string",
+            dict: "a mapping of name: value",
+            list: f"a list of {'numbers' if item is float else 'strings' if item is str else 'values'}"}.get(
+        hint, getattr(hint, "__name__", str(hint)))
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a float when it is a number or a number written as text; None otherwise (booleans included)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip().replace("_", ""))
+        except ValueError:
+            return None
+    return None
+
+
+def coerce(name: str, value: Any, hint: Any, item: type | None = None, where: str = "config field") -> Any:
+    """``value`` converted to the type ``hint`` (bool, int, float, str, dict, list, or ``X | None``); ValueError
+    ``<where> `name`=value: expected ...`` when it is not one. ``item``: the element type of a list."""
+    declared = hint
+
+    def bad(extra: str = "") -> ValueError:
+        return ValueError(f"{where} `{name}`={value!r}: expected {_expected(declared, item)}{extra}")
+
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(hint):
+            return None
+        inner = [h for h in typing.get_args(hint) if h is not type(None)]
+        hint = inner[0] if len(inner) == 1 else hint
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+            return value.strip().lower() in _TRUE
+        raise bad()
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        number = _number(value)
+        if number is not None and math.isfinite(number) and number == int(number):
+            return int(number)
+        raise bad(" (true / false are not numbers)" if isinstance(value, bool) else "")
+    if hint is float:
+        if isinstance(value, float):
+            return value
+        number = _number(value)
+        if number is None:
+            raise bad(" (true / false are not numbers)" if isinstance(value, bool) else "")
+        return number
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise bad(" (quote it to mean the text)" if isinstance(value, (int, float, bool)) else "")
+    if hint is dict or typing.get_origin(hint) is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise bad()
+        return dict(value)
+    if hint is list or typing.get_origin(hint) is list:
+        if not isinstance(value, (list, tuple)):
+            raise bad()
+        if item is None:
+            return list(value)
+        try:
+            return [coerce(name, v, item) for v in value]
+        except ValueError:
+            raise bad() from None
+    return value
+
+
+def typed_fields(cls: type, values: dict[str, Any], where: str = "config field") -> dict[str, Any]:
+    """``values`` (field name -> value) of the dataclass ``cls`` coerced to its fields' types; names that are not
+    fields are passed through (the caller reports them with the valid names)."""
+    import dataclasses
+
+    hints = typing.get_type_hints(cls)
+    items = {f.name: f.metadata.get("item") for f in dataclasses.fields(cls)}
+    return {k: coerce(k, v, hints[k], items[k], where) if k in hints else v for k, v in values.items()}
+
+
+def typed_overrides(algo: Any, overrides: Any, where: str = "objective_overrides") -> dict[str, Any]:
+    """The overrides of objective ``algo`` coerced to the types of its config fields (``where`` names them in errors:
+    ``objective_overrides`` or ``--params FILE``); unknown objectives and fields are left to the registry's errors."""
+    from algorithms.registry import get_spec
+
+    if not isinstance(overrides, dict) or not all(isinstance(k, str) for k in overrides):
+        raise ValueError(f"{where}={overrides!r}: expected a mapping of field: value")
+    if not isinstance(algo, str):
+        return dict(overrides)
+    spec = get_spec(algo)  # unknown objective: ValueError with the registered names
+    return typed_fields(spec.config_class, overrides, where=f"{where}: {algo} field")
+
+
+def tag_values(tags: dict[str, Any]) -> dict[str, Any]:
+    """MLflow tags are text: a nested value (list, mapping) is refused rather than written as its repr."""
+    for k, v in tags.items():
+        if isinstance(v, (dict, list, tuple, set)):
+            raise ValueError(f"config field `tags`: tag {k!r}={v!r}: expected a text or number value")
+    return tags
+
+
+def read_yaml(path: str | Path, what: str = "--config") -> Any:
+    """The YAML document in ``path``; ValueError in one line for a missing path, a folder, a binary file or invalid
+    YAML (with the file, line and column)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{what} {path}: is a folder; give a YAML file")
+    if not p.is_file():
+        raise ValueError(f"{what} {path}: no such file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} {path}: not a text file (a YAML file is expected)") from None
+    except OSError as e:
+        raise ValueError(f"{what} {path}: cannot be read ({e.strerror or e})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{what} {path}: invalid YAML{_where(e)}") from None
+
+
+def _where(e: yaml.YAMLError) -> str:
+    """`` at line L, column C: problem`` of a YAML error (1-based, as editors count)."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    problem = getattr(e, "problem", None) or getattr(e, "context", None)
+    if mark is None and isinstance(e, yaml.reader.ReaderError):  # a character YAML does not allow (binary data)
+        return f" at character {e.position}: {e.reason} #x{e.character:04x}" if isinstance(e.character, int) else ""
+    at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{at}: {problem}" if problem else at
+
+
+def yaml_flag(text: str) -> Any:
+    """argparse ``type`` of a mapping or list flag: YAML flow syntax (``{kl_coef: 0.1}``, ``[0.9, 0.95]``; JSON is
+    YAML too)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a YAML mapping or list{_where(e)}") from None
+    if not isinstance(value, (dict, list)):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a mapping such as '{{kl_coef: 0.1}}' or a list such as "
+                                         "'[0.9, 0.95]'")
+    return value
+
+
+def check_seed(value: Any, flag: str) -> int:
+    """``value`` as a seed (an integer in [0, 2^32 - 1]); ValueError naming ``flag`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
+        raise ValueError(f"{flag} {value!r}: a seed must be an integer in [0, {SEED_MAX}]")
+    return value
+
+
+def check_tracking_scheme(uri: str) -> str:
+    """``uri`` when MLflow has a tracking store for its scheme (plugins included); ValueError listing them
+    otherwise (MLflow's own error is a traceback from deep inside the first call)."""
+    from mlflow.utils.uri import get_uri_scheme
+
+    scheme = get_uri_scheme(uri).split("+")[0]
+    known = _tracking_schemes()
+    if scheme not in known:
+        shown = ", ".join(f"{s}://" for s in sorted(known) if s)
+        raise ValueError(f"tracking URI {uri!r}: unknown scheme {scheme!r}; MLflow stores: {shown} or a local "
+                         "folder (fix --tracking-uri / MLFLOW_TRACKING_URI)")
+    return uri
+
+
+def _tracking_schemes() -> set[str]:
+    try:  # MLflow's registry of tracking stores, with the schemes of installed plugins
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        return set(_tracking_store_registry._registry)
+    except (ImportError, AttributeError):  # another MLflow layout: the schemes MLflow has long had
+        return {"", "file", "databricks", "http", "https", "postgresql", "mysql", "sqlite", "mssql"}

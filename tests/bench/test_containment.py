@@ -1,0 +1,187 @@
+"""User-given names never write or delete outside their folder: run names, experiments and studies become one safe
+path component (reports/paths.py, through bench/folders.py), and `--force` deletes only pobench's run folders. The
+issue's reproductions run as a user runs them: `python -m bench.cli ...` in a scratch folder, three levels deep, and
+every file outside the working folder is checked to be untouched."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.config import TrainConfig
+from bench.folders import claim_run_folder, experiment_dir, remove_run_folder, study_dir
+from reports.paths import MARKER, UnsafePath
+
+TINY = ["--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8", "--samples-every",
+        "0", "--checkpoint-every", "1", "--eval-problems", "4"]
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def scratch(tmp_path):
+    """A working folder three levels below ``tmp_path``, with a foreign file beside each level."""
+    work = tmp_path / "a" / "b" / "c"
+    work.mkdir(parents=True)
+    for d in (tmp_path, tmp_path / "a", tmp_path / "a" / "b"):
+        (d / "sibling.txt").write_text(f"foreign file in {d.name}")
+    return tmp_path, work
+
+
+def bench_cli(work: Path, *argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench.cli", *argv], cwd=work, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def errors(done: subprocess.CompletedProcess) -> list[str]:
+    """pobench's lines on stderr (MLflow logs its own INFO lines when it creates a store)."""
+    return [ln for ln in done.stderr.strip().splitlines() if " INFO mlflow" not in ln]
+
+
+def outside_unchanged(root: Path, work: Path, before: dict[str, bytes]) -> None:
+    after = snapshot(root)
+    inside = str(work.relative_to(root))
+    changed = {p for p in set(before) | set(after) if before.get(p) != after.get(p) and not p.startswith(inside)}
+    assert not changed, f"written or deleted outside the working folder: {sorted(changed)}"
+
+
+# ------------------------------------------------------------------ names become one component under their root
+@pytest.mark.parametrize("name", ["../../../ESC1", "/tmp/abs-run", "a/b", ".", "..", "../x/../../y"])
+def test_run_name_is_one_folder_under_output_dir(tmp_path, name):
+    cfg = TrainConfig(run_name=name, output_dir=str(tmp_path / "runs"))
+    assert cfg.run_dir().resolve().parent == (tmp_path / "runs").resolve()
+    assert cfg.run_label() == name  # the MLflow run name stays as given
+
+
+@pytest.mark.parametrize("name", ["../../../X", "/etc", ".."])
+def test_experiment_and_study_are_one_folder_under_their_root(tmp_path, name):
+    assert experiment_dir(tmp_path, name).resolve().parent == tmp_path.resolve()
+    assert study_dir(tmp_path, name).resolve().parent == tmp_path.resolve()
+    assert experiment_dir(tmp_path, "pobench") == tmp_path / "pobench"  # safe names keep their folders
+
+
+@pytest.mark.slow
+def test_bench_train_run_name_escaping_writes_under_output_dir(scratch):
+    root, work = scratch
+    before = snapshot(root)
+    done = bench_cli(work, "train", "--run-name", "../../../ESC1", "--eval-every", "0", *TINY)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outside_unchanged(root, work, before)
+    (run,) = (work / ".pobench" / "runs").iterdir()
+    assert run.name.startswith("ESC1-") and (run / MARKER).is_file() and (run / "final").is_dir()
+
+
+@pytest.mark.slow
+def test_bench_run_experiment_escaping_writes_under_output_dir(scratch):
+    root, work = scratch
+    before = snapshot(root)
+    done = bench_cli(work, "run", "--experiment", "../../../X", "--algos", "grpo", "--seeds", "0", "--workers", "1",
+                     "--no-progress", "--no-report", "--eval-every", "0", *TINY)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outside_unchanged(root, work, before)
+    (exp,) = (work / ".pobench" / "runs").iterdir()
+    assert exp.name.startswith("X-") and (exp / ".locks").is_dir()
+    assert [p for p in exp.iterdir() if (p / MARKER).is_file()]
+
+
+@pytest.mark.slow
+def test_bench_tune_study_escaping_writes_under_its_folders(scratch):
+    root, work = scratch
+    before = snapshot(root)
+    done = bench_cli(work, "tune", "--algo", "grpo", "--study", "../../../../X", "--trials", "1", "--workers", "1",
+                     "--eval-every", "1", *TINY)
+    assert done.returncode == 0, done.stderr[-3000:]
+    outside_unchanged(root, work, before)
+    outputs = [p for p in (work / ".pobench" / "tune").iterdir() if p.is_dir()]
+    assert len(outputs) == 1 and outputs[0].name.startswith("X-") and (outputs[0] / "summary.csv").is_file()
+    (trial_run,) = (work / ".pobench" / "runs").iterdir()
+    assert "X-" in trial_run.name and (trial_run / MARKER).is_file()
+
+
+# ------------------------------------------------------------------ only pobench's folders are written into / deleted
+def test_bench_train_refuses_a_foreign_folder_as_its_run_folder(scratch):
+    root, work = scratch
+    (work / "nb").mkdir()
+    (work / "nb" / "important.txt").write_text("notes")
+    before = snapshot(root)
+    done = bench_cli(work, "train", "--run-name", "nb", "--output-dir", ".", "--eval-every", "0", *TINY)
+    assert done.returncode == 2
+    err = errors(done)
+    assert len(err) == 1 and "nb exists and is not a pobench run folder" in err[0], done.stderr
+    assert snapshot(root) == before  # nothing written, nothing deleted
+
+
+@pytest.mark.slow
+def test_bench_run_force_refuses_a_foreign_folder_before_any_record(scratch):
+    """`--force` deletes a pair's run folder: one holding a file pobench never writes is refused, in one line,
+    before the comparison's MLflow run exists (no run is left RUNNING)."""
+    from mlflow import MlflowClient
+
+    from bench.compare.plan import base_config, plan, run_dir
+
+    root, work = scratch
+    flags = ["--algos", "grpo", "--seeds", "0", "--workers", "1", "--no-progress", "--no-report", "--eval-every",
+             "0", *TINY]
+    cfg = base_config(None, steps=1, prompts_per_step=2, group_size=2, max_new_tokens=8, samples_every=0,
+                      checkpoint_every=1, eval_problems=4, eval_every=0)
+    _, (pair,) = plan(cfg, ["grpo"], [0], {"grpo": {}})
+    target = work / run_dir(cfg, pair)
+    (target / "ckpt-0000001").mkdir(parents=True)
+    (target / "ckpt-0000001" / "state.json").write_text("{}")
+    (target / "important.txt").write_text("notes")
+    done = bench_cli(work, "run", "--force", *flags)
+    assert done.returncode == 2
+    err = errors(done)
+    assert len(err) == 1 and "not deleting it" in err[0], done.stderr
+    assert (target / "important.txt").read_text() == "notes"
+    client = MlflowClient(f"sqlite:///{work}/mlflow.db")
+    exps = client.search_experiments()
+    assert not client.search_runs([e.experiment_id for e in exps])  # no comparison run was opened
+
+
+def _legacy_run(folder: Path) -> Path:
+    """A run folder as an earlier pobench left it: no marker."""
+    (folder / "ckpt-0000002").mkdir(parents=True)
+    (folder / "ckpt-0000002" / "state.json").write_text("{}")
+    (folder / "ckpt-0000002" / "model.pt").write_bytes(b"x")
+    (folder / "config.yaml").write_text("algo: grpo\nseed: 0\n")
+    (folder / "final").mkdir()
+    return folder
+
+
+def test_force_deletes_marked_and_earlier_versions_run_folders_only(tmp_path):
+    root = tmp_path / "exp"
+    marked = claim_run_folder(root / "new")
+    (marked / "config.yaml").write_text("x")
+    assert remove_run_folder(marked, root) and not marked.exists()
+    legacy = _legacy_run(root / "old")
+    assert remove_run_folder(legacy, root) and not legacy.exists()
+    only_config = root / "crashed"  # an earlier version's run that died before its first checkpoint
+    only_config.mkdir()
+    (only_config / "config.yaml").write_text("algo: grpo\nsteps: 3\n")
+    assert remove_run_folder(only_config, root)
+    mixed = _legacy_run(root / "mixed")
+    (mixed / "important.txt").write_text("notes")
+    with pytest.raises(UnsafePath, match="not deleting it"):
+        remove_run_folder(mixed, root)
+    notes = root / "notes"
+    notes.mkdir()
+    (notes / "config.yaml").write_text("my: own settings\n")  # a config.yaml that is not a TrainConfig
+    with pytest.raises(UnsafePath):
+        remove_run_folder(notes, root)
+    assert (mixed / "important.txt").exists() and (notes / "config.yaml").exists()
+    assert remove_run_folder(root / "absent", root) is False
+
+
+def test_earlier_versions_run_folder_is_adopted_on_resume(tmp_path):
+    legacy = _legacy_run(tmp_path / "grpo-s0")
+    assert claim_run_folder(legacy) == legacy and (legacy / MARKER).is_file()
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path.parent)
+    with pytest.raises(UnsafePath):
+        claim_run_folder(link)

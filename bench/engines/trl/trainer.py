@@ -151,8 +151,8 @@ def _trainer_class():
             if self.model.training and self._buffered_inputs is not before:
                 ga = self.args.gradient_accumulation_steps
                 chunks = self._buffered_inputs
-                w = torch.stack([self.objective.loss_weight(c["completion_mask"].float()).float().reshape(())
-                                 for c in chunks])
+                w = torch.stack([self.objective.loss_weight(c["completion_mask"].float(), c.get("pobench_truncated")
+                                                            ).float().reshape(()) for c in chunks])
                 totals = w.view(-1, ga).sum(1).to(self.accelerator.device)  # (windows,)
                 totals = self.accelerator.reduce(totals, reduction="sum")
                 for j, c in enumerate(chunks):
@@ -185,7 +185,7 @@ def _trainer_class():
             gen = torch.Generator().manual_seed(derive_seed(self.pobench_cfg.seed, "objective", self.state.global_step,
                                                             self._step))
             loss, metrics = self.objective.loss(batch, generator=gen)
-            w = float(self.objective.loss_weight(inputs["completion_mask"].float()))
+            w = float(self.objective.loss_weight(inputs["completion_mask"].float(), inputs.get("pobench_truncated")))
             total = inputs.get("pobench_weight_total")
             scale = 1.0 if total is None else w * self.accelerator.num_processes / float(total)
             if self.model.training:

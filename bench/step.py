@@ -196,7 +196,7 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
     # engine's are exact for the training module (HF engine), otherwise one scoring pass without gradient; reference
     t0 = time.perf_counter()
     old_lp = old_ent = ref_lp = ref_ent = None
-    if exact_engine_lp and (not on_policy or skip):  # (on-policy they stand in for skipped rows' metrics)
+    if exact_engine_lp and (not on_policy or skip):  # (on-policy they stand in for skipped rows in the metrics)
         old_lp = [torch.tensor(x) for g in groups for x in g.logprobs]
         old_ent = [torch.tensor(x) for g in groups for x in g.entropies]
     elif not on_policy:
@@ -241,7 +241,9 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
 
     for epoch in range(cfg.update_epochs):
         order = torch.randperm(N, generator=torch.Generator().manual_seed(derive_seed(cfg.seed, "perm", step, epoch)))
-        for minibatch in torch.tensor_split(order, min(cfg.minibatches, N)):  # dynamic sampling may keep < M rows
+        for j, minibatch in enumerate(torch.tensor_split(order, min(cfg.minibatches, N))):  # (dynamic sampling may
+            # keep < M rows) before the first optimizer step the policy is the sampling policy: on-policy in fact
+            sampling_policy = on_policy or (epoch == 0 and j == 0)
             live = minibatch[adv[minibatch] != 0] if skip else minibatch  # (skipped: Â = 0, no gradient)
             dead = minibatch[adv[minibatch] == 0] if skip else minibatch[:0]
             grouped = cfg.length_grouped_micro_batches and objective.split_invariant
@@ -257,10 +259,11 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
             optimizer.zero_grad(set_to_none=True)
             for k, idx in enumerate(parts):
                 ids, live_part = idx.tolist(), k < len(micro)
-                if live_part or not (on_policy and exact_engine_lp):
+                if live_part or not (sampling_policy and old_lp is not None):
                     lp, ent, mask = scorer(model, [prompts[i] for i in ids], [completions[i] for i in ids], temp,
                                            grad=live_part, chunk_mb=cfg.scoring_chunk_mb)
-                else:  # a skipped part on-policy: the rollout's log-probs and entropies are the current policy's
+                else:  # a skipped part before any optimizer step: the sampling policy's log-probs and entropies
+                    # (the rollout's, or the scoring pass's) are the current policy's
                     mask = masks[k].to(device)
                     lp = pad([old_lp[i] for i in ids], mask.shape[1]).to(device)
                     ent = pad([old_ent[i] for i in ids], mask.shape[1]).to(device)

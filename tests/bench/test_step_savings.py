@@ -52,14 +52,24 @@ def rollout():
     return model, tok, groups
 
 
-def run_update(rollout, algo, overrides, shared, skip, optimizer=None, **fields):
+class InexactEngine:
+    """An engine whose log-probs are not the training module's (as vLLM's): the loop scores π_old itself."""
+
+    exact_logprobs = False
+
+    def update_weights(self, model) -> None:
+        pass
+
+
+def run_update(rollout, algo, overrides, shared, skip, optimizer=None, exact=True, **fields):
     model, tok, groups = rollout
     cfg = TrainConfig(algo=algo, objective_overrides=overrides, max_new_tokens=16, shared_prefix=shared,
                       skip_zero_advantage=skip, max_grad_norm=0.0, **fields)
     opt = optimizer(model) if optimizer else RecordGrads(model.parameters())
     objective = get_objective(algo, **overrides)
     ref = Reference(model) if objective.needs_reference or cfg.track_ref_kl else None
-    out = update(cfg, objective, model, ref, opt, make_engine("hf", model, tok), copy.deepcopy(groups), 1)
+    engine = make_engine("hf", model, tok) if exact else InexactEngine()
+    out = update(cfg, objective, model, ref, opt, engine, copy.deepcopy(groups), 1)
     model.zero_grad(set_to_none=True)
     return out, opt
 
@@ -67,6 +77,8 @@ def run_update(rollout, algo, overrides, shared, skip, optimizer=None, **fields)
 CASES = [
     ("dapo", {}, dict(minibatches=1, micro_batch_size=64)),  # on-policy: skipped rows take the rollout's log-probs
     ("dapo", {}, dict(minibatches=2, micro_batch_size=3)),  # off-policy: skipped rows get a pass without gradient
+    ("dapo", {}, dict(minibatches=1, micro_batch_size=64, exact=False)),  # (π_old not from the rollout: a pass)
+    ("dapo", {}, dict(minibatches=3, micro_batch_size=4, exact=False)),
     ("grpo", {"kl_coef": 0.0}, dict(minibatches=2, micro_batch_size=4)),
     ("dr_grpo", {"mask_truncated": True}, dict(minibatches=1, micro_batch_size=5)),
     ("dapo", {"mask_truncated": True}, dict(minibatches=1, micro_batch_size=5)),
@@ -80,7 +92,7 @@ CASES = [
 def test_savings_give_the_plain_gradients_and_metrics(rollout, algo, overrides, fields):
     runs = {v: run_update(rollout, algo, overrides, *v, **fields) for v in VARIANTS}
     base_out, base_opt = runs[(False, False)]
-    assert len(base_opt.grads) == fields["minibatches"]
+    assert len(base_opt.grads) == fields["minibatches"] * fields.get("update_epochs", 1)
     assert all(max(float(g.abs().max()) for g in step) > 1e-3 for step in base_opt.grads)
     for v, (out, opt) in runs.items():
         for step_a, step_b in zip(base_opt.grads, opt.grads, strict=True):
@@ -112,3 +124,22 @@ def test_a_minibatch_of_skipped_rows_steps_the_optimizer_on_a_zero_gradient(roll
     for key in start:
         torch.testing.assert_close(after[True][key], after[False][key], atol=1e-6, rtol=1e-5, msg=key)
     assert any(not torch.equal(after[True][k], start[k]) for k in start)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_skipped_rows_metrics_follow_the_policy_across_minibatches(rollout, exact):
+    """With a real optimizer the policy moves between minibatches: the skipped rows' metrics must be those of the
+    moved policy (a pass without gradient), not of the sampling policy."""
+    model = rollout[0]
+    start = copy.deepcopy(model.state_dict())
+    outs = {}
+    for skip in (False, True):
+        model.load_state_dict(start)
+        outs[skip], _ = run_update(rollout, "dapo", {}, True, skip, exact=exact, minibatches=3, micro_batch_size=64,
+                                   update_epochs=2,
+                                   optimizer=lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2))
+    model.load_state_dict(start)
+    assert outs[False]["train/abs_log_ratio"] > 1e-3  # the policy moved
+    for key in ("train/abs_log_ratio", "train/abs_seq_log_ratio", "objective/ratio_mean", "objective/clip_frac_low",
+                "objective/clip_frac_high", "objective/entropy", "train/loss", "train/grad_norm"):
+        torch.testing.assert_close(outs[True][key], outs[False][key], atol=2e-5, rtol=1e-4, msg=key)

@@ -316,6 +316,17 @@ def _score_rows(model, prompts, completions, temperature, mb, chunk_mb: float = 
     return lps, ents
 
 
+def step_tokens(groups: list[Group]) -> int:
+    """Prompt + completion tokens of the completions that entered the update, each completion counted with its
+    prompt (verl's ``global_token_num``: the attention mask's sum over the training batch)."""
+    return sum(len(g.prompt_ids) * len(g.completion_ids) + sum(len(c) for c in g.completion_ids) for g in groups)
+
+
+def throughput(tokens: float, step_s: float, devices: int) -> dict[str, float]:
+    """verl's throughput definition (``compute_throughout_metrics``): tokens / (step seconds x devices)."""
+    return {"perf/total_num_tokens": float(tokens), "perf/throughput": tokens / (max(step_s, 1e-9) * devices)}
+
+
 def roll_samples(groups: list[Group], tok, limit: int = 4) -> list[dict[str, Any]]:
     """A few completions per step for the samples artifact."""
     out = []

@@ -29,7 +29,15 @@ from bench.data import TrainData, eval_problems
 from bench.model import load_policy, warn_unknown_characters
 from bench.rollout import make_engine
 from bench.scale import Reference, is_peft, merged_for_export, prepare_policy, trainable_parameters
-from bench.step import TrainingDiverged, collect_rollouts, derive_seed, roll_samples, update
+from bench.step import (
+    TrainingDiverged,
+    collect_rollouts,
+    derive_seed,
+    roll_samples,
+    step_tokens,
+    throughput,
+    update,
+)
 from bench.tracking import RunLogger, flatten, version_tags
 from reports.record import (
     COMPARISON,
@@ -187,6 +195,7 @@ def train(cfg: TrainConfig, *, on_eval: Callable[[int, dict[str, float]], None] 
             metrics = {**roll, **upd, "train/lr": scheduler.get_last_lr()[0], "time/rollout_s": t_rollout,
                        "time/step_s": step_s, "time/elapsed_s": elapsed}
             metrics["time/update_s"] = step_s - t_rollout - metrics.get("time/scoring_s", 0.0)
+            metrics.update(throughput(step_tokens(groups), step_s, devices=1))  # (one process, one device)
             logger.log(metrics, step)
             _call(on_step, step, metrics)
             if cfg.samples_every and (step % cfg.samples_every == 0 or step == 1):

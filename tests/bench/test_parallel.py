@@ -19,7 +19,8 @@ from mlflow import MlflowClient
 from bench.harness import DEFAULTS, base_config, resolve_workers, run_comparison
 
 ROOT = Path(__file__).resolve().parents[2]
-TIMING = ("time/", "rollout/tokens_per_s")  # wall-clock measurements: the only metrics allowed to differ
+# wall-clock measurements: the only metrics allowed to differ
+TIMING = ("time/", "rollout/tokens_per_s", "perf/throughput")
 
 
 @pytest.fixture(scope="module")

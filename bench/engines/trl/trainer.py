@@ -110,6 +110,7 @@ def _trainer_class():
             out["pobench_truncated"] = torch.tensor(rew["truncated"], dtype=torch.bool, device=mask.device)
             ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
             attn = torch.cat([out["prompt_mask"], mask], dim=1)
+            self._pb_step_metrics["perf/total_num_tokens"] = float(acc.gather(attn.sum().reshape(1)).sum())
             T = out["completion_ids"].shape[1]
             if captured:
                 out["pobench_old_entropy"] = torch.cat(captured, dim=0)
@@ -254,6 +255,9 @@ def _trainer_class():
             out["time/step_s"] = step_s
             out["time/elapsed_s"] = self.pobench_elapsed
             out["time/update_s"] = step_s - out.get("time/rollout_s", 0.0)
+            from bench.step import throughput
+
+            out.update(throughput(out.get("perf/total_num_tokens", 0.0), step_s, acc.num_processes))
             self._pb_sums.clear()
             self._pb_weight = self._pb_drift_max = 0.0
             self._pb_grad_norms = []

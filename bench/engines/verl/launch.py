@@ -26,6 +26,8 @@ METRIC_MAP = {
     "timing_s/gen": "time/rollout_s",
     "timing_s/update_actor": "time/update_s",
     "timing_s/step": "time/step_s",
+    "perf/total_num_tokens": "perf/total_num_tokens",
+    "perf/throughput": "perf/throughput",
 }
 #: validation metrics: val-core/<data_source>/acc/mean@1 -> eval/accuracy (greedy when eval_temperature = 0). MLflow
 #: refuses "@" in a metric name: verl's MLflow logger writes it as "_at_" (verl/utils/tracking.py, _sanitize_key)

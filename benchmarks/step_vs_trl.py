@@ -25,7 +25,9 @@ alike), each round a fresh run whose first step (warm-up) is excluded, with the 
 both; the ratio is reported as the median over rounds with its min and max and its interquartile range (the middle
 half of the rounds). Prints seconds per step (ours, TRL) and their ratio; our rollout tokens/s against raw
 `model.generate`; the floor (raw generate + one plain forward/backward over the same tokens) and our step's ratio to
-it; peak RSS after each part. `--no-shared-prefix` / `--no-skip-zero-advantage` turn off one of our savings
+it; peak RSS after each part. The same ratio in CPU seconds of the process (``time.process_time``) is printed beside
+it: on a machine others are using, it moves much less than the wall-clock ratio (with T threads it sums their time).
+`--no-shared-prefix` / `--no-skip-zero-advantage` turn off one of our savings
 (docs/SCALE.md) to measure its share.
 Targets (issues #3, #22): ours <= 0.7x TRL with one update per rollout, <= 0.5x with 4 mini-batches; rollout >= 90% of
 raw generate.
@@ -139,9 +141,11 @@ def our_rollout_and_floor(prompts, group, max_new, repeats) -> dict[str, float]:
 
 
 def our_step(steps: int, prompts: int, group: int, max_new: int, workdir: str, threads: int = 0,
-             minibatches: int = 1, micro_batch_size: int = 0, template: str = "auto", **fields) -> float:
+             minibatches: int = 1, micro_batch_size: int = 0, template: str = "auto", **fields
+             ) -> tuple[float, float]:
     """Median `time/step_s` of our loop (GRPO without KL; `minibatches` updates per rollout, each accumulated over
-    micro-batches of `micro_batch_size` completions; `fields`: further TrainConfig fields)."""
+    micro-batches of `micro_batch_size` completions; `fields`: further TrainConfig fields), and the median CPU seconds
+    of this process per step (from one step's end to the next's)."""
     from mlflow.tracking import MlflowClient
 
     from bench.config import TrainConfig
@@ -153,15 +157,17 @@ def our_step(steps: int, prompts: int, group: int, max_new: int, workdir: str, t
                       micro_batch_size=micro_batch_size or prompts, prompt_template=template, eval_every=0,
                       checkpoint_every=10_000, samples_every=0, track_ref_kl=False, output_dir=f"{workdir}/runs",
                       tracking_uri=uri, experiment="bench-step", threads=threads or torch.get_num_threads(), **fields)
-    res = train(cfg)
+    cpu = [time.process_time()]
+    res = train(cfg, on_step=lambda step, metrics: cpu.append(time.process_time()))
     hist = MlflowClient(uri).get_metric_history(res.run_id, "time/step_s")
-    return statistics.median(m.value for m in sorted(hist, key=lambda m: m.step)[1:])  # first step = warm-up
+    wall = statistics.median(m.value for m in sorted(hist, key=lambda m: m.step)[1:])  # first step = warm-up
+    return wall, statistics.median(b - a for a, b in list(zip(cpu, cpu[1:]))[1:])
 
 
 def trl_step(steps: int, prompts: list[str], group: int, max_new: int, workdir: str, minibatches: int = 1,
-             template: str = "auto") -> float:
+             template: str = "auto") -> tuple[float, float]:
     """Median seconds per generation cycle (one generation + `minibatches` optimizer steps) of TRL's GRPOTrainer on
-    the same model and batch (the first cycle, warm-up, excluded)."""
+    the same model and batch (the first cycle, warm-up, excluded): wall-clock and CPU seconds of this process."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -169,15 +175,15 @@ def trl_step(steps: int, prompts: list[str], group: int, max_new: int, workdir: 
     from bench.model import resolve_model_path
     from evaluators.verify import is_correct
 
-    stamps: list[float] = []
+    stamps: list[tuple[float, float]] = []
 
     class Clock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
             if not stamps:
-                stamps.append(time.perf_counter())
+                stamps.append((time.perf_counter(), time.process_time()))
 
         def on_step_end(self, args, state, control, **kw):
-            stamps.append(time.perf_counter())
+            stamps.append((time.perf_counter(), time.process_time()))
 
     answers = {}
     from bench.data import TrainData
@@ -207,13 +213,18 @@ def trl_step(steps: int, prompts: list[str], group: int, max_new: int, workdir: 
     trainer = GRPOTrainer(model=resolve_model_path("builtin:tiny-arith"), reward_funcs=reward, args=args,
                           train_dataset=ds, processing_class=tok, callbacks=[Clock()])
     trainer.train()
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
-    cycles = [sum(gaps[i:i + minibatches]) for i in range(0, len(gaps) - minibatches + 1, minibatches)]
-    return statistics.median(cycles[1:] if len(cycles) > 1 else cycles)
+    out = []
+    for k in (0, 1):  # wall, CPU
+        gaps = [b[k] - a[k] for a, b in zip(stamps, stamps[1:])]
+        cycles = [sum(gaps[i:i + minibatches]) for i in range(0, len(gaps) - minibatches + 1, minibatches)]
+        out.append(statistics.median(cycles[1:] if len(cycles) > 1 else cycles))
+    return out[0], out[1]
 
 
-def interleaved(a, prompts: list[str], work: str, threads: int, template: str) -> list[tuple[float, float]]:
-    """(our step s, TRL step s) per round; rounds alternate which goes first; threads re-pinned before each."""
+def interleaved(a, prompts: list[str], work: str, threads: int, template: str
+                ) -> list[dict[str, tuple[float, float]]]:
+    """{"ours": (wall s, CPU s), "trl": (wall s, CPU s)} per round; rounds alternate which goes first; threads
+    re-pinned before each."""
     rounds = []
     savings = {"shared_prefix": a.shared_prefix, "skip_zero_advantage": a.skip_zero_advantage}
     for r in range(a.rounds):
@@ -226,9 +237,10 @@ def interleaved(a, prompts: list[str], work: str, threads: int, template: str) -
             else:
                 times[who] = trl_step(a.steps, prompts, a.group, a.max_new_tokens, f"{work}/trl-{r}", a.minibatches,
                                       template)
-        print(f"round {r + 1}/{a.rounds}: ours {times['ours']:.3f} s, TRL {times['trl']:.3f} s, "
-              f"ratio {times['ours'] / times['trl']:.2f}", flush=True)
-        rounds.append((times["ours"], times["trl"]))
+        (ow, oc), (tw, tc) = times["ours"], times["trl"]
+        print(f"round {r + 1}/{a.rounds}: ours {ow:.3f} s, TRL {tw:.3f} s, ratio {ow / tw:.2f} (CPU seconds: ours "
+              f"{oc:.3f}, TRL {tc:.3f}, ratio {oc / tc:.2f})", flush=True)
+        rounds.append(times)
     return rounds
 
 
@@ -276,10 +288,12 @@ def main() -> None:
     ours = our_rollout_and_floor(prompts, a.group, a.max_new_tokens, a.repeats)
     floor = raw_s + ours["fwd_bwd_s"]
     rounds = interleaved(a, prompts, work, threads, template)
-    step = statistics.median(r[0] for r in rounds)
-    trl = statistics.median(r[1] for r in rounds)
-    ratios = [o / t for o, t in rounds]
+    step = statistics.median(r["ours"][0] for r in rounds)
+    trl = statistics.median(r["trl"][0] for r in rounds)
+    ratios = [r["ours"][0] / r["trl"][0] for r in rounds]
+    cpu_ratios = [r["ours"][1] / r["trl"][1] for r in rounds]
     q1, q3 = quartiles(ratios)
+    c1, c3 = quartiles(cpu_ratios)
     target = 0.7 if a.minibatches == 1 else 0.5
     rss_ours = rss_trl = rss_mib()
     rows = [
@@ -293,6 +307,9 @@ def main() -> None:
         (f"ours / TRL over {len(rounds)} rounds", f"{statistics.median(ratios):.2f}",
          f"median [min {min(ratios):.2f}, max {max(ratios):.2f}]  IQR {q3 - q1:.2f} [{q1:.2f}, {q3:.2f}] "
          f"(target <= {target})"),
+        ("ours / TRL in CPU seconds", f"{statistics.median(cpu_ratios):.2f}",
+         f"median [min {min(cpu_ratios):.2f}, max {max(cpu_ratios):.2f}]  IQR {c3 - c1:.2f} [{c1:.2f}, {c3:.2f}] "
+         "(this process's CPU time: steadier than wall-clock on a busy machine)"),
         ("peak RSS after raw / both loops (MiB)", f"{rss_raw:.0f} / {max(rss_ours, rss_trl):.0f}", ""),
     ]
     w = max(len(r[0]) for r in rows)

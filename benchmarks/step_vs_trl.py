@@ -28,7 +28,9 @@ half of the rounds). Prints seconds per step (ours, TRL) and their ratio; our ro
 it; peak RSS after each part. The same ratio in CPU seconds of the process (``time.process_time``) is printed beside
 it: on a machine others are using, it moves much less than the wall-clock ratio (with T threads it sums their time).
 `--no-shared-prefix` / `--no-skip-zero-advantage` turn off one of our savings
-(docs/SCALE.md) to measure its share.
+(docs/SCALE.md) to measure its share. The built-in model solves none of the few-shot prompts (it was warm-started on
+the plain template only): every group then has zero advantage and the skip would remove the whole update, so the
+long-prompt configuration is measured with `--no-skip-zero-advantage` (the printed zero-advantage fraction says so).
 Targets (issues #3, #22): ours <= 0.7x TRL with one update per rollout, <= 0.5x with 4 mini-batches; rollout >= 90% of
 raw generate.
 """
@@ -142,10 +144,10 @@ def our_rollout_and_floor(prompts, group, max_new, repeats) -> dict[str, float]:
 
 def our_step(steps: int, prompts: int, group: int, max_new: int, workdir: str, threads: int = 0,
              minibatches: int = 1, micro_batch_size: int = 0, template: str = "auto", **fields
-             ) -> tuple[float, float]:
+             ) -> tuple[float, float, float]:
     """Median `time/step_s` of our loop (GRPO without KL; `minibatches` updates per rollout, each accumulated over
-    micro-batches of `micro_batch_size` completions; `fields`: further TrainConfig fields), and the median CPU seconds
-    of this process per step (from one step's end to the next's)."""
+    micro-batches of `micro_batch_size` completions; `fields`: further TrainConfig fields), the median CPU seconds
+    of this process per step (from one step's end to the next's), and the mean `rollout/zero_adv_frac`."""
     from mlflow.tracking import MlflowClient
 
     from bench.config import TrainConfig
@@ -157,11 +159,12 @@ def our_step(steps: int, prompts: int, group: int, max_new: int, workdir: str, t
                       micro_batch_size=micro_batch_size or prompts, prompt_template=template, eval_every=0,
                       checkpoint_every=10_000, samples_every=0, track_ref_kl=False, output_dir=f"{workdir}/runs",
                       tracking_uri=uri, experiment="bench-step", threads=threads or torch.get_num_threads(), **fields)
-    cpu = [time.process_time()]
-    res = train(cfg, on_step=lambda step, metrics: cpu.append(time.process_time()))
+    cpu, zero_adv = [time.process_time()], []
+    res = train(cfg, on_step=lambda step, metrics: (cpu.append(time.process_time()),
+                                                     zero_adv.append(metrics["rollout/zero_adv_frac"])))
     hist = MlflowClient(uri).get_metric_history(res.run_id, "time/step_s")
     wall = statistics.median(m.value for m in sorted(hist, key=lambda m: m.step)[1:])  # first step = warm-up
-    return wall, statistics.median(b - a for a, b in list(zip(cpu, cpu[1:]))[1:])
+    return wall, statistics.median(b - a for a, b in list(zip(cpu, cpu[1:]))[1:]), statistics.mean(zero_adv)
 
 
 def trl_step(steps: int, prompts: list[str], group: int, max_new: int, workdir: str, minibatches: int = 1,
@@ -237,7 +240,7 @@ def interleaved(a, prompts: list[str], work: str, threads: int, template: str
             else:
                 times[who] = trl_step(a.steps, prompts, a.group, a.max_new_tokens, f"{work}/trl-{r}", a.minibatches,
                                       template)
-        (ow, oc), (tw, tc) = times["ours"], times["trl"]
+        (ow, oc, _), (tw, tc) = times["ours"], times["trl"]
         print(f"round {r + 1}/{a.rounds}: ours {ow:.3f} s, TRL {tw:.3f} s, ratio {ow / tw:.2f} (CPU seconds: ours "
               f"{oc:.3f}, TRL {tc:.3f}, ratio {oc / tc:.2f})", flush=True)
         rounds.append(times)
@@ -294,6 +297,7 @@ def main() -> None:
     cpu_ratios = [r["ours"][1] / r["trl"][1] for r in rounds]
     q1, q3 = quartiles(ratios)
     c1, c3 = quartiles(cpu_ratios)
+    zero_adv = statistics.mean(r["ours"][2] for r in rounds)
     target = 0.7 if a.minibatches == 1 else 0.5
     rss_ours = rss_trl = rss_mib()
     rows = [
@@ -310,6 +314,9 @@ def main() -> None:
         ("ours / TRL in CPU seconds", f"{statistics.median(cpu_ratios):.2f}",
          f"median [min {min(cpu_ratios):.2f}, max {max(cpu_ratios):.2f}]  IQR {c3 - c1:.2f} [{c1:.2f}, {c3:.2f}] "
          "(this process's CPU time: steadier than wall-clock on a busy machine)"),
+        ("our zero-advantage groups", f"{zero_adv:.2f}",
+         "fraction of groups with all-equal rewards (the skip removes their update work"
+         + ("; near 1: the model fails these prompts, use --no-skip-zero-advantage" if zero_adv > 0.9 else "") + ")"),
         ("peak RSS after raw / both loops (MiB)", f"{rss_raw:.0f} / {max(rss_ours, rss_trl):.0f}", ""),
     ]
     w = max(len(r[0]) for r in rows)

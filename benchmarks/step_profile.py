@@ -5,10 +5,12 @@
 Runs our loop (GRPO without KL, 32 prompts x 8 completions, 48 new tokens, as step_vs_trl.py) in configurations that
 add one saving at a time:
 
-    before        one micro-batch per minibatch (what step_vs_trl.py ran before issue 22), no shared prefix, no skip
+    before        one micro-batch per minibatch (what step_vs_trl.py ran before issue 22), no shared prefix, no skip,
+                  the sampler decoding every row to the end
     micro-batch   micro-batches of --prompts completions (TRL's size in step_vs_trl.py)
     +prefix       and the shared-prefix forward (docs/SCALE.md)
-    +skip         and the zero-advantage skip = the defaults (this is step_vs_trl.py's "ours")
+    +skip         and the zero-advantage skip (left out with --no-skip-zero-advantage)
+    +drop         and the sampler dropping stopped rows = the defaults (this is step_vs_trl.py's "ours")
 
 and prints for each, per step (median over the steps after the first): wall seconds and the CPU seconds of this
 process (``time.process_time``; on a busy machine CPU seconds are the steadier measure) split into the rollout
@@ -59,10 +61,17 @@ class Clock:
         return out
 
 
+SAMPLER = {"drop_finished": True}  # the HF engine option of the configuration being run
+
+
 def install(clock: Clock) -> None:
-    """Wrap the loop's rollout, scoring passes, backward and optimizer step with ``clock``."""
+    """Wrap the loop's rollout, scoring passes, backward and optimizer step with ``clock``; the loop's engine takes
+    ``SAMPLER``'s options."""
     import bench.step
     import bench.train
+    from bench.rollout.hf import HFEngine
+
+    bench.train.make_engine = lambda backend, model, tok: HFEngine(model, tok, **SAMPLER)
 
     bench.train.collect_rollouts = clock.timed("rollout", bench.train.collect_rollouts)
     for name in ("score", "score_shared"):
@@ -78,10 +87,11 @@ def install(clock: Clock) -> None:
     torch.optim.AdamW.step = clock.timed("optimizer", step)
 
 
-def run(name: str, a, clock: Clock, template: str, **fields) -> dict[str, float]:
+def run(name: str, a, clock: Clock, template: str, drop_finished: bool = True, **fields) -> dict[str, float]:
     from bench.config import TrainConfig
     from bench.train import train
 
+    SAMPLER["drop_finished"] = drop_finished
     work = tempfile.mkdtemp(prefix="pobench-profile-")
     rows: list[dict[str, float]] = []
     mark = {"cpu": time.process_time()}
@@ -120,19 +130,24 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--prompt-tokens", type=int, default=0, help="as step_vs_trl.py: a few-shot prefix")
     ap.add_argument("--only", default="", help="comma-separated configurations (default: all)")
+    ap.add_argument("--no-skip-zero-advantage", dest="skip", action="store_false",
+                    help="leave the skip out (the built-in model fails the few-shot prompts of --prompt-tokens)")
     a = ap.parse_args()
     from step_vs_trl import prompt_template
 
     torch.set_num_threads(a.threads)
     template = prompt_template(a.prompt_tokens, a.prompts)
     n = a.prompts * a.group
-    off = {"shared_prefix": False, "skip_zero_advantage": False}
+    off = {"shared_prefix": False, "skip_zero_advantage": False, "drop_finished": False}
     configs = {
         "before": {**off, "micro_batch_size": n // a.minibatches},
         "micro-batch": {**off, "micro_batch_size": a.prompts},
-        "+prefix": {"shared_prefix": True, "skip_zero_advantage": False, "micro_batch_size": a.prompts},
-        "+skip": {"micro_batch_size": a.prompts},
+        "+prefix": {**off, "shared_prefix": True, "micro_batch_size": a.prompts},
+        "+skip": {**off, "shared_prefix": True, "skip_zero_advantage": True, "micro_batch_size": a.prompts},
+        "+drop": {"micro_batch_size": a.prompts, "skip_zero_advantage": a.skip},
     }
+    if not a.skip:
+        del configs["+skip"]
     only = [c for c in a.only.split(",") if c]
     clock = Clock()
     install(clock)

@@ -94,7 +94,8 @@ def test_the_gradient_reaches_the_prompt_positions_once_per_completion():
     torch.testing.assert_close(b[3][emb][only_prompt], a[3][emb][only_prompt], atol=1e-6, rtol=1e-5)
 
 
-def test_lora_adapter_gradients_are_the_same():
+@pytest.mark.parametrize("chunk_mb", [0.0, 256.0])
+def test_lora_adapter_gradients_are_the_same(chunk_mb):
     from bench.scale import apply_lora
 
     model = apply_lora(_model("qwen2"), 4, 8.0, ["q_proj", "v_proj", "down_proj"])
@@ -103,7 +104,7 @@ def test_lora_adapter_gradients_are_the_same():
             if "lora_B" in n:
                 p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(n)))
     prompts, comps = _rows()
-    a, b = (_pass(fn, model, prompts, comps, 1.0, 256.0) for fn in (score, score_shared))
+    a, b = (_pass(fn, model, prompts, comps, 1.0, chunk_mb) for fn in (score, score_shared))
     assert all("lora_" in n for n in a[3])
     _assert_same(a, b)
 

@@ -171,7 +171,8 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, engine, gro
     (bench/rollout/prefix.py); with ``cfg.skip_zero_advantage`` and an objective whose zero-advantage sequences carry
     no gradient (``Objective.skips_zero_advantage``) those sequences get no forward / backward with gradient: their
     loss weight stays in the minibatch's total, so the gradient is the full computation's, and they enter the metrics
-    through a pass without gradient (none on-policy with an engine whose log-probs are exact: the rollout's own)."""
+    through a pass without gradient (none before a rollout's first optimizer step, when the sampling policy's
+    log-probs, the rollout's or the scoring pass's, are the current policy's)."""
     if not groups:  # dynamic sampling found no informative group in its rounds: nothing to learn from
         return {"train/skipped": 1.0, "time/scoring_s": 0.0}
     prompts = [g.prompt_ids for g in groups for _ in g.completion_ids]

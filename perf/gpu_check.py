@@ -11,7 +11,7 @@ Prints (and writes as JSON):
    tokens/s and update tokens/s.
 3. The same `tepo` steps with ``engine=trl`` (``--engine trl``: TRL's GRPOTrainer with pobench's loss, TRL's own HF
    generation, bf16 autocast): step seconds and tokens/s of the same batch, beside the native loop's.
-4. Issue 22's savings: `full_chunked` (shared prefix on, the default) against `full_unshared` (``shared_prefix``
+4. The shared prefix: `full_chunked` (shared prefix on, the default) against `full_unshared` (``shared_prefix``
    off): step / update seconds, update tokens/s and verl's ``perf/throughput``. ``--prompt-tokens N`` puts a few-shot
    prefix before every question (as perf/step_vs_trl.py does) so that prompts are about N tokens long, where the
    shared prefix pays. Random weights give every completion reward 0, so every group has zero advantage: the native

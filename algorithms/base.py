@@ -110,6 +110,10 @@ class ObjectiveConfig:
         return {n: tuple(m["search"]) for n, m in meta.items() if m.get("search") and active(n)}
 
 
+#: why an objective that selects tokens across the micro-batch cannot skip a sequence (``zero_advantage_terms``)
+SELECTS_ACROSS_BATCH = "selects tokens across the micro-batch (Â = 0 tokens change the selection)"
+
+
 class Objective:
     """A policy-optimization objective: ``loss(batch) -> (loss, metrics)`` plus rollout-side hooks.
 
@@ -172,10 +176,29 @@ class Objective:
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError
 
-    def loss_weight(self, mask: torch.Tensor) -> torch.Tensor:
-        """Weight of a micro-batch's loss (given its (B, T) completion mask) when gradients are accumulated over
-        several: full loss = Σ_k w_k·loss_k / Σ_k w_k (see ``aggregation.aggregation_weight``)."""
+    def loss_weight(self, mask: torch.Tensor, truncated: torch.Tensor | None = None) -> torch.Tensor:
+        """Weight of a micro-batch's loss (given its (B, T) completion mask and (B,) truncation flags) when gradients
+        are accumulated over several: full loss = Σ_k w_k·loss_k / Σ_k w_k (see ``aggregation.aggregation_weight``).
+        With ``mask_truncated`` the truncated completions leave the mask first, as they leave the loss's normaliser."""
+        if self.config.mask_truncated and truncated is not None:
+            mask = mask * (~truncated.to(torch.bool)).to(mask.dtype)[:, None]
         return aggregation_weight(mask, self.config.aggregation)
+
+    def zero_advantage_terms(self) -> tuple[str, ...]:
+        """The terms through which a sequence with Â_i = 0 can carry gradient under this config; empty when none can.
+
+        When empty, the training loop skips such sequences' forward and backward (``skips_zero_advantage``) while
+        their weight stays in every normaliser, so the gradient equals the full computation (tested for every
+        registered objective). This default names a reason: an objective that does not declare it is never skipped.
+        """
+        if not self.split_invariant:
+            return (SELECTS_ACROSS_BATCH,)
+        return ("the objective does not declare that its loss vanishes at Â = 0",)
+
+    @property
+    def skips_zero_advantage(self) -> bool:
+        """Whether sequences with Â_i = 0 provably carry no gradient (``zero_advantage_terms`` is empty)."""
+        return not self.zero_advantage_terms()
 
     # --- rollout-side hooks
     def advantages(self, rewards: torch.Tensor, *, lengths: torch.Tensor | None = None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .registry import default_config, get_spec, list_objectives
+from .registry import default_config, get_objective, get_spec, list_objectives
 
 
 def field_rows(name: str) -> list[dict]:
@@ -26,12 +26,21 @@ def field_rows(name: str) -> list[dict]:
     return rows
 
 
+def zero_advantage_text(name: str) -> str:
+    """Whether the update skips the forward / backward of this objective's sequences with Â = 0, and why not."""
+    terms = get_objective(name).zero_advantage_terms()
+    if not terms:
+        return "skipped in the update (no term gives them gradient; they still count in every normaliser)"
+    return "forwarded: " + "; ".join(terms)
+
+
 def details_text(name: str) -> str:
     spec = get_spec(name)
     lines = [f"{name}: {spec.description}", f"  paper: {spec.paper}"]
     if spec.base:
         lines.append(f"  ablation of: {spec.base}")
     lines.append(f"  objective class: {spec.objective_class.__name__} (config {spec.config_class.__name__})")
+    lines.append(f"  zero-advantage sequences: {zero_advantage_text(name)}")
     lines.append("  fields:")
     width = max(len(r["field"]) for r in field_rows(name))
     for r in field_rows(name):
@@ -50,7 +59,8 @@ def defaults_markdown() -> str:
     for name in list_objectives():
         spec = get_spec(name)
         out.append(f"### `{name}`\n\n{spec.description} Source: {spec.paper}."
-                   + (f" Ablation of `{spec.base}`." if spec.base else "") + "\n")
+                   + (f" Ablation of `{spec.base}`." if spec.base else "")
+                   + f" Zero-advantage sequences: {zero_advantage_text(name)}.\n")
         out.append("| field | default | meaning | source | search range |")
         out.append("|---|---|---|---|---|")
         for r in field_rows(name):

@@ -50,6 +50,7 @@ class CISPO(PolicyGradient):
     gradient."""
 
     config_class = CISPOConfig
+    policy_term_vanishes_at_zero_advantage = True  # −sg[w]·Â·lp
 
     def policy_term(self, batch, ratio, adv, is_w):
         c = self.config
@@ -80,6 +81,7 @@ class SAPO(PolicyGradient):
     equals the plain policy gradient for any τ)."""
 
     config_class = SAPOConfig
+    policy_term_vanishes_at_zero_advantage = True  # −(4/τ)σ(τ(r − 1))·Â
 
     def policy_term(self, batch, ratio, adv, is_w):
         c = self.config
@@ -111,6 +113,7 @@ class GMPO(PolicyGradient):
     With the default seq-mean-token-mean aggregation the loss is mean_i (the per-sequence term), as in verl."""
 
     config_class = GMPOConfig
+    policy_term_vanishes_at_zero_advantage = True  # −Â·exp(mean_t sgn(Â)·…) = −Â·1 at Â = 0
     folds_is_weights = True
 
     def policy_term(self, batch, ratio, adv, is_w):
@@ -150,6 +153,7 @@ class GPG(PolicyGradient):
     """Group policy gradient: plain REINFORCE on the group advantage, no ratio, no clip."""
 
     config_class = GPGConfig
+    policy_term_vanishes_at_zero_advantage = True  # −Â·lp
 
     def policy_term(self, batch, ratio, adv, is_w):
         return -adv * batch.logprobs, *_no_clip(batch), {}
@@ -182,6 +186,7 @@ class VESPO(PolicyGradient):
     ratio, φ(1) = 1, scales Â·∇lp. Rollout-correction weights enter w (as TRL), not the loss."""
 
     config_class = VESPOConfig
+    policy_term_vanishes_at_zero_advantage = True  # −sg[φ]·Â·lp, φ finite (nan_to_num)
     folds_is_weights = True
 
     def policy_term(self, batch, ratio, adv, is_w):

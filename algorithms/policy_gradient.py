@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from .aggregation import aggregate, masked_mean
-from .base import Objective, ObjectiveConfig, param
+from .base import SELECTS_ACROSS_BATCH, Objective, ObjectiveConfig, param
 from .batch import PolicyBatch
 from .correction import prepare
 from .kl import KL_ESTIMATORS, kl_estimate
@@ -90,10 +90,24 @@ class PolicyGradient(Objective):
     supports_batch_options = True
     #: True when ``policy_term`` applies the rollout-correction weights itself (then the skeleton does not)
     folds_is_weights = False
+    #: True when ``policy_term`` is 0 with zero gradient for a sequence with Â_i = 0 (Â_i times a finite factor), so
+    #: only the KL and entropy terms can give such a sequence gradient (``zero_advantage_terms``)
+    policy_term_vanishes_at_zero_advantage = False
 
     @property
     def needs_reference(self) -> bool:
         return self.config.kl_coef > 0
+
+    def zero_advantage_terms(self) -> tuple[str, ...]:
+        c = self.config
+        terms = [] if self.split_invariant else [SELECTS_ACROSS_BATCH]
+        if not self.policy_term_vanishes_at_zero_advantage:
+            terms.append("the policy term (not declared to vanish at Â = 0)")
+        if c.kl_coef > 0:
+            terms.append(f"β·KL to the reference on every token (kl_coef = {c.kl_coef:g})")
+        if c.entropy_coef > 0:
+            terms.append(f"the entropy bonus on every token (entropy_coef = {c.entropy_coef:g})")
+        return tuple(terms)
 
     @property
     def needs_entropy_grad(self) -> bool:
@@ -182,6 +196,7 @@ class ClippedPG(PolicyGradient):
     """GRPO-family objective (grpo, dr_grpo, dapo, bnpo, luspo, ppo_dual_clip, entropy_reg differ only in config)."""
 
     config_class = ClippedPGConfig
+    policy_term_vanishes_at_zero_advantage = True  # −min(r·Â, clip(r)·Â), capped at −c·Â: 0 at Â = 0
 
     def policy_term(self, batch, ratio, adv, is_w):
         c = self.config

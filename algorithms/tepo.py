@@ -65,6 +65,15 @@ class TEPOConfig(ObjectiveConfig):
 class TEPOObjective(Objective):
     config_class = TEPOConfig
 
+    def zero_advantage_terms(self) -> tuple[str, ...]:
+        """The surrogate is 0 at Â_i = 0 (likelihood credit scales Â_i); the masked KL reaches such a sequence unless
+        its mask requires Â_i > τ_A with τ_A >= 0."""
+        c = self.config
+        if c.kl_coef > 0 and (c.kl_mask in ("all", "entropy") or c.adv_threshold < 0):
+            return (f"β·M·KL: the KL mask (kl_mask = {c.kl_mask!r}, τ_A = {c.adv_threshold:g}) reaches tokens with "
+                    f"Â = 0 (kl_coef = {c.kl_coef:g})",)
+        return ()
+
     @property
     def needs_reference(self) -> bool:
         c = self.config

@@ -36,8 +36,11 @@ BUILTIN_MODEL = "builtin:tiny-arith"
 TRACKING_URI_DEFAULT = f"$MLFLOW_TRACKING_URI, else {DEFAULT_TRACKING_URI} in the working folder"
 
 # Fields that distinguish runs of one comparison: everything else must be identical across its runs.
+# (``threads``, ``shared_prefix`` and ``skip_zero_advantage`` change the speed, not the computation: runs that differ in
+# them still compare)
 PER_RUN_FIELDS = ("algo", "objective_overrides", "seed", "control", "run_name", "output_dir", "resume",
-                  "tracking_uri", "experiment", "comparison", "tags", "threads", "keep_checkpoints")
+                  "tracking_uri", "experiment", "comparison", "tags", "threads", "keep_checkpoints", "shared_prefix",
+                  "skip_zero_advantage")
 
 
 @dataclass
@@ -56,9 +59,9 @@ class TrainConfig:
     dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
     device: str = _f("auto", "cpu | cuda | auto.")
     backend: str = _f("hf", "Rollout engine backend: hf | vllm.")
-    engine: str = _f(DEFAULT_ENGINE, "Training engine: native (bench/engines/native/loop.py), trl (a TRL GRPOTrainer "
-                               "subclass that trains the same objective: bench/engines/trl/) or verl (verl's trainer "
-                               "on a Ray cluster with GPUs: bench/engines/verl/); docs/SCALE.md.",
+    engine: str = _f(DEFAULT_ENGINE, "Training engine: native (pobench's loop: bench/engines/native/), trl (a TRL "
+                               "GRPOTrainer subclass that trains the same objective: bench/engines/trl/) or verl "
+                               "(verl's trainer on a Ray cluster with GPUs: bench/engines/verl/); docs/SCALE.md.",
                      choices=ENGINES)
     engine_args: dict = _f({}, "Options of the engine: with engine=trl, GRPOConfig fields TRL honours as they are "
                                "(e.g. {use_vllm: true, vllm_mode: colocate}); fields the engine sets from this config "
@@ -109,6 +112,13 @@ class TrainConfig:
     length_grouped_micro_batches: bool = _f(True, "Split each minibatch into micro-batches of similar lengths (less "
                                                   "padding work; the same gradient for split-invariant objectives, "
                                                   "which are the only ones it applies to).")
+    shared_prefix: bool = _f(True, "Forward each prompt once per micro-batch, its keys / values shared by its "
+                                   "completions, in the update and the scoring passes (the same log-probs and "
+                                   "gradients: bench/rollout/prefix.py; native engine; docs/SCALE.md for its limits).")
+    skip_zero_advantage: bool = _f(True, "Skip the forward / backward of completions with advantage 0 when the "
+                                         "objective declares they carry no gradient (`bench list --details`); their "
+                                         "weight stays in every normaliser, so the gradient is the same (native "
+                                         "engine).")
     track_ref_kl: bool = _f(True, "Log KL to the reference policy every step even when the objective does not use it "
                                   "(one extra forward pass).")
     # --- evaluation

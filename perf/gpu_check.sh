@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check of docs/SCALE.md, for one GPU with no network (the lent H200; about 5 minutes):
 # installs the wheels carried in .whl/ (bash perf/gpu_wheels.sh downloads them) into /tmp/site, checks every
-# import the check needs, then runs a few `tepo` steps of the native loop (HF engine, bf16) and of `--engine trl` on a
-# randomly initialised model of the Qwen2.5-1.5B shape and prints step seconds and tokens/s of each.
+# import the check needs, then runs a few `tepo` steps of the native loop (HF engine, bf16; with and without the shared
+# prefix) and of `--engine trl` on a randomly initialised model of the Qwen2.5-0.5B shape with ~512-token prompts and
+# prints step seconds and tokens/s of each (later flags override: e.g. --shape 1.5b --prompt-tokens 0).
 #   bash perf/gpu_check.sh [extra flags of perf/gpu_check.py]
 # Results: gpu_check.json in $OUT (the device tool's output folder) or the current folder.
 set -euo pipefail
@@ -29,4 +30,6 @@ if missing:
     sys.exit("gpu_check: cannot import what the check needs (carry the wheels: bash perf/gpu_wheels.sh):\n  "
              + "\n  ".join(missing))
 PY
-python3 perf/gpu_check.py --only full_chunked,trl_full --steps 3 --out "${OUT:-.}/gpu_check.json" "$@"
+# the Qwen2.5-0.5B shape, prompts of ~512 tokens (a few-shot prefix), shared prefix on / off, and TRL
+python3 perf/gpu_check.py --shape 0.5b --prompt-tokens 512 --only full_chunked,full_unshared,trl_full --steps 3 \
+  --out "${OUT:-.}/gpu_check.json" "$@"

@@ -59,6 +59,10 @@ ELAPSED_S = "time/elapsed_s"
 EVAL_S = "time/eval_s"
 EVAL_TASK_SECONDS = "time/eval_{task}_seconds"
 
+# ------------------------------------------------------------------ perf/: throughput, as verl defines it
+TOTAL_NUM_TOKENS = "perf/total_num_tokens"
+THROUGHPUT = "perf/throughput"
+
 # ------------------------------------------------------------------ tune/: `bench tune`'s trial and study runs
 TUNE_INTERMEDIATE = "tune/intermediate"
 TUNE_OBJECTIVE = "tune/objective"
@@ -67,7 +71,7 @@ TUNE_BEST_VALUE = "tune/best_value"
 TUNE_COUNT = "tune/n_{state}"  # complete, pruned, failed
 
 #: metrics whose value depends on the machine's speed (every other one is identical for the same seed and config)
-TIMING_PREFIXES = ("time/", TOKENS_PER_S)
+TIMING_PREFIXES = ("time/", TOKENS_PER_S, THROUGHPUT)
 
 
 def eval_key(task: str, metric: str) -> str:

@@ -6,7 +6,8 @@ the TRL trainer; verl's own are renamed onto the same keys: bench/engines/verl/l
 - ``entropy_summary``: ``rollout/entropy_*`` of the sampling distribution's per-token entropies;
 - ``UpdateStats``: what the update's micro-batches add up to: the objective's metrics and ``train/loss`` weighted as
   the gradient accumulation weighs them (``Objective.loss_weight``), ``train/kl_ref``, how far the policy moved from
-  the sampling policy (``train/abs_log_ratio*``) and ``train/grad_norm``.
+  the sampling policy (``train/abs_log_ratio*``) and ``train/grad_norm``;
+- ``throughput``: ``perf/*``, verl's throughput definition.
 
 Names: reports/metric_keys.py; meanings: docs/METRICS.md.
 """
@@ -52,6 +53,12 @@ def entropy_summary(entropies: torch.Tensor) -> dict[str, float]:
     pct = percentiles(entropies)
     return {K.ENTROPY_MEAN: float(entropies.mean()) if entropies.numel() else float("nan"),
             K.ENTROPY_P10: pct[10], K.ENTROPY_P50: pct[50], K.ENTROPY_P90: pct[90]}
+
+
+def throughput(tokens: float, step_s: float, devices: int) -> dict[str, float]:
+    """verl's throughput definition (``compute_throughout_metrics``): ``tokens`` (prompt + completion tokens of the
+    step's training batch, every device's) / (step seconds x devices)."""
+    return {K.TOTAL_NUM_TOKENS: float(tokens), K.THROUGHPUT: tokens / (max(step_s, 1e-9) * devices)}
 
 
 @dataclass

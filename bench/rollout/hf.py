@@ -34,7 +34,10 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 class HFSampler:
     """Batched sampling with the Hugging Face model itself and a KV cache.
 
-    Options: `max_batch_size` (completions per forward; prompts are chunked so that chunk * n <= it; default: all).
+    Options: `max_batch_size` (completions per forward; prompts are chunked so that chunk * n <= it; default: all);
+    `drop_finished` (default on): completions that have stopped leave the decoding batch and its KV cache (once an
+    eighth of the rows still decoded has stopped), so a step costs the unfinished rows only; the samples are the same
+    (every row still draws from the generator, a stopped row's draw is discarded as before).
     """
 
     backend = "hf"
@@ -42,12 +45,13 @@ class HFSampler:
     #: the training loop takes the sampling policy's log-probs from the rollout instead of scoring it again
     exact_logprobs = True
 
-    def __init__(self, model, tokenizer, max_batch_size: int | None = None):
+    def __init__(self, model, tokenizer, max_batch_size: int | None = None, drop_finished: bool = True):
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"hf sampler: max_batch_size={max_batch_size!r} must be >= 1")
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.drop_finished = drop_finished
         self.stop_ids = stop_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         # transformers >= 5.2x names the KV-cache argument `cache`; older versions `past_key_values`
@@ -109,6 +113,7 @@ class HFSampler:
         next_pos = pos[:, -1].repeat_interleave(n) + 1             # (B,)
         stop = torch.tensor(self.stop_ids, device=device)
         finished = torch.zeros(b, dtype=torch.bool, device=device)  # (B,)
+        rows = torch.arange(b, device=device)                      # (A,): the rows the cache (and attn) still hold
         tokens, lps, ents = [], [], []
         greedy = params.temperature == 0
         for _ in range(params.max_new_tokens):
@@ -126,9 +131,17 @@ class HFSampler:
             finished = finished | torch.isin(tok, stop)
             if bool(finished.all()):
                 break
-            attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype, device=device)], dim=-1)
-            logits = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                                use_cache=True, **{self.cache_kw: cache}).logits[:, -1, :]   # (B, V)
+            going = ~finished[rows]                                              # (A,)
+            if self.drop_finished and int(going.sum()) <= len(rows) * 7 // 8:  # (a cache copy per eighth stopped)
+                cache.batch_select_indices(going.nonzero().squeeze(-1))
+                rows, attn = rows[going], attn[going]
+            attn = torch.cat([attn, torch.ones((len(rows), 1), dtype=attn.dtype, device=device)], dim=-1)
+            step = self.model(input_ids=tok[rows, None], attention_mask=attn, position_ids=next_pos[rows, None],
+                              use_cache=True, **{self.cache_kw: cache}).logits[:, -1, :]   # (A, V)
+            if len(rows) == b:
+                logits = step                                                    # (B, V)
+            else:  # stopped rows keep their last logits: their draws are discarded
+                logits[rows] = step.to(logits.dtype)
             next_pos = next_pos + 1
 
         tok_m = torch.stack(tokens, dim=1).cpu()    # (B, T)

@@ -94,24 +94,31 @@ def score(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], t
             return logprobs * mask, entropies * mask, mask
         backbone, head = parts
         hidden = backbone(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
-        real = mask.bool()                                               # (B, T)
-        h = hidden[:, lp - 1:-1, :][real]                                # (N, H): states predicting real tokens
-        y = targets[real]                                                # (N,)
-        rows = max(1, int(chunk_mb * 2**20) // (4 * head.out_features))
-        lps, ents = [], []
-        for s in range(0, h.shape[0], rows):
-            if grad and torch.is_grad_enabled():
-                c_lp, c_ent = checkpoint(_head_stats, head, h[s:s + rows], y[s:s + rows], temperature,
-                                         use_reentrant=False)
-            else:
-                c_lp, c_ent = _head_stats(head, h[s:s + rows], y[s:s + rows], temperature)
-            lps.append(c_lp)
-            ents.append(c_ent)
-        where = real.nonzero(as_tuple=True)
-        zeros = torch.zeros_like(mask)
-        logprobs = zeros.index_put(where, torch.cat(lps))                # (B, T)
-        entropies = zeros.index_put(where, torch.cat(ents))              # (B, T)
+        logprobs, entropies = head_stats(head, hidden[:, lp - 1:-1, :], targets, mask, temperature, chunk_mb)
     return logprobs, entropies, mask
+
+
+def head_stats(head, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, temperature: float,
+               chunk_mb: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs (B, T), entropies (B, T)) of ``targets`` from the hidden states that predict them (B, T, H), through
+    the output head in chunks of at most ``chunk_mb`` MiB of float32 logits (real tokens only: zeros where mask is 0);
+    with gradient each chunk is recomputed in the backward pass (module docstring)."""
+    real = mask.bool()                                                   # (B, T)
+    h = hidden[real]                                                     # (N, H): states predicting real tokens
+    y = targets[real]                                                    # (N,)
+    rows = max(1, int(chunk_mb * 2**20) // (4 * head.out_features))
+    lps, ents = [], []
+    for s in range(0, h.shape[0], rows):
+        if torch.is_grad_enabled() and h.requires_grad:
+            c_lp, c_ent = checkpoint(_head_stats, head, h[s:s + rows], y[s:s + rows], temperature,
+                                     use_reentrant=False)
+        else:
+            c_lp, c_ent = _head_stats(head, h[s:s + rows], y[s:s + rows], temperature)
+        lps.append(c_lp)
+        ents.append(c_ent)
+    where = real.nonzero(as_tuple=True)
+    zeros = torch.zeros_like(mask)
+    return zeros.index_put(where, torch.cat(lps)), zeros.index_put(where, torch.cat(ents))  # (B, T), (B, T)
 
 
 def _head_stats(head, h: torch.Tensor, y: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:

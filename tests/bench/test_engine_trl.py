@@ -231,10 +231,14 @@ def test_torchrun_two_processes_write_one_mlflow_run(tmp_path):
     assert run.data.tags["pobench.engine"] == "trl" and run.data.tags["pobench.objective"] == "tepo"
     assert run.data.tags["pobench.kind"] == "train"
     for key in ("objective/masked_frac", "objective/policy_loss", "train/loss", "train/kl_ref", "train/grad_norm",
-                "rollout/accuracy", "rollout/reward_mean", "rollout/entropy_mean", "time/elapsed_s"):
+                "rollout/accuracy", "rollout/reward_mean", "rollout/entropy_mean", "time/elapsed_s",
+                "perf/total_num_tokens", "perf/throughput"):
         steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
         assert steps == [1, 2], (key, steps)
     assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/accuracy")] == [0, 2]
+    tokens = client.get_metric_history(run.info.run_id, "perf/total_num_tokens")
+    n = cfg["prompts_per_step"] * cfg["group_size"]  # both processes' completions, each with its prompt (>= 1 token)
+    assert all(2 * n <= m.value <= n * (100 + cfg["max_new_tokens"]) for m in tokens), tokens
     assert run.data.tags["pobench.engine_distributed"] == "MULTI_CPU"
     assert run.data.tags["pobench.engine_processes"] == "2"
 

@@ -20,7 +20,8 @@ from bench.workers import resolve_workers
 from tests.conftest import copy_store
 
 ROOT = Path(__file__).resolve().parents[2]
-TIMING = ("time/", "rollout/tokens_per_s")  # wall-clock measurements: the only metrics allowed to differ
+# wall-clock measurements: the only metrics allowed to differ
+TIMING = ("time/", "rollout/tokens_per_s", "perf/throughput")
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ COMMON_METRICS = {
     *(f"derived/{d}" for d in DERIVED),
     "eval/accuracy", "eval/arith/greedy_acc", "eval/arith/greedy_acc_ci_high", "eval/arith/greedy_acc_ci_low",
     "objective/clip_frac_high", "objective/clip_frac_low", "objective/entropy", "objective/kl_term",
-    "objective/policy_loss", "objective/ratio_max", "objective/ratio_mean",
+    "objective/policy_loss", "objective/ratio_max", "objective/ratio_mean", "perf/throughput", "perf/total_num_tokens",
     "rollout/accuracy", "rollout/entropy_mean", "rollout/entropy_p10", "rollout/entropy_p50", "rollout/entropy_p90",
     "rollout/kept_groups", "rollout/length_max", "rollout/length_mean", "rollout/reward_mean", "rollout/reward_std",
     "rollout/sampling_rounds", "rollout/tokens_per_s", "rollout/truncation_rate", "rollout/zero_adv_frac",

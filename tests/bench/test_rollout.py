@@ -105,6 +105,23 @@ def test_trained_model_stops_at_eos(trained_policy):
             assert "####" in text and "<eos>" not in text
 
 
+@pytest.mark.parametrize("params", [SamplingParams(max_new_tokens=48), SamplingParams(max_new_tokens=48, top_p=0.9),
+                                    SamplingParams(max_new_tokens=48, temperature=0)])
+def test_dropping_finished_rows_gives_the_same_rollouts(trained_policy, params):
+    """Completions that stopped leave the decoding batch: every row, token, log-prob and entropy stays the same."""
+    model, tok = trained_policy
+    from bench.rollout.hf import HFSampler
+
+    prompts = [format_prompt(tok, p.question) for p in ArithTask(3).test_set(6)]
+    kept = HFSampler(model, tok, drop_finished=False).generate(prompts, 8, params, seed=4)
+    dropped = HFSampler(model, tok).generate(prompts, 8, params, seed=4)
+    lengths = sorted(len(c) for c in kept.completion_ids)
+    assert lengths[0] < lengths[len(lengths) // 2] < lengths[-1]  # rows stop at many different steps
+    assert dropped.completion_ids == kept.completion_ids and dropped.finish_reasons == kept.finish_reasons
+    for a, b in zip(kept.logprobs + kept.entropies, dropped.logprobs + dropped.entropies):
+        assert max((abs(x - y) for x, y in zip(a, b)), default=0.0) < 1e-5
+
+
 def test_scoring_is_padding_invariant_and_differentiable(random_policy):
     model, tok = random_policy
     prompts = [tok(p)["input_ids"] for p in PROMPTS]

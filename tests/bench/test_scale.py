@@ -20,7 +20,7 @@ from bench.rollout.scoring import score
 
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
 COMPS = [[20, 21, 22, 23], [24], [25, 26, 27, 28, 29, 1]]
-TIME_KEYS = ("time/", "rollout/tokens_per_s")
+TIME_KEYS = ("time/", "rollout/tokens_per_s", "perf/throughput")
 
 
 def _random_tiny(seed: int = 0):

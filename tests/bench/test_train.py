@@ -20,7 +20,7 @@ from bench.config import TrainConfig
 from bench.engines import TrainingDiverged, train
 from bench.model import resolve_model_path
 
-TIME_KEYS = ("time/", "rollout/tokens_per_s")
+TIME_KEYS = ("time/", "rollout/tokens_per_s", "perf/throughput")
 
 
 def tiny(tmp_path: Path, uri: str, **kw) -> TrainConfig:
@@ -179,3 +179,19 @@ def test_rollout_correction_and_truncation_masking_reach_the_loss(tmp_path, uri)
     assert m["objective/mismatch_kl_k3"] < 1e-4 and m["objective/is_cut_frac"] == 0.0
     assert m["objective/is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
     assert 0 < m["objective/truncated_masked_frac"] < 1
+
+
+def test_throughput_is_verls_tokens_per_step_second(tmp_path, uri):
+    from bench.data import TrainData
+    from bench.model import format_prompt, load_policy
+
+    cfg = tiny(tmp_path, uri, steps=1, run_name="perf")
+    res = train(cfg)
+    h = {k: v[0][1] for k, v in history(MlflowClient(uri), res.run_id).items()}
+    _, tok = load_policy(cfg.model)
+    problems = TrainData(cfg.task, seed=cfg.seed, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step).batch(1)
+    prompt_tokens = sum(len(tok(format_prompt(tok, p.question, cfg.prompt_template))["input_ids"]) for p in problems)
+    n = cfg.prompts_per_step * cfg.group_size
+    expected = cfg.group_size * prompt_tokens + n * h["rollout/length_mean"]  # each completion with its prompt
+    assert h["perf/total_num_tokens"] == pytest.approx(expected)
+    assert h["perf/throughput"] == pytest.approx(h["perf/total_num_tokens"] / h["time/step_s"], rel=1e-6)

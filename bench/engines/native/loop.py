@@ -28,7 +28,8 @@ from bench.engines.base import CAPABILITIES, Hooks, StopTraining, TrainResult
 from bench.engines.lifecycle import finish_run, open_run, recorded, run_folder, seed_and_threads
 from bench.engines.native import checkpoint
 from bench.engines.native.scale import Reference, is_peft, merged_for_export, prepare_policy, trainable_parameters
-from bench.engines.native.step import collect_rollouts, roll_samples, update
+from bench.engines.native.step import collect_rollouts, roll_samples, step_tokens, update
+from bench.engines.stats import throughput
 from bench.evaluate import eval_metrics, held_out_result
 from bench.model import load_policy, warn_unknown_characters
 from bench.rollout import make_sampler
@@ -137,6 +138,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
                 metrics = {**roll, **upd, K.LR: scheduler.get_last_lr()[0], K.ROLLOUT_S: t_rollout,
                            K.STEP_S: step_s, K.ELAPSED_S: elapsed}
                 metrics[K.UPDATE_S] = step_s - t_rollout - metrics.get(K.SCORING_S, 0.0)
+                metrics.update(throughput(step_tokens(groups), step_s, devices=1))  # (one process, one device)
                 logger.log(metrics, step)
                 hooks.step(step, metrics)
                 if cfg.samples_every and (step % cfg.samples_every == 0 or step == 1):

@@ -21,6 +21,7 @@ from bench.engines.native.batching import length_grouped
 from bench.engines.stats import UpdateStats, entropy_summary, rollout_summary
 from bench.model import format_prompt
 from bench.rollout import Sampler, SamplingParams
+from bench.rollout.prefix import score_shared
 from bench.rollout.scoring import score
 from reports import metric_keys as K
 
@@ -138,7 +139,14 @@ def advantage_inputs(cfg: TrainConfig, objective, sampler: Sampler, tok, data: T
 
 def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sampler, groups: list[Group],
            step: int) -> dict[str, float]:
-    """μ epochs over `cfg.minibatches` minibatches, each gradient-accumulated over micro-batches."""
+    """μ epochs over `cfg.minibatches` minibatches, each gradient-accumulated over micro-batches.
+
+    Two exact savings (docs/SCALE.md): with ``cfg.shared_prefix`` every pass forwards each prompt once per micro-batch
+    (bench/rollout/prefix.py); with ``cfg.skip_zero_advantage`` and an objective whose zero-advantage sequences carry
+    no gradient (``Objective.skips_zero_advantage``) those sequences get no forward / backward with gradient: their
+    loss weight stays in the minibatch's total, so the gradient is the full computation's, and they enter the metrics
+    through a pass without gradient (none before a rollout's first optimizer step, when the sampling policy's
+    log-probs, the rollout's or the scoring pass's, are the current policy's)."""
     if not groups:  # dynamic sampling found no informative group in its rounds: nothing to learn from
         return {K.SKIPPED: 1.0, K.SCORING_S: 0.0}
     prompts = [g.prompt_ids for g in groups for _ in g.completion_ids]
@@ -146,6 +154,7 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
     adv = torch.cat([g.advantages for g in groups]).float()  # (N,)
     has_sampler_lp = all(len(g.logprobs) == len(g.completion_ids) for g in groups)
     samp_lp = [lp for g in groups for lp in g.logprobs] if has_sampler_lp else None  # (rollout correction)
+    exact_sampler_lp = has_sampler_lp and sampler.exact_logprobs
     truncated = torch.cat([g.truncated if g.truncated is not None else torch.zeros(len(g.completion_ids), dtype=bool)
                            for g in groups])  # (N,)
     N = len(completions)
@@ -154,57 +163,83 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
     mb = cfg.micro_batch_size
     device = next(model.parameters()).device
     c_len, p_len = [len(c) for c in completions], [len(p) for p in prompts]
+    scorer = score_shared if cfg.shared_prefix else score  # the same numbers (bench/rollout/prefix.py)
+    skip = cfg.skip_zero_advantage and objective.skips_zero_advantage
+    params = [p for p in model.parameters() if p.requires_grad]
 
     # --- the sampling policy (when off-policy updates follow): the rollout's own log-probs and entropies when the
     # sampler's are exact for the training module (HF sampler), otherwise one scoring pass without gradient; reference
     t0 = time.perf_counter()
     old_lp = old_ent = ref_lp = ref_ent = None
-    if not on_policy and has_sampler_lp and sampler.exact_logprobs:
+    if exact_sampler_lp and (not on_policy or skip):  # (on-policy they stand in for skipped rows in the metrics)
         old_lp = [torch.tensor(x) for g in groups for x in g.logprobs]
         old_ent = [torch.tensor(x) for g in groups for x in g.entropies]
     elif not on_policy:
-        old_lp, old_ent = _score_rows(model, prompts, completions, temp, mb, cfg.scoring_chunk_mb)
+        old_lp, old_ent = _score_rows(model, prompts, completions, temp, mb, cfg.scoring_chunk_mb, scorer)
     if ref_model is not None:
         with ref_model.policy() as ref:
-            ref_lp, ref_ent = _score_rows(ref, prompts, completions, temp, mb, cfg.scoring_chunk_mb)
+            ref_lp, ref_ent = _score_rows(ref, prompts, completions, temp, mb, cfg.scoring_chunk_mb, scorer)
     scoring_s = time.perf_counter() - t0
 
     stats = UpdateStats()  # weighted objective metrics, train/loss, KL to π_ref, how far the policy moved from π_old
+
+    def micro_batch(ids: list[int], lp, ent, mask, with_grad: bool) -> PolicyBatch:
+        T = lp.shape[1]
+        return PolicyBatch(
+            logprobs=lp, mask=mask, advantages=adv[ids].to(device), max_length=cfg.max_new_tokens,
+            old_logprobs=lp.detach() if on_policy else pad([old_lp[i] for i in ids], T).to(device),
+            old_entropy=ent.detach() if on_policy else pad([old_ent[i] for i in ids], T).to(device),
+            ref_logprobs=None if ref_lp is None else pad([ref_lp[i] for i in ids], T).to(device),
+            ref_entropy=None if ref_ent is None else pad([ref_ent[i] for i in ids], T).to(device),
+            entropy=ent if with_grad and objective.needs_entropy_grad else ent.detach(),
+            sampler_logprobs=None if samp_lp is None else pad([torch.tensor(samp_lp[i]) for i in ids], T).to(device),
+            truncated=truncated[ids].to(device))
+
     for epoch in range(cfg.update_epochs):
         order = torch.randperm(N, generator=torch.Generator().manual_seed(derive_seed(cfg.seed, "perm", step, epoch)))
-        for minibatch in torch.tensor_split(order, min(cfg.minibatches, N)):  # dynamic sampling may keep < M rows
-            micro = (length_grouped(minibatch, c_len, p_len, mb)  # less padding, same gradient (batching.py)
-                     if cfg.length_grouped_micro_batches and objective.split_invariant else torch.split(minibatch, mb))
-            masks = [pad([torch.ones(len(completions[i])) for i in idx], max(len(completions[i]) for i in idx))
-                     for idx in micro]
-            w_total = float(sum(objective.loss_weight(m) for m in masks))
+        for j, minibatch in enumerate(torch.tensor_split(order, min(cfg.minibatches, N))):  # (dynamic sampling may
+            # keep < M rows) before the first optimizer step the policy is the sampling policy: on-policy in fact
+            sampling_policy = on_policy or (epoch == 0 and j == 0)
+            live = minibatch[adv[minibatch] != 0] if skip else minibatch  # (skipped: Â = 0, no gradient)
+            dead = minibatch[adv[minibatch] == 0] if skip else minibatch[:0]
+            grouped = cfg.length_grouped_micro_batches and objective.split_invariant
+            micro = (length_grouped(live, c_len, p_len, mb)  # less padding, same gradient (batching.py)
+                     if grouped else torch.split(live, mb)) if len(live) else ()
+            skipped = length_grouped(dead, c_len, p_len, mb) if len(dead) else ()
+            parts = [*micro, *skipped]
+            masks = [pad([torch.ones(c_len[i]) for i in idx.tolist()], max(c_len[i] for i in idx.tolist()))
+                     for idx in parts]
+            # each part's loss weight, skipped rows included: the minibatch's normaliser is the full computation's
+            w_loss = [float(objective.loss_weight(m, truncated[idx])) for idx, m in zip(parts, masks)]
+            w_total = sum(w_loss)
             optimizer.zero_grad(set_to_none=True)
-            for k, idx in enumerate(micro):
-                ids = idx.tolist()
-                lp, ent, mask = score(model, [prompts[i] for i in ids], [completions[i] for i in ids], temp,
-                                      grad=True, chunk_mb=cfg.scoring_chunk_mb)
-                T = lp.shape[1]
-                batch = PolicyBatch(
-                    logprobs=lp, mask=mask, advantages=adv[idx].to(device), max_length=cfg.max_new_tokens,
-                    old_logprobs=lp.detach() if on_policy else pad([old_lp[i] for i in ids], T).to(device),
-                    old_entropy=ent.detach() if on_policy else pad([old_ent[i] for i in ids], T).to(device),
-                    ref_logprobs=None if ref_lp is None else pad([ref_lp[i] for i in ids], T).to(device),
-                    ref_entropy=None if ref_ent is None else pad([ref_ent[i] for i in ids], T).to(device),
-                    entropy=ent if objective.needs_entropy_grad else ent.detach(),
-                    sampler_logprobs=None if samp_lp is None else pad([torch.tensor(samp_lp[i]) for i in ids],
-                                                                      T).to(device),
-                    truncated=truncated[idx].to(device))
+            for k, idx in enumerate(parts):
+                ids, live_part = idx.tolist(), k < len(micro)
+                if live_part or not (sampling_policy and old_lp is not None):
+                    lp, ent, mask = scorer(model, [prompts[i] for i in ids], [completions[i] for i in ids], temp,
+                                           grad=live_part, chunk_mb=cfg.scoring_chunk_mb)
+                else:  # a skipped part before any optimizer step: the sampling policy's log-probs and entropies
+                    # (the rollout's, or the scoring pass's) are the current policy's
+                    mask = masks[k].to(device)
+                    lp = pad([old_lp[i] for i in ids], mask.shape[1]).to(device)
+                    ent = pad([old_ent[i] for i in ids], mask.shape[1]).to(device)
+                batch = micro_batch(ids, lp, ent, mask, with_grad=live_part)
                 gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "objective", step, epoch, k))
-                loss, m = objective.loss(batch, generator=gen)
-                w = float(objective.loss_weight(mask))
+                with torch.set_grad_enabled(live_part):
+                    loss, m = objective.loss(batch, generator=gen)
                 if not torch.isfinite(loss):
                     bad = [f"{key}={float(v)}" for key, v in m.items() if not torch.isfinite(v)]
                     raise TrainingDiverged(f"step {step}: the loss is {float(loss)} (non-finite metrics: "
                                            f"{', '.join(bad) or 'none; check the log-probs'})")
-                (loss * (w / w_total)).backward()
-                stats.add(batch, loss, m, w)
+                if live_part:
+                    (loss * (w_loss[k] / w_total if w_total > 0 else 0.0)).backward()
+                # metrics are weighted as before: by the micro-batch's weight without the truncation mask
+                stats.add(batch, loss, m, float(objective.loss_weight(mask)))
+            if not micro:  # every row skipped: the full computation's gradient is exactly 0, and AdamW steps on it
+                for p in params:
+                    p.grad = torch.zeros_like(p)
             limit = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), limit))
+            norm = float(torch.nn.utils.clip_grad_norm_(params, limit))
             if not math.isfinite(norm):
                 raise TrainingDiverged(f"step {step}: the gradient norm is {norm} (train/grad_norm)")
             stats.add_grad_norm(norm)
@@ -213,22 +248,28 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
     return {**stats.summary(), K.SCORING_S: scoring_s}
 
 
-def _score_rows(model, prompts, completions, temperature, mb, chunk_mb: float = 256.0
+def _score_rows(model, prompts, completions, temperature, mb, chunk_mb: float = 256.0, scorer=score
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per-completion 1-D log-prob and entropy tensors (no gradient), scored in micro-batches of similar lengths
-    (less padding; batching.py), returned in the input order."""
+    (less padding; batching.py) by `scorer` (``score`` or ``score_shared``), returned in the input order."""
     n = len(completions)
     order = sorted(range(n), key=lambda i: (len(completions[i]), len(prompts[i])))
     lps: list[torch.Tensor] = [torch.zeros(0)] * n
     ents: list[torch.Tensor] = [torch.zeros(0)] * n
     for s in range(0, n, mb):
         rows = order[s:s + mb]
-        lp, ent, _ = score(model, [prompts[i] for i in rows], [completions[i] for i in rows], temperature,
-                           grad=False, chunk_mb=chunk_mb)
+        lp, ent, _ = scorer(model, [prompts[i] for i in rows], [completions[i] for i in rows], temperature,
+                            grad=False, chunk_mb=chunk_mb)
         for j, i in enumerate(rows):
             lps[i] = lp[j, : len(completions[i])].cpu()
             ents[i] = ent[j, : len(completions[i])].cpu()
     return lps, ents
+
+
+def step_tokens(groups: list[Group]) -> int:
+    """Prompt + completion tokens of the completions that entered the update, each completion counted with its
+    prompt (verl's ``global_token_num``: the attention mask's sum over the training batch)."""
+    return sum(len(g.prompt_ids) * len(g.completion_ids) + sum(len(c) for c in g.completion_ids) for g in groups)
 
 
 def roll_samples(groups: list[Group], tok, limit: int = 4) -> list[dict[str, Any]]:

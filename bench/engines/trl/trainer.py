@@ -12,7 +12,7 @@ from algorithms import PolicyBatch
 from bench.config import TrainConfig
 from bench.data import derive_seed
 from bench.engines.native.loop import lr_lambda
-from bench.engines.stats import UpdateStats, entropy_summary, rollout_summary
+from bench.engines.stats import UpdateStats, entropy_summary, rollout_summary, throughput
 from reports import metric_keys as K
 
 
@@ -108,6 +108,7 @@ def _trainer_class():
             out["pobench_truncated"] = torch.tensor(rew["truncated"], dtype=torch.bool, device=mask.device)
             ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
             attn = torch.cat([out["prompt_mask"], mask], dim=1)
+            self._pb_step_metrics[K.TOTAL_NUM_TOKENS] = float(acc.gather(attn.sum().reshape(1)).sum())
             T = out["completion_ids"].shape[1]
             if captured:
                 out["pobench_old_entropy"] = torch.cat(captured, dim=0)
@@ -142,8 +143,8 @@ def _trainer_class():
             if self.model.training and self._buffered_inputs is not before:
                 ga = self.args.gradient_accumulation_steps
                 chunks = self._buffered_inputs
-                w = torch.stack([self.objective.loss_weight(c["completion_mask"].float()).float().reshape(())
-                                 for c in chunks])
+                w = torch.stack([self.objective.loss_weight(c["completion_mask"].float(), c.get("pobench_truncated")
+                                                            ).float().reshape(()) for c in chunks])
                 totals = w.view(-1, ga).sum(1).to(self.accelerator.device)  # (windows,)
                 totals = self.accelerator.reduce(totals, reduction="sum")
                 for j, c in enumerate(chunks):
@@ -174,7 +175,7 @@ def _trainer_class():
             gen = torch.Generator().manual_seed(derive_seed(self.pobench_cfg.seed, "objective", self.state.global_step,
                                                             self._step))
             loss, metrics = self.objective.loss(batch, generator=gen)
-            w = float(self.objective.loss_weight(inputs["completion_mask"].float()))
+            w = float(self.objective.loss_weight(inputs["completion_mask"].float(), inputs.get("pobench_truncated")))
             total = inputs.get("pobench_weight_total")
             scale = 1.0 if total is None else w * self.accelerator.num_processes / float(total)
             if self.model.training:
@@ -219,6 +220,7 @@ def _trainer_class():
             out[K.STEP_S] = step_s
             out[K.ELAPSED_S] = self.pobench_elapsed
             out[K.UPDATE_S] = step_s - out.get(K.ROLLOUT_S, 0.0)
+            out.update(throughput(out.get(K.TOTAL_NUM_TOKENS, 0.0), step_s, acc.num_processes))
             self._pb_stats = UpdateStats()
             return out
 

@@ -34,6 +34,8 @@ METRIC_MAP = {
     "timing_s/gen": K.ROLLOUT_S,
     "timing_s/update_actor": K.UPDATE_S,
     "timing_s/step": K.STEP_S,
+    "perf/total_num_tokens": K.TOTAL_NUM_TOKENS,
+    "perf/throughput": K.THROUGHPUT,
 }
 ENGINE_TAGS = {ENGINE: "verl"}
 #: validation metrics: val-core/<data_source>/acc/mean@1 -> eval/accuracy (greedy when eval_temperature = 0). MLflow

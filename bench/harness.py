@@ -295,13 +295,15 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
                    report: bool = True, baseline: str | None = None, target_acc: float | None = None,
                    out_root: str | Path = "reports/out", workers: int | None = None,
                    on_eval: Callable[[Pair, int, dict[str, float]], None] | None = None,
-                   executor: str | None = None, ray_address: str | None = None) -> HarnessResult:
+                   executor: str | None = None, ray_address: str | None = None,
+                   report_options: Any = None) -> HarnessResult:
     """Train the missing pairs of the comparison, then (``report``) write its report. ``on_eval(pair, step,
     metrics)`` is called after each held-out evaluation (it may raise ``bench.train.StopTraining``); with more than
     one worker it runs in the worker processes, so it must be picklable (with ``executor="ray"`` it runs in the Ray
     tasks). ``workers``: see ``RunDefaults.workers`` (with ``ray``: the CPUs of the local Ray instance).
     ``executor``: ``local`` | ``ray`` (``RunDefaults.executor``); ``ray_address``: the Ray cluster to connect to
-    (default: start a local instance); see bench/executors.py."""
+    (default: start a local instance); see bench/executors.py. ``report_options``: how the report is drawn
+    (``reports.report.ReportOptions``)."""
     from bench.executors import make_executor
     from bench.parallel import PairJob, PairResult
     from bench.tracking import tracking_uri
@@ -372,7 +374,7 @@ def run_comparison(cfg: TrainConfig, algos: list[str], seeds: list[int],
 
         result.report = build_report(cfg.experiment, cid, uri, out_root=out_root, baseline=baseline,
                                      target_acc=target_acc, objectives=[p.variant for p in pairs], seeds=seeds,
-                                     client=client)
+                                     client=client, options=report_options)
     result.seconds = time.perf_counter() - t_start
     result.workers = n_workers
     result.executor = ex.name

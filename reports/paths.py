@@ -98,7 +98,11 @@ def new_temp_folder(dest: str | Path) -> Path:
     """A marked temporary folder beside ``dest`` (same file system, so :func:`replace_owned` can rename it)."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    return make_owned(Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent)))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    umask = os.umask(0o022)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private (0700); the folder it becomes is an ordinary one
+    return make_owned(tmp)
 
 
 def replace_owned(tmp: str | Path, dest: str | Path, root: str | Path) -> Path:

@@ -1,9 +1,13 @@
-"""Tables of a comparison: per-objective summaries over seeds, written as Markdown, LaTeX (booktabs) and CSV.
+"""Tables of a comparison, written as Markdown, LaTeX (booktabs) and CSV.
 
-Statistics: mean over seeds with a 95% Student-t confidence interval (half-width ``t_{0.975, n-1} * s / sqrt(n)``;
-none with one seed); a paired t-test of each objective against the baseline on per-seed values over the seeds both
-ran (``scipy.stats.ttest_rel``). A quantity that does not exist for some seeds (a target never reached) is never
-averaged with made-up values: the table states how many seeds reached it and gives the mean only when all did.
+A :class:`Table` holds formatted cells (Markdown and LaTeX) and numeric rows (CSV, always fractions and full
+precision). Formatting: accuracies in percent by default (``Units.percent``; fractions as an option), differences of
+accuracies in percentage points with a sign, negative numbers with a true minus sign (U+2212; ``$-$`` in LaTeX), the
+best value of a column in bold where "best" has a direction (highest accuracy, shortest time). LaTeX: every special
+character escaped (``\\ { } $ & # ^ _ ~ %`` and ``< > |``, which the default OT1 encoding prints as other glyphs),
+Greek letters and symbols as math, the caption above the table.
+
+Statistics over seeds live in reports/stats.py (``mean_ci`` is re-exported here for the tables' callers).
 """
 
 from __future__ import annotations
@@ -15,20 +19,49 @@ from pathlib import Path
 
 import numpy as np
 
+from reports.stats import mean_ci
 
-def mean_ci(values: Sequence[float]) -> tuple[float | None, float | None]:
-    """(mean, 95% CI half-width) of the values; half-width ``None`` with fewer than two values."""
-    v = [float(x) for x in values]
-    if not v:
-        return None, None
-    m = float(np.mean(v))
-    if len(v) < 2:
-        return m, None
-    from scipy import stats
-
-    return m, float(stats.t.ppf(0.975, len(v) - 1) * np.std(v, ddof=1) / math.sqrt(len(v)))
+MINUS = "\u2212"
 
 
+@dataclass(frozen=True)
+class Units:
+    """How accuracies are shown: percent (``69.7``, points for differences) or fractions (``0.697``)."""
+
+    percent: bool = True
+
+    @property
+    def scale(self) -> float:
+        return 100.0 if self.percent else 1.0
+
+    @property
+    def acc_digits(self) -> int:
+        return 1 if self.percent else 3
+
+    @property
+    def unit(self) -> str:
+        return "%" if self.percent else "fraction"
+
+    @property
+    def diff_unit(self) -> str:
+        return "points" if self.percent else "fraction"
+
+    def acc(self, x: float | None) -> str:
+        return fmt(None if x is None else x * self.scale, self.acc_digits)
+
+    def acc_ci(self, m: float | None, h: float | None) -> str:
+        return pm(None if m is None else m * self.scale, None if h is None else h * self.scale, self.acc_digits)
+
+    def diff(self, x: float | None) -> str:
+        return fmt(None if x is None else x * self.scale, self.acc_digits, sign=True)
+
+    def interval(self, lo: float | None, hi: float | None) -> str:
+        if lo is None or hi is None:
+            return "n/a"
+        return f"[{self.acc(lo)}, {self.acc(hi)}]"
+
+
+# ---------------------------------------------------------------- paired t-test
 @dataclass
 class PairedTest:
     n: int
@@ -39,7 +72,7 @@ class PairedTest:
 
 
 def paired_test(a: dict[int, float], b: dict[int, float]) -> PairedTest:
-    """Paired t-test of ``a`` against ``b`` (seed -> value) over their common seeds."""
+    """Paired t-test of ``a`` against ``b`` (seed -> value) over their common seeds (``scipy.stats.ttest_rel``)."""
     seeds = sorted(set(a) & set(b))
     n = len(seeds)
     if n == 0:
@@ -57,24 +90,76 @@ def paired_test(a: dict[int, float], b: dict[int, float]) -> PairedTest:
 
 
 # ---------------------------------------------------------------- formatting
-def fmt(x: float | None, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+def _finite(x) -> bool:
+    return x is not None and not (isinstance(x, float) and not math.isfinite(x))
+
+
+def fmt(x: float | None, digits: int = 3, sign: bool = False) -> str:
+    """A number for a table: ``n/a`` when missing or not finite, a true minus sign, ``+`` when ``sign``."""
+    if not _finite(x):
         return "n/a"
-    if isinstance(x, (int, np.integer)):
-        return str(int(x))
-    return f"{x:.{digits}f}"
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        text = str(int(x))
+    else:
+        text = f"{x:.{digits}f}"
+        if float(text) == 0:
+            text = text.lstrip("-")
+    if text.startswith("-"):
+        return MINUS + text[1:]
+    return ("+" + text) if sign and float(x) > 0 and float(text) != 0 else text
+
+
+def pm(m: float | None, h: float | None, digits: int = 3) -> str:
+    if not _finite(m):
+        return "n/a"
+    return fmt(m, digits) if not _finite(h) else f"{fmt(m, digits)} ± {fmt(h, digits)}"
 
 
 def fmt_mean_ci(values: Sequence[float], digits: int = 3) -> str:
     m, h = mean_ci(values)
-    if m is None:
+    return pm(m, h, digits)
+
+
+def fmt_p(p: float | None) -> str:
+    if not _finite(p):
         return "n/a"
-    return fmt(m, digits) if h is None else f"{fmt(m, digits)} ± {fmt(h, digits)}"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def best_rows(values: Sequence[float | None], direction: str) -> set[int]:
+    """Rows holding the best value ("max" | "min") of a column (all of them on a tie; none when < 2 values)."""
+    idx = [i for i, v in enumerate(values) if _finite(v)]
+    if len(idx) < 2:
+        return set()
+    vals = [values[i] for i in idx]
+    best = max(vals) if direction == "max" else min(vals)
+    if all(abs(v - best) <= 1e-12 for v in vals):
+        return set()  # every row equal: nothing stands out
+    return {i for i in idx if abs(values[i] - best) <= 1e-12}
+
+
+# ---------------------------------------------------------------- LaTeX escaping
+_LATEX = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&", "#": r"\#", "%": r"\%",
+          "_": r"\_", "^": r"\textasciicircum{}", "~": r"\textasciitilde{}", "<": r"\textless{}",
+          ">": r"\textgreater{}", "|": r"\textbar{}",
+          "±": r"$\pm$", "×": r"$\times$", "≥": r"$\geq$", "≤": r"$\leq$", MINUS: "$-$", "·": r"$\cdot$",
+          "‖": r"$\|$", "√": r"$\surd$", "—": "---", "–": "--", "…": r"\ldots{}", "≈": r"$\approx$",
+          "→": r"$\rightarrow$", "∞": r"$\infty$", "Δ": r"$\Delta$", "Σ": r"$\Sigma$", "Â": r"$\hat{A}$"}
+_GREEK = {"α": "alpha", "β": "beta", "γ": "gamma", "δ": "delta", "ε": "epsilon", "η": "eta", "θ": "theta",
+          "κ": "kappa", "λ": "lambda", "μ": "mu", "ν": "nu", "π": "pi", "ρ": "rho", "σ": "sigma", "τ": "tau",
+          "φ": "phi", "χ": "chi", "ψ": "psi", "ω": "omega"}
+_LATEX.update({k: f"$\\{v}$" for k, v in _GREEK.items()})
+
+
+def latex_escape(text: str) -> str:
+    """``text`` as LaTeX source that prints it: specials escaped, symbols and Greek letters as math."""
+    return "".join(_LATEX.get(ch, ch) for ch in str(text))
 
 
 @dataclass
 class Table:
-    """One table: a title, a caption, column names, formatted rows (for Markdown/LaTeX) and numeric rows (CSV)."""
+    """One table: a title, a caption, column names, formatted rows (Markdown / LaTeX), numeric rows (CSV) and the
+    cells to emphasise (``bold``: (row, column) of a column's best value)."""
 
     name: str
     title: str
@@ -83,25 +168,33 @@ class Table:
     rows: list[list[str]]
     csv_columns: list[str]
     csv_rows: list[list] = field(default_factory=list)
+    bold: set[tuple[int, int]] = field(default_factory=set)
+
+    def emphasise(self, column: int, values: Sequence[float | None], direction: str) -> None:
+        """Bold the best value(s) of ``column`` (``values`` in row order)."""
+        self.bold |= {(r, column) for r in best_rows(values, direction)}
+
+    def _cell(self, r: int, c: int, text: str, latex: bool) -> str:
+        if latex:
+            text = latex_escape(text)
+            return f"\\textbf{{{text}}}" if (r, c) in self.bold else text
+        text = text.replace("|", "/")
+        return f"**{text}**" if (r, c) in self.bold and text else text
 
     def markdown(self) -> str:
         out = [f"| {' | '.join(self.columns)} |", "|" + "|".join("---" for _ in self.columns) + "|"]
-        out += [f"| {' | '.join(c.replace('|', '/') for c in r)} |" for r in self.rows]
+        out += [f"| {' | '.join(self._cell(i, j, c, False) for j, c in enumerate(r))} |"
+                for i, r in enumerate(self.rows)]
         return "\n".join(out) + "\n"
 
     def latex(self) -> str:
-        def esc(s: str) -> str:
-            s = s.replace("\\", "\\textbackslash{}")
-            for ch in "_%&#$":
-                s = s.replace(ch, "\\" + ch)
-            return s.replace("±", "$\\pm$").replace("×", "$\\times$").replace("≥", "$\\geq$")
-
         spec = "l" + "r" * (len(self.columns) - 1)
-        lines = ["\\begin{table}[t]", "\\centering", "\\small", f"\\begin{{tabular}}{{{spec}}}", "\\toprule",
-                 " & ".join(esc(c) for c in self.columns) + " \\\\", "\\midrule"]
-        lines += [" & ".join(esc(c) for c in r) + " \\\\" for r in self.rows]
-        lines += ["\\bottomrule", "\\end{tabular}", f"\\caption{{{esc(self.caption)}}}",
-                  f"\\label{{tab:{self.name}}}", "\\end{table}"]
+        lines = ["\\begin{table}[t]", "\\centering", "\\small", f"\\caption{{{latex_escape(self.caption)}}}",
+                 f"\\label{{tab:{self.name}}}", f"\\begin{{tabular}}{{{spec}}}", "\\toprule",
+                 " & ".join(latex_escape(c) for c in self.columns) + " \\\\", "\\midrule"]
+        lines += [" & ".join(self._cell(i, j, c, True) for j, c in enumerate(r)) + " \\\\"
+                  for i, r in enumerate(self.rows)]
+        lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
         return "\n".join(lines) + "\n"
 
     def csv(self) -> str:
@@ -112,9 +205,15 @@ class Table:
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(self.csv_columns)
         for r in self.csv_rows:
-            w.writerow(["" if v is None or (isinstance(v, float) and not math.isfinite(v)) else
-                        (repr(float(v)) if isinstance(v, float) else v) for v in r])
+            w.writerow(["" if not _finite(v) else (repr(float(v)) if isinstance(v, float) else v) for v in r])
         return buf.getvalue()
+
+    def frame(self):
+        """The numeric rows as a pandas DataFrame (columns ``csv_columns``; missing values as NaN / None)."""
+        import pandas as pd
+
+        return pd.DataFrame([[None if not _finite(v) else v for v in r] for r in self.csv_rows],
+                            columns=self.csv_columns)
 
     def write(self, out_dir: Path) -> list[Path]:
         paths = []

@@ -39,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "pobench installed (docs/SCALE.md) (default: start a local Ray instance for this command)")
     p.add_argument("--force", action="store_true", help="redo pairs that already finished (default: reuse them)")
     p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
-    add_report_flags(p, baseline_default=f"{DEFAULTS.baseline} when among the objectives")
+    add_report_flags(p, baseline_default=f"the first --ablation root; else {DEFAULTS.baseline} when among the "
+                     "objectives; else the first objective")
     p.add_argument("--no-report", action="store_true", help="train only; `bench report` writes the report later")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
     add_config_flags(p, skip=SKIP, defaults=DEFAULTS.train, default_label="default of bench run")
@@ -49,9 +50,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from bench.cli.flags import report_options
     from bench.config import TrainConfig
     from bench.executors import make_executor
-    from bench.harness import DEFAULTS, base_config, load_params, parse_seeds, resolve_algos, run_comparison
+    from bench.harness import base_config, load_params, parse_seeds, resolve_algos, run_comparison
 
     make_executor(args.executor, workers=args.workers, ray_address=args.ray_address)  # bad flags: one line, nothing run
     algos = resolve_algos(args.algos, args.ablation)
@@ -59,9 +61,7 @@ def run(args: argparse.Namespace) -> int:
     params = load_params(args.params, algos)
     flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig) if f.name not in SKIP}
     cfg = base_config(args.config, **flags)
-    baseline = args.baseline or (DEFAULTS.baseline if DEFAULTS.baseline in algos else None)
-    if args.baseline and args.baseline not in algos:
-        raise ValueError(f"--baseline {args.baseline!r} is not among the objectives run ({', '.join(algos)})")
+    baseline = run_baseline(args.baseline, args.ablation, algos)
     from bench.tracking import check_reachable
     from bench.train import check_engine
 
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         res = run_comparison(cfg, algos, seeds, params, force=args.force, progress=not args.no_progress,
                              report=not args.no_report, baseline=baseline, target_acc=args.target_acc,
                              out_root=args.out_root, workers=args.workers, executor=args.executor,
-                             ray_address=args.ray_address)
+                             ray_address=args.ray_address, report_options=report_options(args))
     except KeyboardInterrupt:
         print("bench run: interrupted; rerun the same command to resume where it stopped", file=sys.stderr)
         return 130
@@ -90,3 +90,18 @@ def run(args: argparse.Namespace) -> int:
         t = res.report.tables["accuracy"]
         print(t.markdown(), end="")
     return 1 if res.failed else 0
+
+
+def run_baseline(baseline: str | None, ablation: list[str] | None, algos: list[str]) -> str | None:
+    """The report's baseline: ``--baseline`` (it must be run), else the first ``--ablation`` root (what its ablations
+    are measured against), else ``RunDefaults.baseline`` when run, else None (the report takes the first objective)."""
+    from bench.harness import DEFAULTS
+
+    if baseline is not None:
+        if baseline not in algos:
+            raise ValueError(f"--baseline {baseline!r} is not among the objectives run ({', '.join(algos)})")
+        return baseline
+    roots = [r.strip() for a in ablation or [] for r in a.split(",") if r.strip()]
+    if roots:
+        return roots[0]
+    return DEFAULTS.baseline if DEFAULTS.baseline in algos else None

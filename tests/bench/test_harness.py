@@ -150,7 +150,8 @@ def test_two_objectives_two_seeds_report_equals_mlflow_series(tmp_path, model_di
     res = run_comparison(cfg, ["grpo", "tepo"], [0, 1], out_root=tmp_path / "out", progress=False)
     assert [(p.variant, p.seed, p.outcome) for p in res.pairs] == [
         ("grpo", 0, "finished"), ("grpo", 1, "finished"), ("tepo", 0, "finished"), ("tepo", 1, "finished")]
-    out = tmp_path / "out" / "e2e"
+    out = tmp_path / "out" / "e2e" / res.comparison
+    assert res.report.out_dir == out
     from reports.figures import fraction_panels
 
     for f in FIGURES:
@@ -232,7 +233,7 @@ def test_interrupted_comparison_resumes_only_missing_pairs(tmp_path, model_dir):
     assert steps == [0, 1, 2, 3]                          # no step lost or logged twice
     elapsed = _history(client, after["tepo"].info.run_id, "time/elapsed_s")
     assert all(math.isfinite(v) for _, v in elapsed) and [s for s, _ in elapsed] == [1, 2, 3]
-    assert (tmp_path / "out" / "resume" / "report.md").exists()
+    assert (tmp_path / "out" / "resume" / res.comparison / "report.md").exists()
 
 
 @pytest.mark.slow

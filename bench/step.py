@@ -132,7 +132,8 @@ def collect_rollouts(cfg: TrainConfig, objective, engine, tok, data: TrainData, 
         "rollout/entropy_p10": pct[10], "rollout/entropy_p50": pct[50], "rollout/entropy_p90": pct[90],
         "rollout/zero_adv_frac": zero_adv_0 / P, "rollout/length_mean": float(length_0.float().mean()),
         "rollout/length_max": float(length_0.max()), "rollout/truncation_rate": truncated_0 / len(length_0),
-        "rollout/tokens_per_s": gen_tokens / max(gen_s, 1e-9), "rollout/sampling_rounds": float(r + 1),
+        "rollout/tokens_per_s": gen_tokens / max(gen_s, 1e-9), "rollout/gen_tokens": float(gen_tokens),
+        "rollout/sampling_rounds": float(r + 1),
         "rollout/kept_groups": float(len(kept)),
     }
     if rounds > 1:  # objectives with dynamic sampling

@@ -111,7 +111,7 @@ def paired_table(prs: list[dict], baseline: str | None, units: Units) -> Table:
                "compared with the baseline (statsmodels). Detectable: the smallest mean difference a paired t-test "
                "over these n seeds detects with 80% power at two-sided α = 0.05, taking the observed seed SD of the "
                f"differences as the truth ({units.diff_unit}); seeds needed: to detect the observed difference the "
-               "same way (statsmodels TTestPower).")
+               "same way (power from the noncentral t, as statsmodels' TTestPower).")
     return Table("paired_test", f"Against the baseline ({baseline or 'none'})", caption,
                  ["objective", "baseline", "n", "diff", "P(improvement) [95% CI]", "t", "p", "p (Holm)",
                   "detectable diff", "seeds needed"], rows,

@@ -1,4 +1,4 @@
-"""Statistics of a comparison over seeds, each from scipy or statsmodels (nothing re-derived here).
+"""Statistics of a comparison over seeds, from scipy and statsmodels.
 
 - ``mean_ci``: mean and 95% Student-t half-width over seeds (``scipy.stats.t``);
 - ``iqm``: interquartile mean, the mean of the middle 50% of the scores (``scipy.stats.trim_mean(x, 0.25)``, as
@@ -11,10 +11,10 @@
   stratified-bootstrap interval resampling both objectives' seeds (rliable's "probability of improvement");
 - ``holm``: Holm's step-down correction of several p-values against one baseline
   (``statsmodels.stats.multitest.multipletests(method="holm")``);
-- ``power``: for a paired t-test over n seeds at two-sided alpha 0.05 and 80% power
-  (``statsmodels.stats.power.TTestPower``), taking the observed standard deviation of the per-seed differences as
-  the truth: the smallest mean difference those n seeds could detect, and the number of seeds needed to detect the
-  observed mean difference.
+- ``power``: for a paired t-test over n seeds at two-sided alpha 0.05 and 80% power (scipy's noncentral t, the
+  computation of ``statsmodels.stats.power.TTestPower``; tested against it and against published sample sizes),
+  taking the observed standard deviation of the per-seed differences as the truth: the smallest mean difference those
+  n seeds could detect, and the number of seeds needed to detect the observed mean difference.
 """
 
 from __future__ import annotations
@@ -156,9 +156,23 @@ class Power:
         return f"> {MAX_SEEDS:,}" if self.seeds_needed > MAX_SEEDS else str(self.seeds_needed)
 
 
+def paired_power(effect: float, n: int, alpha: float = ALPHA) -> float:
+    """Power of a two-sided paired t-test over ``n`` seeds at standardised effect ``effect`` (mean / SD of the
+    differences): P(|T'| > t_{1-alpha/2, n-1}) with T' noncentral t (df n-1, noncentrality effect·√n), from scipy.
+    (statsmodels' TTestPower gives the same numbers but NaN at moderate noncentrality, e.g. effect 4 with 4 seeds.)"""
+    from scipy import stats
+
+    df, nc = n - 1, effect * math.sqrt(n)
+    crit = stats.t.ppf(1 - alpha / 2, df)
+    lower = float(stats.nct.cdf(-crit, df, nc))
+    if not math.isfinite(lower) and nc >= 8:  # scipy's nct fails far out in this tail, which is < Φ(−8) < 1e-15 there
+        lower = 0.0
+    return float(stats.nct.sf(crit, df, nc)) + lower
+
+
 def power(diffs: Sequence[float]) -> Power:
     """Detectable difference and seeds needed for the paired differences ``diffs`` (objective − baseline per seed)."""
-    from statsmodels.stats.power import TTestPower
+    from scipy.optimize import brentq
 
     d = np.asarray(diffs, dtype=float)
     n = len(d)
@@ -167,19 +181,17 @@ def power(diffs: Sequence[float]) -> Power:
     mean, sd = float(d.mean()), float(d.std(ddof=1))
     if sd <= 1e-12:
         return Power(n, mean, sd, None, None, "identical differences at every seed: no variance to size a test by")
-    tp = TTestPower()
-    effect = float(tp.solve_power(nobs=n, alpha=ALPHA, power=POWER, alternative="two-sided"))
-    detectable = effect * sd if math.isfinite(effect) else None
+    # the standardised effect these n seeds detect with probability POWER (power grows with the effect)
+    detectable = brentq(lambda e: paired_power(e, n) - POWER, 1e-9, 1e4, xtol=1e-12) * sd
     if abs(mean) <= 1e-12:
         return Power(n, mean, sd, detectable, MAX_SEEDS + 1, "")
-    # the first n whose power reaches POWER (power grows with n): doubling from 2, then bisection. Exact, no root
-    # finder that fails on a huge effect, and the noncentrality stays moderate (statsmodels' power is NaN far out)
-    effect_obs = abs(mean) / sd
+    effect = abs(mean) / sd
 
     def enough(k: int) -> bool:
-        return float(tp.power(effect_obs, k, ALPHA, alternative="two-sided")) >= POWER
+        return paired_power(effect, k) >= POWER
 
-    lo, hi = 1, 2  # enough(lo) is false (one seed tests nothing)
+    # the first number of seeds at POWER (power grows with n): doubling from 2, then bisection
+    lo, hi = 1, 2  # one seed tests nothing
     while not enough(hi):
         if hi > MAX_SEEDS:
             return Power(n, mean, sd, detectable, MAX_SEEDS + 1, "")

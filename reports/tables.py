@@ -4,8 +4,9 @@ A :class:`Table` holds formatted cells (Markdown and LaTeX) and numeric rows (CS
 precision). Formatting: accuracies in percent by default (``Units.percent``; fractions as an option), differences of
 accuracies in percentage points with a sign, negative numbers with a true minus sign (U+2212; ``$-$`` in LaTeX), the
 best value of a column in bold where "best" has a direction (highest accuracy, shortest time). LaTeX: every special
-character escaped (``\\ { } $ & # ^ _ ~ %`` and ``< > |``, which the default OT1 encoding prints as other glyphs),
-Greek letters and symbols as math, the caption above the table.
+character escaped (``\\ { } $ & # ^ _ ~ %``; ``< > |``, which the default OT1 encoding prints as other glyphs, and
+``\\ $`` as math symbols, whose fonts are Type 1 in every TeX installation; ``[ ]`` braced, so a cell never reads as
+the optional argument of ``\\\\``), Greek letters and symbols as math, the caption above the table.
 
 Statistics over seeds live in reports/stats.py (``mean_ci`` is re-exported here for the tables' callers).
 """
@@ -139,9 +140,11 @@ def best_rows(values: Sequence[float | None], direction: str) -> set[int]:
 
 
 # ---------------------------------------------------------------- LaTeX escaping
-_LATEX = {"\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&", "#": r"\#", "%": r"\%",
-          "_": r"\_", "^": r"\textasciicircum{}", "~": r"\textasciitilde{}", "<": r"\textless{}",
-          ">": r"\textgreater{}", "|": r"\textbar{}",
+# < > | \ $ as math symbols: their text-mode commands take textcomp's fonts, which many TeX installations have only as
+# bitmaps (Type 3 fonts in the PDF); the math fonts are Type 1 everywhere
+_LATEX = {"\\": r"$\backslash$", "{": r"\{", "}": r"\}", "$": r"$\$$", "&": r"\&", "#": r"\#", "%": r"\%",
+          "_": r"\_", "^": r"\^{}", "~": r"\~{}", "<": r"$<$", ">": r"$>$", "|": r"$|$",
+          "[": "{[}", "]": "{]}",  # never read as the optional argument of a preceding \\
           "±": r"$\pm$", "×": r"$\times$", "≥": r"$\geq$", "≤": r"$\leq$", MINUS: "$-$", "·": r"$\cdot$",
           "‖": r"$\|$", "√": r"$\surd$", "—": "---", "–": "--", "…": r"\ldots{}", "≈": r"$\approx$",
           "→": r"$\rightarrow$", "∞": r"$\infty$", "Δ": r"$\Delta$", "Σ": r"$\Sigma$", "Â": r"$\hat{A}$"}
@@ -154,6 +157,28 @@ _LATEX.update({k: f"$\\{v}$" for k, v in _GREEK.items()})
 def latex_escape(text: str) -> str:
     """``text`` as LaTeX source that prints it: specials escaped, symbols and Greek letters as math."""
     return "".join(_LATEX.get(ch, ch) for ch in str(text))
+
+
+# LaTeX widths (points, \small Computer Modern): the full text width of a two-column venue (7 in, what table* spans)
+# and one column of it; a printed character is about 4.6 pt, a column's padding 12 pt (2 \tabcolsep)
+PAGE_PT = 504.0
+COLUMN_PT = 240.0
+CHAR_PT = 4.6
+COLSEP_PT = 12.0
+
+
+def _printed_width(text: str) -> float:
+    return CHAR_PT * len(text)
+
+
+def _header_lines(name: str, rows: list[list[str]], j: int) -> list[str]:
+    """A header longer than its column's cells, in two lines broken at the space nearest its middle."""
+    longest = max([len(r[j]) for r in rows] or [0])
+    if len(name) <= max(10, longest) or " " not in name:
+        return [name]
+    spaces = [i for i, ch in enumerate(name) if ch == " "]
+    cut = min(spaces, key=lambda i: abs(i - len(name) / 2))
+    return [name[:cut], name[cut + 1:]]
 
 
 @dataclass
@@ -188,14 +213,37 @@ class Table:
         return "\n".join(out) + "\n"
 
     def latex(self) -> str:
-        spec = "l" + "r" * (len(self.columns) - 1)
-        lines = ["\\begin{table}[t]", "\\centering", "\\small", f"\\caption{{{latex_escape(self.caption)}}}",
-                 f"\\label{{tab:{self.name}}}", f"\\begin{{tabular}}{{{spec}}}", "\\toprule",
-                 " & ".join(latex_escape(c) for c in self.columns) + " \\\\", "\\midrule"]
-        lines += [" & ".join(self._cell(i, j, c, True) for j, c in enumerate(r)) + " \\\\"
-                  for i, r in enumerate(self.rows)]
-        lines += ["\\bottomrule", "\\end{tabular}", "\\end{table}"]
+        """booktabs, caption above; ``table*`` when wider than a column of a two-column page, and the columns split
+        into stacked blocks (each repeating the first column) where one row would be wider than the page."""
+        widths = [max([_printed_width(line) for line in _header_lines(c, self.rows, j)]
+                      + [_printed_width(r[j]) for r in self.rows]) + COLSEP_PT for j, c in enumerate(self.columns)]
+        blocks, current = [], [0]
+        for j in range(1, len(self.columns)):
+            if len(current) > 1 and sum(widths[k] for k in current) + widths[j] > PAGE_PT:
+                blocks.append(current)
+                current = [0]
+            current.append(j)
+        blocks.append(current)
+        env = "table*" if max(sum(widths[k] for k in b) for b in blocks) > COLUMN_PT else "table"
+        lines = [f"\\begin{{{env}}}[t]", "\\centering", "\\small", f"\\caption{{{latex_escape(self.caption)}}}",
+                 f"\\label{{tab:{self.name}}}"]
+        for n, cols in enumerate(blocks):
+            if n:
+                lines.append("\\par\\medskip")
+            lines += [f"\\begin{{tabular}}{{l{'r' * (len(cols) - 1)}}}", "\\toprule",
+                      " & ".join(self._header(j) for j in cols) + " \\\\", "\\midrule"]
+            lines += [" & ".join(self._cell(i, j, r[j], True) for j in cols) + " \\\\" for i, r in enumerate(self.rows)]
+            lines += ["\\bottomrule", "\\end{tabular}"]
+        lines.append(f"\\end{{{env}}}")
         return "\n".join(lines) + "\n"
+
+    def _header(self, j: int) -> str:
+        parts = _header_lines(self.columns[j], self.rows, j)
+        if len(parts) == 1:
+            return latex_escape(parts[0])
+        align = "l" if j == 0 else "r"
+        return f"\\begin{{tabular}}[b]{{@{{}}{align}@{{}}}}" + " \\\\ ".join(latex_escape(p) for p in parts) + \
+            "\\end{tabular}"
 
     def csv(self) -> str:
         import csv

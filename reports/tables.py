@@ -194,6 +194,7 @@ class Table:
     csv_columns: list[str]
     csv_rows: list[list] = field(default_factory=list)
     bold: set[tuple[int, int]] = field(default_factory=set)
+    groups: list[str] = field(default_factory=list)  # a group label per column ("" = none): a header row above
 
     def emphasise(self, column: int, values: Sequence[float | None], direction: str) -> None:
         """Bold the best value(s) of ``column`` (``values`` in row order)."""
@@ -207,7 +208,8 @@ class Table:
         return f"**{text}**" if (r, c) in self.bold and text else text
 
     def markdown(self) -> str:
-        out = [f"| {' | '.join(self.columns)} |", "|" + "|".join("---" for _ in self.columns) + "|"]
+        names = [f"{g}: {c}" if g else c for g, c in zip(self.groups or [""] * len(self.columns), self.columns)]
+        out = [f"| {' | '.join(names)} |", "|" + "|".join("---" for _ in self.columns) + "|"]
         out += [f"| {' | '.join(self._cell(i, j, c, False) for j, c in enumerate(r))} |"
                 for i, r in enumerate(self.rows)]
         return "\n".join(out) + "\n"
@@ -230,12 +232,29 @@ class Table:
         for n, cols in enumerate(blocks):
             if n:
                 lines.append("\\par\\medskip")
-            lines += [f"\\begin{{tabular}}{{l{'r' * (len(cols) - 1)}}}", "\\toprule",
+            lines += [f"\\begin{{tabular}}{{l{'r' * (len(cols) - 1)}}}", "\\toprule", *self._group_rows(cols),
                       " & ".join(self._header(j) for j in cols) + " \\\\", "\\midrule"]
             lines += [" & ".join(self._cell(i, j, r[j], True) for j in cols) + " \\\\" for i, r in enumerate(self.rows)]
             lines += ["\\bottomrule", "\\end{tabular}"]
         lines.append(f"\\end{{{env}}}")
         return "\n".join(lines) + "\n"
+
+    def _group_rows(self, cols: list[int]) -> list[str]:
+        """The group header row of a block of columns (multicolumn labels, cmidrules under them), or none."""
+        if not self.groups or not any(self.groups[j] for j in cols):
+            return []
+        cells, rules, k = [], [], 0
+        while k < len(cols):
+            label, span = self.groups[cols[k]], 1
+            while k + span < len(cols) and self.groups[cols[k + span]] == label:
+                span += 1
+            if label:
+                cells.append(f"\\multicolumn{{{span}}}{{c}}{{{latex_escape(label)}}}")
+                rules.append(f"\\cmidrule(lr){{{k + 1}-{k + span}}}")
+            else:
+                cells += [""] * span
+            k += span
+        return [" & ".join(cells) + " \\\\", " ".join(rules)]
 
     def _header(self, j: int) -> str:
         parts = _header_lines(self.columns[j], self.rows, j)
@@ -260,7 +279,7 @@ class Table:
         """The numeric rows as a pandas DataFrame (columns ``csv_columns``; missing values as NaN / None)."""
         import pandas as pd
 
-        return pd.DataFrame([[None if not _finite(v) else v for v in r] for r in self.csv_rows],
+        return pd.DataFrame([[None if not _finite(v) or v == "" else v for v in r] for r in self.csv_rows],
                             columns=self.csv_columns)
 
     def write(self, out_dir: Path) -> list[Path]:

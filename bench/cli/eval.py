@@ -3,6 +3,8 @@
     bench eval --model PATH_OR_ID --benchmarks gsm8k,math500,aime24 --k 8 [--limit N] [--data ../shared/data]
     bench eval --benchmarks arith    # without --model: the built-in model (as `bench train` / `bench run`)
     bench eval ... --harness lm-eval     # also run lm-evaluation-harness on the same rows and prompts (greedy)
+    bench eval --comparison ID --benchmarks math500,aime24,gsm8k   # every final model of a comparison (reused
+                                                                    # where stored); `bench report` tabulates them
 """
 
 from __future__ import annotations
@@ -25,8 +27,12 @@ def register(sub) -> None:
 
     p = sub.add_parser("eval", help="evaluate a model on math benchmarks (greedy, pass@k, maj@k, with 95%% CIs)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=BUILTIN_MODEL,
+    p.add_argument("--model", default=None,
                    help=f"builtin:tiny-arith, a local model folder or a hub id (default: {BUILTIN_MODEL})")
+    p.add_argument("--comparison", metavar="ID", help="evaluate every final model of this comparison of --experiment "
+                   "(from the folder `bench run` ran in); evaluations already stored with the same settings are "
+                   "reused; each is an MLflow run nested under its training run, and `bench report` adds a table of "
+                   "benchmark accuracy per objective")
     p.add_argument("--benchmarks", required=True,
                    help=f"comma-separated benchmark names; valid: {', '.join(list_benchmarks())}")
     p.add_argument("--data", action="append", default=[], metavar="[NAME=]PATH",
@@ -43,7 +49,8 @@ def register(sub) -> None:
     p.add_argument("--no-greedy", action="store_true", help="skip the greedy pass")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"completion length limit (default {DEFAULT_MAX_NEW_TOKENS}, capped by the model's context)")
-    p.add_argument("--prompt-template", default="auto", help="auto | chat | plain | a format string with {question}")
+    p.add_argument("--prompt-template", default=None, help="auto | chat | plain | a format string with {question} "
+                   "(default: auto; with --comparison: the template the runs trained with)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")
@@ -55,7 +62,7 @@ def register(sub) -> None:
                    help="also run lm-evaluation-harness on the same rows with our prompts and extraction (greedy)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     p.add_argument("--tracking-uri", default=None, help=f"MLflow tracking URI (default: {TRACKING_URI_DEFAULT})")
-    p.add_argument("--experiment", default="pobench")
+    p.add_argument("--experiment", default="pobench", help="MLflow experiment (default: pobench)")
     p.add_argument("--run-name", default=None)
     p.add_argument("--parent-run-id", default=None,
                    help="log as a run nested under this MLflow run (e.g. a training run)")
@@ -112,6 +119,14 @@ def _max_new_tokens(requested: int | None, model, prompt_lengths: list[int]) -> 
 
 
 def run(args) -> int:
+    if args.comparison is not None:
+        from bench.cli import eval_comparison
+
+        return eval_comparison.run(args)
+    from bench.config import BUILTIN_MODEL
+
+    args.model = args.model or BUILTIN_MODEL
+    args.prompt_template = args.prompt_template or "auto"
     if not args.no_mlflow:  # an unreachable server: one line now, before transformers and the model load
         from bench.tracking import check_reachable
 

@@ -62,10 +62,15 @@ def add_report_flags(p: argparse.ArgumentParser, baseline_default: str) -> None:
 
 
 def add_style_flags(p: argparse.ArgumentParser) -> None:
-    """``--no-titles``, ``--band``, ``--fractions`` (also `bench compare`)."""
+    """``--no-titles``, ``--band``, ``--fractions``."""
     p.add_argument("--no-titles", action="store_true", help="figures without titles (a paper's caption says it)")
     p.add_argument("--band", choices=("ci", "minmax"), default="ci", help="band around each seed-mean line: ci = 95%% "
                    "Student-t confidence interval of the mean over seeds, minmax = min to max over seeds (default: ci)")
+    add_units_flag(p)
+
+
+def add_units_flag(p: argparse.ArgumentParser) -> None:
+    """``--fractions`` (also `bench compare`)."""
     p.add_argument("--fractions", action="store_true", help="accuracies as fractions (0.697) instead of percent (69.7)")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bench.cli import compare as compare_cmd
 from bench.cli import eval as eval_cmd
 from bench.cli import list as list_cmd
 from bench.cli import report as report_cmd
@@ -17,11 +18,14 @@ from bench.cli import tune as tune_cmd
 from bench.cli import warmstart as warmstart_cmd
 
 # the subcommands, in the order `bench --help` lists them
-COMMANDS = [list_cmd, train_cmd, warmstart_cmd, eval_cmd, run_cmd, report_cmd, tune_cmd]
+COMMANDS = [list_cmd, train_cmd, warmstart_cmd, eval_cmd, run_cmd, report_cmd, compare_cmd, tune_cmd]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import bench
+
     parser = argparse.ArgumentParser(prog="bench", description="pobench: policy-optimization ablations for LLM RL")
+    parser.add_argument("--version", action="version", version=f"pobench {bench.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS:
         module.register(sub)

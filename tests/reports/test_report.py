@@ -214,3 +214,14 @@ def test_cli_report_picks_most_recent_comparison_and_says_so(handmade, local_uri
     assert rc == 0 and "reporting the most recent, new (others: old" in out
     rows = _csv(tmp_path / "o" / "two" / "new" / "accuracy.csv")
     assert [int(r["n"]) for r in rows] == [2, 2]
+
+
+def test_the_report_keeps_the_baseline_bench_run_chose(handmade, tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    handmade.log_comparison(uri, experiment="abl", objectives=("tepo", "grpo"), seeds=(0, 1))
+    first = build_report("abl", tracking_uri=uri, out_root=tmp_path / "out", baseline="tepo", figures_too=False)
+    assert first.baseline == "tepo"
+    again = build_report("abl", tracking_uri=uri, out_root=tmp_path / "out", figures_too=False)
+    assert again.baseline == "tepo"                                      # recorded on the comparison run
+    assert "Baseline: tepo (recorded on the comparison run)" in (again.out_dir / "report.md").read_text()
+    assert [r[0] for r in again.tables["paired_test"].rows] == ["grpo"]

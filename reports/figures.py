@@ -30,6 +30,7 @@ LINESTYLES = ["-", "--", ":", "-."]          # 13 markers x 4 dashes: every (mar
 HATCHES = ["", "//", "\\\\", "xx", "..", "oo", "++", "--", "||", "**", "O.", "/o", "\\|"]
 BANDS = ("ci", "minmax")
 LEGEND_INSIDE_MAX = 5                        # more series than this: legend outside the axes
+CROWDED = 5                                  # more series than this: bands only in the panels version of a figure
 
 RC = {
     "font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "legend.fontsize": 7, "xtick.labelsize": 7,
@@ -99,12 +100,13 @@ def seed_band(series_per_seed: Sequence[Series], band: str = "ci"):
 
 
 def _line(ax, x, mean, lo, hi, i: int, label: str, n: int, crowded: bool = False) -> None:
-    """One series; ``crowded`` (many series in the axes): fainter bands, so stacked bands do not hide the lines."""
+    """One series with its band; ``crowded`` (more than CROWDED series in the axes): no band, since ten stacked bands
+    bury the lines (each objective's band is in the figure's panels version, :func:`panels_figure`)."""
     st = style(i)
     every = max(1, len(x) // 8)  # about 8 markers per line, offset per series so markers of two lines do not stack
     ax.plot(x, mean, label=label, markevery=(i % every, every), markeredgewidth=0.6, **st)
-    if n > 1 and np.any(hi > lo):
-        ax.fill_between(x, lo, hi, color=st["color"], alpha=0.07 if crowded else 0.15, linewidth=0)
+    if n > 1 and np.any(hi > lo) and not crowded:
+        ax.fill_between(x, lo, hi, color=st["color"], alpha=0.15, linewidth=0)
 
 
 def _covers_data(fig, ax, leg) -> bool:
@@ -181,12 +183,47 @@ def series_figure(runs, key: str, ylabel: str, title: str, out_dir: Path, name: 
                 continue
             steps, mean, lo, hi, count = seed_band(sers, opts.band)
             _line(ax, steps, mean, lo, hi, order.index(obj), f"{obj} (n={len(sers)})", len(sers),
-                  len(order) > LEGEND_INSIDE_MAX)
+                  len(order) > CROWDED)
             _record(drawn, obj, steps, mean, lo, hi, count)
         ax.set_xlabel("training step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(ylabel)
         _finish(fig, ax, title, opts)
+        drawn.paths = save(fig, out_dir, name)
+    return drawn
+
+
+def panels_figure(runs, key: str, ylabel: str, title: str, out_dir: Path, name: str, order: Sequence[str],
+                  reference: str | None, opts: FigureOptions | None = None, columns: int = 5) -> Drawn:
+    """Small multiples of ``key`` against the step: one panel per objective (its seed mean and band, in its style)
+    with the ``reference`` objective's seed mean in grey in every other panel; shared axes."""
+    opts = opts or FigureOptions()
+    groups = _by_objective(runs)
+    objs = [o for o in order if any(r.series.get(key) for r in groups.get(o, []))]
+    drawn = Drawn([])
+    ref = None
+    if reference in objs:
+        ref = seed_band([r.series[key] for r in groups[reference] if r.series.get(key)], opts.band)
+    rows = -(-len(objs) // columns)
+    with plt.rc_context(RC):
+        fig, axes = plt.subplots(rows, columns, figsize=(1.6 * columns, 1.35 * rows + 0.3), sharex=True, sharey=True,
+                                 squeeze=False)
+        for ax, obj in zip(axes.flat, objs):
+            sers = [r.series[key] for r in groups[obj] if r.series.get(key)]
+            steps, mean, lo, hi, count = seed_band(sers, opts.band)
+            if ref is not None and obj != reference:
+                ax.plot(ref[0], ref[1], color="#999999", linewidth=0.9, label=reference)
+            _line(ax, steps, mean, lo, hi, order.index(obj), obj, len(sers))
+            _record(drawn, obj, steps, mean, lo, hi, count)
+            ax.set_title(obj, fontsize=6.5, pad=2)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=4))
+        for ax in list(axes.flat)[len(objs):]:
+            ax.set_visible(False)
+        fig.supxlabel("training step", fontsize=8)
+        fig.supylabel(ylabel, fontsize=8)
+        if opts.titles:
+            fig.suptitle(f"{title}" + (f" (grey: {reference})" if ref is not None else ""), fontsize=9)
+        fig.tight_layout()
         drawn.paths = save(fig, out_dir, name)
     return drawn
 
@@ -215,7 +252,7 @@ def versus_figure(runs, key: str, x_of: Callable[[object, int], float | None], x
             if not ok.any():
                 continue
             _line(ax, xs[ok], mean[ok], lo[ok], hi[ok], order.index(obj), f"{obj} (n={len(rs)})", len(rs),
-                  len(order) > LEGEND_INSIDE_MAX)
+                  len(order) > CROWDED)
             _record(drawn, obj, xs[ok], mean[ok], lo[ok], hi[ok], count[ok])
         ax.set_xlabel(xlabel)
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 20k tokens, 1.5k seconds
@@ -255,7 +292,7 @@ def fractions_figure(runs, out_dir: Path, order: Sequence[str], opts: FigureOpti
                 if sers:
                     steps, mean, lo, hi, count = seed_band(sers, opts.band)
                     _line(ax, steps, mean, lo, hi, order.index(obj), f"{obj} (n={len(sers)})", len(sers),
-                          len(order) > LEGEND_INSIDE_MAX)
+                          len(order) > CROWDED)
                     _record(drawn, f"{key}:{obj}", steps, mean, lo, hi, count)
             for h, lab in zip(*ax.get_legend_handles_labels()):
                 handles.setdefault(lab, h)

@@ -52,9 +52,13 @@ def plotted_keys(extra: tuple[str, ...] = ()) -> list[str]:
 
 
 def draw_all(cmp, conv, target: float | None, target_why: str, interval: str, out_dir: Path,
-             opts: figures.FigureOptions, extra: tuple[str, ...] = ()) -> dict[str, figures.Drawn | str]:
+             opts: figures.FigureOptions, extra: tuple[str, ...] = (), baseline: str | None = None
+             ) -> dict[str, figures.Drawn | str]:
+    """Every figure of the report (key -> drawn figure, or why not); with more than ``figures.CROWDED`` objectives,
+    each figure against the step also gets a panels version (``<key>:panels``) with each objective's band."""
     order = cmp.objectives
     out: dict[str, figures.Drawn | str] = {}
+    crowded = len(order) > figures.CROWDED
 
     def reason(key: str) -> str | None:
         return None if checks.varies(cmp.runs, key) else checks.constant_reason(cmp.runs, key)
@@ -62,6 +66,9 @@ def draw_all(cmp, conv, target: float | None, target_why: str, interval: str, ou
     for fig_key, name, key, ylabel, title in STEP_FIGURES:
         why = reason(key) if fig_key != "accuracy_vs_step" else None
         out[fig_key] = why or figures.series_figure(cmp.runs, key, ylabel, title, out_dir, name, order, opts)
+        if crowded and not why:
+            out[f"{fig_key}:panels"] = figures.panels_figure(cmp.runs, key, ylabel, title, out_dir,
+                                                             f"{name}_panels", order, baseline, opts)
     if not any(r.series.get("time/elapsed_s") for r in cmp.runs):
         out["accuracy_vs_time"] = "no run logged `time/elapsed_s`"
     else:
@@ -82,8 +89,9 @@ def draw_all(cmp, conv, target: float | None, target_why: str, interval: str, ou
                         or "no clip / mask / selection fraction varies in any run")
     if target is None:
         out["ttc"] = f"no convergence target ({target_why})"
-    elif not any(r["reached"] for r in conv):
-        out["ttc"] = f"no run reached the convergence target {100 * target:.1f}%"
+    elif not any(r["steps_mean"] is not None for r in conv):
+        out["ttc"] = (f"no objective reached the convergence target {100 * target:.1f}% at every seed (a mean is given "
+                      "only then; the convergence table has the per-seed counts)")
     else:
         out["ttc"] = figures.ttc_figure(conv, target, interval, out_dir, order, opts)
     for key in extra:

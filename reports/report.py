@@ -18,7 +18,7 @@ from pathlib import Path
 
 from reports import checks, sections
 from reports.derived import KEY_ACC, DerivedSettings, RunDerived, default_target, derive, store
-from reports.figures import FigureOptions
+from reports.figures import CROWDED, FigureOptions
 from reports.load import Comparison, load_comparison
 from reports.record import BASELINE, COMPARISON, CONFIG_HASH, KIND, STOPPED
 from reports.tables import Table, Units
@@ -86,7 +86,7 @@ def resolve_baseline(cmp: Comparison, baseline: str | None, recorded: str | None
         if baseline not in cmp.objectives:
             raise ValueError(f"baseline {baseline!r} has no finished run in comparison {cmp.comparison_id!r}; "
                              f"objectives: {', '.join(cmp.objectives)}")
-        return baseline, "given with --baseline"
+        return baseline, "given: --baseline, or the root of bench run --ablation"
     if recorded in cmp.objectives:
         return recorded, "recorded on the comparison run"
     if DEFAULT_BASELINE in cmp.objectives:
@@ -241,7 +241,7 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
         for t in a.tables.values():
             files += t.write(tmp)
         figs = {} if not figures_too else plots.draw_all(cmp, a.conv, a.target, a.target_how, a.interval, tmp,
-                                                         options.figure_options, extra)
+                                                         options.figure_options, extra, a.baseline)
         for v in figs.values():
             files += v.paths if not isinstance(v, str) else []
         files += curves.write_curves(cmp, plots.plotted_keys(extra), tmp)
@@ -318,6 +318,9 @@ def _markdown(a: Analysis, figs: dict, s: DerivedSettings, options: ReportOption
               else f"none ({a.target_how})")
     band = ("95% Student-t confidence interval of the seed mean" if options.band == "ci"
             else "min-max over seeds")
+    if len(cmp.objectives) > CROWDED:
+        band += (f" (with more than {CROWDED} objectives drawn only in the per-objective panels figures, `*_panels`, "
+                 f"where the baseline's mean is the grey line)")
     lines = [
         f"# Comparison `{cmp.comparison_id}` — experiment `{cmp.experiment}`\n",
         f"{len(cmp.runs)} finished runs: objectives {', '.join(cmp.objectives)}; seeds {', '.join(map(str, seeds))}. "
@@ -334,7 +337,10 @@ def _markdown(a: Analysis, figs: dict, s: DerivedSettings, options: ReportOption
     if "benchmarks" in a.tables:
         lines.append(tab("benchmarks"))
     lines.append("## Figures\n")
-    lines += [img(k, ALT[k]) for k in ORDER]
+    for k in ORDER:
+        lines.append(img(k, ALT[k]))
+        if f"{k}:panels" in figs:
+            lines.append(img(f"{k}:panels", f"{ALT[k]}, one panel per objective with its band"))
     lines += [img(k, k.split(":", 1)[1]) for k in figs if k.startswith("metric:")]
     lines.append("Per-run values: [runs.md](runs.md), [runs_stability.md](runs_stability.md), "
                  "[runs.csv](runs.csv).\n")

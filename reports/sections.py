@@ -125,12 +125,13 @@ def power_note(groups: Groups, best: str, others: list[str], units: Units) -> st
     it) and how many seeds their observed differences would need: paired t-test over common seeds, alpha 0.05
     two-sided, 80% power, the observed SD of the per-seed differences taken as the truth."""
     fin = finals(groups)
-    parts, why = [], set()
+    parts, unsized = [], {}
     for o in others:
         common = sorted(set(fin[best]) & set(fin[o]))
         pw = stats.power([fin[best][s] - fin[o][s] for s in common])
         if pw.detectable is None:
-            why.add(pw.why)
+            unsized.setdefault(f"{pw.why}; observed difference {units.diff(pw.mean_diff)} {units.diff_unit}"
+                               if pw.mean_diff is not None else pw.why, []).append(o)
             continue
         parts.append(f"{o} (observed {units.diff(pw.mean_diff)}, detectable with {pw.n} seeds "
                      f"{units.acc(pw.detectable)}, seeds needed {pw.seeds_text()})")
@@ -138,8 +139,8 @@ def power_note(groups: Groups, best: str, others: list[str], units: Units) -> st
     if parts:
         text = (f"To separate {best} from each at 80% power (paired t-test, α = 0.05, observed seed SD of the "
                 f"differences, {units.diff_unit}): " + "; ".join(parts) + ".")
-    if why:
-        text += (" " if text else "") + f"No power statement for the others: {'; '.join(sorted(why))}."
+    for why, objs in unsized.items():
+        text += (" " if text else "") + f"No power statement for {best} against {', '.join(objs)}: {why}."
     return text
 
 

@@ -165,3 +165,19 @@ def test_no_figure_for_a_quantity_without_data_and_no_inf_without_a_target(handm
     run = client.get_run(rep.comparison.runs[0].run_id)
     assert run.data.tags["pobench.derived.target_acc"] == "no target"
     assert run.data.tags["pobench.derived.ttc_step"] == "no target"
+
+
+def test_crowded_figures_keep_bands_in_per_objective_panels(tmp_path):
+    import matplotlib.pyplot as plt
+
+    x, m = np.arange(3), np.array([0.2, 0.3, 0.4])
+    fig, ax = plt.subplots()
+    F._line(ax, x, m, m - 0.1, m + 0.1, 0, "a", 3)
+    F._line(ax, x, m, m - 0.1, m + 0.1, 1, "b", 3, crowded=True)
+    assert len(ax.collections) == 1                      # the crowded series drew its line only
+    plt.close(fig)
+    runs = _runs(F.CROWDED + 1)
+    order = [f"obj{i}" for i in range(F.CROWDED + 1)]
+    d = F.panels_figure(runs, "eval/accuracy", "acc", "T", tmp_path, "p", order, reference="obj0")
+    assert sorted(d.series) == order and (tmp_path / "p.pdf").exists()
+    assert all(s["high"][-1] > s["mean"][-1] for s in d.series.values())   # each panel has its band

@@ -66,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
     from bench.train import check_engine
 
     check_reachable(cfg.tracking_uri)
+    if not args.no_report:  # a foreign folder where the report would go: one line now, not after training
+        from reports.report import report_folder
+
+        report_folder(args.out_root, cfg.experiment)
     for a in algos:  # what the engine cannot train: one line now, not one failed pair after another
         check_engine(dataclasses.replace(cfg, algo=a, objective_overrides=dict(params.get(a, {}))))
     if cfg.engine == "verl" and (args.executor == "ray" or (args.workers or 0) > 1):

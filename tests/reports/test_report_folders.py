@@ -121,3 +121,14 @@ def test_a_symlinked_experiment_folder_pointing_out_is_refused(scratch, handmade
     assert _report(uri, "--experiment", "linked") == 2
     assert "outside" in capsys.readouterr().err
     assert _kept(before, scratch)
+
+
+def test_bench_run_refuses_a_foreign_report_folder_before_training(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "reports" / "out" / "mine").mkdir(parents=True)
+    (tmp_path / "reports" / "out" / "mine" / "notes.txt").write_text("keep")
+    rc = main(["run", "--algos", "grpo", "--seeds", "0", "--steps", "1", "--experiment", "mine", "--no-progress",
+               "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"])
+    assert rc == 2 and "was not created by pobench" in capsys.readouterr().err
+    assert not (tmp_path / ".pobench").exists()                      # nothing trained
+    assert (tmp_path / "reports" / "out" / "mine" / "notes.txt").read_text() == "keep"

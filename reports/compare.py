@@ -102,7 +102,7 @@ def compare_comparisons(specs: list[tuple[str, str]], tracking_uri: str | None =
     from reports.paths import contained, make_owned, new_temp_folder, remove_owned, replace_owned, safe_component
     from reports.record import BASELINE, open_client
     from reports.record import tracking_uri as resolve_uri
-    from reports.report import _comparison_run, analyse, report_folder
+    from reports.report import analyse, comparison_run, report_folder
 
     options = options or ReportOptions()
     if len(specs) < 2:
@@ -115,7 +115,7 @@ def compare_comparisons(specs: list[tuple[str, str]], tracking_uri: str | None =
     analyses, labels = [], []
     for exp, cid in specs:
         cmp = load_comparison(exp, cid, uri, client=client)
-        crun = _comparison_run(client, cmp)
+        crun = comparison_run(client, cmp)
         recorded = crun.data.tags.get(BASELINE) if crun is not None else None
         base = baseline if baseline in cmp.objectives else None
         analyses.append(analyse(cmp, baseline=base, recorded_baseline=recorded, target_acc=target_acc,

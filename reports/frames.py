@@ -43,14 +43,14 @@ def load_frames(experiment: str = "pobench", comparison: str | None = None, trac
     from reports.load import load_comparison
     from reports.plots import plotted_keys
     from reports.record import BASELINE
-    from reports.report import _comparison_run, analyse
+    from reports.report import analyse, comparison_run
 
     cmp = load_comparison(experiment, comparison, tracking_uri, client=client, extra_keys=metrics)
     if client is None:
         from reports.record import open_client
 
         client = open_client(cmp.tracking_uri)
-    crun = _comparison_run(client, cmp)
+    crun = comparison_run(client, cmp)
     evals = load_evals(client, cmp)
     a = analyse(cmp, baseline=baseline, target_acc=target_acc, evals=evals,
                 recorded_baseline=crun.data.tags.get(BASELINE) if crun is not None else None)

@@ -176,7 +176,7 @@ def analyse(cmp: Comparison, *, baseline: str | None = None, recorded_baseline: 
                     {t.name: t for t in tabs}, notes)
 
 
-def _comparison_run(client, cmp: Comparison):
+def comparison_run(client, cmp: Comparison):
     """The comparison's own MLflow run (kind=comparison), or None."""
     found = client.search_runs([cmp.experiment_id], filter_string=(
         f"tags.`{KIND}` = 'comparison' and tags.`{COMPARISON}` = '{cmp.comparison_id}'"), max_results=1)
@@ -185,7 +185,7 @@ def _comparison_run(client, cmp: Comparison):
 
 def _artifact_run(client, cmp: Comparison) -> tuple[str, bool]:
     """The comparison's own MLflow run; created here when `bench run` did not make one."""
-    found = _comparison_run(client, cmp)
+    found = comparison_run(client, cmp)
     if found is not None:
         return found.info.run_id, False
     run = client.create_run(cmp.experiment_id, run_name=f"comparison-{cmp.comparison_id}", tags={
@@ -229,7 +229,7 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
     client = client or MlflowClient(tracking_uri=cmp.tracking_uri)
     from reports.evals import load_evals
 
-    crun = _comparison_run(client, cmp)
+    crun = comparison_run(client, cmp)
     recorded = crun.data.tags.get(BASELINE) if crun is not None else None
     a = analyse(cmp, baseline=baseline, recorded_baseline=recorded, target_acc=target_acc, settings=settings,
                 units=options.units, evals=load_evals(client, cmp))

@@ -85,6 +85,8 @@ def test_report_files_and_numbers_equal_recomputed_from_mlflow(handmade, local_u
     assert rep.target_acc == pytest.approx(target) and max(base_curve) > target > a0
     assert f"≥ {100 * target:.2f}% = step-0 accuracy {100 * a0:.2f}% + 0.5 × the improvement of grpo's" in \
         (out / "report.md").read_text()
+    assert "interpolated linearly between the two evaluations around the crossing (evaluations every 5 steps)" in \
+        (out / "convergence.md").read_text()
     per_run = {(r["objective"], int(r["seed"])): r for r in _csv(out / "runs.csv")}
     ttc = {}
     for key, acc in accs.items():

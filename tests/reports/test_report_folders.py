@@ -132,3 +132,24 @@ def test_bench_run_refuses_a_foreign_report_folder_before_training(tmp_path, mon
     assert rc == 2 and "was not created by pobench" in capsys.readouterr().err
     assert not (tmp_path / ".pobench").exists()                      # nothing trained
     assert (tmp_path / "reports" / "out" / "mine" / "notes.txt").read_text() == "keep"
+
+
+def _report_in_process(uri: str, out_root: str) -> str:
+    from reports.report import build_report
+
+    rep = build_report("par", "c1", uri, out_root=out_root, figures_too=False, log_artifacts=False,
+                       store_derived=False)
+    return str(rep.out_dir)
+
+
+def test_three_reports_of_one_comparison_at_once_leave_one_complete_folder(handmade, tmp_path):
+    import multiprocessing as mp
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    _comparison(uri, "par", handmade)
+    with mp.get_context("spawn").Pool(3) as pool:
+        outs = pool.starmap(_report_in_process, [(uri, str(tmp_path / "out"))] * 3)
+    assert len(set(outs)) == 1
+    folder = tmp_path / "out" / "par"
+    assert sorted(p.name for p in folder.iterdir()) == [".pobench-owned", "c1"]   # no temporary or old folder left
+    assert {"report.md", "accuracy.csv", "curves.csv", "runs.csv"} <= {p.name for p in (folder / "c1").iterdir()}

@@ -46,7 +46,6 @@ class RunDefaults:
 
     algos: tuple[str, ...] = ("grpo", "dapo", "tepo")
     seeds: tuple[int, ...] = (0, 1, 2)
-    baseline: str = "grpo"
     # pairs trained at once, each in its own process with one torch thread (bench/parallel.py); 0 = one per CPU core
     # this process may use (one on a GPU), never more than the pairs to train; 1 = one after another, in-process
     workers: int = 0

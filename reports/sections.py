@@ -63,7 +63,9 @@ def aggregates_table(groups: Groups, units: Units) -> Table:
               f"Final greedy held-out accuracy ({units.unit}) over seeds: mean and interquartile mean (IQM, the mean "
               f"of the middle 50% of seeds; equal to the mean below 4 seeds), each with a {stats.N_RESAMPLES:,}-sample "
               "stratified-bootstrap 95% percentile interval [low, high] (seeds resampled with replacement; "
-              "scipy.stats.bootstrap). n/a: fewer than 2 seeds.",
+              "scipy.stats.bootstrap). n/a: fewer than 2 seeds. With few seeds a percentile bootstrap interval is "
+              "too narrow (it never leaves the range of the seeds' values): the t interval of the accuracy table is "
+              "the conservative one.",
               ["objective", "n", "mean [95% CI]", "IQM [95% CI]"], rows,
               ["objective", "n", "mean", "mean_low", "mean_high", "iqm", "iqm_low", "iqm_high"], csv_rows)
     t.emphasise(2, means, "max")

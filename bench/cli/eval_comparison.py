@@ -94,13 +94,17 @@ def run(args) -> int:
     from reports.paths import contained, safe_component
 
     out_root = Path(args.out or Path(".pobench") / "eval")
+    max_new_of: dict[tuple[str, str], int] = {}  # (benchmark, template) -> max new tokens (warned about once)
     for r, path, template, missing in todo:
         model, tokenizer = load_policy(str(path), args.device, args.dtype)
         options = {"max_batch_size": args.batch_size} if args.batch_size and args.backend == "hf" else {}
         engine = make_engine(args.backend, model, tokenizer, **options)
         for b, problems, source, key in missing:
-            prompts = [format_prompt(tokenizer, p.question, template) for p in problems]
-            max_new = _max_new_tokens(args.max_new_tokens, model, [len(tokenizer(x)["input_ids"]) for x in prompts])
+            if (b.name, template) not in max_new_of:  # the runs of a comparison share their model's architecture
+                prompts = [format_prompt(tokenizer, p.question, template) for p in problems]
+                max_new_of[(b.name, template)] = _max_new_tokens(args.max_new_tokens, model,
+                                                                 [len(tokenizer(x)["input_ids"]) for x in prompts])
+            max_new = max_new_of[(b.name, template)]
             n_samples = args.samples or args.k
             res = evaluate(engine, tokenizer, b, problems, k=args.k, temperature=args.temperature, seed=args.seed,
                            n_samples=n_samples if args.temperature > 0 else 0, greedy=not args.no_greedy,

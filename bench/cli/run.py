@@ -39,8 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "pobench installed (docs/SCALE.md) (default: start a local Ray instance for this command)")
     p.add_argument("--force", action="store_true", help="redo pairs that already finished (default: reuse them)")
     p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
-    add_report_flags(p, baseline_default=f"the first --ablation root; else {DEFAULTS.baseline} when among the "
-                     "objectives; else the first objective")
+    add_report_flags(p, baseline_default="the first --ablation root; else grpo when among the objectives; else the "
+                     "first objective")
     p.add_argument("--no-report", action="store_true", help="train only; `bench report` writes the report later")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
     add_config_flags(p, skip=SKIP, defaults=DEFAULTS.train, default_label="default of bench run")
@@ -98,14 +98,11 @@ def run(args: argparse.Namespace) -> int:
 
 def run_baseline(baseline: str | None, ablation: list[str] | None, algos: list[str]) -> str | None:
     """The report's baseline: ``--baseline`` (it must be run), else the first ``--ablation`` root (what its ablations
-    are measured against), else ``RunDefaults.baseline`` when run, else None (the report takes the first objective)."""
-    from bench.harness import DEFAULTS
-
+    are measured against), else None: the report's own rule (``reports.report.resolve_baseline``: grpo when run, else
+    the first objective)."""
     if baseline is not None:
         if baseline not in algos:
             raise ValueError(f"--baseline {baseline!r} is not among the objectives run ({', '.join(algos)})")
         return baseline
     roots = [r.strip() for a in ablation or [] for r in a.split(",") if r.strip()]
-    if roots:
-        return roots[0]
-    return DEFAULTS.baseline if DEFAULTS.baseline in algos else None
+    return roots[0] if roots else None

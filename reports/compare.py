@@ -75,8 +75,8 @@ def config_table(labels: list[str], analyses: list[Analysis]) -> Table:
     params = []
     for a in analyses:
         runs = a.comparison.runs
-        shared = {k: v for k, v in runs[0].params.items()
-                  if k not in PER_RUN_PARAMS and all(r.params.get(k) == v for r in runs)}
+        shared = {k: v for k, v in runs[0].params.items()  # ("tags.x": a run's tags flattened into its params)
+                  if k.split(".")[0] not in PER_RUN_PARAMS and all(r.params.get(k) == v for r in runs)}
         shared["engine"] = runs[0].tags.get("pobench.engine", shared.get("engine", "native"))
         params.append(shared)
     keys = sorted(set().union(*params))

@@ -23,6 +23,7 @@ def _log(uri, handmade, comparison, objectives, steps, engine=None):
             rid = handmade.log_run(client, exp_id, o, s, comparison, config_hash=f"h{comparison}")
             client.log_param(rid, "lr", "3e-05")
             client.log_param(rid, "eval_every", str(steps // 4))
+            client.log_param(rid, f"tags.pobench.in.{comparison}", "1")     # TrainConfig.tags, flattened
             if engine:
                 client.set_tag(rid, "pobench.engine", engine)
 
@@ -42,6 +43,7 @@ def test_compare_two_comparisons_side_by_side(handmade, local_uri, tmp_path, cap
     assert (cfg["eval_every"]["cNative"], cfg["eval_every"]["cTrl"]) == ("5", "10")
     assert (cfg["engine"]["cNative"], cfg["engine"]["cTrl"]) == ("native", "trl")
     assert cfg["objectives"]["cNative"] == "grpo, tepo, dapo" and "lr" not in cfg and "seed" not in cfg
+    assert not [k for k in cfg if k.startswith("tags.")]
 
     # each group holds exactly what that comparison's own report holds
     own = {c: build_report("cmp2", c, local_uri, out_root=tmp_path / "own", figures_too=False, log_artifacts=False,

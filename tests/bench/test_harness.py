@@ -159,6 +159,10 @@ def test_two_objectives_two_seeds_report_equals_mlflow_series(tmp_path, model_di
             # on-policy updates clip nothing: an all-zero panel is not drawn, report.md says why
             assert not (out / f"{f}.png").exists() and "fraction varies in any run" in (out / "report.md").read_text()
             continue
+        if f == "time_to_convergence" and isinstance(res.report.figures["ttc"], str):
+            # three steps of a tiny model: no objective may reach the target at every seed; report.md says why
+            assert "time to convergence: not drawn:" in (out / "report.md").read_text()
+            continue
         assert (out / f"{f}.png").exists() and (out / f"{f}.pdf").exists(), f
     for t in TABLES:
         for ext in ("md", "tex", "csv"):
@@ -246,12 +250,12 @@ def test_params_variant_and_force_redo(tmp_path, model_dir):
     client = MlflowClient(cfg.tracking_uri)
     (old,) = _runs(client, "force")
     assert old.data.tags["pobench.variant"] == label and old.data.params["objective.kl_coef"] == "0.0"
-    assert "| " + label + " |" in (tmp_path / "out" / "force" / "accuracy.md").read_text()
+    assert "| " + label + " |" in (tmp_path / "out" / "force" / first.comparison / "accuracy.md").read_text()
 
     again = run_comparison(cfg, ["grpo"], [0], params, out_root=tmp_path / "out", progress=False)
     assert again.pairs[0].outcome == "reused"           # the overrides are part of the run's identity
     redo = run_comparison(cfg, ["grpo"], [0], params, force=True, out_root=tmp_path / "out", progress=False)
     assert redo.pairs[0].outcome == "finished" and redo.pairs[0].run_id != old.info.run_id
     assert client.get_run(old.info.run_id).data.tags[f"pobench.in.{redo.comparison}"] == "0"
-    with open(tmp_path / "out" / "force" / "runs.csv") as f:
+    with open(tmp_path / "out" / "force" / redo.comparison / "runs.csv") as f:
         assert [r["run_id"] for r in csv.DictReader(f)] == [redo.pairs[0].run_id]

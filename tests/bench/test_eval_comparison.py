@@ -40,6 +40,8 @@ def test_eval_comparison_evaluates_each_final_model_once_and_the_report_tabulate
     for e in evals:
         parent = train[e.data.tags["mlflow.parentRunId"]]           # nested under its training run
         assert e.data.tags["pobench.benchmark"] == "arith" and e.data.tags["pobench.comparison"] == cid
+        assert set(e.data.tags) == {"mlflow.runName", "mlflow.parentRunId", "pobench.git_commit", "pobench.kind",
+                                    "pobench.version", "pobench.benchmark", "pobench.eval_key", "pobench.comparison"}
         # the final model, greedy, on the same 8 held-out problems the run's last evaluation used
         assert e.data.metrics["eval/arith/greedy_acc"] == pytest.approx(parent.data.metrics["eval/accuracy"])
 

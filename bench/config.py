@@ -54,9 +54,9 @@ class TrainConfig:
     dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
     device: str = _f("auto", "cpu | cuda | auto.")
     backend: str = _f("hf", "Rollout engine backend: hf | vllm.")
-    engine: str = _f(DEFAULT_ENGINE, "Training engine: native (bench/train.py's loop), trl (a TRL GRPOTrainer subclass "
-                               "that trains the same objective: bench/engines/trl/) or verl (verl's trainer on a Ray "
-                               "cluster with GPUs: bench/engines/verl/); docs/SCALE.md.",
+    engine: str = _f(DEFAULT_ENGINE, "Training engine: native (pobench's loop: bench/engines/native/), trl (a TRL "
+                               "GRPOTrainer subclass that trains the same objective: bench/engines/trl/) or verl "
+                               "(verl's trainer on a Ray cluster with GPUs: bench/engines/verl/); docs/SCALE.md.",
                      choices=ENGINES)
     engine_args: dict = _f({}, "Options of the engine: with engine=trl, GRPOConfig fields TRL honours as they are "
                                "(e.g. {use_vllm: true, vllm_mode: colocate}); fields the engine sets from this config "

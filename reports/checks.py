@@ -35,23 +35,34 @@ def constant_reason(runs, key: str) -> str:
     return f"`{key}` is {vals[0]:g} at every step of every run"
 
 
+def unresolved(final_by_objective: dict[str, list[float]], mean_ci) -> tuple[str, list[str]] | None:
+    """(the objective with the highest mean, the others no ranking separates from it), or None when every other one
+    is separated (or there is nothing to rank): all others with fewer than ``MIN_SEEDS_TO_RANK`` seeds, else those
+    whose 95% interval overlaps the best one's."""
+    if len(final_by_objective) < 2 or any(not v for v in final_by_objective.values()):
+        return None
+    ci = {o: mean_ci(v) for o, v in final_by_objective.items()}
+    best = max(ci, key=lambda o: ci[o][0])
+    if min(len(v) for v in final_by_objective.values()) < MIN_SEEDS_TO_RANK:
+        return best, [o for o in ci if o != best]
+    lo_best = ci[best][0] - (ci[best][1] or 0)
+    tied = [o for o in ci if o != best and ci[o][0] + (ci[o][1] or 0) >= lo_best]
+    return (best, tied) if tied else None
+
+
 def ranking_note(final_by_objective: dict[str, list[float]], mean_ci) -> str | None:
     """One sentence when the final accuracies do not support a ranking, else None.
 
     ``mean_ci(values) -> (mean, half-width | None)`` is the report's interval over seeds."""
-    if len(final_by_objective) < 2:
+    found = unresolved(final_by_objective, mean_ci)
+    if found is None:
         return None
+    best, tied = found
     n_min = min(len(v) for v in final_by_objective.values())
     if n_min < MIN_SEEDS_TO_RANK:
         return (f"No ranking is supported: {n_min} seed(s) per objective (fewer than {MIN_SEEDS_TO_RANK}) give no "
                 f"usable interval over seeds, so differences between objectives may be seed noise; rerun with more "
                 f"seeds (--seeds).")
-    ci = {o: mean_ci(v) for o, v in final_by_objective.items()}
-    best = max(ci, key=lambda o: ci[o][0])
-    lo_best = ci[best][0] - (ci[best][1] or 0)
-    tied = [o for o in ci if o != best and ci[o][0] + (ci[o][1] or 0) >= lo_best]
-    if not tied:
-        return None
     return (f"No ranking of {best} against {', '.join(tied)} is supported: their 95% intervals of final held-out "
             f"accuracy over seeds overlap.")
 
@@ -64,8 +75,8 @@ def first_evaluation_note(ttc_steps: Sequence[int | None], first_eval_steps: Seq
     if all(t == 0 for t in ttc_steps):
         return None  # said by the step-0 note
     if all(t is not None and f is not None and t <= f for t, f in zip(ttc_steps, first_eval_steps)):
-        start = f" (step-0 accuracy {min(initial):.3f}-{max(initial):.3f})" if initial else ""
-        return (f"Every run reaches the convergence target {target:.3f} at its first evaluation{start}: time to "
+        start = f" (step-0 accuracy {100 * min(initial):.1f}-{100 * max(initial):.1f}%)" if initial else ""
+        return (f"Every run reaches the convergence target {100 * target:.1f}% at its first evaluation{start}: time to "
                 f"convergence does not separate the objectives; set a higher target with --target-acc.")
     return None
 

@@ -9,7 +9,9 @@ Definitions (also in ``docs/REPORTS.md``):
 - smoothed accuracy: trailing mean of the last ``window`` held-out evaluations (causal, so "first step at which the
   smoothed accuracy reaches the target" never looks ahead);
 - time to convergence: first evaluation step (and the wall-clock ``time/elapsed_s`` at that step) at which the
-  smoothed held-out accuracy is >= the target;
+  smoothed held-out accuracy is >= the target; interpolated: the step where the straight line between that evaluation
+  and the one before it crosses the target (the first evaluation's step when it is already there), and the
+  wall-clock seconds there (``time/elapsed_s`` interpolated linearly between the whole steps around it);
 - default target: ``a0 + target_frac x (B - a0)``, where a0 is the step-0 (before training) held-out accuracy (the
   highest over the runs; they all start from the same policy, and a greedy evaluation gives them the same value) and
   B the highest point of the reference (baseline) objective's seed-mean smoothed accuracy curve: a fraction of the
@@ -90,6 +92,31 @@ def time_to_convergence(acc: Series, target: float, window: int = 3) -> int | No
         if v >= target - 1e-12:
             return s
     return None
+
+
+def crossing(acc: Series, target: float, window: int = 3) -> tuple[float, int] | None:
+    """(step, gap): where the smoothed accuracy, linearly interpolated between evaluations, first reaches
+    ``target``, and the gap in steps between the two evaluations it lies between (0 when the first evaluation
+    already reaches it); ``None`` if it never does."""
+    sm = smooth(acc, window)
+    for j, (s, v) in enumerate(sm):
+        if v >= target - 1e-12:
+            if j == 0:
+                return float(s), 0
+            s0, v0 = sm[j - 1]
+            return s0 + (target - v0) / (v - v0) * (s - s0), s - s0
+    return None
+
+
+def seconds_at(elapsed: Series, step: float | None) -> float | None:
+    """``time/elapsed_s`` at a fractional step, linear between the whole steps around it (0 s at step 0)."""
+    if step is None:
+        return None
+    lo, hi = math.floor(step), math.ceil(step)
+    a, b = seconds_at_step(elapsed, lo), seconds_at_step(elapsed, hi)
+    if a is None or b is None:
+        return None
+    return a + (step - lo) * (b - a)
 
 
 def seconds_at_step(elapsed: Series, step: int | None) -> float | None:
@@ -175,9 +202,12 @@ class RunDerived:
     final_acc: float | None
     best_acc: float | None
     best_smoothed_acc: float | None
-    target_acc: float
-    ttc_step: int | None
+    target_acc: float | None       # None: the comparison has no convergence target
+    ttc_step: int | None           # first evaluation step at the target
     ttc_seconds: float | None
+    ttc_step_interp: float | None  # interpolated between evaluations
+    ttc_seconds_interp: float | None
+    ttc_gap: int | None            # steps between the two evaluations the interpolated crossing lies between
     entropy_collapse_step: int | None
     entropy_slope: float | None
     acc_drawdown: float | None
@@ -226,11 +256,14 @@ def default_target(all_acc: Sequence[Series], reference_acc: Sequence[Series],
     return Target(value, a0, best, settings.target_frac)
 
 
-def derive(series: Mapping[str, Series], target: float, settings: DerivedSettings = DerivedSettings()) -> RunDerived:
-    """All derived metrics of one run from its series (``{metric key: [(step, value)]}``)."""
+def derive(series: Mapping[str, Series], target: float | None,
+           settings: DerivedSettings = DerivedSettings()) -> RunDerived:
+    """All derived metrics of one run from its series (``{metric key: [(step, value)]}``); ``target`` None: no time
+    to convergence."""
     acc = series.get(KEY_ACC, [])
     acc_pts = _clean(acc)
-    ttc = time_to_convergence(acc, target, settings.smooth_window)
+    ttc = time_to_convergence(acc, target, settings.smooth_window) if target is not None else None
+    cross = crossing(acc, target, settings.smooth_window) if target is not None else None
     spikes = spike_steps(series.get(KEY_GRAD, []), settings.spike_k, settings.spike_window,
                          settings.spike_min_history)
     return RunDerived(
@@ -238,9 +271,12 @@ def derive(series: Mapping[str, Series], target: float, settings: DerivedSetting
         final_acc=acc_pts[-1][1] if acc_pts else None,
         best_acc=max(v for _, v in acc_pts) if acc_pts else None,
         best_smoothed_acc=best_smoothed(acc, settings.smooth_window),
-        target_acc=float(target),
+        target_acc=None if target is None else float(target),
         ttc_step=ttc,
         ttc_seconds=seconds_at_step(series.get(KEY_ELAPSED, []), ttc),
+        ttc_step_interp=cross[0] if cross else None,
+        ttc_seconds_interp=seconds_at(series.get(KEY_ELAPSED, []), cross[0]) if cross else None,
+        ttc_gap=cross[1] if cross else None,
         entropy_collapse_step=entropy_collapse_step(series.get(KEY_ENTROPY, []), settings.collapse_frac),
         entropy_slope=slope(series.get(KEY_ENTROPY, [])),
         acc_drawdown=max_drawdown(acc),
@@ -253,13 +289,14 @@ def derive(series: Mapping[str, Series], target: float, settings: DerivedSetting
 
 
 # derived numbers stored back into each run as metrics `derived/<name>` (NaN + a tag when the value does not exist)
-STORED = ("initial_acc", "final_acc", "best_acc", "target_acc", "ttc_step", "ttc_seconds", "entropy_collapse_step",
-          "entropy_slope", "acc_drawdown", "grad_spikes", "kl_max", "reward_var", "zero_adv_frac")
+STORED = ("initial_acc", "final_acc", "best_acc", "target_acc", "ttc_step", "ttc_seconds", "ttc_step_interp",
+          "ttc_seconds_interp", "entropy_collapse_step", "entropy_slope", "acc_drawdown", "grad_spikes", "kl_max",
+          "reward_var", "zero_adv_frac")
 
 
 def store(client, run_id: str, d: RunDerived, comparison: str | None = None) -> None:
     """Write the derived numbers into the run: metrics ``derived/<name>``; a missing value is logged as NaN and
-    explained by the tag ``pobench.derived.<name>`` ("not reached" / "not collapsed" / "no data")."""
+    explained by the tag ``pobench.derived.<name>`` ("no target" / "not reached" / "not collapsed" / "no data")."""
     import time
 
     from mlflow.entities import Metric, RunTag
@@ -271,8 +308,10 @@ def store(client, run_id: str, d: RunDerived, comparison: str | None = None) -> 
     for name in STORED:
         v = getattr(d, name)
         metrics.append(Metric(f"derived/{name}", float("nan") if v is None else float(v), now, 0))
-        if name in ("ttc_step", "ttc_seconds"):
-            why = "not reached" if v is None else "reached"
+        if name == "target_acc":
+            why = "no target" if v is None else "ok"
+        elif name.startswith("ttc_"):
+            why = ("no target" if d.target_acc is None else "not reached") if v is None else "reached"
         elif name == "entropy_collapse_step":
             why = "not collapsed" if v is None else "collapsed"
         else:

@@ -1,12 +1,18 @@
-"""Figures of a comparison (PNG + PDF): seed mean per objective with a shaded min-max band over seeds.
+"""Figures of a comparison, drawn for print: PNG, PDF (Type 42 fonts) and SVG of each.
 
-Each objective keeps the same colour in every figure and every report (a fixed palette by objective name).
+Every series of a report gets its style by its position in the comparison's objective order (the same in every
+figure of one report): a colour from a colour-blind-safe palette (Okabe-Ito, then Paul Tol's muted colours), a marker
+and a line style, so no two series of a figure share a colour (up to :data:`PALETTE`'s 13) and a grayscale print
+still separates them by marker and dash. The line is the seed mean; the band is a 95% Student-t confidence interval
+of that mean over seeds (``band="ci"``, the default) or the min-max over seeds (``band="minmax"``), none with one
+seed. A legend that would cover data moves outside the axes. Every drawing function returns a :class:`Drawn`: the
+files and the plotted numbers (``series``), which the curves export reproduces (reports/curves.py).
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -14,64 +20,132 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import EngFormatter, MaxNLocator  # noqa: E402
 
-from reports import metric_keys as K
-from reports.derived import value_at  # noqa: E402
+# Okabe & Ito (2008) without its yellow (too pale on white), then Paul Tol's "muted" scheme (paultol.eu)
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000",
+           "#882255", "#999933", "#332288", "#44AA99", "#AA4499", "#DDCC77"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p", "8"]
+LINESTYLES = ["-", "--", ":", "-."]          # 13 markers x 4 dashes: every (marker, dash) pair unique up to 52
+HATCHES = ["", "//", "\\\\", "xx", "..", "oo", "++", "--", "||", "**", "O.", "/o", "\\|"]
+BANDS = ("ci", "minmax")
+LEGEND_INSIDE_MAX = 5                        # more series than this: legend outside the axes
+CROWDED = 5                                  # more series than this: bands only in the panels version of a figure
 
-# colour-blind-safe colours (Okabe-Ito first, then tab10), fixed per registered objective name
-_PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000",
-            "#8c564b", "#7f7f7f", "#bcbd22", "#17becf", "#9467bd", "#e377c2", "#2ca02c", "#d62728"]
-_FIXED = {"grpo": 0, "dapo": 1, "tepo": 2, "gspo": 3, "dr_grpo": 4, "entropy_reg": 5, "clip_cov": 8, "kl_cov": 9,
-          "forking_tokens": 7, "tepo-no-mask": 10, "tepo-mask-all": 11, "tepo-mask-adv": 12,
-          "tepo-mask-entropy": 13, "tepo-token-ratio": 14, "tepo-seq-mean": 15, "tepo-likelihood-credit": 6}
-
-
-def colour(objective: str) -> str:
-    """The objective's colour: fixed for registered names, a stable hash of the name otherwise."""
-    base = objective.split("+")[0]
-    if objective in _FIXED:
-        return _PALETTE[_FIXED[objective]]
-    idx = int(hashlib.md5(objective.encode()).hexdigest(), 16) % len(_PALETTE)
-    if base in _FIXED and objective != base:  # a tuned variant: same hue family is not guaranteed; stable though
-        idx = (_FIXED[base] + 1 + idx) % len(_PALETTE)
-    return _PALETTE[idx]
-
-
-STYLE = {
+RC = {
     "font.size": 8, "axes.titlesize": 9, "axes.labelsize": 8, "legend.fontsize": 7, "xtick.labelsize": 7,
     "ytick.labelsize": 7, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
-    "grid.alpha": 0.3, "grid.linewidth": 0.5, "lines.linewidth": 1.4, "savefig.bbox": "tight",
-    "font.family": "DejaVu Sans",
+    "grid.alpha": 0.3, "grid.linewidth": 0.5, "lines.linewidth": 1.3, "lines.markersize": 4,
+    "savefig.bbox": "tight", "font.family": "DejaVu Sans",
+    "pdf.fonttype": 42, "ps.fonttype": 42,   # TrueType (Type 42) fonts: venues reject Type 3
+    "svg.fonttype": "path",
 }
 SIZE = (4.0, 2.8)  # inches: one column of a two-column paper, at a readable size
+FORMATS = ("png", "pdf", "svg")
+
+Series = Sequence[tuple[int, float]]
 
 
-def seed_band(series_per_seed: Sequence[Sequence[tuple[int, float]]]):
-    """Align seeds by step: (steps, mean, low, high, count) over the seeds that logged each step."""
+def style(i: int) -> dict:
+    """Colour, marker and line style of the series at position ``i``."""
+    return {"color": PALETTE[i % len(PALETTE)], "marker": MARKERS[i % len(MARKERS)],
+            "linestyle": LINESTYLES[i % len(LINESTYLES)]}
+
+
+@dataclass
+class FigureOptions:
+    titles: bool = True          # False: no title in the figure (the paper's caption says it)
+    band: str = "ci"             # "ci": 95% t interval of the seed mean; "minmax": min-max over seeds
+
+    def __post_init__(self) -> None:
+        if self.band not in BANDS:
+            raise ValueError(f"band {self.band!r}: expected one of {', '.join(BANDS)}")
+
+
+@dataclass
+class Drawn:
+    """A drawn figure: its files and, per series label, the plotted x, mean, band low / high and seed count."""
+
+    paths: list[Path]
+    series: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+
+def seed_band(series_per_seed: Sequence[Series], band: str = "ci"):
+    """Align seeds by step: (steps, mean, low, high, count) over the seeds that logged each step. ``band``: "ci" =
+    mean ± t(0.975, n-1)·s/√n, "minmax" = min and max over seeds; low = high = mean where one seed logged the step."""
+    from scipy import stats
+
     by_step: dict[int, list[float]] = {}
     for ser in series_per_seed:
         for s, v in ser:
-            if np.isfinite(v):
+            if v is not None and np.isfinite(v):
                 by_step.setdefault(int(s), []).append(float(v))
     steps = sorted(by_step)
-    vals = [by_step[s] for s in steps]
-    return (np.array(steps), np.array([np.mean(v) for v in vals]), np.array([min(v) for v in vals]),
-            np.array([max(v) for v in vals]), np.array([len(v) for v in vals]))
+    mean, lo, hi, count = [], [], [], []
+    for s in steps:
+        v = np.array(by_step[s])
+        m = float(v.mean())
+        if len(v) < 2:
+            low = high = m
+        elif band == "minmax":
+            low, high = float(v.min()), float(v.max())
+        else:
+            h = float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
+            low, high = m - h, m + h
+        mean.append(m)
+        lo.append(low)
+        hi.append(high)
+        count.append(len(v))
+    return np.array(steps), np.array(mean), np.array(lo), np.array(hi), np.array(count)
 
 
-def _line(ax, x, mean, lo, hi, objective: str, n: int) -> None:
-    c = colour(objective)
-    ax.plot(x, mean, color=c, label=f"{objective} (n={n})", marker="o" if len(x) <= 12 else None, markersize=2.5)
-    if n > 1:
-        ax.fill_between(x, lo, hi, color=c, alpha=0.18, linewidth=0)
+def _line(ax, x, mean, lo, hi, i: int, label: str, n: int, crowded: bool = False) -> None:
+    """One series with its band; ``crowded`` (more than CROWDED series in the axes): no band, since ten stacked bands
+    bury the lines (each objective's band is in the figure's panels version, :func:`panels_figure`)."""
+    st = style(i)
+    every = max(1, len(x) // 8)  # about 8 markers per line, offset per series so markers of two lines do not stack
+    ax.plot(x, mean, label=label, markevery=(i % every, every), markeredgewidth=0.6, **st)
+    if n > 1 and np.any(hi > lo) and not crowded:
+        ax.fill_between(x, lo, hi, color=st["color"], alpha=0.15, linewidth=0)
 
 
-def _save(fig, out_dir: Path, name: str) -> list[Path]:
+def _covers_data(fig, ax, leg) -> bool:
+    """Whether the legend's box holds a point of a plotted line (lines densified between their vertices)."""
+    fig.canvas.draw()
+    box = leg.get_window_extent()
+    for line in ax.get_lines():
+        xy = np.asarray(line.get_xydata(), dtype=float)
+        xy = xy[np.isfinite(xy).all(axis=1)]
+        if len(xy) == 0:
+            continue
+        if len(xy) > 1:
+            t = np.linspace(0, 1, 12)[:, None, None]
+            xy = (xy[:-1][None] * (1 - t) + xy[1:][None] * t).reshape(-1, 2)
+        pts = ax.transData.transform(xy)
+        inside = (pts[:, 0] >= box.x0) & (pts[:, 0] <= box.x1) & (pts[:, 1] >= box.y0) & (pts[:, 1] <= box.y1)
+        if inside.any():
+            return True
+    return False
+
+
+def legend(fig, ax) -> None:
+    """Inside the axes where it covers no data and there are few series, else outside on the right."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    if len(handles) <= LEGEND_INSIDE_MAX:
+        leg = ax.legend(frameon=False, loc="best")
+        if not _covers_data(fig, ax, leg):
+            return
+        leg.remove()
+    ax.legend(frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
+def save(fig, out_dir: Path, name: str) -> list[Path]:
     paths = []
-    for ext in ("png", "pdf"):
+    for ext in FORMATS:
         p = out_dir / f"{name}.{ext}"
-        fig.savefig(p, dpi=200 if ext == "png" else None)
+        fig.savefig(p, dpi=200 if ext == "png" else None, metadata={"Date": None} if ext == "pdf" else None)
         paths.append(p)
     plt.close(fig)
     return paths
@@ -84,45 +158,108 @@ def _by_objective(runs) -> dict[str, list]:
     return groups
 
 
-def series_figure(runs, key: str, ylabel: str, title: str, out_dir: Path, name: str) -> list[Path]:
-    with plt.rc_context(STYLE):
+def _record(drawn: Drawn, label: str, x, mean, lo, hi, count) -> None:
+    drawn.series[label] = {"x": [float(v) for v in x], "mean": [float(v) for v in mean],
+                           "low": [float(v) for v in lo], "high": [float(v) for v in hi],
+                           "n": [int(v) for v in count]}
+
+
+def _finish(fig, ax, title: str, opts: FigureOptions) -> None:
+    if opts.titles:
+        ax.set_title(title)
+    legend(fig, ax)
+
+
+def series_figure(runs, key: str, ylabel: str, title: str, out_dir: Path, name: str, order: Sequence[str],
+                  opts: FigureOptions | None = None) -> Drawn:
+    """``key`` against the training step: one line per objective (seed mean) with its band."""
+    opts = opts or FigureOptions()
+    drawn = Drawn([])
+    with plt.rc_context(RC):
         fig, ax = plt.subplots(figsize=SIZE)
         for obj, rs in _by_objective(runs).items():
             sers = [r.series.get(key, []) for r in rs if r.series.get(key)]
             if not sers:
                 continue
-            steps, mean, lo, hi, _ = seed_band(sers)
-            _line(ax, steps, mean, lo, hi, obj, len(sers))
+            steps, mean, lo, hi, count = seed_band(sers, opts.band)
+            _line(ax, steps, mean, lo, hi, order.index(obj), f"{obj} (n={len(sers)})", len(sers),
+                  len(order) > CROWDED)
+            _record(drawn, obj, steps, mean, lo, hi, count)
         ax.set_xlabel("training step")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(ylabel)
-        ax.set_title(title)
-        ax.legend(frameon=False)
-        return _save(fig, out_dir, name)
+        _finish(fig, ax, title, opts)
+        drawn.paths = save(fig, out_dir, name)
+    return drawn
 
 
-def accuracy_time_figure(runs, out_dir: Path, name: str = "accuracy_vs_time") -> list[Path]:
-    """Held-out accuracy against wall-clock seconds (``time/elapsed_s`` at each evaluation step, mean over seeds)."""
-    with plt.rc_context(STYLE):
+def panels_figure(runs, key: str, ylabel: str, title: str, out_dir: Path, name: str, order: Sequence[str],
+                  reference: str | None, opts: FigureOptions | None = None, columns: int = 5) -> Drawn:
+    """Small multiples of ``key`` against the step: one panel per objective (its seed mean and band, in its style)
+    with the ``reference`` objective's seed mean in grey in every other panel; shared axes."""
+    opts = opts or FigureOptions()
+    groups = _by_objective(runs)
+    objs = [o for o in order if any(r.series.get(key) for r in groups.get(o, []))]
+    drawn = Drawn([])
+    ref = None
+    if reference in objs:
+        ref = seed_band([r.series[key] for r in groups[reference] if r.series.get(key)], opts.band)
+    rows = -(-len(objs) // columns)
+    with plt.rc_context(RC):
+        fig, axes = plt.subplots(rows, columns, figsize=(1.6 * columns, 1.35 * rows + 0.3), sharex=True, sharey=True,
+                                 squeeze=False)
+        for ax, obj in zip(axes.flat, objs):
+            sers = [r.series[key] for r in groups[obj] if r.series.get(key)]
+            steps, mean, lo, hi, count = seed_band(sers, opts.band)
+            if ref is not None and obj != reference:
+                ax.plot(ref[0], ref[1], color="#999999", linewidth=0.9, label=reference)
+            _line(ax, steps, mean, lo, hi, order.index(obj), obj, len(sers))
+            _record(drawn, obj, steps, mean, lo, hi, count)
+            ax.set_title(obj, fontsize=6.5, pad=2)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=4))
+        for ax in list(axes.flat)[len(objs):]:
+            ax.set_visible(False)
+        fig.supxlabel("training step", fontsize=8)
+        fig.supylabel(ylabel, fontsize=8)
+        if opts.titles:
+            fig.suptitle(f"{title}" + (f" (grey: {reference})" if ref is not None else ""), fontsize=9)
+        fig.tight_layout()
+        drawn.paths = save(fig, out_dir, name)
+    return drawn
+
+
+def versus_figure(runs, key: str, x_of: Callable[[object, int], float | None], xlabel: str, ylabel: str,
+                  title: str, out_dir: Path, name: str, order: Sequence[str],
+                  opts: FigureOptions | None = None) -> Drawn:
+    """``key`` against another per-step quantity ``x_of(run, step)`` (wall-clock seconds, generated tokens): the
+    seed mean of ``key`` at each logged step, placed at the seed mean of x there (steps where a seed has no x are
+    left out)."""
+    opts = opts or FigureOptions()
+    drawn = Drawn([])
+    with plt.rc_context(RC):
         fig, ax = plt.subplots(figsize=SIZE)
         for obj, rs in _by_objective(runs).items():
-            sers = [r.series.get(K.EVAL_ACCURACY, []) for r in rs if r.series.get(K.EVAL_ACCURACY)]
-            if not sers:
+            rs = [r for r in rs if r.series.get(key)]
+            if not rs:
                 continue
-            steps, mean, lo, hi, _ = seed_band(sers)
-            secs = []
+            steps, mean, lo, hi, count = seed_band([r.series[key] for r in rs], opts.band)
+            xs = []
             for s in steps:
-                ts = [0.0 if s == 0 else value_at(r.series.get(K.ELAPSED_S, []), int(s)) for r in rs]
-                ts = [t for t in ts if t is not None]
-                secs.append(np.mean(ts) if ts else np.nan)
-            secs = np.array(secs)
-            ok = np.isfinite(secs)
-            _line(ax, secs[ok], mean[ok], lo[ok], hi[ok], obj, len(sers))
-        ax.set_xlabel("wall-clock seconds (training, evaluation excluded)")
-        ax.set_ylabel("held-out accuracy (greedy)")
-        ax.set_title("Held-out accuracy vs wall-clock time")
-        ax.legend(frameon=False)
-        return _save(fig, out_dir, name)
+                v = [x_of(r, int(s)) for r in rs if any(st == s for st, _ in r.series[key])]
+                xs.append(np.mean(v) if v and all(x is not None for x in v) else np.nan)
+            xs = np.array(xs, dtype=float)
+            ok = np.isfinite(xs)
+            if not ok.any():
+                continue
+            _line(ax, xs[ok], mean[ok], lo[ok], hi[ok], order.index(obj), f"{obj} (n={len(rs)})", len(rs),
+                  len(order) > CROWDED)
+            _record(drawn, obj, xs[ok], mean[ok], lo[ok], hi[ok], count[ok])
+        ax.set_xlabel(xlabel)
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 20k tokens, 1.5k seconds
+        ax.set_ylabel(ylabel)
+        _finish(fig, ax, title, opts)
+        drawn.paths = save(fig, out_dir, name)
+    return drawn
 
 
 FRACTION_KEYS = [("objective/clip_frac_low", "clipped (low side)"), ("objective/clip_frac_high", "clipped (high side)"),
@@ -138,32 +275,49 @@ def fraction_panels(runs) -> list[tuple[str, str]]:
     return [(k, t) for k, t in FRACTION_KEYS if varies(runs, k)]
 
 
-def fractions_figure(runs, out_dir: Path, name: str = "clip_masked_fractions") -> list[Path]:
+def fractions_figure(runs, out_dir: Path, order: Sequence[str], opts: FigureOptions | None = None,
+                     name: str = "clip_masked_fractions") -> Drawn | None:
+    """One panel per varying fraction, one legend for all panels (outside, on the right)."""
+    opts = opts or FigureOptions()
     panels = fraction_panels(runs)
     if not panels:
-        return []
-    with plt.rc_context(STYLE):
+        return None
+    drawn = Drawn([])
+    with plt.rc_context(RC):
         fig, axes = plt.subplots(1, len(panels), figsize=(SIZE[0] * 0.8 * len(panels), SIZE[1]), squeeze=False)
+        handles: dict[str, object] = {}
         for ax, (key, title) in zip(axes[0], panels):
             for obj, rs in _by_objective(runs).items():
                 sers = [r.series.get(key, []) for r in rs if r.series.get(key)]
                 if sers:
-                    steps, mean, lo, hi, _ = seed_band(sers)
-                    _line(ax, steps, mean, lo, hi, obj, len(sers))
-            ax.set_title(title)
+                    steps, mean, lo, hi, count = seed_band(sers, opts.band)
+                    _line(ax, steps, mean, lo, hi, order.index(obj), f"{obj} (n={len(sers)})", len(sers),
+                          len(order) > CROWDED)
+                    _record(drawn, f"{key}:{obj}", steps, mean, lo, hi, count)
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(lab, h)
+            if opts.titles:
+                ax.set_title(title)
+            else:
+                ax.set_ylabel(title)
             ax.set_xlabel("training step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_ylim(bottom=0)
-            ax.set_ylabel("fraction of tokens")
-            ax.legend(frameon=False)
+        axes[0][0].set_ylabel("fraction of tokens" if opts.titles else f"fraction: {panels[0][1]}")
         fig.tight_layout()
-        return _save(fig, out_dir, name)
+        fig.legend(list(handles.values()), list(handles), frameon=False, loc="upper left",
+                   bbox_to_anchor=(1.0, 0.95))
+        drawn.paths = save(fig, out_dir, name)
+    return drawn
 
 
-def ttc_figure(conv_rows: list[dict], target: float, out_dir: Path, name: str = "time_to_convergence") -> list[Path]:
-    """Bars of mean time to convergence (steps and seconds) with 95% CI; objectives where a seed never reached the
-    target get no bar, only the words "not reached (k/n)"."""
-    with plt.rc_context(STYLE):
+def ttc_figure(conv_rows: list[dict], target: float, interval: str, out_dir: Path, order: Sequence[str],
+               opts: FigureOptions | None = None, name: str = "time_to_convergence") -> Drawn:
+    """Bars of mean time to convergence (steps and seconds, interpolated between evaluations) with 95% CI, colour and
+    hatch by position; objectives where a seed never reached the target get no bar, only "not reached (k/n)"."""
+    opts = opts or FigureOptions()
+    drawn = Drawn([])
+    with plt.rc_context(RC):
         fig, axes = plt.subplots(1, 2, figsize=(SIZE[0] * 1.6, SIZE[1]))
         for ax, (unit, label) in zip(axes, (("steps", "training steps"), ("seconds", "wall-clock seconds"))):
             xs = np.arange(len(conv_rows))
@@ -172,22 +326,32 @@ def ttc_figure(conv_rows: list[dict], target: float, out_dir: Path, name: str = 
             top = top if top > 0 else 1.0
             for x, r in zip(xs, conv_rows):
                 m, h = r[f"{unit}_mean"], r[f"{unit}_ci"]
+                st = style(order.index(r["objective"]))
                 if m is not None:
-                    ax.bar(x, m, color=colour(r["objective"]), width=0.6,
-                           yerr=h if h is not None else None, capsize=3, error_kw={"linewidth": 0.8})
+                    ax.bar(x, m, color=st["color"], width=0.6, hatch=HATCHES[order.index(r["objective"])
+                                                                           % len(HATCHES)],
+                           edgecolor="white", linewidth=0, yerr=h if h is not None else None, capsize=3,
+                           error_kw={"linewidth": 0.8})
                     ax.text(x, m + (h or 0) + 0.02 * top, fmt_num(m), ha="center", va="bottom", fontsize=6.5)
+                    drawn.series[f"{unit}:{r['objective']}"] = {"x": [float(x)], "mean": [float(m)],
+                                                                "low": [float(m - (h or 0))],
+                                                                "high": [float(m + (h or 0))], "n": [r["n"]]}
                 else:
                     ax.text(x, 0.05 * top, f"not reached\n({r['n'] - r['reached']}/{r['n']} seeds)", ha="center",
-                            va="bottom", fontsize=6.5, color=colour(r["objective"]))
-            ax.set_xticks(xs, [r["objective"] for r in conv_rows], rotation=20 if len(conv_rows) > 3 else 0)
+                            va="bottom", fontsize=6.5, color=st["color"], rotation=90 if len(conv_rows) > 6 else 0)
+            ax.set_xticks(xs, [r["objective"] for r in conv_rows], rotation=35 if len(conv_rows) > 3 else 0,
+                          ha="right" if len(conv_rows) > 3 else "center")
             ax.set_xlim(-0.6, len(conv_rows) - 0.4)
             ax.set_ylim(0, top * 1.2)
             ax.set_ylabel(label)
             ax.grid(axis="x", visible=False)
-        fig.suptitle(f"Time to reach held-out accuracy {target:.3f} (smoothed); mean ± 95% CI over seeds", fontsize=9)
+        if opts.titles:
+            fig.suptitle(f"Time to reach held-out accuracy {100 * target:.1f}% (smoothed, {interval}); mean ± 95% CI "
+                         f"over seeds", fontsize=9)
         fig.tight_layout()
-        return _save(fig, out_dir, name)
+        drawn.paths = save(fig, out_dir, name)
+    return drawn
 
 
 def fmt_num(x: float) -> str:
-    return f"{x:.0f}" if abs(x) >= 10 else f"{x:.1f}"
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}"

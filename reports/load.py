@@ -27,7 +27,8 @@ from reports.record import tracking_uri as resolve_tracking_uri
 # series every report reads (others are ignored)
 SERIES_KEYS = (
     K.EVAL_ACCURACY, K.EVAL_ACCURACY_SAMPLED,
-    K.REWARD_MEAN, K.ROLLOUT_ACCURACY, K.REFILL_COMPLETIONS, K.ENTROPY_MEAN, K.ZERO_ADV_FRAC,
+    K.REWARD_MEAN, K.ROLLOUT_ACCURACY, K.REFILL_COMPLETIONS, K.ENTROPY_MEAN, K.ZERO_ADV_FRAC, K.LENGTH_MEAN,
+    K.GEN_TOKENS,
     K.GRAD_NORM, K.KL_REF, K.ABS_LOG_RATIO,
     "objective/clip_frac_low", "objective/clip_frac_high", "objective/masked_frac", "objective/detached_frac",
     "objective/selected_frac",
@@ -139,8 +140,9 @@ def load_series(client, run_id: str, keys: Iterable[str] = SERIES_KEYS) -> dict[
 
 def load_comparison(experiment: str, comparison: str | None = None, tracking_uri: str | None = None, *,
                     objectives: Iterable[str] | None = None, seeds: Iterable[int] | None = None,
-                    client=None) -> Comparison:
-    """Load a comparison's finished runs with their series.
+                    client=None, extra_keys: Iterable[str] = (), with_series: bool = True) -> Comparison:
+    """Load a comparison's finished runs with their series (``SERIES_KEYS`` and ``extra_keys``; none when not
+    ``with_series``).
 
     ``comparison=None`` picks the experiment's only comparison, or the most recent one (the others are named in the
     message printed by the CLI). ``objectives``/``seeds`` restrict the runs (``bench run`` reports what it ran).
@@ -188,8 +190,9 @@ def load_comparison(experiment: str, comparison: str | None = None, tracking_uri
     if not done:
         raise ValueError(f"comparison {comparison!r} in experiment {experiment!r} has no finished training run "
                          f"({len(not_finished)} unfinished)")
-    for m in done:
-        m.series = load_series(client, m.run_id)
+    keys = [*SERIES_KEYS, *[k for k in extra_keys if k not in SERIES_KEYS]]
+    for m in done if with_series else []:
+        m.series = load_series(client, m.run_id, keys)
     # objective order: as first started (the order `bench run` was given), then seeds ascending
     first = {}
     for m in sorted(done, key=lambda m: m.start_time):

@@ -98,29 +98,47 @@ def new_temp_folder(dest: str | Path) -> Path:
     """A marked temporary folder beside ``dest`` (same file system, so :func:`replace_owned` can rename it)."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    return make_owned(Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent)))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    umask = os.umask(0o022)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private (0700); the folder it becomes is an ordinary one
+    return make_owned(tmp)
 
 
 def replace_owned(tmp: str | Path, dest: str | Path, root: str | Path) -> Path:
     """Swap the finished folder ``tmp`` in as ``dest`` (under ``root``): an old ``dest`` must be pobench's (marked),
     else UnsafePath and nothing changes. The old folder is renamed aside first and deleted only once the new one is
-    in place, so ``dest`` is never half written."""
+    in place, so ``dest`` is never half written. When another process swaps its own folder in between (two reports
+    of one comparison at once), that one is moved aside in turn: the last writer's folder stays."""
     tmp, dest = Path(tmp), Path(dest)
     contained(root, os.path.relpath(dest.resolve(), Path(root).resolve()))
     make_owned(tmp)
-    old = None
-    if dest.exists() or dest.is_symlink():
-        if dest.is_symlink() or not dest.is_dir() or not is_owned(dest):
-            raise _refuse(dest, "replacing")
-        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-        shutil.rmtree(old, ignore_errors=True)
-        dest.rename(old)
+    olds: list[Path] = []
     try:
-        tmp.rename(dest)
+        for attempt in range(16):
+            if dest.exists() or dest.is_symlink():
+                if dest.is_symlink() or not dest.is_dir() or not is_owned(dest):
+                    raise _refuse(dest, "replacing")
+                old = dest.with_name(f".{dest.name}.old-{os.getpid()}-{attempt}")
+                shutil.rmtree(old, ignore_errors=True)
+                try:
+                    dest.rename(old)
+                    olds.append(old)
+                except FileNotFoundError:  # another process moved it first
+                    pass
+            try:
+                tmp.rename(dest)
+                break
+            except OSError:
+                if not dest.exists():  # not another process's folder in the way: a real failure
+                    raise
+        else:
+            raise OSError(f"{dest}: other processes kept replacing it; not written")
     except BaseException:
-        if old is not None:
-            old.rename(dest)
+        if olds and not dest.exists():
+            olds.pop().rename(dest)
         raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        for old in olds:
+            shutil.rmtree(old, ignore_errors=True)
     return dest

@@ -53,6 +53,9 @@ STOPPED = "pobench.stopped"          # "early": stopped by a callback (pruner, c
 FAILURE = "pobench.failure"          # the cause, on a FAILED run
 OBJECTIVES = "pobench.objectives"    # on a comparison run: its objectives, comma-separated
 SEEDS = "pobench.seeds"              # on a comparison run: its seeds, comma-separated
+BASELINE = "pobench.baseline"        # on a comparison run: the baseline its last report compared against
+BENCHMARK = "pobench.benchmark"      # on an eval run of `bench eval --comparison`: the benchmark it evaluated
+EVAL_KEY = "pobench.eval_key"        # ... and the hash of its evaluation settings (same key = reusable result)
 STUDY = "pobench.study"              # tune runs: the Optuna study
 TRIAL = "pobench.trial"              # tune-trial runs (and their training runs): the trial number
 TRIAL_STATE = "pobench.trial_state"

@@ -1,255 +1,131 @@
 """`bench report`: build a comparison's figures, tables and one-page ``report.md`` from MLflow alone.
 
-``build_report`` loads the comparison's finished runs (``reports.load``), derives convergence and stability metrics
-(``reports.derived``), stores them back into each run (``derived/<name>`` metrics), writes everything into
-``reports/out/<experiment>/`` and logs that folder as artifacts (``report/``) of the comparison's MLflow run
-(``pobench.kind=comparison``, created if absent).
+``analyse`` turns a loaded comparison (``reports.load``) into its derived numbers (``reports.derived``), tables
+(``reports.sections``, ``reports.evals``) and notes; ``build_report`` draws the figures (``reports.plots``), exports
+the curves (``reports.curves``), stores the derived numbers back into each run (``derived/<name>`` metrics), writes
+everything into ``<out_root>/<experiment>/<comparison>/`` and logs that folder as artifacts (``report/``) of the
+comparison's MLflow run (``pobench.kind=comparison``, created if absent).
+
+The folder is written under a temporary name and swapped in whole (``reports.paths.replace_owned``): only folders
+pobench marked as its own are replaced, so reporting comparison B never touches comparison A's report, and a foreign
+folder in the way (or a name that would leave ``out_root``) is refused with one line.
 """
 
 from __future__ import annotations
 
-import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reports import checks, figures
-from reports import metric_keys as K
+from reports import checks, sections
 from reports.derived import KEY_ACC, DerivedSettings, RunDerived, default_target, derive, store
+from reports.figures import CROWDED, FigureOptions
 from reports.load import Comparison, load_comparison
-from reports.record import COMPARISON, CONFIG_HASH, KIND, STOPPED
-from reports.tables import Table, fmt, fmt_mean_ci, mean_ci, paired_test
+from reports.record import BASELINE, COMPARISON, CONFIG_HASH, KIND, STOPPED
+from reports.tables import Table, Units
 
 DEFAULT_BASELINE = "grpo"
 PARAMS_SHOWN = ("model", "task", "eval_task", "steps", "prompts_per_step", "group_size", "max_new_tokens", "lr",
-                "eval_every", "eval_problems", "backend")
+                "eval_every", "eval_problems", "backend", "engine")
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """How a report is drawn and printed (the flags of `bench report` / `bench run` / `bench compare`)."""
+
+    titles: bool = True              # --no-titles: figures without titles (the paper's caption says it)
+    band: str = "ci"                 # --band: "ci" (95% t interval of the seed mean) | "minmax"
+    percent: bool = True             # --fractions: accuracies as fractions instead of percent
+    metrics: tuple[str, ...] = ()    # --metrics: extra logged metrics, one figure each (and in curves.csv)
+
+    @property
+    def units(self) -> Units:
+        return Units(self.percent)
+
+    @property
+    def figure_options(self) -> FigureOptions:
+        return FigureOptions(titles=self.titles, band=self.band)
+
+
+@dataclass
+class Analysis:
+    """Everything a report states about one comparison, before anything is written."""
+
+    comparison: Comparison
+    baseline: str | None
+    baseline_how: str
+    target: float | None             # None: no convergence target
+    target_how: str
+    interval: str                    # the evaluation interval the convergence is interpolated over
+    derived: dict[str, RunDerived]   # run_id -> derived numbers
+    groups: sections.Groups
+    conv: list[dict]
+    paired: list[dict]
+    tables: dict[str, Table]
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
 class Report:
     out_dir: Path
     comparison: Comparison
-    target_acc: float
+    target_acc: float | None
     baseline: str | None
-    derived: dict[str, RunDerived]                   # run_id -> derived numbers
+    derived: dict[str, RunDerived]
     tables: dict[str, Table] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     artifact_run_id: str | None = None
+    figures: dict = field(default_factory=dict)  # figure key -> reports.figures.Drawn, or why it is not drawn
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "experiment"
+def resolve_baseline(cmp: Comparison, baseline: str | None, recorded: str | None = None) -> tuple[str, str]:
+    """(baseline, how it was chosen): ``baseline`` when given (it must have finished runs), else the one recorded on
+    the comparison run (``pobench.baseline``: `bench run`'s choice, or the last report's), else ``grpo`` when in the
+    comparison, else the comparison's first objective."""
+    if baseline is not None:
+        if baseline not in cmp.objectives:
+            raise ValueError(f"baseline {baseline!r} has no finished run in comparison {cmp.comparison_id!r}; "
+                             f"objectives: {', '.join(cmp.objectives)}")
+        return baseline, "given: --baseline, or the root of bench run --ablation"
+    if recorded in cmp.objectives:
+        return recorded, "recorded on the comparison run"
+    if DEFAULT_BASELINE in cmp.objectives:
+        return DEFAULT_BASELINE, "the default"
+    return cmp.objectives[0], "the comparison's first objective"
 
 
-def _vals(rows, attr) -> list:
-    return [getattr(d, attr) for d in rows if getattr(d, attr) is not None]
-
-
-def _group(cmp: Comparison, derived: dict[str, RunDerived]) -> dict[str, list[tuple[int, RunDerived]]]:
-    out: dict[str, list[tuple[int, RunDerived]]] = {o: [] for o in cmp.objectives}
+def _group(cmp: Comparison, derived: dict[str, RunDerived]) -> sections.Groups:
+    out: sections.Groups = {o: [] for o in cmp.objectives}
     for r in cmp.runs:
         out[r.variant].append((r.seed, derived[r.run_id]))
     return out
 
 
-def accuracy_table(groups) -> Table:
-    rows, csv_rows = [], []
-    for obj, rs in groups.items():
-        ds = [d for _, d in rs]
-        gains = [d.final_acc - d.initial_acc for d in ds if d.final_acc is not None and d.initial_acc is not None]
-        cols = [_vals(ds, "initial_acc"), _vals(ds, "final_acc"), _vals(ds, "best_acc"), gains]
-        rows.append([obj, str(len(ds)), *[fmt_mean_ci(v) if len(v) == len(ds) else "n/a" for v in cols]])
-        csv_rows.append([obj, len(ds), *[x for v in cols for x in (mean_ci(v) if len(v) == len(ds) else
-                                                                    (None, None))]])
-    return Table("accuracy", "Held-out accuracy", "Greedy held-out accuracy before training (step 0: the warm-start "
-                 "policy), at the last evaluation (final) and the highest over evaluations (best); gain = final - "
-                 "step 0 per seed. Mean ± 95% Student-t CI over n seeds.",
-                 ["objective", "n", "step 0", "final accuracy", "best accuracy", "gain over step 0"], rows,
-                 ["objective", "n", "initial_mean", "initial_ci95", "final_mean", "final_ci95", "best_mean",
-                  "best_ci95", "gain_mean", "gain_ci95"], csv_rows)
+def eval_interval(cmp: Comparison) -> str:
+    """The evaluation interval in words ("evaluations every 2 steps"), from the runs' held-out series."""
+    gaps = sorted({b - a for r in cmp.runs for (a, _), (b, _) in zip(r.series[KEY_ACC], r.series[KEY_ACC][1:])})
+    if not gaps:
+        return "one evaluation per run"
+    if len(gaps) == 1:
+        return f"evaluations every {gaps[0]} step{'s' if gaps[0] != 1 else ''}"
+    return f"evaluations {gaps[0]}-{gaps[-1]} steps apart"
 
 
-def convergence_rows(groups, baseline: str | None) -> list[dict]:
-    out = []
-    for obj, rs in groups.items():
-        ds = [d for _, d in rs]
-        steps, secs = _vals(ds, "ttc_step"), _vals(ds, "ttc_seconds")
-        all_reached = len(steps) == len(ds)
-        sm, sh = mean_ci(steps) if all_reached else (None, None)
-        tm, th = mean_ci(secs) if all_reached and len(secs) == len(ds) else (None, None)
-        out.append({"objective": obj, "n": len(ds), "reached": len(steps), "steps_mean": sm, "steps_ci": sh,
-                    "seconds_mean": tm, "seconds_ci": th, "steps_per_seed": [d.ttc_step for d in ds]})
-    by_seed = {obj: dict(rs) for obj, rs in groups.items()}
-    base = by_seed.get(baseline) if baseline else None
-    for r in out:
-        for unit, attr in (("steps", "ttc_step"), ("seconds", "ttc_seconds")):
-            # per seed: this objective's time / the baseline's time at the same seed; mean ± CI over seeds, given
-            # only when both reached the target at every seed of the objective
-            ratios = []
-            for seed, d in by_seed[r["objective"]].items():
-                b = base.get(seed) if base else None
-                num, den = getattr(d, attr), getattr(b, attr) if b is not None else None
-                if num is not None and den:
-                    ratios.append(num / den)
-            full = base is not None and len(ratios) == r["n"]
-            r[f"{unit}_ratio"], r[f"{unit}_ratio_ci"] = mean_ci(ratios) if full else (None, None)
-    return out
-
-
-def convergence_table(conv: list[dict], target: float, baseline: str | None, why_no_base: str) -> Table:
-    rows, csv_rows = [], []
-    for r in conv:
-        if r["reached"] == r["n"]:
-            st = fmt(r["steps_mean"], 1) + (f" ± {fmt(r['steps_ci'], 1)}" if r["steps_ci"] is not None else "")
-            se = fmt(r["seconds_mean"], 1) + (f" ± {fmt(r['seconds_ci'], 1)}" if r["seconds_ci"] is not None else "")
-        else:
-            reached = ", ".join(str(s) for s in r["steps_per_seed"] if s is not None)
-            st = f"not reached by {r['n'] - r['reached']}/{r['n']} seeds" + (f" (others: {reached})" if reached else "")
-            se = "not reached"
-        ratio = [(fmt(r[f"{u}_ratio"], 2) + (f" ± {fmt(r[f'{u}_ratio_ci'], 2)}" if r[f"{u}_ratio_ci"] is not None
-                                               else "")) if r[f"{u}_ratio"] is not None else "n/a"
-                 for u in ("steps", "seconds")]
-        rows.append([r["objective"], str(r["n"]), f"{r['reached']}/{r['n']}", st, se, *ratio])
-        csv_rows.append([r["objective"], r["n"], r["reached"], r["steps_mean"], r["steps_ci"], r["seconds_mean"],
-                         r["seconds_ci"], r["steps_ratio"], r["steps_ratio_ci"], r["seconds_ratio"],
-                         r["seconds_ratio_ci"]])
-    base = f"ratio to {baseline}" if baseline else "ratio to baseline"
-    return Table("convergence", "Time to convergence",
-                 f"First evaluation step (and training wall-clock seconds) at which the smoothed held-out accuracy "
-                 f"reaches {target:.4f}; mean ± 95% CI over seeds, given only when every seed reached it. Ratio = "
-                 f"the objective's time / the baseline's time at the same seed, mean ± 95% CI over seeds (given when "
-                 f"both reached the target at every seed). {why_no_base}".strip(),
-                 ["objective", "n", "reached", "steps", "seconds", f"steps {base}", f"seconds {base}"], rows,
-                 ["objective", "n", "reached", "steps_mean", "steps_ci95", "seconds_mean", "seconds_ci95",
-                  "steps_ratio", "steps_ratio_ci95", "seconds_ratio", "seconds_ratio_ci95"], csv_rows)
-
-
-STAB = [("entropy_slope", "entropy slope /step", 5), ("acc_drawdown", "acc. drawdown", 3),
-        ("grad_spikes", "grad-norm spikes", 1), ("kl_max", "max KL", 4), ("reward_var", "reward var.", 4),
-        ("zero_adv_frac", "zero-adv. frac.", 3)]
-
-
-def stability_table(groups, s: DerivedSettings) -> Table:
-    rows, csv_rows = [], []
-    for obj, rs in groups.items():
-        ds = [d for _, d in rs]
-        col = _vals(ds, "entropy_collapse_step")
-        if not col:
-            cell = f"none (0/{len(ds)})"
-        elif len(col) == len(ds):
-            cell = fmt_mean_ci(col, 1) + f" ({len(ds)}/{len(ds)})"
-        else:
-            cell = f"{len(col)}/{len(ds)} seeds: step " + ", ".join(str(c) for c in col)
-        row, crow = [obj, str(len(ds)), cell], [obj, len(ds), len(col), *mean_ci(col)]
-        for attr, _, digits in STAB:
-            v = _vals(ds, attr)
-            row.append(fmt_mean_ci(v, digits) if len(v) == len(ds) else f"n/a ({len(ds) - len(v)} seeds lack data)")
-            crow.extend(mean_ci(v) if len(v) == len(ds) else (None, None))
-        rows.append(row)
-        csv_rows.append(crow)
-    csv_cols = ["objective", "n", "collapsed", "collapse_step_mean", "collapse_step_ci95"]
-    for attr, _, _ in STAB:
-        csv_cols += [f"{attr}_mean", f"{attr}_ci95"]
-    return Table("stability", "Stability", f"Entropy collapse: first step with mean rollout entropy < "
-                 f"{s.collapse_frac} × its initial value. Slope: least-squares entropy change per step. Drawdown: "
-                 f"largest fall of held-out accuracy below an earlier peak. Spikes: steps with gradient norm > "
-                 f"{s.spike_k} × the median of the previous {s.spike_window}. Max KL to the reference policy; variance "
-                 f"of the per-step mean reward across steps; mean fraction of groups with all-equal rewards. "
-                 f"Mean ± 95% CI over seeds.",
-                 ["objective", "n", "entropy collapse", *[t for _, t, _ in STAB]], rows, csv_cols, csv_rows)
-
-
-def paired_table(groups, baseline: str | None, why_no_base: str) -> Table:
-    rows, csv_rows = [], []
-    if baseline in groups:
-        base = {seed: d.final_acc for seed, d in groups[baseline] if d.final_acc is not None}
-        for obj, rs in groups.items():
-            if obj == baseline:
-                continue
-            pt = paired_test({seed: d.final_acc for seed, d in rs if d.final_acc is not None}, base)
-            p = pt.note or fmt(pt.p, 4)
-            rows.append([obj, baseline, str(pt.n), fmt(pt.mean_diff, 4), fmt(pt.t, 3), p])
-            csv_rows.append([obj, baseline, pt.n, pt.mean_diff, pt.t, pt.p, pt.note])
-    caption = ("Paired t-test (scipy.stats.ttest_rel) of per-seed final held-out accuracy against the baseline over "
-               "the n seeds both ran; diff = mean(objective - baseline). " + why_no_base).strip()
-    return Table("paired_test", f"Paired test against {baseline or 'the baseline'}", caption,
-                 ["objective", "baseline", "n", "mean diff", "t", "p-value"], rows,
-                 ["objective", "baseline", "n", "mean_diff", "t", "p_value", "note"], csv_rows)
-
-
-RUN_COLS = ["initial_acc", "final_acc", "best_acc", "ttc_step", "ttc_seconds", "entropy_collapse_step", "entropy_slope",
-            "acc_drawdown", "grad_spikes", "kl_max", "reward_var", "zero_adv_frac"]
-
-
-def runs_table(cmp: Comparison, derived: dict[str, RunDerived]) -> Table:
-    rows, csv_rows = [], []
-    for r in cmp.runs:
-        d = derived[r.run_id]
-        vals = [getattr(d, c) for c in RUN_COLS]
-        shown = []
-        for c, v in zip(RUN_COLS, vals):
-            if v is None and c.startswith("ttc"):
-                shown.append("not reached")
-            elif v is None and c == "entropy_collapse_step":
-                shown.append("none")
-            else:
-                shown.append(fmt(v, 5 if c == "entropy_slope" else 3))
-        n_problems = r.params.get("eval_problems", "")
-        lo, hi = checks.final_acc_interval(d.final_acc, int(n_problems) if n_problems.isdigit() else None)
-        rows.append([r.name, r.variant, str(r.seed), *shown, "n/a" if lo is None else f"[{lo:.3f}, {hi:.3f}]"])
-        csv_rows.append([r.run_id, r.name, r.variant, r.seed, *vals, lo, hi])
-    return Table("runs", "Per-run derived metrics",
-                 "The per-objective tables of report.md are means over these per-run values. final_acc_ci95: Wilson "
-                 "95% interval of the run's final held-out accuracy as a proportion of its eval_problems problems "
-                 "(correct at 0 and 1; n/a when the run did not log eval_problems).",
-                 ["run", "objective", "seed", *RUN_COLS, "final_acc_ci95"], rows,
-                 ["run_id", "run", "objective", "seed", *RUN_COLS, "final_acc_ci95_low", "final_acc_ci95_high"],
-                 csv_rows)
-
-
-def _artifact_run(client, cmp: Comparison) -> tuple[str, bool]:
-    """The comparison's own MLflow run (kind=comparison); created here when `bench run` did not make one."""
-    found = client.search_runs([cmp.experiment_id], filter_string=(
-        f"tags.`pobench.kind` = 'comparison' and tags.`pobench.comparison` = '{cmp.comparison_id}'"), max_results=1)
-    if found:
-        return found[0].info.run_id, False
-    run = client.create_run(cmp.experiment_id, run_name=f"comparison-{cmp.comparison_id}", tags={
-        KIND: "comparison", COMPARISON: cmp.comparison_id,
-        CONFIG_HASH: cmp.config_hash})
-    return run.info.run_id, True
-
-
-def build_report(experiment: str = "pobench", comparison: str | None = None, tracking_uri: str | None = None, *,
-                 out_root: str | Path = "reports/out", baseline: str | None = None, target_acc: float | None = None,
-                 settings: DerivedSettings | None = None, objectives=None, seeds=None,
-                 store_derived: bool = True, log_artifacts: bool = True, figures_too: bool = True,
-                 client=None) -> Report:
-    """Write the comparison's report into ``<out_root>/<experiment>/`` (replacing what was there) and into MLflow."""
+def analyse(cmp: Comparison, *, baseline: str | None = None, recorded_baseline: str | None = None,
+            target_acc: float | None = None, settings: DerivedSettings | None = None,
+            units: Units | None = None, evals: list | None = None) -> Analysis:
+    """Derived numbers, tables and notes of a loaded comparison (nothing written)."""
     settings = settings or DerivedSettings()
+    units = units or Units()
     if target_acc is not None and not (0.0 <= target_acc <= 1.0):
         raise ValueError(f"--target-acc must be an accuracy in [0, 1], got {target_acc}")
-    cmp = load_comparison(experiment, comparison, tracking_uri, objectives=objectives, seeds=seeds, client=client)
-    from mlflow import MlflowClient
-
-    client = client or MlflowClient(tracking_uri=cmp.tracking_uri)
     lacking = [r.name for r in cmp.runs if not r.series.get(KEY_ACC)]
     if lacking:
         raise ValueError(f"run(s) {', '.join(lacking)} have no held-out accuracy series ({KEY_ACC}): cannot compare "
                          f"accuracy or convergence (was eval_every 0?)")
+    base, base_how = resolve_baseline(cmp, baseline, recorded_baseline)
     notes: list[str] = []
-    explicit = baseline is not None
-    baseline = baseline or DEFAULT_BASELINE
-    why_no_base = ""
-    if baseline not in cmp.objectives:
-        if explicit:
-            raise ValueError(f"baseline {baseline!r} has no finished run in comparison {cmp.comparison_id!r}; "
-                             f"objectives: {', '.join(cmp.objectives)}")
-        why_no_base = f"No ratio or test: the default baseline {baseline} is not in this comparison (--baseline)."
-        notes.append(why_no_base)
-        baseline = None
-    target, target_how = _target(cmp, target_acc, baseline, settings, notes)
+    target, target_how = _target(cmp, target_acc, base, settings, units, notes)
     derived = {r.run_id: derive(r.series, target, settings) for r in cmp.runs}
     groups = _group(cmp, derived)
     seeds_of = {o: sorted(s for s, _ in rs) for o, rs in groups.items()}
@@ -261,137 +137,211 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
     for r in cmp.runs:
         if r.tags.get(STOPPED) == "early":
             notes.append(f"Run {r.name} was stopped early (pobench.stopped=early).")
-
     at0 = [r.name for r in cmp.runs if derived[r.run_id].ttc_step == 0]
     if at0:
         notes.append(f"{len(at0)}/{len(cmp.runs)} runs meet the convergence target already at step 0 (before any "
                      f"update), so time to convergence does not separate them; fix a target with --target-acc.")
-    ranking = checks.ranking_note({o: _vals([d for _, d in rs], "final_acc") for o, rs in groups.items()}, mean_ci)
+    paired = sections.paired_rows(groups, base)
+    finals = {o: [d.final_acc for _, d in rs if d.final_acc is not None] for o, rs in groups.items()}
+    ranking = checks.ranking_note(finals, sections.stats.mean_ci)
     if ranking:
-        notes.append(ranking)
-    first_eval = [next((s for s, _ in sorted(r.series[KEY_ACC]) if s > 0), None) for r in cmp.runs]
-    late = checks.first_evaluation_note([derived[r.run_id].ttc_step for r in cmp.runs], first_eval, target,
-                                        _vals(list(derived.values()), "initial_acc"))
-    if late:
-        notes.append(late)
-    conv = convergence_rows(groups, baseline)
+        best, others = checks.unresolved(finals, sections.stats.mean_ci)
+        power = sections.power_note(groups, best, others, units)
+        notes.append(ranking + (f" {power}" if power else ""))
+    if target is not None:
+        first_eval = [next((s for s, _ in sorted(r.series[KEY_ACC]) if s > 0), None) for r in cmp.runs]
+        late = checks.first_evaluation_note([derived[r.run_id].ttc_step for r in cmp.runs], first_eval, target,
+                                            [d.initial_acc for d in derived.values() if d.initial_acc is not None])
+        if late:
+            notes.append(late)
+    conv = sections.convergence_rows(groups, base)
+    interval = eval_interval(cmp)
     from reports.distinguish import probe_table
 
     probe_tab, probe_warnings = probe_table(cmp)  # what can differ at all under this configuration
     notes += [f"Probe: {w}." for w in probe_warnings]
-    tables = {t.name: t for t in (accuracy_table(groups), convergence_table(conv, target, baseline, why_no_base),
-                                  stability_table(groups, settings), paired_table(groups, baseline, why_no_base),
-                                  runs_table(cmp, derived), probe_tab)}
-    out_dir = Path(out_root) / _safe(experiment)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    runs_tab, runs_stab = sections.runs_tables(cmp, derived, units)
+    target_text = f"≥ {target_how}" if target is not None else f"none: {target_how}"
+    tabs = [probe_tab, sections.accuracy_table(groups, units), sections.aggregates_table(groups, units),
+            sections.paired_table(paired, base, units), sections.convergence_table(conv, target_text, interval, base),
+            sections.stability_table(groups, settings), runs_tab, runs_stab]
+    if evals:
+        from reports.evals import benchmark_table
+
+        bench_tab, bench_notes = benchmark_table(cmp, evals, units)
+        if bench_tab is not None:
+            tabs.append(bench_tab)
+            notes += bench_notes
+    return Analysis(cmp, base, base_how, target, target_how, interval, derived, groups, conv, paired,
+                    {t.name: t for t in tabs}, notes)
+
+
+def comparison_run(client, cmp: Comparison):
+    """The comparison's own MLflow run (kind=comparison), or None."""
+    found = client.search_runs([cmp.experiment_id], filter_string=(
+        f"tags.`{KIND}` = 'comparison' and tags.`{COMPARISON}` = '{cmp.comparison_id}'"), max_results=1)
+    return found[0] if found else None
+
+
+def _artifact_run(client, cmp: Comparison) -> tuple[str, bool]:
+    """The comparison's own MLflow run; created here when `bench run` did not make one."""
+    found = comparison_run(client, cmp)
+    if found is not None:
+        return found.info.run_id, False
+    run = client.create_run(cmp.experiment_id, run_name=f"comparison-{cmp.comparison_id}", tags={
+        KIND: "comparison", COMPARISON: cmp.comparison_id, CONFIG_HASH: cmp.config_hash})
+    return run.info.run_id, True
+
+
+def report_folder(out_root: str | Path, experiment: str, comparison: str | None = None) -> Path:
+    """``<out_root>/<experiment>/<comparison>`` (each a safe path component, contained in ``out_root``); the
+    experiment folder must be pobench's or absent (refused with one line otherwise). Without ``comparison``: the
+    experiment folder, checked only."""
+    from reports.paths import UnsafePath, contained, is_owned, safe_component
+
+    exp_dir = contained(out_root, safe_component(experiment, "--experiment"))
+    if (exp_dir.exists() or exp_dir.is_symlink()) and (exp_dir.is_symlink() or not is_owned(exp_dir)):
+        raise UnsafePath(f"{exp_dir} exists and was not created by pobench (no .pobench-owned file): not writing "
+                         f"reports into it; move it away or choose another --out-root / --experiment")
+    if comparison is None:
+        return exp_dir
+    return contained(out_root, exp_dir.name, safe_component(comparison, "--comparison"))
+
+
+def build_report(experiment: str = "pobench", comparison: str | None = None, tracking_uri: str | None = None, *,
+                 out_root: str | Path = "reports/out", baseline: str | None = None, target_acc: float | None = None,
+                 settings: DerivedSettings | None = None, objectives=None, seeds=None, options: ReportOptions | None
+                 = None, store_derived: bool = True, log_artifacts: bool = True, figures_too: bool = True,
+                 client=None) -> Report:
+    """Write the comparison's report into ``<out_root>/<experiment>/<comparison>/`` (replacing only that folder, and
+    only when pobench made it) and into MLflow."""
+    from reports import curves, plots
+    from reports.paths import make_owned, new_temp_folder, remove_owned, replace_owned
+
+    options = options or ReportOptions()
+    settings = settings or DerivedSettings()
+    report_folder(out_root, experiment)  # a foreign folder in the way: one line before any work
+    extra = tuple(k for k in options.metrics if k)
+    cmp = load_comparison(experiment, comparison, tracking_uri, objectives=objectives, seeds=seeds, client=client,
+                          extra_keys=extra)
+    from mlflow import MlflowClient
+
+    client = client or MlflowClient(tracking_uri=cmp.tracking_uri)
+    from reports.evals import load_evals
+
+    crun = comparison_run(client, cmp)
+    recorded = crun.data.tags.get(BASELINE) if crun is not None else None
+    a = analyse(cmp, baseline=baseline, recorded_baseline=recorded, target_acc=target_acc, settings=settings,
+                units=options.units, evals=load_evals(client, cmp))
+    dest = report_folder(out_root, experiment, cmp.comparison_id)
+    make_owned(dest.parent, "reports")
+    tmp = new_temp_folder(dest)
     try:
         files: list[Path] = []
-        for t in tables.values():
+        for t in a.tables.values():
             files += t.write(tmp)
-        def series(key: str, ylabel: str, title: str, name: str) -> list[Path] | str:
-            """The figure of ``key``, or why it is not drawn (a quantity that never varies)."""
-            if not checks.varies(cmp.runs, key):
-                return checks.constant_reason(cmp.runs, key)
-            return figures.series_figure(cmp.runs, key, ylabel, title, tmp, name)
-
-        figs = {} if not figures_too else {
-            "accuracy_vs_step": figures.series_figure(cmp.runs, KEY_ACC, "held-out accuracy (greedy)",
-                                                      "Held-out accuracy vs step", tmp, "accuracy_vs_step"),
-            "accuracy_vs_time": figures.accuracy_time_figure(cmp.runs, tmp),
-            "train_accuracy": series(K.ROLLOUT_ACCURACY, "verifier accuracy of rollouts",
-                                     "Training accuracy vs step (verifier, first round)", "train_accuracy_vs_step"),
-            "reward": series(K.REWARD_MEAN, "mean shaped reward",
-                             "Training reward vs step (as shaped by each objective)", "reward_vs_step"),
-            "refill": series(K.REFILL_COMPLETIONS, "completions",
-                             "Refill-round completions per step (dynamic sampling)", "refill_vs_step"),
-            "entropy": series(K.ENTROPY_MEAN, "mean token entropy (nats)", "Rollout entropy vs step",
-                              "entropy_vs_step"),
-            "fractions": figures.fractions_figure(cmp.runs, tmp) or
-            "no clip / mask / selection fraction varies in any run",
-            "ttc": figures.ttc_figure(conv, target, tmp),
-        }
+        figs = {} if not figures_too else plots.draw_all(cmp, a.conv, a.target, a.target_how, a.interval, tmp,
+                                                         options.figure_options, extra, a.baseline)
         for v in figs.values():
-            files += v if isinstance(v, list) else []
-        (tmp / "report.md").write_text(_markdown(cmp, tables, figs, target_how, baseline, settings, notes))
+            files += v.paths if not isinstance(v, str) else []
+        files += curves.write_curves(cmp, plots.plotted_keys(extra), tmp)
+        (tmp / "report.md").write_text(_markdown(a, figs, settings, options, bool(figures_too)))
         files.append(tmp / "report.md")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+        replace_owned(tmp, dest, out_root)
     finally:
         if tmp.exists():
-            shutil.rmtree(tmp)
-    files = [out_dir / f.name for f in files]
-    rep = Report(out_dir, cmp, target, baseline, derived, tables, files, notes)
+            remove_owned(tmp, out_root)
+    files = [dest / f.name for f in files]
+    rep = Report(dest, cmp, a.target, a.baseline, a.derived, a.tables, files, a.notes, figures=figs)
     if store_derived:
         for r in cmp.runs:
-            store(client, r.run_id, derived[r.run_id], cmp.comparison_id)
+            store(client, r.run_id, a.derived[r.run_id], cmp.comparison_id)
     if log_artifacts:
         run_id, created = _artifact_run(client, cmp)
-        client.log_artifacts(run_id, str(out_dir), artifact_path="report")
+        client.log_artifacts(run_id, str(dest), artifact_path="report")
+        client.set_tag(run_id, BASELINE, a.baseline)
         if created:
             client.set_terminated(run_id)
         rep.artifact_run_id = run_id
     return rep
 
 
-def _target(cmp: Comparison, target_acc: float | None, baseline: str | None, settings: DerivedSettings,
-            notes: list[str]) -> tuple[float, str]:
-    """The convergence target and the sentence that states it in the report (inf = no target)."""
+def _target(cmp: Comparison, target_acc: float | None, baseline: str, settings: DerivedSettings, units: Units,
+            notes: list[str]) -> tuple[float | None, str]:
+    """The convergence target (None = no target) and the sentence that states it (in the report's units, two more
+    digits than the tables)."""
+    def acc(x: float) -> str:
+        return f"{100 * x:.2f}%" if units.percent else f"{x:.4f}"
+
     if target_acc is not None:
-        return target_acc, f"smoothed held-out accuracy ≥ {target_acc:.4f} (given with --target-acc)"
-    ref = baseline or cmp.objectives[0]
+        return target_acc, f"{acc(target_acc)} (given with --target-acc)"
     t = default_target([r.series[KEY_ACC] for r in cmp.runs],
-                       [r.series[KEY_ACC] for r in cmp.runs if r.variant == ref], settings)
-    made = (f"step-0 accuracy {t.start:.4f} + {t.frac:g} × the improvement of {ref}'s seed-mean smoothed accuracy "
-            f"(best {t.reference_best:.4f})")
+                       [r.series[KEY_ACC] for r in cmp.runs if r.variant == baseline], settings)
+    made = (f"step-0 accuracy {acc(t.start)} + {t.frac:g} × the improvement of {baseline}'s seed-mean smoothed "
+            f"accuracy (best {acc(t.reference_best)})")
     if t.value is None:
-        notes.append(f"{ref} did not improve over the step-0 accuracy ({t.start:.4f}; best seed-mean smoothed "
-                     f"{t.reference_best:.4f}), so there is no default convergence target: time to convergence is "
-                     "reported as not reached (give one with --target-acc).")
-        return float("inf"), f"none ({made} does not exist)"
-    return t.value, f"smoothed held-out accuracy ≥ {t.value:.4f} = {made}"
+        notes.append(f"{baseline} did not improve over the step-0 accuracy ({acc(t.start)}; best seed-mean smoothed "
+                     f"{acc(t.reference_best)}), so there is no default convergence target: time to convergence is "
+                     "not reported (give a target with --target-acc).")
+        return None, f"{baseline} did not improve over step 0, so {made} does not exist"
+    return t.value, f"{acc(t.value)} = {made}"
 
 
-def _markdown(cmp: Comparison, tables: dict[str, Table], figs: dict[str, list[Path] | str], target_how: str,
-              baseline: str | None, s: DerivedSettings, notes: list[str]) -> str:
+def _markdown(a: Analysis, figs: dict, s: DerivedSettings, options: ReportOptions, drawn: bool) -> str:
+    from reports.plots import ALT, ORDER
+
+    cmp = a.comparison
     p = cmp.runs[0].params
-    setup = ", ".join(f"{k}={p[k]}" for k in PARAMS_SHOWN if k in p)
+    setup = ", ".join(f"{k}={p[k]}" for k in PARAMS_SHOWN if p.get(k) not in (None, "", "None"))
+    if "eval_task" in p and p["eval_task"] in ("", "None") and "task" in p:
+        setup += f", held-out problems from the task {p['task']}"
     seeds = sorted({r.seed for r in cmp.runs})
 
     def img(key: str, alt: str) -> str:
-        paths = figs.get(key) or []
-        if not figs:
+        v = figs.get(key)
+        if not drawn:
             return f"*{alt}: figures not drawn (figures_too=False).*\n"
-        if isinstance(paths, str):
-            return f"*{alt}: not drawn: {paths}.*\n"
-        if not paths:
-            return f"*{alt}: no run logged these series.*\n"
-        png = next(x.name for x in paths if x.suffix == ".png")
-        pdf = next(x.name for x in paths if x.suffix == ".pdf")
-        return f"![{alt}]({png}) ([PDF]({pdf}))\n"
+        if isinstance(v, str):
+            return f"*{alt}: not drawn: {v}.*\n"
+        if v is None:
+            return ""
+        name = next(x.name for x in v.paths if x.suffix == ".png")
+        stem = name[:-4]
+        return f"![{alt}]({name}) ([PDF]({stem}.pdf), [SVG]({stem}.svg))\n"
 
     def tab(name: str) -> str:
-        t = tables[name]
+        t = a.tables[name]
         return (f"### {t.title}\n\n{t.markdown()}\n{t.caption} "
                 f"([CSV]({name}.csv), [LaTeX]({name}.tex))\n")
 
+    target = (f"smoothed held-out accuracy ≥ {a.target_how}" if a.target is not None
+              else f"none ({a.target_how})")
+    band = ("95% Student-t confidence interval of the seed mean" if options.band == "ci"
+            else "min-max over seeds")
+    if len(cmp.objectives) > CROWDED:
+        band += (f" (with more than {CROWDED} objectives drawn only in the per-objective panels figures, `*_panels`, "
+                 f"where the baseline's mean is the grey line)")
     lines = [
         f"# Comparison `{cmp.comparison_id}` — experiment `{cmp.experiment}`\n",
         f"{len(cmp.runs)} finished runs: objectives {', '.join(cmp.objectives)}; seeds {', '.join(map(str, seeds))}. "
         f"Identical conditions (config hash `{cmp.config_hash}`){': ' + setup if setup else ''}. "
-        f"Baseline: {baseline or 'none'}. Convergence target: {target_how} "
-        f"(smoothed = trailing mean of {s.smooth_window} evaluations). Read from MLflow at `{cmp.tracking_uri}`. "
-        f"Bands in figures: min-max over seeds around the seed mean. Definitions: `docs/REPORTS.md`.\n",
+        f"Baseline: {a.baseline} ({a.baseline_how}). Convergence target: {target} "
+        f"(smoothed = trailing mean of {s.smooth_window} evaluations; {a.interval}). Accuracies in "
+        f"{options.units.unit}. Read from MLflow at `{cmp.tracking_uri}`. Lines in figures: seed mean; bands: "
+        f"{band}. Every plotted series: [curves.csv](curves.csv). Definitions: `docs/REPORTS.md`.\n",
     ]
-    if notes:
-        lines.append("**Notes.** " + " ".join(notes) + "\n")
-    lines += [tab("distinguishability"), tab("accuracy"), tab("paired_test"), tab("convergence"), tab("stability"),
-              "## Figures\n",
-              img("accuracy_vs_step", "held-out accuracy vs step"), img("accuracy_vs_time", "accuracy vs time"),
-              img("train_accuracy", "training verifier accuracy vs step"),
-              img("reward", "shaped reward vs step"), img("refill", "refill-round completions vs step"),
-              img("entropy", "entropy vs step"),
-              img("fractions", "clip and masked fractions"), img("ttc", "time to convergence"),
-              "Per-run values: [runs.md](runs.md), [runs.csv](runs.csv).\n"]
+    if a.notes:
+        lines.append("**Notes.** " + " ".join(a.notes) + "\n")
+    lines += [tab(n) for n in ("distinguishability", "accuracy", "aggregates", "paired_test", "convergence",
+                               "stability") if n in a.tables]
+    if "benchmarks" in a.tables:
+        lines.append(tab("benchmarks"))
+    lines.append("## Figures\n")
+    for k in ORDER:
+        lines.append(img(k, ALT[k]))
+        if f"{k}:panels" in figs:
+            lines.append(img(f"{k}:panels", f"{ALT[k]}, one panel per objective with its band"))
+    lines += [img(k, k.split(":", 1)[1]) for k in figs if k.startswith("metric:")]
+    lines.append("Per-run values: [runs.md](runs.md), [runs_stability.md](runs_stability.md), "
+                 "[runs.csv](runs.csv).\n")
     return "\n".join(lines)

@@ -3,6 +3,8 @@
     bench eval --model PATH_OR_ID --benchmarks gsm8k,math500,aime24 --k 8 [--limit N] [--data ../shared/data]
     bench eval --benchmarks arith    # without --model: the built-in model (as `bench train` / `bench run`)
     bench eval ... --harness lm-eval     # also run lm-evaluation-harness on the same rows and prompts (greedy)
+    bench eval --comparison ID --benchmarks math500,aime24,gsm8k   # every final model of a comparison (reused
+                                                                    # where stored); `bench report` tabulates them
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.cli import eval_comparison
+from bench.cli.eval_inputs import DEFAULT_MAX_NEW_TOKENS, max_new_tokens, resolve_data
 from bench.config import BUILTIN_MODEL, TRACKING_URI_DEFAULT
 from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
 from bench.inputs import check_seed
@@ -24,14 +28,16 @@ from evaluators import get_benchmark, list_benchmarks
 if TYPE_CHECKING:
     from evaluators import Task
 
-DEFAULT_MAX_NEW_TOKENS = 512
-
 
 def register(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a model on math benchmarks (greedy, pass@k, maj@k, with 95%% CIs)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=BUILTIN_MODEL,
+    p.add_argument("--model", default=None,
                    help=f"builtin:tiny-arith, a local model folder or a hub id (default: {BUILTIN_MODEL})")
+    p.add_argument("--comparison", metavar="ID", help="evaluate every final model of this comparison of --experiment "
+                   "(from the folder `bench run` ran in); evaluations already stored with the same settings are "
+                   "reused; each is an MLflow run nested under its training run, and `bench report` adds a table of "
+                   "benchmark accuracy per objective")
     p.add_argument("--benchmarks", required=True,
                    help=f"comma-separated benchmark names; valid: {', '.join(list_benchmarks())}")
     p.add_argument("--data", action="append", default=[], metavar="[NAME=]PATH",
@@ -48,7 +54,8 @@ def register(sub) -> None:
     p.add_argument("--no-greedy", action="store_true", help="skip the greedy pass")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"completion length limit (default {DEFAULT_MAX_NEW_TOKENS}, capped by the model's context)")
-    p.add_argument("--prompt-template", default="auto", help="auto | chat | plain | a format string with {question}")
+    p.add_argument("--prompt-template", default=None, help="auto | chat | plain | a format string with {question} "
+                   "(default: auto; with --comparison: the template the runs trained with)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")
@@ -60,64 +67,19 @@ def register(sub) -> None:
                    help="also run lm-evaluation-harness on the same rows with our prompts and extraction (greedy)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     p.add_argument("--tracking-uri", default=None, help=f"MLflow tracking URI (default: {TRACKING_URI_DEFAULT})")
-    p.add_argument("--experiment", default="pobench")
+    p.add_argument("--experiment", default="pobench", help="MLflow experiment (default: pobench)")
     p.add_argument("--run-name", default=None)
     p.add_argument("--parent-run-id", default=None,
                    help="log as a run nested under this MLflow run (e.g. a training run)")
     p.set_defaults(func=run)
 
 
-def resolve_data(benchmarks: list[Task], specs: list[str]) -> dict[str, str | None]:
-    """Map each benchmark to its --data source (None: the benchmark's hub id, or a generated task's own problems)."""
-    names = [b.name for b in benchmarks]
-    generated = {b.name for b in benchmarks if b.generated}
-    named: dict[str, str] = {}
-    plain: list[str] = []
-    for spec in specs:
-        name, sep, path = spec.partition("=")
-        if sep and name in names:
-            named[name] = path
-        elif sep and not Path(spec).exists():
-            raise ValueError(f"--data {spec}: {name!r} is not one of the benchmarks being evaluated "
-                             f"({', '.join(names)})")
-        else:
-            plain.append(spec)
-    if len(plain) > 1:
-        raise ValueError(f"--data: give at most one PATH without NAME= (got {', '.join(plain)})")
-    out: dict[str, str | None] = {}
-    for name in names:
-        if name in named:
-            out[name] = named[name]
-        elif plain and Path(plain[0], name).is_dir():
-            out[name] = str(Path(plain[0], name))
-        elif plain and len(names) == 1:
-            out[name] = plain[0]
-        elif plain and name not in generated:  # a generated task needs no sub-folder
-            raise ValueError(f"--data {plain[0]}: no {name}/ sub-folder; with several benchmarks use NAME=PATH")
-        else:
-            out[name] = None
-    return out
-
-
-def _max_new_tokens(requested: int | None, model, prompt_lengths: list[int]) -> int:
-    """--max-new-tokens, or the default capped by the model's context; warns when prompts do not fit."""
-    limit = getattr(model.config, "max_position_embeddings", None)
-    chosen = requested or DEFAULT_MAX_NEW_TOKENS
-    if limit is None:
-        return chosen
-    if requested is None:
-        chosen = max(16, min(DEFAULT_MAX_NEW_TOKENS, limit - max(prompt_lengths)))
-        if chosen < DEFAULT_MAX_NEW_TOKENS:
-            print(f"bench eval: --max-new-tokens {chosen} (the model's context is {limit} tokens)", file=sys.stderr)
-    too_long = sum(n + chosen > limit for n in prompt_lengths)
-    if too_long:
-        print(f"bench eval: warning: {too_long} of {len(prompt_lengths)} prompts plus {chosen} new tokens exceed the "
-              f"model's context of {limit} tokens; their completions are unreliable", file=sys.stderr)
-    return chosen
-
-
 def run(args) -> int:
     check_seed(args.seed, "--seed")
+    if args.comparison is not None:
+        return eval_comparison.run(args)
+    args.model = args.model or BUILTIN_MODEL
+    args.prompt_template = args.prompt_template or "auto"
     if not args.no_mlflow:  # an unreachable server: one line now, before transformers and the model load
         check_reachable(args.tracking_uri)
 
@@ -144,7 +106,7 @@ def run(args) -> int:
     engine = make_sampler(args.backend, model, tokenizer, **options)
     all_prompts = [format_prompt(tokenizer, p.question, args.prompt_template) for _, ps, _ in loaded for p in ps]
     warn_unknown_characters(tokenizer, [p.question for _, ps, _ in loaded for p in ps], "prompts")
-    max_new = _max_new_tokens(args.max_new_tokens, model, [len(tokenizer(x)["input_ids"]) for x in all_prompts])
+    max_new = max_new_tokens(args.max_new_tokens, model, [len(tokenizer(x)["input_ids"]) for x in all_prompts])
     n_samples = args.samples or args.k
 
     results = []

@@ -49,8 +49,34 @@ def config_from_args(args: argparse.Namespace, **fixed) -> TrainConfig:
 
 
 def add_report_flags(p: argparse.ArgumentParser, baseline_default: str) -> None:
-    """``--baseline``, ``--target-acc``, ``--out-root``: how a report compares (`bench run` and `bench report`)."""
+    """How a report compares and is drawn (`bench run`, `bench report`): ``--baseline``, ``--target-acc``,
+    ``--out-root``, ``--no-titles``, ``--band``, ``--fractions``, ``--metrics``."""
     p.add_argument("--baseline", help=f"objective the report compares against (default: {baseline_default})")
     p.add_argument("--target-acc", type=float, help="convergence target accuracy (default: step-0 accuracy + half "
                    "of the improvement the baseline achieves over it; docs/REPORTS.md)")
-    p.add_argument("--out-root", default="reports/out", help="report folder root (default: reports/out)")
+    p.add_argument("--out-root", default="reports/out", help="report folder root: each report goes to "
+                   "<out-root>/<experiment>/<comparison>/ (default: reports/out)")
+    add_style_flags(p)
+    p.add_argument("--metrics", metavar="KEY[,KEY]", help="more logged metrics to draw, one figure each against the "
+                   "step (e.g. rollout/entropy_p90,train/lr); also in curves.csv")
+
+
+def add_style_flags(p: argparse.ArgumentParser) -> None:
+    """``--no-titles``, ``--band``, ``--fractions``."""
+    p.add_argument("--no-titles", action="store_true", help="figures without titles (a paper's caption says it)")
+    p.add_argument("--band", choices=("ci", "minmax"), default="ci", help="band around each seed-mean line: ci = 95%% "
+                   "Student-t confidence interval of the mean over seeds, minmax = min to max over seeds (default: ci)")
+    add_units_flag(p)
+
+
+def add_units_flag(p: argparse.ArgumentParser) -> None:
+    """``--fractions`` (also `bench compare`)."""
+    p.add_argument("--fractions", action="store_true", help="accuracies as fractions (0.697) instead of percent (69.7)")
+
+
+def report_options(args: argparse.Namespace):
+    """The ``reports.report.ReportOptions`` of the flags above."""
+    from reports.report import ReportOptions
+
+    metrics = tuple(k.strip() for k in (getattr(args, "metrics", None) or "").split(",") if k.strip())
+    return ReportOptions(titles=not args.no_titles, band=args.band, percent=not args.fractions, metrics=metrics)

@@ -9,6 +9,8 @@ import argparse
 import signal
 import sys
 
+import bench
+from bench.cli import compare as compare_cmd
 from bench.cli import eval as eval_cmd
 from bench.cli import list as list_cmd
 from bench.cli import report as report_cmd
@@ -20,11 +22,12 @@ from bench.cli.interrupt import finished, on_sigint
 from bench.workers import quiet_libraries
 
 # the subcommands, in the order `bench --help` lists them
-COMMANDS = [list_cmd, train_cmd, warmstart_cmd, eval_cmd, run_cmd, report_cmd, tune_cmd]
+COMMANDS = [list_cmd, train_cmd, warmstart_cmd, eval_cmd, run_cmd, report_cmd, compare_cmd, tune_cmd]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bench", description="pobench: policy-optimization ablations for LLM RL")
+    parser.add_argument("--version", action="version", version=f"pobench {bench.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS:
         module.register(sub)

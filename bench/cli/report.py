@@ -1,5 +1,6 @@
 """`bench report [--experiment NAME] [--comparison ID]`: figures, tables and report.md of a comparison, read from
-MLflow only, written into ``reports/out/<experiment>/`` and logged as artifacts of the comparison's MLflow run."""
+MLflow only, written into ``reports/out/<experiment>/<comparison>/`` and logged as artifacts of the comparison's
+MLflow run."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 
 from mlflow.exceptions import MlflowException
 
-from bench.cli.flags import add_report_flags
+from bench.cli.flags import add_report_flags, report_options
 from bench.cli.interrupt import finished
 from bench.config import TRACKING_URI_DEFAULT
 from bench.tracking import check_reachable
@@ -20,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--experiment", default="pobench", help="MLflow experiment (default: pobench)")
     p.add_argument("--comparison", help="comparison id (default: the experiment's most recent comparison)")
     p.add_argument("--tracking-uri", help=f"MLflow tracking URI (default: {TRACKING_URI_DEFAULT})")
-    add_report_flags(p, baseline_default="grpo when present")
+    add_report_flags(p, baseline_default="the one recorded on the comparison run (bench run's), else grpo when "
+                     "present, else the comparison's first objective")
     p.add_argument("--no-store", action="store_true", help="do not write derived metrics back into the runs")
     p.set_defaults(func=run)
 
@@ -43,7 +45,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"experiment {args.experiment!r} holds {len(comps)} comparisons; reporting the most recent, "
                   f"{latest} (others: {others}; choose with --comparison)")
     rep = build_report(args.experiment, args.comparison, uri, out_root=args.out_root, baseline=args.baseline,
-                       target_acc=args.target_acc, store_derived=not args.no_store)
+                       target_acc=args.target_acc, store_derived=not args.no_store, options=report_options(args))
     finished()  # the report is written: an interrupt from now on changes nothing (exit 0)
     try:
         _summary(rep)

@@ -12,12 +12,13 @@ import dataclasses
 import sys
 
 from bench import engines
-from bench.cli.flags import add_config_flags, add_report_flags
+from bench.cli.flags import add_config_flags, add_report_flags, report_options
 from bench.compare import DEFAULTS, ComparisonSpec, base_config, load_params, resolve_algos, run_comparison
 from bench.compare.executors import EXECUTORS, make_executor
 from bench.config import TrainConfig
 from bench.tracking import check_reachable
 from bench.workers import parse_seeds
+from reports.report import report_folder
 
 SKIP = ("algo", "seed", "run_name", "comparison", "resume", "objective_overrides")
 
@@ -44,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "pobench installed (docs/SCALE.md) (default: start a local Ray instance for this command)")
     p.add_argument("--force", action="store_true", help="redo pairs that already finished (default: reuse them)")
     p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
-    add_report_flags(p, baseline_default=f"{DEFAULTS.baseline} when among the objectives")
+    add_report_flags(p, baseline_default="the first --ablation root; else grpo when among the objectives; else the "
+                     "first objective")
     p.add_argument("--no-report", action="store_true", help="train only; `bench report` writes the report later")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
     add_config_flags(p, skip=SKIP, defaults=DEFAULTS.train, default_label="default of bench run")
@@ -58,10 +60,10 @@ def run(args: argparse.Namespace) -> int:
     params = load_params(args.params, algos)
     flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig) if f.name not in SKIP}
     cfg = base_config(args.config, **flags)
-    baseline = args.baseline or (DEFAULTS.baseline if DEFAULTS.baseline in algos else None)
-    if args.baseline and args.baseline not in algos:
-        raise ValueError(f"--baseline {args.baseline!r} is not among the objectives run ({', '.join(algos)})")
+    baseline = run_baseline(args.baseline, args.ablation, algos)
     check_reachable(cfg.tracking_uri)
+    if not args.no_report:  # a foreign folder where the report would go: one line now, not after training
+        report_folder(args.out_root, cfg.experiment)
     for a in algos:  # what the engine cannot train: one line now, not one failed pair after another
         engines.check(dataclasses.replace(cfg, algo=a, objective_overrides=dict(params.get(a, {}))))
     engine = engines.engine_for(cfg)
@@ -71,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
     spec = ComparisonSpec(cfg, algos, seeds, params, force=args.force, workers=args.workers, executor=args.executor,
                           ray_address=args.ray_address, report=not args.no_report, baseline=baseline,
-                          target_acc=args.target_acc, out_root=args.out_root, progress=not args.no_progress)
+                          target_acc=args.target_acc, out_root=args.out_root, report_options=report_options(args),
+                          progress=not args.no_progress)
     try:
         res = run_comparison(spec)
     except KeyboardInterrupt:
@@ -87,3 +90,15 @@ def run(args: argparse.Namespace) -> int:
         t = res.report.tables["accuracy"]
         print(t.markdown(), end="")
     return 1 if res.failed else 0
+
+
+def run_baseline(baseline: str | None, ablation: list[str] | None, algos: list[str]) -> str | None:
+    """The report's baseline: ``--baseline`` (it must be run), else the first ``--ablation`` root (what its ablations
+    are measured against), else None: the report's own rule (``reports.report.resolve_baseline``: grpo when run, else
+    the first objective)."""
+    if baseline is not None:
+        if baseline not in algos:
+            raise ValueError(f"--baseline {baseline!r} is not among the objectives run ({', '.join(algos)})")
+        return baseline
+    roots = [r.strip() for a in ablation or [] for r in a.split(",") if r.strip()]
+    return roots[0] if roots else None

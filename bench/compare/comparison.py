@@ -61,6 +61,7 @@ class ComparisonSpec:
     baseline: str | None = None
     target_acc: float | None = None
     out_root: str | Path = "reports/out"
+    report_options: Any = None                # how the report is drawn (reports.report.ReportOptions)
     progress: bool = True                     # the live display (LiveDisplay)
 
 
@@ -181,7 +182,7 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
     if spec.report and any(p.outcome.startswith(("reused", "finished", "stopped early")) for p in pairs):
         result.report = build_report(cfg.experiment, cid, uri, out_root=spec.out_root, baseline=spec.baseline,
                                      target_acc=spec.target_acc, objectives=[p.variant for p in pairs], seeds=seeds,
-                                     client=client)
+                                     client=client, options=spec.report_options)
     result.seconds = time.perf_counter() - t_start
     result.workers = n_workers
     result.executor = ex.name

@@ -81,7 +81,7 @@ def test_variant_is_reused_then_force_redone(tmp_path):
     client = MlflowClient(cfg.tracking_uri)
     (old,) = runs(client, "force")
     assert old.data.tags["pobench.variant"] == label and old.data.params["objective.kl_coef"] == "0.0"
-    assert "| " + label + " |" in (tmp_path / "out" / "force" / "accuracy.md").read_text()
+    assert "| " + label + " |" in (tmp_path / "out" / "force" / first.comparison / "accuracy.md").read_text()
 
     again = run_comparison(spec(cfg, ["grpo"], [0], params=params))
     assert again.pairs[0].outcome == "reused"           # the overrides are part of the run's identity
@@ -91,7 +91,7 @@ def test_variant_is_reused_then_force_redone(tmp_path):
                                out_root=tmp_path / "out"))
     assert redo.pairs[0].outcome == "finished" and redo.pairs[0].run_id != old.info.run_id
     assert client.get_run(old.info.run_id).data.tags[f"pobench.in.{redo.comparison}"] == "0"
-    with open(tmp_path / "out" / "force" / "runs.csv") as f:
+    with open(tmp_path / "out" / "force" / redo.comparison / "runs.csv") as f:
         assert [r["run_id"] for r in csv.DictReader(f)] == [redo.pairs[0].run_id]
 
 

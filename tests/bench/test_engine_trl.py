@@ -231,8 +231,8 @@ def test_torchrun_two_processes_write_one_mlflow_run(tmp_path):
     assert run.data.tags["pobench.engine"] == "trl" and run.data.tags["pobench.objective"] == "tepo"
     assert run.data.tags["pobench.kind"] == "train"
     for key in ("objective/masked_frac", "objective/policy_loss", "train/loss", "train/kl_ref", "train/grad_norm",
-                "rollout/accuracy", "rollout/reward_mean", "rollout/entropy_mean", "time/elapsed_s",
-                "perf/total_num_tokens", "perf/throughput"):
+                "rollout/accuracy", "rollout/reward_mean", "rollout/entropy_mean", "rollout/gen_tokens",
+                "time/elapsed_s", "perf/total_num_tokens", "perf/throughput"):
         steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
         assert steps == [1, 2], (key, steps)
     assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/accuracy")] == [0, 2]

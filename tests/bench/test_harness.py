@@ -143,13 +143,18 @@ def test_two_objectives_two_seeds_report_equals_mlflow_series(tmp_path, model_di
     res = run_comparison(ComparisonSpec(cfg, ["grpo", "tepo"], [0, 1], out_root=tmp_path / "out", progress=False))
     assert [(p.variant, p.seed, p.outcome) for p in res.pairs] == [
         ("grpo", 0, "finished"), ("grpo", 1, "finished"), ("tepo", 0, "finished"), ("tepo", 1, "finished")]
-    out = tmp_path / "out" / "e2e"
+    out = tmp_path / "out" / "e2e" / res.comparison
+    assert res.report.out_dir == out
     from reports.figures import fraction_panels
 
     for f in FIGURES:
         if f == "clip_masked_fractions" and not fraction_panels(res.report.comparison.runs):
             # on-policy updates clip nothing: an all-zero panel is not drawn, report.md says why
             assert not (out / f"{f}.png").exists() and "fraction varies in any run" in (out / "report.md").read_text()
+            continue
+        if f == "time_to_convergence" and isinstance(res.report.figures["ttc"], str):
+            # three steps of a tiny model: no objective may reach the target at every seed; report.md says why
+            assert "time to convergence: not drawn:" in (out / "report.md").read_text()
             continue
         assert (out / f"{f}.png").exists() and (out / f"{f}.pdf").exists(), f
     for t in TABLES:

@@ -19,6 +19,8 @@ CMDS = {
     "report": ["report"],
     "tune": ["tune", "--algo", "grpo", "--trials", "1", "--steps", "1"],
     "eval": ["eval", "--model", "builtin:tiny-arith", "--benchmarks", "arith", "--limit", "2"],
+    "eval --comparison": ["eval", "--comparison", "c1", "--benchmarks", "arith"],
+    "compare": ["compare", "c1", "c2"],
 }
 
 

@@ -15,7 +15,8 @@ from bench.cli import main
 from tests.conftest import copy_store
 
 DERIVED = ("acc_drawdown", "best_acc", "entropy_collapse_step", "entropy_slope", "final_acc", "grad_spikes",
-           "initial_acc", "kl_max", "reward_var", "target_acc", "ttc_seconds", "ttc_step", "zero_adv_frac")
+           "initial_acc", "kl_max", "reward_var", "target_acc", "ttc_seconds", "ttc_seconds_interp", "ttc_step",
+           "ttc_step_interp", "zero_adv_frac")
 
 # tags of a training run; "pobench.in.{cid}" stands for the membership tag of this comparison
 TRAIN_TAGS = {
@@ -31,7 +32,8 @@ COMMON_METRICS = {
     "objective/clip_frac_high", "objective/clip_frac_low", "objective/entropy", "objective/kl_term",
     "objective/policy_loss", "objective/ratio_max", "objective/ratio_mean", "perf/throughput", "perf/total_num_tokens",
     "rollout/accuracy", "rollout/entropy_mean", "rollout/entropy_p10", "rollout/entropy_p50", "rollout/entropy_p90",
-    "rollout/kept_groups", "rollout/length_max", "rollout/length_mean", "rollout/reward_mean", "rollout/reward_std",
+    "rollout/gen_tokens", "rollout/kept_groups", "rollout/length_max", "rollout/length_mean", "rollout/reward_mean",
+    "rollout/reward_std",
     "rollout/sampling_rounds", "rollout/tokens_per_s", "rollout/truncation_rate", "rollout/zero_adv_frac",
     "time/elapsed_s", "time/eval_s", "time/rollout_s", "time/scoring_s", "time/step_s", "time/update_s",
     "train/abs_log_ratio", "train/abs_log_ratio_max", "train/abs_seq_log_ratio", "train/grad_norm", "train/kl_ref",
@@ -42,8 +44,8 @@ TRAIN_METRICS = {
     "tepo": COMMON_METRICS | {"objective/masked_frac"},
 }
 
-COMPARISON_TAGS = {"mlflow.runName", "pobench.comparison", "pobench.config_hash", "pobench.kind",
-                   "pobench.objectives", "pobench.seeds"}
+COMPARISON_TAGS = {"mlflow.runName", "pobench.baseline", "pobench.comparison", "pobench.config_hash",
+                   "pobench.kind", "pobench.objectives", "pobench.seeds"}
 COMPARISON_METRICS: set[str] = set()
 
 

@@ -41,7 +41,7 @@ def test_on_policy_comparison_reports_coinciding_objectives(handmade, local_uri,
     assert rows["dapo"][1] == "kl_cov" and rows["kl_cov"][1] == "dapo" and rows["grpo"][1] == "none"
     assert "on-policy" in table.caption
     assert any("dapo == kl_cov" in n for n in rep.notes)
-    md = (tmp_path / "probe-on" / "report.md").read_text()
+    md = (tmp_path / "probe-on" / "c1" / "report.md").read_text()
     assert "What differs under this configuration" in md
 
 

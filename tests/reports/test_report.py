@@ -12,8 +12,8 @@ from scipy import stats
 from reports.report import build_report
 
 FIGURES = ["accuracy_vs_step", "accuracy_vs_time", "entropy_vs_step", "reward_vs_step", "clip_masked_fractions",
-           "time_to_convergence"]
-TABLES = ["accuracy", "convergence", "stability", "paired_test", "runs"]
+           "time_to_convergence", "kl_vs_step", "grad_norm_vs_step"]
+TABLES = ["accuracy", "aggregates", "convergence", "stability", "paired_test", "runs", "runs_stability"]
 
 
 def _csv(path: Path) -> list[dict]:
@@ -33,10 +33,11 @@ def _history(client, run_id, key):
 def test_report_files_and_numbers_equal_recomputed_from_mlflow(handmade, local_uri, tmp_path):
     handmade.log_comparison(local_uri, experiment="files", artifacts=tmp_path / "art")
     rep = build_report("files", tracking_uri=local_uri, out_root=tmp_path / "out")
-    out = tmp_path / "out" / "files"
+    out = tmp_path / "out" / "files" / "c1"
     assert rep.out_dir == out
     for f in FIGURES:
         assert (out / f"{f}.png").stat().st_size > 10_000 and (out / f"{f}.pdf").stat().st_size > 1_000
+        assert (out / f"{f}.svg").stat().st_size > 1_000
     for t in TABLES:
         for ext in ("md", "csv", "tex"):
             assert (out / f"{t}.{ext}").exists()
@@ -82,15 +83,29 @@ def test_report_files_and_numbers_equal_recomputed_from_mlflow(handmade, local_u
     base_curve = np.mean([sm(accs[("grpo", s)]) for s in (0, 1)], axis=0)
     target = a0 + 0.5 * (max(base_curve) - a0)
     assert rep.target_acc == pytest.approx(target) and max(base_curve) > target > a0
-    assert f"≥ {target:.4f} = step-0 accuracy {a0:.4f} + 0.5 × the improvement of grpo's" in \
+    assert f"≥ {100 * target:.2f}% = step-0 accuracy {100 * a0:.2f}% + 0.5 × the improvement of grpo's" in \
         (out / "report.md").read_text()
+    assert "interpolated linearly between the two evaluations around the crossing (evaluations every 5 steps)" in \
+        (out / "convergence.md").read_text()
     per_run = {(r["objective"], int(r["seed"])): r for r in _csv(out / "runs.csv")}
     ttc = {}
     for key, acc in accs.items():
-        first = next((s for (s, _), v in zip(acc, sm(acc)) if v >= target - 1e-12), None)
+        smoothed = sm(acc)
+        j = next((j for j, v in enumerate(smoothed) if v >= target - 1e-12), None)
+        first = acc[j][0]
         got = per_run[key]["ttc_step"]
         assert (None if got == "" else int(float(got))) == first and first != 0
-        ttc[key] = first
+        # interpolated: where the line between the smoothed values of evaluations j-1 and j crosses the target
+        (s0, v0), (s1, v1) = (acc[j - 1][0], smoothed[j - 1]), (acc[j][0], smoothed[j])
+        ttc[key] = s0 + (target - v0) * (s1 - s0) / (v1 - v0)
+        assert s0 < ttc[key] <= s1
+        assert float(per_run[key]["ttc_step_interp"]) == pytest.approx(ttc[key])
+        elapsed = dict(_history(client, [r for r in runs if (r.data.tags["pobench.objective"],
+                                                              int(r.data.tags["pobench.seed"])) == key][0].info.run_id,
+                                "time/elapsed_s"))
+        lo = math.floor(ttc[key])
+        want_s = elapsed[lo] + (ttc[key] - lo) * (elapsed[lo + 1] - elapsed[lo])
+        assert float(per_run[key]["ttc_seconds_interp"]) == pytest.approx(want_s)
     conv = {r["objective"]: r for r in _csv(out / "convergence.csv")}
     ratios = [ttc[("tepo", s)] / ttc[("grpo", s)] for s in (0, 1)]   # per seed, then mean ± t CI
     assert _num(conv["tepo"]["steps_ratio"]) == pytest.approx(np.mean(ratios))
@@ -111,7 +126,7 @@ def test_never_reached_target_is_stated_not_imputed(handmade, local_uri, tmp_pat
     handmade.log_comparison(local_uri, experiment="never", artifacts=tmp_path / "art")
     build_report("never", tracking_uri=local_uri, out_root=tmp_path / "out", target_acc=0.99,
                  log_artifacts=False, figures_too=False)
-    out = tmp_path / "out" / "never"
+    out = tmp_path / "out" / "never" / "c1"
     conv = {r["objective"]: r for r in _csv(out / "convergence.csv")}
     assert conv["grpo"]["reached"] == "0" and conv["grpo"]["steps_mean"] == "" and conv["grpo"]["steps_ratio"] == ""
     assert "not reached by 2/2 seeds" in (out / "convergence.md").read_text()
@@ -162,7 +177,7 @@ def _comparable(out: Path, uri: str) -> dict[str, str]:
     for t in TABLES:
         for ext in ("md", "tex", "csv"):
             text = (out / f"{t}.{ext}").read_text()
-            if t == "runs" and ext == "csv":
+            if t.startswith("runs") and ext == "csv":
                 text = "\n".join(line.split(",", 1)[1] for line in text.splitlines())
             res[f"{t}.{ext}"] = text
     res["report.md"] = (out / "report.md").read_text().replace(uri, "<tracking uri>")
@@ -199,5 +214,16 @@ def test_cli_report_picks_most_recent_comparison_and_says_so(handmade, local_uri
     rc = main(["report", "--experiment", "two", "--tracking-uri", local_uri, "--out-root", str(tmp_path / "o")])
     out = capsys.readouterr().out
     assert rc == 0 and "reporting the most recent, new (others: old" in out
-    rows = _csv(tmp_path / "o" / "two" / "accuracy.csv")
+    rows = _csv(tmp_path / "o" / "two" / "new" / "accuracy.csv")
     assert [int(r["n"]) for r in rows] == [2, 2]
+
+
+def test_the_report_keeps_the_baseline_bench_run_chose(handmade, tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    handmade.log_comparison(uri, experiment="abl", objectives=("tepo", "grpo"), seeds=(0, 1))
+    first = build_report("abl", tracking_uri=uri, out_root=tmp_path / "out", baseline="tepo", figures_too=False)
+    assert first.baseline == "tepo"
+    again = build_report("abl", tracking_uri=uri, out_root=tmp_path / "out", figures_too=False)
+    assert again.baseline == "tepo"                                      # recorded on the comparison run
+    assert "Baseline: tepo (recorded on the comparison run)" in (again.out_dir / "report.md").read_text()
+    assert [r[0] for r in again.tables["paired_test"].rows] == ["grpo"]

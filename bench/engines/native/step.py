@@ -107,8 +107,8 @@ def collect_rollouts(cfg: TrainConfig, objective, sampler: Sampler, tok, data: T
     # refill rounds add has its own rollout/refill_* metrics (docs/METRICS.md)
     refill_correct = torch.cat(all_correct[1:]) if len(all_correct) > 1 else torch.zeros(0)
     metrics = {**round_0, **entropy_summary(torch.cat(entropies[:ent_0]) if ent_0 else torch.zeros(0)),
-               K.TOKENS_PER_S: gen_tokens / max(gen_s, 1e-9), K.SAMPLING_ROUNDS: float(r + 1),
-               K.KEPT_GROUPS: float(len(kept))}
+               K.TOKENS_PER_S: gen_tokens / max(gen_s, 1e-9), K.GEN_TOKENS: float(gen_tokens),
+               K.SAMPLING_ROUNDS: float(r + 1), K.KEPT_GROUPS: float(len(kept))}
     if rounds > 1:  # objectives with dynamic sampling
         metrics[K.REFILL_COMPLETIONS] = float(refill_correct.numel())
         metrics[K.REFILL_ACCURACY] = float(refill_correct.mean()) if refill_correct.numel() else float("nan")

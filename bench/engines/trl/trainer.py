@@ -124,6 +124,7 @@ def _trainer_class():
                                           K.SAMPLING_ROUNDS: 1.0, K.KEPT_GROUPS: float(grouped.shape[0])})
             rollout_s = self._pb_step_metrics.get(K.ROLLOUT_S, 0.0)
             self._pb_step_metrics[K.TOKENS_PER_S] = float(lengths.sum()) / max(rollout_s, 1e-9)
+            self._pb_step_metrics[K.GEN_TOKENS] = float(lengths.sum())  # one generation per step (support.layout)
             self._pb_entropies = []
             if captured:
                 self._pb_entropies = [out["pobench_old_entropy"][mask.bool()].detach().float().cpu()]

@@ -1,0 +1,54 @@
+"""`bench compare A B [C ...]`: stored comparisons side by side, from MLflow only (reports/compare.py).
+
+    bench compare c1a2b3c4d5 c6f7a8b9c0                 # two comparisons of experiment pobench
+    bench compare pobench:c1a2b3c4d5 trl:c6f7a8b9c0     # EXPERIMENT:ID when they live in different experiments
+
+The report's per-objective tables with one column group per comparison, and what differs in their configurations;
+written into ``<out-root>/<experiment>/compare-<A>-<B>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mlflow.exceptions import MlflowException
+
+from bench.cli.flags import add_units_flag
+from bench.config import TRACKING_URI_DEFAULT
+from bench.tracking import check_reachable
+from reports.compare import compare_comparisons, parse_spec
+from reports.report import ReportOptions
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="stored comparisons side by side (tables, what differs in their configs)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("comparisons", nargs="+", metavar="ID", help="comparison ids (ID or EXPERIMENT:ID), at least two")
+    p.add_argument("--experiment", default="pobench", help="MLflow experiment of an ID without EXPERIMENT: "
+                   "(default: pobench)")
+    p.add_argument("--tracking-uri", help=f"MLflow tracking URI (default: {TRACKING_URI_DEFAULT})")
+    p.add_argument("--baseline", help="objective each comparison is compared against, where it has it (default: "
+                   "each comparison's own, as in its report)")
+    p.add_argument("--target-acc", type=float, help="one convergence target for every comparison (default: each "
+                   "comparison's own)")
+    p.add_argument("--out-root", default="reports/out", help="folder root: the tables go to "
+                   "<out-root>/<experiment>/compare-<A>-<B>/ (default: reports/out)")
+    add_units_flag(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    specs = [parse_spec(s, args.experiment) for s in args.comparisons]
+    uri = check_reachable(args.tracking_uri)
+    options = ReportOptions(percent=not args.fractions)
+    try:
+        res = compare_comparisons(specs, uri, out_root=args.out_root, baseline=args.baseline,
+                                  target_acc=args.target_acc, options=options)
+    except MlflowException as e:
+        raise ValueError(f"MLflow at {uri}: {e.message}") from None
+    for name in ("compare_config", "compare_accuracy"):
+        t = res.tables.get(name)
+        if t is not None:
+            print(f"{t.title}\n\n{t.markdown()}")
+    print(f"tables in {res.out_dir / 'compare.md'}")
+    return 0

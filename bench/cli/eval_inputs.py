@@ -1,0 +1,62 @@
+"""What `bench eval` settles before it evaluates, the same for one model and for every final model of a comparison
+(``bench/cli/eval_comparison.py``): each benchmark's ``--data`` source and the completion length limit."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from evaluators import Task
+
+DEFAULT_MAX_NEW_TOKENS = 512
+
+
+def resolve_data(benchmarks: list[Task], specs: list[str]) -> dict[str, str | None]:
+    """Map each benchmark to its --data source (None: the benchmark's hub id, or a generated task's own problems)."""
+    names = [b.name for b in benchmarks]
+    generated = {b.name for b in benchmarks if b.generated}
+    named: dict[str, str] = {}
+    plain: list[str] = []
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if sep and name in names:
+            named[name] = path
+        elif sep and not Path(spec).exists():
+            raise ValueError(f"--data {spec}: {name!r} is not one of the benchmarks being evaluated "
+                             f"({', '.join(names)})")
+        else:
+            plain.append(spec)
+    if len(plain) > 1:
+        raise ValueError(f"--data: give at most one PATH without NAME= (got {', '.join(plain)})")
+    out: dict[str, str | None] = {}
+    for name in names:
+        if name in named:
+            out[name] = named[name]
+        elif plain and Path(plain[0], name).is_dir():
+            out[name] = str(Path(plain[0], name))
+        elif plain and len(names) == 1:
+            out[name] = plain[0]
+        elif plain and name not in generated:  # a generated task needs no sub-folder
+            raise ValueError(f"--data {plain[0]}: no {name}/ sub-folder; with several benchmarks use NAME=PATH")
+        else:
+            out[name] = None
+    return out
+
+
+def max_new_tokens(requested: int | None, model, prompt_lengths: list[int]) -> int:
+    """--max-new-tokens, or the default capped by the model's context; warns when prompts do not fit."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    chosen = requested or DEFAULT_MAX_NEW_TOKENS
+    if limit is None:
+        return chosen
+    if requested is None:
+        chosen = max(16, min(DEFAULT_MAX_NEW_TOKENS, limit - max(prompt_lengths)))
+        if chosen < DEFAULT_MAX_NEW_TOKENS:
+            print(f"bench eval: --max-new-tokens {chosen} (the model's context is {limit} tokens)", file=sys.stderr)
+    too_long = sum(n + chosen > limit for n in prompt_lengths)
+    if too_long:
+        print(f"bench eval: warning: {too_long} of {len(prompt_lengths)} prompts plus {chosen} new tokens exceed the "
+              f"model's context of {limit} tokens; their completions are unreliable", file=sys.stderr)
+    return chosen

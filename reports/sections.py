@@ -1,0 +1,280 @@
+"""The tables of a comparison's report, built from the derived numbers of its runs (reports/derived.py).
+
+Each builder takes ``groups`` (objective -> [(seed, RunDerived)] in the comparison's order) and returns a
+:class:`reports.tables.Table`. Statistics over seeds come from reports/stats.py; definitions: docs/REPORTS.md.
+"""
+
+from __future__ import annotations
+
+from reports import checks, stats
+from reports.derived import DerivedSettings, RunDerived
+from reports.tables import Table, Units, fmt, fmt_mean_ci, fmt_p, paired_test, pm
+
+Groups = dict[str, list[tuple[int, RunDerived]]]
+
+
+def _vals(rows, attr) -> list:
+    return [getattr(d, attr) for d in rows if getattr(d, attr) is not None]
+
+
+def finals(groups: Groups) -> dict[str, dict[int, float]]:
+    """objective -> {seed: final held-out accuracy} (seeds without one left out)."""
+    return {o: {s: d.final_acc for s, d in rs if d.final_acc is not None} for o, rs in groups.items()}
+
+
+def accuracy_table(groups: Groups, units: Units) -> Table:
+    rows, csv_rows, cols = [], [], {2: [], 3: [], 4: [], 5: []}
+    for obj, rs in groups.items():
+        ds = [d for _, d in rs]
+        gains = [d.final_acc - d.initial_acc for d in ds if d.final_acc is not None and d.initial_acc is not None]
+        values = [_vals(ds, "initial_acc"), _vals(ds, "final_acc"), _vals(ds, "best_acc"), gains]
+        cis = [stats.mean_ci(v) if len(v) == len(ds) else (None, None) for v in values]
+        cells = [units.acc_ci(*ci) for ci in cis[:3]]
+        m, h = cis[3]
+        cells.append("n/a" if m is None else (units.diff(m) + (f" ± {units.acc(h)}" if h is not None else "")))
+        rows.append([obj, str(len(ds)), *cells])
+        csv_rows.append([obj, len(ds), *[x for ci in cis for x in ci]])
+        for j, ci in zip((2, 3, 4, 5), cis):
+            cols[j].append(ci[0])
+    t = Table("accuracy", "Held-out accuracy",
+              f"Greedy held-out accuracy ({units.unit}) before training (step 0: the warm-start policy), at the last "
+              f"evaluation (final) and the highest over evaluations (best); gain = final − step 0 per seed "
+              f"({units.diff_unit}). Mean ± 95% Student-t CI over n seeds. Bold: the highest mean of a column (not "
+              "a significance statement; see the paired comparison).",
+              ["objective", "n", "step 0", "final", "best", "gain over step 0"], rows,
+              ["objective", "n", "initial_mean", "initial_ci95", "final_mean", "final_ci95", "best_mean",
+               "best_ci95", "gain_mean", "gain_ci95"], csv_rows)
+    for j in (3, 4, 5):
+        t.emphasise(j, cols[j], "max")
+    return t
+
+
+def aggregates_table(groups: Groups, units: Units) -> Table:
+    """Mean and interquartile mean of the final accuracy over seeds, each with a stratified-bootstrap 95% interval."""
+    rows, csv_rows, means, iqms = [], [], [], []
+    for obj, rs in groups.items():
+        vals = [d.final_acc for _, d in rs if d.final_acc is not None]
+        est = [stats.bootstrap_ci([vals], s) for s in ("mean", "iqm")]
+        rows.append([obj, str(len(vals)), *[f"{units.acc(e.value)} {units.interval(e.low, e.high)}" for e in est]])
+        csv_rows.append([obj, len(vals), *[x for e in est for x in (e.value, e.low, e.high)]])
+        means.append(est[0].value)
+        iqms.append(est[1].value)
+    t = Table("aggregates", "Final accuracy: mean and interquartile mean",
+              f"Final greedy held-out accuracy ({units.unit}) over seeds: mean and interquartile mean (IQM, the mean "
+              f"of the middle 50% of seeds; equal to the mean below 4 seeds), each with a {stats.N_RESAMPLES:,}-sample "
+              "stratified-bootstrap 95% percentile interval [low, high] (seeds resampled with replacement; "
+              "scipy.stats.bootstrap). n/a: fewer than 2 seeds. With few seeds a percentile bootstrap interval is "
+              "too narrow (it never leaves the range of the seeds' values): the t interval of the accuracy table is "
+              "the conservative one.",
+              ["objective", "n", "mean [95% CI]", "IQM [95% CI]"], rows,
+              ["objective", "n", "mean", "mean_low", "mean_high", "iqm", "iqm_low", "iqm_high"], csv_rows)
+    t.emphasise(2, means, "max")
+    t.emphasise(3, iqms, "max")
+    return t
+
+
+def paired_rows(groups: Groups, baseline: str | None) -> list[dict]:
+    """Per objective other than the baseline: paired t-test, probability of improvement, power, Holm p-value."""
+    if baseline not in groups:
+        return []
+    fin = finals(groups)
+    base = fin[baseline]
+    out = []
+    for obj in groups:
+        if obj == baseline:
+            continue
+        pt = paired_test(fin[obj], base)
+        common = sorted(set(fin[obj]) & set(base))
+        poi = stats.prob_improvement([list(fin[obj].values())], [list(base.values())])
+        pw = stats.power([fin[obj][s] - base[s] for s in common])
+        out.append({"objective": obj, "test": pt, "poi": poi, "power": pw})
+    for r, p in zip(out, stats.holm([r["test"].p for r in out])):
+        r["p_holm"] = p
+    return out
+
+
+def paired_table(prs: list[dict], baseline: str | None, units: Units) -> Table:
+    rows, csv_rows = [], []
+    for r in prs:
+        pt, poi, pw = r["test"], r["poi"], r["power"]
+        rows.append([r["objective"], baseline, str(pt.n), units.diff(pt.mean_diff),
+                     f"{fmt(poi.value, 2)} " + (f"[{fmt(poi.low, 2)}, {fmt(poi.high, 2)}]" if poi.has_interval
+                                                else "n/a"),
+                     fmt(pt.t, 2), pt.note or fmt_p(pt.p), fmt_p(r["p_holm"]) if r["p_holm"] is not None else "n/a",
+                     units.acc(pw.detectable) if pw.detectable is not None else "n/a", pw.seeds_text()])
+        csv_rows.append([r["objective"], baseline, pt.n, pt.mean_diff, poi.value, poi.low, poi.high, pt.t, pt.p,
+                         r["p_holm"], pw.sd_diff, pw.detectable, pw.seeds_needed, pt.note or pw.why])
+    m = sum(r["p_holm"] is not None for r in prs)
+    caption = (f"Each objective against {baseline or 'the baseline'} on per-seed final held-out accuracy over the n "
+               f"seeds both ran. diff = mean(objective − baseline) ({units.diff_unit}). P(improvement) = P(objective's "
+               "final accuracy > the baseline's) over all pairs of their seeds, ties counting one half (the "
+               "Mann-Whitney U statistic / n·m), with a stratified-bootstrap 95% interval. t, p: paired t-test "
+               f"(scipy.stats.ttest_rel); p (Holm): Holm-corrected over the {m} objective{'s' if m != 1 else ''} "
+               "compared with the baseline (statsmodels). Detectable: the smallest mean difference a paired t-test "
+               "over these n seeds detects with 80% power at two-sided α = 0.05, taking the observed seed SD of the "
+               f"differences as the truth ({units.diff_unit}); seeds needed: to detect the observed difference the "
+               "same way (power from the noncentral t, as statsmodels' TTestPower).")
+    return Table("paired_test", f"Against the baseline ({baseline or 'none'})", caption,
+                 ["objective", "baseline", "n", "diff", "P(improvement) [95% CI]", "t", "p", "p (Holm)",
+                  "detectable diff", "seeds needed"], rows,
+                 ["objective", "baseline", "n", "mean_diff", "p_improvement", "p_improvement_low",
+                  "p_improvement_high", "t", "p_value", "p_holm", "sd_diff", "detectable_diff", "seeds_needed",
+                  "note"], csv_rows)
+
+
+def power_note(groups: Groups, best: str, others: list[str], units: Units) -> str:
+    """What the seeds could detect between ``best`` and each of ``others`` (the objectives no ranking separates from
+    it) and how many seeds their observed differences would need: paired t-test over common seeds, alpha 0.05
+    two-sided, 80% power, the observed SD of the per-seed differences taken as the truth."""
+    fin = finals(groups)
+    parts, unsized = [], {}
+    for o in others:
+        common = sorted(set(fin[best]) & set(fin[o]))
+        pw = stats.power([fin[best][s] - fin[o][s] for s in common])
+        if pw.detectable is None:
+            unsized.setdefault(f"{pw.why}; observed difference {units.diff(pw.mean_diff)} {units.diff_unit}"
+                               if pw.mean_diff is not None else pw.why, []).append(o)
+            continue
+        parts.append(f"{o} (observed {units.diff(pw.mean_diff)}, detectable with {pw.n} seeds "
+                     f"{units.acc(pw.detectable)}, seeds needed {pw.seeds_text()})")
+    text = ""
+    if parts:
+        text = (f"To separate {best} from each at 80% power (paired t-test, α = 0.05, observed seed SD of the "
+                f"differences, {units.diff_unit}): " + "; ".join(parts) + ".")
+    for why, objs in unsized.items():
+        text += (" " if text else "") + f"No power statement for {best} against {', '.join(objs)}: {why}."
+    return text
+
+
+def convergence_rows(groups: Groups, baseline: str | None) -> list[dict]:
+    """Interpolated time to convergence per objective (mean ± CI when every seed reached the target) and its per-seed
+    ratio to the baseline."""
+    out = []
+    for obj, rs in groups.items():
+        ds = [d for _, d in rs]
+        steps, secs = _vals(ds, "ttc_step_interp"), _vals(ds, "ttc_seconds_interp")
+        all_reached = len(steps) == len(ds)
+        sm, sh = stats.mean_ci(steps) if all_reached else (None, None)
+        tm, th = stats.mean_ci(secs) if all_reached and len(secs) == len(ds) else (None, None)
+        out.append({"objective": obj, "n": len(ds), "reached": len(steps), "steps_mean": sm, "steps_ci": sh,
+                    "seconds_mean": tm, "seconds_ci": th, "steps_per_seed": [d.ttc_step_interp for d in ds]})
+    by_seed = {obj: dict(rs) for obj, rs in groups.items()}
+    base = by_seed.get(baseline) if baseline else None
+    for r in out:
+        for unit, attr in (("steps", "ttc_step_interp"), ("seconds", "ttc_seconds_interp")):
+            ratios = []
+            for seed, d in by_seed[r["objective"]].items():
+                b = base.get(seed) if base else None
+                num, den = getattr(d, attr), getattr(b, attr) if b is not None else None
+                if num is not None and den:
+                    ratios.append(num / den)
+            full = base is not None and len(ratios) == r["n"]
+            r[f"{unit}_ratio"], r[f"{unit}_ratio_ci"] = stats.mean_ci(ratios) if full else (None, None)
+    return out
+
+
+def convergence_table(conv: list[dict], target_text: str, interval: str, baseline: str | None) -> Table:
+    rows, csv_rows = [], []
+    for r in conv:
+        if r["reached"] == r["n"]:
+            st, se = pm(r["steps_mean"], r["steps_ci"], 1), pm(r["seconds_mean"], r["seconds_ci"], 1)
+        else:
+            reached = ", ".join(fmt(s, 1) for s in r["steps_per_seed"] if s is not None)
+            st = f"not reached by {r['n'] - r['reached']}/{r['n']} seeds" + (f" (others: {reached})" if reached else "")
+            se = "not reached"
+        ratio = [pm(r[f"{u}_ratio"], r[f"{u}_ratio_ci"], 2) for u in ("steps", "seconds")]
+        rows.append([r["objective"], str(r["n"]), f"{r['reached']}/{r['n']}", st, se, *ratio])
+        csv_rows.append([r["objective"], r["n"], r["reached"], r["steps_mean"], r["steps_ci"], r["seconds_mean"],
+                         r["seconds_ci"], r["steps_ratio"], r["steps_ratio_ci"], r["seconds_ratio"],
+                         r["seconds_ratio_ci"]])
+    base = f"ratio to {baseline}" if baseline else "ratio to baseline"
+    t = Table("convergence", "Time to convergence",
+              f"Training step (and training wall-clock seconds) at which the smoothed held-out accuracy reaches the "
+              f"target, {target_text}: interpolated linearly between the two evaluations around the crossing "
+              f"({interval}); mean ± 95% CI over seeds, given only when every seed reached it. Ratio = the "
+              f"objective's time / the baseline's time at the same seed, mean ± 95% CI over seeds (given when both "
+              "reached the target at every seed). The first evaluation step at or above the target is in runs.csv "
+              "(ttc_step). Bold: the shortest mean time.",
+              ["objective", "n", "reached", "steps", "seconds", f"steps {base}", f"seconds {base}"], rows,
+              ["objective", "n", "reached", "steps_mean", "steps_ci95", "seconds_mean", "seconds_ci95",
+               "steps_ratio", "steps_ratio_ci95", "seconds_ratio", "seconds_ratio_ci95"], csv_rows)
+    t.emphasise(3, [r["steps_mean"] for r in conv], "min")
+    t.emphasise(4, [r["seconds_mean"] for r in conv], "min")
+    return t
+
+
+STAB = [("entropy_slope", "entropy slope /step", 5), ("acc_drawdown", "acc. drawdown", 3),
+        ("grad_spikes", "grad-norm spikes", 1), ("kl_max", "max KL", 4), ("reward_var", "reward var.", 4),
+        ("zero_adv_frac", "zero-adv. frac.", 3)]
+
+
+def stability_table(groups: Groups, s: DerivedSettings) -> Table:
+    rows, csv_rows = [], []
+    for obj, rs in groups.items():
+        ds = [d for _, d in rs]
+        col = _vals(ds, "entropy_collapse_step")
+        if not col:
+            cell = f"none (0/{len(ds)})"
+        elif len(col) == len(ds):
+            cell = fmt_mean_ci(col, 1) + f" ({len(ds)}/{len(ds)})"
+        else:
+            cell = f"{len(col)}/{len(ds)} seeds: step " + ", ".join(str(c) for c in col)
+        row, crow = [obj, str(len(ds)), cell], [obj, len(ds), len(col), *stats.mean_ci(col)]
+        for attr, _, digits in STAB:
+            v = _vals(ds, attr)
+            row.append(fmt_mean_ci(v, digits) if len(v) == len(ds) else f"n/a ({len(ds) - len(v)} seeds lack data)")
+            crow.extend(stats.mean_ci(v) if len(v) == len(ds) else (None, None))
+        rows.append(row)
+        csv_rows.append(crow)
+    csv_cols = ["objective", "n", "collapsed", "collapse_step_mean", "collapse_step_ci95"]
+    for attr, _, _ in STAB:
+        csv_cols += [f"{attr}_mean", f"{attr}_ci95"]
+    return Table("stability", "Stability", f"Entropy collapse: first step with mean rollout entropy < "
+                 f"{s.collapse_frac} × its initial value. Slope: least-squares entropy change per step. Drawdown: "
+                 f"largest fall of held-out accuracy below an earlier peak (fraction). Spikes: steps with gradient "
+                 f"norm > {s.spike_k} × the median of the previous {s.spike_window}. Max KL to the reference policy; "
+                 f"variance of the per-step mean reward across steps; mean fraction of groups with all-equal rewards. "
+                 f"Mean ± 95% CI over seeds.",
+                 ["objective", "n", "entropy collapse", *[t for _, t, _ in STAB]], rows, csv_cols, csv_rows)
+
+
+RUN_COLS = ["initial_acc", "final_acc", "best_acc", "ttc_step", "ttc_step_interp", "ttc_seconds_interp",
+            "ttc_seconds", "entropy_collapse_step", "entropy_slope", "acc_drawdown", "grad_spikes", "kl_max",
+            "reward_var", "zero_adv_frac"]
+
+
+def runs_tables(cmp, derived: dict[str, RunDerived], units: Units) -> tuple[Table, Table]:
+    """Per-run numbers, split in two so neither is wider than a page: accuracy and convergence; stability.
+    ``runs.csv`` holds every column of both."""
+    acc_rows, stab_rows, csv_rows, stab_csv = [], [], [], []
+    for r in cmp.runs:
+        d = derived[r.run_id]
+        vals = [getattr(d, c) for c in RUN_COLS]
+        n_problems = r.params.get("eval_problems", "")
+        lo, hi = checks.final_acc_interval(d.final_acc, int(n_problems) if n_problems.isdigit() else None)
+        no_ttc = "no target" if d.target_acc is None else "not reached"
+        acc_rows.append([r.variant, str(r.seed), units.acc(d.initial_acc), units.acc(d.final_acc),
+                         units.interval(lo, hi), units.acc(d.best_acc),
+                         no_ttc if d.ttc_step is None else str(d.ttc_step),
+                         no_ttc if d.ttc_step_interp is None else fmt(d.ttc_step_interp, 1),
+                         no_ttc if d.ttc_seconds_interp is None else fmt(d.ttc_seconds_interp, 1)])
+        stab_rows.append([r.variant, str(r.seed),
+                          "none" if d.entropy_collapse_step is None else str(d.entropy_collapse_step),
+                          fmt(d.entropy_slope, 5), fmt(d.acc_drawdown, 3), fmt(d.grad_spikes), fmt(d.kl_max, 4),
+                          fmt(d.reward_var, 4), fmt(d.zero_adv_frac, 3)])
+        csv_rows.append([r.run_id, r.name, r.variant, r.seed, *vals, lo, hi])
+        stab_csv.append([r.run_id, r.variant, r.seed, *vals[7:]])
+    runs = Table("runs", "Per-run accuracy and convergence",
+                 f"The per-objective tables are means over these per-run values. Accuracy in {units.unit}; final 95%: "
+                 "Wilson interval of the run's final held-out accuracy as a proportion of its eval_problems problems "
+                 "(n/a when the run did not log eval_problems). Time to convergence: first evaluation step at the "
+                 "target, and the step and seconds interpolated between evaluations.",
+                 ["objective", "seed", "step 0", "final", "final 95%", "best", "ttc eval step", "ttc step",
+                  "ttc s"], acc_rows,
+                 ["run_id", "run", "objective", "seed", *RUN_COLS, "final_acc_ci95_low", "final_acc_ci95_high"],
+                 csv_rows)
+    stab = Table("runs_stability", "Per-run stability",
+                 "Per-run values behind the stability table (definitions there).",
+                 ["objective", "seed", "entropy collapse", *[t for _, t, _ in STAB]], stab_rows,
+                 ["run_id", "objective", "seed", *RUN_COLS[7:]], stab_csv)
+    return runs, stab

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from bench import identity
 from bench.config import TrainConfig
 from bench.engines.base import TrainingDiverged
 from bench.engines.native import checkpoint
@@ -62,7 +63,8 @@ def run_tags_and_params(cfg: TrainConfig, objective, tags: dict[str, str] | None
            MODEL: cfg.model, TASK: cfg.task, CONTROL: cfg.control or "none",
            **({COMPARISON: cfg.comparison} if cfg.comparison else {}), **(tags or {}),
            **{k: str(v) for k, v in cfg.tags.items()}}
-    params = {**flatten(cfg.to_dict()), **flatten({"objective": dataclasses.asdict(objective.config)}), **written_by}
+    params = {**flatten(cfg.to_dict()), **flatten({"objective": dataclasses.asdict(objective.config)}), **written_by,
+              **flatten({"inputs": identity.input_digests(cfg)})}  # data / model digests, the hub revision
     return out, params
 
 
@@ -76,6 +78,7 @@ def open_run(cfg: TrainConfig, objective, run_dir: Path, *, resume_state: dict[s
         logger.reopen(resume_state["run_id"], [tuple(p) for p in resume_state["pending"]])
         return logger
     logger.start(cfg.run_label(), *run_tags_and_params(cfg, objective, tags))
+    identity.log_datasets(logger.client, logger.run_id, cfg)  # mlflow.log_input: name, digest, source, rows
     cfg.save(run_dir / "config.yaml")
     logger.log_artifact(run_dir / "config.yaml")
     return logger

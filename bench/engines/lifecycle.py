@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from bench import identity
+from bench import identity, resume
 from bench.config import TrainConfig
 from bench.engines.base import TrainingDiverged
 from bench.engines.native import checkpoint
@@ -38,6 +38,8 @@ def run_folder(cfg: TrainConfig) -> tuple[str, Path, Path | None]:
     if last is not None and not cfg.resume:
         raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or choose "
                          "another --output-dir / --run-name")
+    if last is not None:
+        resume.check(cfg, run_dir)  # only the run's own configuration continues it (a larger --steps may)
     return cfg.run_label(), run_dir, last
 
 
@@ -76,9 +78,11 @@ def open_run(cfg: TrainConfig, objective, run_dir: Path, *, resume_state: dict[s
     logger = RunLogger(cfg.tracking_uri, cfg.experiment)
     if resume_state is not None:
         logger.reopen(resume_state["run_id"], [tuple(p) for p in resume_state["pending"]])
+        resume.record_extension(logger, cfg, run_dir)  # a larger --steps: tagged, config.yaml updated
         return logger
     logger.start(cfg.run_label(), *run_tags_and_params(cfg, objective, tags))
     identity.log_datasets(logger.client, logger.run_id, cfg)  # mlflow.log_input: name, digest, source, rows
+    resume.record_inputs(run_dir, cfg)  # the digests a resume compares
     cfg.save(run_dir / "config.yaml")
     logger.log_artifact(run_dir / "config.yaml")
     return logger

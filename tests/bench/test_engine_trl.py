@@ -281,7 +281,7 @@ def test_trl_run_resumes_after_sigkill_like_a_native_one(tmp_path):
     log = open(tmp_path / "killed.log", "wb")  # (a pipe nobody reads could fill and stall the run)
     proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "train", *killed], cwd=tmp_path, env=_env(tmp_path),
                             stdout=log, stderr=subprocess.STDOUT)
-    ckpt = tmp_path / "runs" / "killed" / "ckpt-0000002" / "state.json"
+    ckpt = tmp_path / "runs" / "killed" / "killed" / "ckpt-0000002" / "state.json"  # <experiment>/<run>
     deadline = time.time() + 600
     while not ckpt.exists():
         assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench import preflight
 from bench.config import BUILTIN_MODEL, TRACKING_URI_DEFAULT
 from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
 from bench.model import format_prompt, load_policy, resolve_device, resolve_model_path, warn_unknown_characters
@@ -135,6 +136,9 @@ def run(args) -> int:
         if source.skipped:
             print(f"bench eval: {b.name}: skipped {len(source.skipped)} bad row(s) of {source.source}",
                   file=sys.stderr)
+        warning = preflight.answer_check(b, problems, f"{b.name} ({source.source})")  # none parses: refused
+        if warning:
+            print(f"bench eval: warning: {warning}", file=sys.stderr)
         loaded.append((b, problems, source.source))
 
     model, tokenizer = load_policy(args.model, args.device, args.dtype)

@@ -43,13 +43,13 @@ def test_some_unparseable_answers_and_long_prompts_are_counted(tmp_path):
     data = gsm(tmp_path / "d.jsonl", ["5", "banana", "7", "8"])
     long = tmp_path / "long.jsonl"  # the built-in model reads characters: 400 of them with 48 new tokens pass 256
     long.write_text("".join(json.dumps({"question": q, "answer": "#### 2"}) + "\n"
-                            for q in ("1+1 " * 100, "1+1?", "1+1 " * 100)))
+                            for q in ("1+1 " * 100, "1+1?", "1+1 " * 100, "1+1 " * 55)))  # 220: only with 48
     warnings = preflight.check_inputs(TrainConfig(task="gsm8k", data=str(data), eval_data=str(long),
                                                   max_new_tokens=48))
     assert len(warnings) == 2, warnings
     assert warnings[0].startswith("1 of 4 reference answers of the training data (--data ")
     assert "'banana'" in warnings[0]
-    assert warnings[1].startswith("2 of 3 held-out prompts plus --max-new-tokens 48 exceed the model's context of "
+    assert warnings[1].startswith("3 of 4 held-out prompts plus --max-new-tokens 48 exceed the model's context of "
                                   "256 tokens")
 
 

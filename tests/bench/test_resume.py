@@ -86,3 +86,20 @@ def test_two_configurations_get_two_folders(bench_train, tmp_path):
     assert bench_train("--algo", "grpo", "--steps", "1", "--experiment", "two") == 0
     assert bench_train("--algo", "grpo", "--steps", "1", "--experiment", "two", "--control", "random-reward") == 0
     assert len(list((tmp_path / "runs" / "two").iterdir())) == 2
+
+
+def test_every_engine_refuses_another_configuration_on_resume(tmp_path, empty_store, monkeypatch):
+    """The lifecycle's run_folder (every engine, `bench run`'s pairs) checks too, not only `bench train`'s command."""
+    import dataclasses
+
+    from bench.config import TrainConfig
+
+    from .fake_trainer import fake_train
+
+    monkeypatch.setenv(identity.CACHE_ENV, str(tmp_path / "cache"))
+    cfg = TrainConfig(steps=2, eval_every=1, checkpoint_every=1, samples_every=0, run_name="r",
+                      output_dir=str(tmp_path / "runs"), tracking_uri=copy_store(empty_store, tmp_path))
+    fake_train(cfg)
+    with pytest.raises(ValueError, match=r"another configuration: lr \(3e-05 -> 0\.001\)\."):
+        fake_train(dataclasses.replace(cfg, lr=1e-3, steps=3, resume=True))
+    assert fake_train(dataclasses.replace(cfg, steps=3, resume=True)).steps_done == 3

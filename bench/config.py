@@ -54,6 +54,8 @@ class TrainConfig:
                                    "coin flip with the same mean (checks that gains are reward-driven); default: none.")
     model: str = _f(BUILTIN_MODEL, "Policy: `builtin:tiny-arith` (shipped warm-started tiny model), a local folder "
                                    "or a Hugging Face hub id.")
+    revision: str | None = _f(None, "Hub revision of --model (branch, tag or commit; default: main), resolved to its "
+                                    "commit, which is part of the run's identity (bench/identity.py).")
     prompt_template: str = _f("auto", "`auto` (chat template if the tokenizer has one, else plain), `chat`, `plain`, "
                                       "or a format string with {question}.")
     dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
@@ -255,8 +257,12 @@ class TrainConfig:
         return Path(self.output_dir) / component
 
     def comparison_hash(self) -> str:
-        """Hash of every field that must be identical across the runs of one comparison."""
+        """Hash of every field that must be identical across the runs of one comparison, and of the content of its
+        inputs (data files, model files or hub revision, task versions: ``bench.identity.input_digests``)."""
+        from bench.identity import input_digests  # (imports bench.model, hence torch, when asked)
+
         d = {k: v for k, v in self.to_dict().items() if k not in PER_RUN_FIELDS}
+        d["inputs"] = input_digests(self)
         if d["engine"] == DEFAULT_ENGINE and not d["engine_args"]:  # the hashes of runs from before engines existed
             del d["engine"], d["engine_args"]
         elif d["engine"] in CAPABILITIES:  # engine_args that change no result (e.g. where verl is installed)

@@ -24,7 +24,7 @@ from bench.engines.native.checkpoint import PREFIX
 from reports.paths import MARKER, UnsafePath, contained, is_owned, make_owned, remove_owned, safe_component
 
 #: what pobench writes into a run folder (besides ``ckpt-*`` checkpoints and hidden temporary folders)
-RUN_ENTRIES = ("config.yaml", "final", "trl", "verl", "verl-data", MARKER)
+RUN_ENTRIES = ("config.yaml", "inputs.json", "final", "trl", "verl", "verl-data", MARKER)
 RUN_KIND = "run"
 
 

@@ -83,7 +83,7 @@ def resolve_model_path(name_or_path: str) -> str:
     return str(Path(name_or_path).expanduser()) if name_or_path.startswith("~") else name_or_path
 
 
-def load_policy(name_or_path: str, device: str = "cpu", dtype: str = "float32"):
+def load_policy(name_or_path: str, device: str = "cpu", dtype: str = "float32", revision: str | None = None):
     """Load (model, tokenizer) of a causal LM: `builtin:tiny-arith`, a local folder or a hub id.
 
     The tokenizer pads on the left (generation); a tokenizer without a pad token gets its eos token as pad.
@@ -94,8 +94,8 @@ def load_policy(name_or_path: str, device: str = "cpu", dtype: str = "float32"):
         raise ValueError(f"dtype {dtype!r} is not supported; valid: {', '.join(DTYPES)}")
     path = resolve_model_path(name_or_path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], revision=revision)
     except OSError as e:  # not a folder and not reachable on the hub
         raise FileNotFoundError(f"cannot load model {name_or_path!r}: not a local model folder and not "
                                 f"available from the Hugging Face hub ({e.__class__.__name__}: {e})") from e

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench import preflight
 from bench.cli import eval_comparison
 from bench.cli.eval_inputs import DEFAULT_MAX_NEW_TOKENS, max_new_tokens, resolve_data
 from bench.config import BUILTIN_MODEL, TRACKING_URI_DEFAULT
@@ -99,6 +100,9 @@ def run(args) -> int:
         if source.skipped:
             print(f"bench eval: {b.name}: skipped {len(source.skipped)} bad row(s) of {source.source}",
                   file=sys.stderr)
+        warning = preflight.answer_check(b, problems, f"{b.name} ({source.source})")  # none parses: refused
+        if warning:
+            print(f"bench eval: warning: {warning}", file=sys.stderr)
         loaded.append((b, problems, source.source))
 
     model, tokenizer = load_policy(args.model, args.device, args.dtype)

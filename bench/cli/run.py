@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 import sys
 
-from bench import engines
+from bench import engines, preflight
 from bench.cli.flags import add_config_flags, add_report_flags, report_options
 from bench.compare import DEFAULTS, ComparisonSpec, base_config, load_params, resolve_algos, run_comparison
 from bench.compare.executors import EXECUTORS, make_executor
@@ -66,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         report_folder(args.out_root, cfg.experiment)
     for a in algos:  # what the engine cannot train: one line now, not one failed pair after another
         engines.check(dataclasses.replace(cfg, algo=a, objective_overrides=dict(params.get(a, {}))))
+    for warning in preflight.check_inputs(cfg):  # every source read, answers and prompt lengths counted
+        print(f"bench run: warning: {warning}", file=sys.stderr)
     engine = engines.engine_for(cfg)
     if not engine.capabilities.parallel_pairs and (args.executor == "ray" or (args.workers or 0) > 1):
         raise ValueError(f"--engine {engine.name} runs one pair at a time from this process (each job takes the "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import engines
+from bench import engines, preflight, resume
 from bench.cli.flags import add_config_flags, config_from_args
 from bench.tracking import check_reachable
 from reports import metric_keys as K
@@ -20,8 +20,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    root = cfg.output_dir
+    cfg = resume.train_folder(cfg)  # <output_dir>/<experiment>/<algo>-s<seed>-<configuration key>
+    resume.preflight(cfg, root)  # --resume: the run's own configuration, or one line naming what differs
     check_reachable(cfg.tracking_uri)  # an unreachable server: one line now, not minutes later after the model loads
     engines.check(cfg)
+    for warning in preflight.check_inputs(cfg):  # every source read, answers and prompt lengths counted
+        print(f"bench train: warning: {warning}", file=sys.stderr)
     try:
         result = engines.train(cfg)
     except engines.TrainingDiverged as e:

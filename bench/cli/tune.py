@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench import tune
+from bench import preflight, tune
 from bench.cli.flags import add_config_flags, config_from_args
 from bench.config import TrainConfig
 from bench.folders import study_dir
@@ -100,6 +100,8 @@ def main(args: argparse.Namespace) -> int:
 
     spec = spec_from_args(args)
     check_reachable(spec.base.tracking_uri)
+    for warning in preflight.check_inputs(spec.base):  # every source read, answers and prompt lengths counted
+        print(f"bench tune: warning: {warning}", file=sys.stderr)
     try:
         study = tune.run_workers(spec, args.workers, args.executor, args.ray_address)
     except KeyboardInterrupt:

@@ -25,6 +25,8 @@ from bench.compare.plan import DEFAULTS, Pair, plan, run_dir
 from bench.compare.store import locks_dir, pair_lock
 from bench.config import TrainConfig
 from bench.folders import check_removable, experiment_dir, remove_run_folder
+from bench.identity import written_by_note
+from bench.tracking import version_tags
 from reports.record import (
     COMPARISON,
     CONFIG_HASH,
@@ -120,10 +122,11 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
     warn_before_run(cfg, algos, params, client=client, run_id=parent)  # coinciding objectives, inert terms
     result = ComparisonResult(cid, cfg.experiment, uri, pairs)
 
+    now = version_tags()  # a run reused from another pobench version / commit is named as such
     for p in pairs:
         if p.action == "reuse":
             client.set_tag(p.run_id, member_tag(cid), "1")
-            p.outcome = "reused"
+            p.outcome = "reused" + written_by_note(client.get_run(p.run_id).data.tags, now)
     if spec.force:  # runs this comparison redoes stop counting as its members
         for p in pairs:
             for r in client.search_runs([exp_id], filter_string=(

@@ -72,7 +72,7 @@ def initial_evals(cfg: TrainConfig, seeds: list[int]) -> dict[int, dict[str, flo
     of the accuracy is seeded (per run), so it is recomputed per seed from the same per-problem results. A sampled
     evaluation (``eval_temperature`` > 0) draws per seed: evaluated once per seed."""
     seed_and_threads(cfg)
-    model, tok = load_policy(cfg.model, cfg.device, cfg.dtype)
+    model, tok = load_policy(cfg.model, cfg.device, cfg.dtype, cfg.revision)
     sampler = make_sampler(cfg.backend, model, tok)
     task, problems = eval_problems(cfg.eval_task or cfg.task, limit=cfg.eval_problems, data=cfg.eval_data,
                                    difficulty=cfg.difficulty)

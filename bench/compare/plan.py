@@ -87,6 +87,12 @@ def load_params(path: str | Path | None, algos: list[str]) -> dict[str, dict[str
     if path is None:
         return out
     data = read_yaml(path, "--params") or {}
+    if isinstance(data, dict) and "algo" in data:  # written for one objective (`bench tune`'s best.yaml): only that one
+        data = {data["algo"]: data.get("objective_overrides") or {}}
+        if next(iter(data)) not in algos:
+            raise ValueError(f"{path} holds overrides for objective {next(iter(data))!r} (its `algo:` line), which "
+                             f"is not among the objectives run ({', '.join(algos)}); add it to --algos, or write the "
+                             "overrides as {objective: {field: value}}")
     if isinstance(data, dict) and "objective_overrides" in data:
         data = data["objective_overrides"] or {}
     if not isinstance(data, dict):

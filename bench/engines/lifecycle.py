@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from bench import identity, resume
 from bench.config import TrainConfig
 from bench.engines.base import TrainingDiverged
 from bench.engines.native import checkpoint
@@ -39,6 +40,8 @@ def run_folder(cfg: TrainConfig) -> tuple[str, Path, Path | None]:
     if last is not None and not cfg.resume:
         raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or choose "
                          "another --output-dir / --run-name")
+    if last is not None:
+        resume.check(cfg, run_dir)  # only the run's own configuration continues it (a larger --steps may)
     claim_run_folder(run_dir)
     return cfg.run_label(), run_dir, last
 
@@ -65,7 +68,8 @@ def run_tags_and_params(cfg: TrainConfig, objective, tags: dict[str, str] | None
            MODEL: cfg.model, TASK: cfg.task, CONTROL: cfg.control or "none",
            **({COMPARISON: cfg.comparison} if cfg.comparison else {}), **(tags or {}),
            **{k: str(v) for k, v in cfg.tags.items()}}
-    params = {**flatten(cfg.to_dict()), **flatten({"objective": dataclasses.asdict(objective.config)}), **written_by}
+    params = {**flatten(cfg.to_dict()), **flatten({"objective": dataclasses.asdict(objective.config)}), **written_by,
+              **flatten({"inputs": identity.input_digests(cfg)})}  # data / model digests, the hub revision
     return out, params
 
 
@@ -77,8 +81,11 @@ def open_run(cfg: TrainConfig, objective, run_dir: Path, *, resume_state: dict[s
     logger = RunLogger(cfg.tracking_uri, cfg.experiment)
     if resume_state is not None:
         logger.reopen(resume_state["run_id"], [tuple(p) for p in resume_state["pending"]])
+        resume.record_extension(logger, cfg, run_dir)  # a larger --steps: tagged, config.yaml updated
         return logger
     logger.start(cfg.run_label(), *run_tags_and_params(cfg, objective, tags))
+    identity.log_datasets(logger.client, logger.run_id, cfg)  # mlflow.log_input: name, digest, source, rows
+    resume.record_inputs(run_dir, cfg)  # the digests a resume compares
     cfg.save(run_dir / "config.yaml")
     logger.log_artifact(run_dir / "config.yaml")
     return logger

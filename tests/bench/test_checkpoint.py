@@ -86,7 +86,7 @@ def test_a_training_run_leaves_one_checkpoint_and_the_final_weights(tmp_path):
                       tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", run_name="r")
     res = train(cfg)
     assert sorted(p.name for p in res.output_dir.iterdir()) == [".pobench-owned", "ckpt-0000003", "config.yaml",
-                                                                "final"]
+                                                                "final", "inputs.json"]
     assert (res.output_dir / "ckpt-0000003" / "optim.pt").exists()
     assert (res.output_dir / "final" / "model.safetensors").exists()
 

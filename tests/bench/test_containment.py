@@ -106,10 +106,11 @@ def test_bench_tune_study_escaping_writes_under_its_folders(scratch):
 # ------------------------------------------------------------------ only pobench's folders are written into / deleted
 def test_bench_train_refuses_a_foreign_folder_as_its_run_folder(scratch):
     root, work = scratch
-    (work / "nb").mkdir()
-    (work / "nb" / "important.txt").write_text("notes")
+    (work / "e" / "nb").mkdir(parents=True)  # bench train's folder: <output_dir>/<experiment>/<run name>
+    (work / "e" / "nb" / "important.txt").write_text("notes")
     before = snapshot(root)
-    done = bench_cli(work, "train", "--run-name", "nb", "--output-dir", ".", "--eval-every", "0", *TINY)
+    done = bench_cli(work, "train", "--run-name", "nb", "--experiment", "e", "--output-dir", ".", "--eval-every", "0",
+                     *TINY)
     assert done.returncode == 2
     err = errors(done)
     assert len(err) == 1 and "nb exists and is not a pobench run folder" in err[0], done.stderr

@@ -89,7 +89,7 @@ def test_resume_after_sigkill_has_no_missing_or_duplicated_step(tmp_path, uri):
             "--output-dir", str(tmp_path / "runs")]
     proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "train", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
-    ckpt = tmp_path / "runs" / "killed" / "ckpt-0000002" / "state.json"
+    ckpt = tmp_path / "runs" / "test-resume" / "killed" / "ckpt-0000002" / "state.json"  # <experiment>/<run>
     deadline = time.time() + 600
     while not ckpt.exists():
         assert proc.poll() is None, proc.stdout.read().decode()[-3000:]

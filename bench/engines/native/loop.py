@@ -67,7 +67,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     seed_and_threads(cfg)
 
     # --- policy, reference, rollout sampler, optimizer
-    model, tok = load_policy(cfg.model, cfg.device, cfg.dtype)
+    model, tok = load_policy(cfg.model, cfg.device, cfg.dtype, cfg.revision)
     model = prepare_policy(model, cfg)  # LoRA adapter, activation checkpointing (scale.py)
     need_ref = objective.needs_reference or cfg.track_ref_kl
     ref_model = Reference(model) if need_ref else None  # LoRA: the base model with the adapter disabled

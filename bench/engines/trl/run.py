@@ -64,7 +64,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     resumed = checkpoint.load_state(last, "trl") if last is not None else None  # verified; an older one if need be
     seed_and_threads(cfg)
     args = grpo_config(cfg, run_dir, world_size())
-    model, tok = load_policy(cfg.model, "cpu", cfg.dtype)  # the Trainer places it
+    model, tok = load_policy(cfg.model, "cpu", cfg.dtype, cfg.revision)  # the Trainer places it
     need_ref = objective.needs_reference or cfg.track_ref_kl
     ref_model = copy.deepcopy(model) if need_ref else None
     data = TrainData(cfg.task, seed=cfg.seed, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,

@@ -103,6 +103,9 @@ def make_verl_config(cfg, options: VerlOptions | None = None) -> dict[str, Any]:
         raise ValueError(f"model {cfg.model!r} is pobench's built-in toy model: verl needs a Hugging Face model")
     if cfg.control is not None:
         raise ValueError(f"control {cfg.control!r} is not implemented on verl")
+    if cfg.revision is not None:
+        raise ValueError(f"--revision {cfg.revision}: verl loads --model as a path; pass a local snapshot folder of "
+                         "that revision as --model instead")
 
     if get_benchmark(cfg.task).generated:
         raise ValueError(f"task {cfg.task} is pobench's built-in toy task: verl runs need a benchmark with files")

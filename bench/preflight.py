@@ -1,0 +1,112 @@
+"""Inputs checked before work: every source a run needs is resolved, and its problems counted, before the first model
+loads (`bench train`, `bench run` and `bench tune` call ``check_inputs``; `bench eval` calls ``answer_check``).
+
+- the model and its tokenizer: a built-in or local folder must exist; a hub id under ``HF_HUB_OFFLINE=1`` must be in
+  the local Hugging Face cache (one line naming ``--model``, no retries);
+- the training and held-out data: read once here (a hub source then sits in the ``datasets`` cache for the runs); a
+  source that cannot be read is one line naming the flag that gives a local one (``--data`` / ``--eval-data``);
+- reference answers the task's verifier cannot parse (a number task whose answer is no number, e.g. gsm8k
+  ``#### banana``): counted, one warning with the count and an example; refused when none parses (every reward
+  would be 0);
+- prompts that do not fit the model's context with ``--max-new-tokens`` completion tokens: counted, one warning with
+  the count and an example.
+
+Generated tasks (``arith``) are correct by construction and are not read here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import identity
+from evaluators import get_task
+from evaluators.sources import looks_like_hub_id
+from evaluators.verify import to_number
+
+NUMBER_KINDS = ("number", "integer")  # answer kinds whose reference must be a number to be matched at all
+
+
+def check_model(model: str, revision: str | None = None) -> None:
+    """The model source exists; offline, a hub id must be in the local cache (ValueError naming --model)."""
+    from bench.model import resolve_model_path
+
+    path = resolve_model_path(model)  # built-in, local folders: FileNotFoundError naming it
+    if Path(path).is_dir():
+        return
+    if identity.offline() and identity.cached_revision(model, revision) is None:
+        raise ValueError(f"--model {model}{f' --revision {revision}' if revision else ''}: not in the local Hugging "
+                         "Face cache and HF_HUB_OFFLINE is set (no network); pass --model PATH to a local model folder")
+
+
+def load_side(task_name: str, data: str | None, split: str, flag: str, *, difficulty: int, skip_bad_rows: bool,
+              limit: int | None = None) -> list:
+    """The problems of one side of a run (training or held-out), or one line naming ``flag``."""
+    task = get_task(task_name, difficulty=difficulty)
+    source = identity.task_source(task_name, data, difficulty)
+    try:
+        return task.load(split=split, data=data, limit=limit, skip_bad_rows=skip_bad_rows)
+    except (ValueError, FileNotFoundError) as e:
+        if source is not None and looks_like_hub_id(source):
+            why = " (HF_HUB_OFFLINE is set)" if identity.offline() else ""
+            raise ValueError(f"{flag}: the {split} split of {task_name} ({source}) could not be read from the Hugging "
+                             f"Face hub{why}; pass a local JSONL / JSON / parquet file or folder with {flag} PATH"
+                             ) from None
+        msg = str(e)
+        raise type(e)(msg if msg.startswith(flag) else f"{flag}: {msg}") from None
+
+
+def answer_check(task, problems: list, what: str) -> str | None:
+    """A warning when some reference answers cannot be parsed by the task's verifier; ValueError when none can."""
+    if task.answer_kind not in NUMBER_KINDS or not problems:
+        return None
+    bad = [p for p in problems if to_number(p.answer) is None]
+    if not bad:
+        return None
+    example = f"problem {bad[0].id}: {bad[0].answer[:60]!r}"
+    if len(bad) == len(problems):
+        raise ValueError(f"{what}: none of the {len(problems)} reference answers of {task.name} is a number its "
+                         f"verifier can match (e.g. {example}); every reward would be 0")
+    return (f"{len(bad)} of {len(problems)} reference answers of {what} are not numbers its verifier can match "
+            f"(e.g. {example}); those problems always score 0")
+
+
+def prompt_check(cfg, problems: list, what: str) -> str | None:
+    """A warning when some prompts plus ``max_new_tokens`` do not fit the model's context."""
+    if not problems:
+        return None
+    from transformers import AutoConfig, AutoTokenizer
+
+    from bench.model import format_prompt, resolve_model_path
+
+    path = resolve_model_path(cfg.model)
+    limit = getattr(AutoConfig.from_pretrained(path, revision=cfg.revision), "max_position_embeddings", None)
+    if limit is None:
+        return None
+    tok = AutoTokenizer.from_pretrained(path, revision=cfg.revision)
+    lengths = [len(tok(format_prompt(tok, p.question, cfg.prompt_template))["input_ids"]) for p in problems]
+    over = [(n, p) for n, p in zip(lengths, problems) if n + cfg.max_new_tokens > limit]
+    if not over:
+        return None
+    n, p = max(over, key=lambda x: x[0])
+    return (f"{len(over)} of {len(problems)} {what} prompts plus --max-new-tokens {cfg.max_new_tokens} exceed the "
+            f"model's context of {limit} tokens (e.g. problem {p.id}: {n} prompt tokens); their completions are "
+            "cut short")
+
+
+def check_inputs(cfg) -> list[str]:
+    """Resolve and read every input of ``cfg`` before any model loads (module doc). Returns the warnings; raises
+    ValueError / FileNotFoundError (one line naming the flag) for what would make the run fail or meaningless."""
+    check_model(cfg.model, cfg.revision)
+    warnings = []
+    sides = (("training", cfg.task, cfg.data, "train", "--data", None),
+             ("held-out", cfg.eval_task or cfg.task, cfg.eval_data, "test", "--eval-data", cfg.eval_problems))
+    for what, task_name, data, split, flag, limit in sides:
+        task = get_task(task_name, difficulty=cfg.difficulty)
+        if task.generated:
+            continue
+        problems = load_side(task_name, data, split, flag, difficulty=cfg.difficulty,
+                             skip_bad_rows=cfg.skip_bad_rows, limit=limit)
+        found = [answer_check(task, problems, f"the {what} data ({flag} {data or task_name})"),
+                 prompt_check(cfg, problems, what)]
+        warnings += [w for w in found if w]
+    return warnings

@@ -1,0 +1,133 @@
+"""Safe resume: a checkpointed run continues only under the configuration it was started with.
+
+``check`` compares the new configuration with the one the run saved (``<run>/config.yaml``, and ``<run>/inputs.json``:
+the digests of its data and model, bench/identity.py) and refuses every difference in one line naming each field;
+a larger ``steps`` (with a constant learning-rate schedule, which does not depend on it) is the one change allowed, and
+``record_extension`` records it on the run (tag ``pobench.steps_extended``, the updated ``config.yaml``).
+
+``train_folder``: the folder of a `bench train` run, ``<output_dir>/<experiment>/<algo>-s<seed>-<key>``, where
+``key`` hashes everything that must not change on resume, so two configurations never share a folder (as `bench run`'s
+``<output_dir>/<experiment>/<variant>-s<seed>-<hash>``); ``preflight`` refuses, before any work, a ``--resume`` whose
+folder holds no checkpoint, naming what differs from the run of the same objective and seed that does have one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench import identity
+from bench.engines.native import checkpoint
+from bench.folders import experiment_dir
+from reports.record import STEPS_EXTENDED
+
+# fields a resume may change: they locate the run or change no number of it
+FREE = ("resume", "threads", "keep_checkpoints", "tags", "comparison", "output_dir", "run_name")
+INPUTS_FILE = "inputs.json"
+
+
+def saved(run_dir: Path) -> tuple[dict[str, Any], dict[str, str]] | None:
+    """(config, input digests) a run saved when it started; None for a folder without them."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return None
+    cfg = yaml.safe_load(path.read_text()) or {}
+    inputs_path = Path(run_dir) / INPUTS_FILE
+    inputs = json.loads(inputs_path.read_text()) if inputs_path.is_file() else {}
+    return cfg, inputs
+
+
+def differences(cfg, then: dict[str, Any], inputs: dict[str, str]) -> list[str]:
+    """``field (saved -> new)`` for every field ``cfg`` changes against a run's saved config and inputs."""
+    now = cfg.to_dict()
+    out = []
+    for key in sorted(set(then) | set(now)):
+        if key in FREE or then.get(key) == now.get(key):
+            continue
+        if key == "steps" and then.get(key, 0) < now[key] and now.get("lr_schedule") == "constant":
+            continue  # the one change allowed: more steps under a schedule that does not depend on them
+        out.append(f"{key} ({then.get(key)!r} -> {now.get(key)!r})")
+    current = identity.input_digests(cfg)
+    for key in sorted(set(inputs) | set(current)):
+        if inputs and inputs.get(key) != current.get(key):
+            out.append(f"inputs.{key} (the content of the run's {key.replace('_', ' ')} changed)")
+    return out
+
+
+def check(cfg, run_dir: Path) -> None:
+    """Refuse to resume the run in ``run_dir`` with a configuration other than its own (ValueError, one line)."""
+    found = saved(run_dir)
+    if found is None:
+        return
+    diff = differences(cfg, *found)
+    if diff:
+        then_steps = found[0].get("steps")
+        raise ValueError(f"--resume: {run_dir} holds a run of another configuration: {'; '.join(diff)}. Resume it "
+                         f"with its own settings (only a larger --steps than {then_steps}, with a constant "
+                         "--lr-schedule, may change), or train the new configuration in a folder of its own "
+                         "(drop --resume)")
+
+
+def record_inputs(run_dir: Path, cfg) -> Path:
+    """Save the digests of ``cfg``'s inputs next to its config (what ``check`` compares on resume)."""
+    path = Path(run_dir) / INPUTS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(identity.input_digests(cfg), indent=1, sort_keys=True))
+    return path
+
+
+def record_extension(logger, cfg, run_dir: Path) -> None:
+    """A resume with a larger ``steps``: tag ``pobench.steps_extended`` (``"40,60"``: every length the run was given)
+    and rewrite ``config.yaml`` (file and artifact) with the new length."""
+    found = saved(run_dir)
+    if found is None or found[0].get("steps") == cfg.steps:
+        return
+    run = logger.client.get_run(logger.run_id)
+    history = run.data.tags.get(STEPS_EXTENDED) or str(found[0].get("steps"))
+    logger.set_tags({STEPS_EXTENDED: f"{history},{cfg.steps}"})
+    cfg.save(Path(run_dir) / "config.yaml")
+    logger.log_artifact(Path(run_dir) / "config.yaml")
+
+
+# ------------------------------------------------------------------ bench train's folders
+def key(cfg) -> str:
+    """Six hex digits of everything a resume must not change (``differences``): the config but ``FREE``, ``steps``,
+    ``algo`` and ``seed`` (in the folder name), and the input digests."""
+    d = {k: v for k, v in cfg.to_dict().items() if k not in (*FREE, "steps", "algo", "seed")}
+    d["inputs"] = identity.input_digests(cfg)
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:6]
+
+
+def train_folder(cfg):
+    """``cfg`` with `bench train`'s folder: ``output_dir/<experiment>``, run name ``<algo>-s<seed>-<key>`` unless
+    ``--run-name`` gives one."""
+    return dataclasses.replace(cfg, output_dir=str(experiment_dir(cfg.output_dir, cfg.experiment)),
+                               run_name=cfg.run_name or f"{cfg.algo}-s{cfg.seed}-{key(cfg)}")
+
+
+def preflight(cfg, root: str | Path) -> None:
+    """Before any work: ``check`` the run ``cfg`` resumes; a ``--resume`` with no checkpoint in its folder is refused,
+    naming what differs from the newest checkpointed run of the same objective and seed under ``root`` (the
+    ``--output-dir``: every experiment)."""
+    if not cfg.resume:
+        return
+    run_dir = cfg.run_dir()
+    if checkpoint.latest(run_dir) is not None:
+        check(cfg, run_dir)
+        return
+    others = [d for d in Path(root).glob(f"*/{cfg.algo}-s{cfg.seed}-*") if checkpoint.latest(d) is not None]
+    if not others:
+        raise ValueError(f"--resume: no checkpoint in {run_dir} (nor of {cfg.algo} seed {cfg.seed} under {root}); "
+                         "drop --resume to start the run")
+    newest = max(others, key=lambda d: checkpoint.latest(d).stat().st_mtime)
+    found = saved(newest)
+    diff = differences(cfg, *found) if found else []
+    what = "; ".join(diff) or "its folder"
+    raise ValueError(f"--resume: no checkpoint of this configuration in {run_dir}; {newest} holds a checkpoint of "
+                     f"{cfg.algo} seed {cfg.seed} with another configuration: {what}. Resume that run with its own "
+                     "settings, or drop --resume to start this one")

@@ -1,0 +1,134 @@
+"""A run's identity by content (bench/identity.py): rewritten data, changed model files or another hub revision make a
+new comparison that is trained, never a stale reuse; the datasets are logged with mlflow.log_input; a run reused from
+another pobench version or commit is named as such. Orchestration on the fake trainer (tests/bench/fake_trainer.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from bench import identity
+from bench.compare import ComparisonSpec, base_config, run_comparison
+from bench.config import TrainConfig
+from bench.model import BUILTIN_MODELS
+from tests.conftest import copy_store
+
+from .fake_trainer import fake_step0, fake_train
+
+GSM = [{"question": "Ann has 2 pens and gets 3 more. How many?", "answer": "2+3=5\n#### 5"},
+       {"question": "Bob has 10 coins and spends 1. How many?", "answer": "10-1=9\n#### 9"},
+       {"question": "Cy has 4 cats and 4 dogs. How many pets?", "answer": "4+4=8\n#### 8"}]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch, empty_store):
+    monkeypatch.setenv(identity.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(sys.modules[__name__], "EMPTY_STORE", empty_store)
+
+
+EMPTY_STORE: Path | None = None
+
+
+def write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def gsm_cfg(tmp_path: Path, data: Path, **kw):
+    return base_config(None, steps=2, eval_every=1, checkpoint_every=1, samples_every=0, task="gsm8k", data=str(data),
+                       eval_data=str(data), experiment="ident", tracking_uri=copy_store(EMPTY_STORE, tmp_path),
+                       output_dir=str(tmp_path / "runs"), **kw)
+
+
+def spec(cfg, **kw) -> ComparisonSpec:
+    return ComparisonSpec(cfg, ["grpo"], [0], train_fn=fake_train, step0_fn=fake_step0, progress=False, report=False,
+                          workers=1, **kw)
+
+
+def test_rewritten_data_file_is_a_new_comparison_and_is_retrained(tmp_path):
+    data = write(tmp_path / "train.jsonl", GSM)
+    cfg = gsm_cfg(tmp_path, data)
+    first = run_comparison(spec(cfg))
+    assert first.pairs[0].outcome == "finished"
+    same = run_comparison(spec(cfg))
+    assert same.pairs[0].outcome == "reused" and same.comparison == first.comparison
+    write(data, [{**r, "answer": r["answer"].replace("####", "#### 1")} for r in GSM])  # every answer rewritten
+    again = run_comparison(spec(cfg))
+    assert again.comparison != first.comparison
+    assert again.pairs[0].outcome == "finished" and again.pairs[0].run_id != first.pairs[0].run_id
+
+
+def test_datasets_and_digests_are_logged(tmp_path):
+    data = write(tmp_path / "train.jsonl", GSM)
+    cfg = gsm_cfg(tmp_path, data)
+    res = run_comparison(spec(cfg))
+    run = MlflowClient(cfg.tracking_uri).get_run(res.pairs[0].run_id)
+    logged = {d.dataset.name: d for d in run.inputs.dataset_inputs}
+    assert set(logged) == {"gsm8k-train", "gsm8k-test"}
+    train = logged["gsm8k-train"]
+    assert train.dataset.digest == identity.file_digest(data)[:12]
+    assert json.loads(train.dataset.profile) == {"num_rows": 3}
+    assert json.loads(train.dataset.source) == {"uri": str(data)}
+    assert {t.key: t.value for t in train.tags}["mlflow.data.context"] == "training"
+    assert run.data.params["inputs.train_data"] == identity.file_digest(data)
+    assert run.data.params["inputs.model"] == identity.model_digest("builtin:tiny-arith")
+
+
+def test_digest_is_cached_by_path_size_and_mtime(tmp_path):
+    data = write(tmp_path / "d.jsonl", GSM)
+    before = identity.file_digest(data)
+    st = data.stat()
+    text = data.read_text()
+    data.write_text(text.replace("Ann", "Eve"))  # same size, same mtime restored: the cache answers
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    identity._memo.clear()  # a new process: the on-disk cache answers
+    assert identity.file_digest(data) == before
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched: hashed again
+    assert identity.file_digest(data) != before
+
+
+def test_model_folder_files_are_part_of_the_identity(tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(BUILTIN_MODELS["builtin:tiny-arith"], folder)
+    cfg = TrainConfig(model=str(folder))
+    h = cfg.comparison_hash()
+    weights = next(p for p in folder.iterdir() if p.suffix == ".safetensors")
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\1")
+    assert cfg.comparison_hash() != h
+    (folder / "tokenizer_config.json").write_text((folder / "tokenizer_config.json").read_text() + " ")
+    assert identity.model_digest(str(folder)) != identity.model_digest("builtin:tiny-arith")
+
+
+def test_hub_revision_resolved_from_the_cache_and_pinned(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    identity.hub_revision.cache_clear()
+    assert identity.model_digest("org/model") == "hub:org/model@unresolved"
+    refs = tmp_path / "hub" / "models--org--model" / "refs"
+    refs.mkdir(parents=True)
+    (refs / "main").write_text("a" * 40)
+    (refs / "v2").write_text("b" * 40)
+    identity.hub_revision.cache_clear()
+    assert identity.model_digest("org/model") == f"hub:org/model@{'a' * 40}"
+    assert identity.model_digest("org/model", "v2") == f"hub:org/model@{'b' * 40}"
+    assert identity.model_digest("org/model", "c" * 40) == f"hub:org/model@{'c' * 40}"
+    assert (TrainConfig(model="org/model", revision="v2").comparison_hash()
+            != TrainConfig(model="org/model").comparison_hash())
+
+
+def test_reuse_under_another_pobench_commit_is_named(tmp_path):
+    data = write(tmp_path / "train.jsonl", GSM)
+    cfg = gsm_cfg(tmp_path, data)
+    first = run_comparison(spec(cfg))
+    MlflowClient(cfg.tracking_uri).set_tag(first.pairs[0].run_id, "pobench.git_commit", "0123456789abcdef")
+    again = run_comparison(spec(cfg))
+    assert again.pairs[0].outcome.startswith("reused (written by pobench ")
+    assert "at commit 0123456789;" in again.pairs[0].outcome

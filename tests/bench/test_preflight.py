@@ -1,0 +1,99 @@
+"""Inputs checked before work (bench/preflight.py): sources resolved and read before any model loads, offline sources
+named by their flag, unparseable reference answers and over-long prompts counted, a --params file for another
+objective refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench import cli, preflight
+from bench.compare.plan import load_params
+from bench.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def gsm(path: Path, answers: list[str], question: str = "Ann has 2 pens and gets 3 more. How many?") -> Path:
+    path.write_text("".join(json.dumps({"question": question, "answer": f"so\n#### {a}"}) + "\n" for a in answers))
+    return path
+
+
+@pytest.mark.parametrize("argv", [["run", "--algos", "grpo", "--seeds", "0", "--no-progress"], ["train"],
+                                  ["eval", "--model", "builtin:tiny-arith", "--benchmarks", "gsm8k", "--no-mlflow"]])
+def test_no_parseable_answer_is_refused_before_any_work(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    bad = gsm(tmp_path / "bad.jsonl", ["banana", "pear", "plum"])
+    data = ["--data", str(bad)] if argv[0] == "eval" else ["--task", "gsm8k", "--data", str(bad), "--eval-data",
+                                                           str(bad)]
+    assert cli.main([*argv, *data]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "none of the 3 reference answers" in err and "'banana'" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["bad.jsonl"]  # no store, no run folder, no output
+
+
+def test_some_unparseable_answers_and_long_prompts_are_counted(tmp_path):
+    data = gsm(tmp_path / "d.jsonl", ["5", "banana", "7", "8"])
+    long = tmp_path / "long.jsonl"  # the built-in model reads characters: 400 of them with 48 new tokens pass 256
+    long.write_text("".join(json.dumps({"question": q, "answer": "#### 2"}) + "\n"
+                            for q in ("1+1 " * 100, "1+1?", "1+1 " * 100, "1+1 " * 55)))  # 220: only with 48
+    warnings = preflight.check_inputs(TrainConfig(task="gsm8k", data=str(data), eval_data=str(long),
+                                                  max_new_tokens=48))
+    assert len(warnings) == 2, warnings
+    assert warnings[0].startswith("1 of 4 reference answers of the training data (--data ")
+    assert "'banana'" in warnings[0]
+    assert warnings[1].startswith("3 of 4 held-out prompts plus --max-new-tokens 48 exceed the model's context of "
+                                  "256 tokens")
+
+
+@pytest.mark.parametrize("cmd", ["train", "run", "tune"])
+def test_offline_hub_source_is_one_line_naming_the_flag(cmd, tmp_path):
+    data = gsm(tmp_path / "train.jsonl", ["5", "6"])
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
+           "POBENCH_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("POBENCH_DATA_DIR", None)
+    extra = {"run": ["--algos", "grpo", "--no-progress"], "tune": ["--algo", "grpo"]}.get(cmd, [])
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "bench.cli", cmd, *extra, "--task", "gsm8k", "--data", str(data)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    seconds = time.perf_counter() - t0
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [
+        f"bench {cmd}: error: --eval-data: the test split of gsm8k (openai/gsm8k) could not be read from the Hugging "
+        "Face hub (HF_HUB_OFFLINE is set); pass a local JSONL / JSON / parquet file or folder with --eval-data PATH"]
+    assert seconds < 60  # no retries
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / ".pobench").exists()
+
+
+def test_offline_hub_model_not_in_the_cache_names_model(tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert cli.main(["train", "--model", "org/not-cached"]) == 2
+    err = capsys.readouterr().err
+    assert "--model org/not-cached: not in the local Hugging Face cache" in err and "--model PATH" in err
+    refs = tmp_path / "hub" / "models--org--not-cached" / "refs"
+    refs.mkdir(parents=True)
+    (refs / "main").write_text("a" * 40)
+    preflight.check_model("org/not-cached")  # cached: accepted
+
+
+def test_params_written_for_another_objective(tmp_path, capsys, monkeypatch):
+    best = tmp_path / "best.yaml"
+    best.write_text(yaml.safe_dump({"algo": "grpo", "objective_overrides": {"kl_coef": 0.2}}))
+    with pytest.raises(ValueError, match=r"objective 'grpo' \(its `algo:` line\).*not among the objectives run "
+                                         r"\(dapo\)"):
+        load_params(best, ["dapo"])
+    assert load_params(best, ["grpo", "dapo"]) == {"grpo": {"kl_coef": 0.2}, "dapo": {}}  # only where it belongs
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "--algos", "dapo", "--params", str(best), "--no-progress"]) == 2
+    assert "its `algo:` line" in capsys.readouterr().err

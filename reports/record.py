@@ -51,6 +51,7 @@ ENGINE_DISTRIBUTED = "pobench.engine_distributed"  # TRL engine: accelerate's di
 ENGINE_PROCESSES = "pobench.engine_processes"      # TRL engine: number of processes
 STOPPED = "pobench.stopped"          # "early": stopped by a callback (pruner, convergence)
 FAILURE = "pobench.failure"          # the cause, on a FAILED run
+PLUGINS = "pobench.plugins"          # the plugins loaded: <file>@<source digest>, comma-separated (bench/plugins.py)
 OBJECTIVES = "pobench.objectives"    # on a comparison run: its objectives, comma-separated
 SEEDS = "pobench.seeds"              # on a comparison run: its seeds, comma-separated
 STUDY = "pobench.study"              # tune runs: the Optuna study

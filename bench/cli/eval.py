@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.cli.flags import add_plugin_flag
 from bench.config import BUILTIN_MODEL, TRACKING_URI_DEFAULT
 from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
 from bench.model import format_prompt, load_policy, resolve_device, resolve_model_path, warn_unknown_characters
@@ -31,6 +32,7 @@ def register(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=BUILTIN_MODEL,
                    help=f"builtin:tiny-arith, a local model folder or a hub id (default: {BUILTIN_MODEL})")
+    add_plugin_flag(p)
     p.add_argument("--benchmarks", required=True,
                    help=f"comma-separated benchmark names; valid: {', '.join(list_benchmarks())}")
     p.add_argument("--data", action="append", default=[], metavar="[NAME=]PATH",

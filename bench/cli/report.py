@@ -7,7 +7,7 @@ import argparse
 
 from mlflow.exceptions import MlflowException
 
-from bench.cli.flags import add_report_flags
+from bench.cli.flags import add_plugin_flag, add_report_flags
 from bench.config import TRACKING_URI_DEFAULT
 from bench.tracking import check_reachable
 from reports.load import _client, get_experiment, list_comparisons, resolve_tracking_uri
@@ -20,6 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--comparison", help="comparison id (default: the experiment's most recent comparison)")
     p.add_argument("--tracking-uri", help=f"MLflow tracking URI (default: {TRACKING_URI_DEFAULT})")
     add_report_flags(p, baseline_default="grpo when present")
+    add_plugin_flag(p)
     p.add_argument("--no-store", action="store_true", help="do not write derived metrics back into the runs")
     p.set_defaults(func=run)
 

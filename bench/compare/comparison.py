@@ -25,6 +25,7 @@ from bench.compare.pairs import PairContext, PairJob, PairResult, TrainFn, initi
 from bench.compare.plan import DEFAULTS, Pair, plan, run_dir
 from bench.compare.store import locks_dir, pair_lock
 from bench.config import TrainConfig
+from bench.plugins import check_shippable, with_plugins
 from reports.record import (
     COMPARISON,
     CONFIG_HASH,
@@ -102,13 +103,15 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
     ex = make_executor(spec.executor or DEFAULTS.executor, workers=spec.workers, ray_address=spec.ray_address)
     algos, seeds = spec.algos, spec.seeds
     params = {a: dict(spec.params.get(a, {})) for a in algos}
-    cfg = spec.cfg
+    cfg = with_plugins(spec.cfg, algos)  # the plugins the objectives and tasks come from, named in the config
     for a in algos:  # every objective validates with its overrides before any run starts
         replace(cfg, algo=a, objective_overrides=params[a]).validate()
     cfg = ex.prepare(replace(cfg, tracking_uri=tracking_uri(cfg.tracking_uri)))
     uri = cfg.tracking_uri
     client = open_client(uri)  # a fresh local store is created under a lock (reports/record.py)
     cid, pairs = plan(cfg, algos, seeds, params, force=spec.force, client=client)
+    if ex.spawns(sum(p.action != "reuse" for p in pairs), cfg):  # a notebook's objective: one line, no worker
+        check_shippable(cfg, algos)
     exp_id = get_or_create_experiment(client, uri, cfg.experiment)
     parent = comparison_run(client, exp_id, cid, cfg, algos, seeds)
     warn_before_run(cfg, algos, params, client=client, run_id=parent)  # coinciding objectives, inert terms

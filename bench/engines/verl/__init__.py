@@ -75,6 +75,7 @@ from bench.engines.verl.losses import (
     table_markdown,
 )
 from bench.engines.verl.worker_loss import pobench_worker_loss, worker_loss_fn
+from bench.plugins import load_plugins, plugins_from_env
 
 __all__ = ["ADV_ESTIMATORS", "EXTERNAL_LIB", "KL_TYPES", "OVERRIDES_ENV", "PREFIX", "ROLLOUT_ENGINES", "TRAINER_MODE",
            "TRAINER_MODULE", "WORKER_FIELDS", "VerlOptions", "VerlPlan", "compute_score", "hydra_overrides",
@@ -86,4 +87,5 @@ try:  # registration on import (verl's external_lib); without verl the config pa
 except ImportError:
     pass
 else:
+    load_plugins(plugins_from_env())  # the run's plugins ($POBENCH_PLUGINS, set by make_verl_config), then the losses
     register_all()

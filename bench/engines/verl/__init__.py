@@ -82,10 +82,12 @@ __all__ = ["ADV_ESTIMATORS", "EXTERNAL_LIB", "KL_TYPES", "OVERRIDES_ENV", "PREFI
            "main_ppo_command", "make_policy_loss", "make_verl_config", "objective_table", "plan", "pobench_worker_loss",
            "problem_rows", "register_all", "run_name", "table_markdown", "worker_loss_fn", "write_data"]
 
+# in a verl worker: the run's plugins ($POBENCH_PLUGINS, set by make_verl_config) before the objectives are registered
+# with verl and before the worker loss looks its objective up
+load_plugins(plugins_from_env())
 try:  # registration on import (verl's external_lib); without verl the config part still works
     import verl.trainer.ppo.core_algos  # noqa: F401
 except ImportError:
     pass
 else:
-    load_plugins(plugins_from_env())  # the run's plugins ($POBENCH_PLUGINS, set by make_verl_config), then the losses
     register_all()

@@ -7,6 +7,7 @@ Ablations are registered as a base objective plus field overrides.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ class ObjectiveSpec:
     paper: str
     defaults: dict[str, Any] = field(default_factory=dict)  # overrides of the config class defaults
     base: str | None = None  # for ablations: the registered objective this one modifies
+    module: str = ""  # the module that registered it (``algorithms`` for the built-in ones; ``__main__``: a notebook)
 
     @property
     def config_class(self) -> type[ObjectiveConfig]:
@@ -45,8 +47,12 @@ def _check_fields(config_class: type[ObjectiveConfig], keys: list[str], who: str
 
 
 def register(name: str, objective_class: type[Objective] | None = None, *, description: str, paper: str = "",
-             base: str | None = None, **defaults: Any) -> ObjectiveSpec:
-    """Register an objective (``objective_class``) or an ablation (``base`` + field overrides)."""
+             base: str | None = None, module: str | None = None, **defaults: Any) -> ObjectiveSpec:
+    """Register an objective (``objective_class``) or an ablation (``base`` + field overrides). ``module``: where it
+    was registered (default: the caller's module, as ``collections.namedtuple`` records it), which tells a process
+    that starts workers what they must import to know the name (bench/plugins.py)."""
+    if module is None:
+        module = sys._getframe(1).f_globals.get("__name__", "")
     if name in _REGISTRY:
         raise ValueError(f"objective {name!r} is already registered")
     if base is not None:
@@ -59,7 +65,7 @@ def register(name: str, objective_class: type[Objective] | None = None, *, descr
     if objective_class is None:
         raise ValueError(f"objective {name!r}: give an objective class or a base")
     _check_fields(objective_class.config_class, list(defaults), name)
-    spec = ObjectiveSpec(name, objective_class, description, paper, dict(defaults), base)
+    spec = ObjectiveSpec(name, objective_class, description, paper, dict(defaults), base, module)
     spec.config_class(**spec.defaults)  # invalid defaults fail at registration, not at first use
     _REGISTRY[name] = spec
     return spec

@@ -19,6 +19,7 @@ import yaml
 from algorithms import get_objective
 from bench.engines.base import CAPABILITIES, DEFAULT_ENGINE, ENGINES, check_engine_args
 from bench.inputs import SEED_MAX, read_yaml, tag_values, typed_fields, typed_overrides
+from bench.plugins import identity, load_plugins
 from evaluators.hints import did_you_mean
 from reports.paths import contained, safe_component
 from reports.record import DEFAULT_TRACKING_URI
@@ -50,6 +51,9 @@ class TrainConfig:
     # --- what is trained
     algo: str = _f("grpo", "Registered objective name (`bench list`).")
     objective_overrides: dict = _f({}, "Objective config fields to override, e.g. {kl_coef: 0.1}.")
+    plugins: list = _f([], "Plugins to load first: module names or .py files that register objectives and tasks "
+                           "(docs/PLUGINS.md); loaded in every process that trains, their source digests in the "
+                           "comparison hash.")
     control: str | None = _f(None, "Objective-independent control: `random-reward` replaces the verifier reward by a "
                                    "coin flip with the same mean (checks that gains are reward-driven); default: none.")
     model: str = _f(BUILTIN_MODEL, "Policy: `builtin:tiny-arith` (shipped warm-started tiny model), a local folder "
@@ -215,6 +219,9 @@ class TrainConfig:
         if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
             bad("adam_betas", "must be two numbers in [0, 1)")
 
+        if not isinstance(self.plugins, list):
+            bad("plugins", "must be a list of module names or .py files")
+        load_plugins(self.plugins)  # before the objective is looked up: it may be a plugin's
         get_objective(self.algo, **dict(self.objective_overrides))
 
     # --- (de)serialisation
@@ -268,4 +275,8 @@ class TrainConfig:
         elif d["engine"] in CAPABILITIES:  # engine_args that change no result (e.g. where verl is installed)
             free = CAPABILITIES[d["engine"]].hash_free_args
             d["engine_args"] = {k: v for k, v in d["engine_args"].items() if k not in free}
+        if d["plugins"]:  # by content: each plugin's file name and source digest, not its path
+            d["plugins"] = identity(d["plugins"])
+        else:  # the hashes of runs from before plugins existed
+            del d["plugins"]
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:12]

@@ -22,6 +22,7 @@ from bench.config import TrainConfig
 from bench.engines import engine_for
 from bench.inputs import check_seed
 from bench.model import resolve_device
+from bench.plugins import load_plugins
 
 RAY_INSTALL = "pip install 'pobench[ray]'"
 # environment variables a Ray task gets from the driver (a remote node does not have the driver's environment)
@@ -155,9 +156,11 @@ def code_root() -> str:
     return str(Path(bench.__file__).resolve().parent.parent)
 
 
-def task_context(uri: str, resources: dict[str, float]) -> dict[str, Any]:
-    """What a Ray task needs from the driver (``task_setup``): environment, working folder, code root, CPU or GPU."""
-    return {"env": forwarded_env(uri), "cwd": os.getcwd(), "code_root": code_root(), "cpu": "num_gpus" not in resources}
+def task_context(uri: str, resources: dict[str, float], plugins: Sequence[str] = ()) -> dict[str, Any]:
+    """What a Ray task needs from the driver (``task_setup``): environment, working folder, code root, CPU or GPU,
+    the plugins to load."""
+    return {"env": forwarded_env(uri), "cwd": os.getcwd(), "code_root": code_root(), "cpu": "num_gpus" not in resources,
+            "plugins": list(plugins)}
 
 
 def task_setup(ctx: dict[str, Any], notify: Notify, index: int) -> None:
@@ -172,3 +175,4 @@ def task_setup(ctx: dict[str, Any], notify: Notify, index: int) -> None:
     here = code_root()
     if here != ctx["code_root"] and os.path.isdir(ctx["code_root"]):
         notify("msg", index, f"note: a Ray worker runs pobench from {here}, this process from {ctx['code_root']}")
+    load_plugins(ctx.get("plugins", ()))  # after the working folder: the driver's objectives and tasks

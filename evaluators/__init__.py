@@ -6,8 +6,17 @@ run's training problems and whose ``reward()`` is the verifier (`evaluators.veri
 benchmark score and as training reward. See docs/EVALUATORS.md.
 """
 
-from evaluators.benchmarks import Benchmark, get_benchmark, get_task, list_benchmarks
+from evaluators.benchmarks import (
+    Benchmark,
+    get_benchmark,
+    get_task,
+    list_benchmarks,
+    register_task,
+    task_module,
+    unregister_task,
+)
 from evaluators.sources import BadRowError
 from evaluators.tasks import Problem, Task
 
-__all__ = ["BadRowError", "Benchmark", "Problem", "Task", "get_benchmark", "get_task", "list_benchmarks"]
+__all__ = ["BadRowError", "Benchmark", "Problem", "Task", "get_benchmark", "get_task", "list_benchmarks",
+           "register_task", "task_module", "unregister_task"]

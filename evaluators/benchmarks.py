@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,7 +239,38 @@ def _arith(**options: Any) -> Task:
 
 
 _GENERATED: dict[str, tuple[Callable[..., Task], tuple[str, ...]]] = {ARITH: (_arith, ("difficulty",))}
-"""Generated tasks: name -> (factory, the options it takes)."""
+"""Tasks made by a factory (the built-in ``arith``, and those of plugins): name -> (factory, the options it takes)."""
+_REGISTERED_BY: dict[str, str] = {}
+"""Tasks registered with `register_task`: name -> the module that registered it."""
+
+
+def register_task(task: Task | Callable[..., Task], name: str | None = None, options: tuple[str, ...] = (),
+                  module: str | None = None) -> None:
+    """Register a task of your own (a plugin: docs/PLUGINS.md): a `Task` (e.g. a `Benchmark` with its own source and
+    ``reward``), or a factory ``task(**options)`` that returns one, under ``name`` (default: the task's own
+    ``name``). ``options``: the run settings the factory takes (``difficulty``). A name already taken raises."""
+    if name is None:
+        name = getattr(task, "name", None)
+        if not isinstance(name, str) or not name:
+            raise ValueError("register_task: give the task's name (a factory has none)")
+    if name in _BY_NAME or name in _GENERATED:
+        raise ValueError(f"task {name!r} is already registered")
+    if isinstance(task, type) or not hasattr(task, "reward"):  # a class or function that makes the task
+        _GENERATED[name] = (task, tuple(options))
+    else:
+        _GENERATED[name] = (lambda t=task: t, ())
+    _REGISTERED_BY[name] = module if module is not None else sys._getframe(1).f_globals.get("__name__", "")
+
+
+def unregister_task(name: str) -> None:
+    """Remove a task registered with `register_task` (for plugins and tests); the built-in ones stay."""
+    if name in _REGISTERED_BY:
+        del _GENERATED[name], _REGISTERED_BY[name]
+
+
+def task_module(name: str) -> str:
+    """The module that registered task ``name`` (``evaluators`` for the built-in ones)."""
+    return _REGISTERED_BY.get(name, "evaluators")
 
 
 def list_benchmarks() -> list[str]:

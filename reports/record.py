@@ -52,6 +52,7 @@ ENGINE_PROCESSES = "pobench.engine_processes"      # TRL engine: number of proce
 STOPPED = "pobench.stopped"          # "early": stopped by a callback (pruner, convergence)
 FAILURE = "pobench.failure"          # the cause, on a FAILED run
 STEPS_EXTENDED = "pobench.steps_extended"  # resumed with a larger --steps: every length it was given, "40,60"
+PLUGINS = "pobench.plugins"          # the plugins loaded: <file>@<source digest>, comma-separated (bench/plugins.py)
 OBJECTIVES = "pobench.objectives"    # on a comparison run: its objectives, comma-separated
 SEEDS = "pobench.seeds"              # on a comparison run: its seeds, comma-separated
 BASELINE = "pobench.baseline"        # on a comparison run: the baseline its last report compared against

@@ -152,7 +152,7 @@ def documented_layout(text: str) -> set[str]:
 
 def actual_layout() -> set[str]:
     out = set()
-    for package in ("algorithms", "evaluators", "reports", "bench"):
+    for package in ("algorithms", "evaluators", "reports", "bench", "examples"):
         out.add(package)
         for f in (ROOT / package).rglob("*"):
             rel = f.relative_to(ROOT)

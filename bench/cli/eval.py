@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from bench import preflight
 from bench.cli import eval_comparison
 from bench.cli.eval_inputs import DEFAULT_MAX_NEW_TOKENS, max_new_tokens, resolve_data
+from bench.cli.flags import add_plugin_flag
 from bench.config import BUILTIN_MODEL, TRACKING_URI_DEFAULT
 from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
 from bench.inputs import check_seed
@@ -39,6 +40,7 @@ def register(sub) -> None:
                    "(from the folder `bench run` ran in); evaluations already stored with the same settings are "
                    "reused; each is an MLflow run nested under its training run, and `bench report` adds a table of "
                    "benchmark accuracy per objective")
+    add_plugin_flag(p)
     p.add_argument("--benchmarks", required=True,
                    help=f"comma-separated benchmark names; valid: {', '.join(list_benchmarks())}")
     p.add_argument("--data", action="append", default=[], metavar="[NAME=]PATH",

@@ -6,9 +6,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
+from pathlib import Path
+
+import yaml
 
 from bench.config import TrainConfig
 from bench.inputs import yaml_flag
+from bench.plugins import load_plugins, normalized
 
 
 def add_config_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), defaults: dict | None = None,
@@ -19,6 +23,9 @@ def add_config_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), def
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         if f.name in skip:
+            continue
+        if f.name == "plugins":
+            add_plugin_flag(p)
             continue
         flag = "--" + f.name.replace("_", "-")
         doc = f.metadata.get("doc", "")
@@ -36,6 +43,31 @@ def add_config_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), def
         else:
             base = int if hint is int else float if hint is float else str
             p.add_argument(flag, type=base, default=None, help=help_text, choices=f.metadata.get("choices"))
+
+
+def add_plugin_flag(p: argparse.ArgumentParser) -> None:
+    """``--plugin MODULE_OR_FILE.py``, repeatable: loaded before anything else (``plugins`` of a ``--config`` file
+    too: main.py's ``load_cli_plugins``)."""
+    p.add_argument("--plugin", dest="plugins", action="append", default=None, metavar="MODULE_OR_FILE.py",
+                   help="a module or .py file that registers objectives / tasks, loaded first and in every worker "
+                   "(repeatable; adds to the `plugins` of a --config file; docs/PLUGINS.md)")
+
+
+def load_cli_plugins(args: argparse.Namespace) -> None:
+    """Load the plugins a command names (its ``--config`` file's ``plugins``, then each ``--plugin``) before the
+    command reads any objective or task name; ``args.plugins`` becomes that list (the TrainConfig field)."""
+    specs: list[str] = []
+    config = getattr(args, "config", None)
+    if config and Path(config).is_file():
+        data = yaml.safe_load(Path(config).read_text()) or {}
+        listed = data.get("plugins") if isinstance(data, dict) else None
+        if listed is not None and not isinstance(listed, list):
+            raise ValueError(f"{config}: plugins must be a list of module names or .py files")
+        specs += listed or []
+    specs += getattr(args, "plugins", None) or []
+    load_plugins(specs)
+    if hasattr(args, "plugins"):
+        args.plugins = normalized(specs) or None
 
 
 def config_from_args(args: argparse.Namespace, **fixed) -> TrainConfig:

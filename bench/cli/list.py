@@ -1,4 +1,5 @@
-"""`bench list`: every registered objective with its description; `--details NAME` its config fields;
+"""`bench list`: every registered objective with its description (and where a plugin's came from: ``--plugin``,
+docs/PLUGINS.md), the tasks plugins add; `--details NAME` its config fields;
 `--compare NAMES` which of them can differ at all under a training configuration (the distinguishability probe)."""
 
 from __future__ import annotations
@@ -7,8 +8,11 @@ import argparse
 
 from algorithms import get_spec, list_objectives, objective_groups
 from algorithms.describe import defaults_markdown, details_text
+from bench.cli.flags import add_plugin_flag
 from bench.compare.distinguish import probe_config
 from bench.compare.plan import base_config, load_params, resolve_algos
+from bench.plugins import objective_source, task_source
+from evaluators import get_benchmark, list_benchmarks
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -19,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "the same gradient and which terms are inert under the `bench run` configuration (its defaults < "
                    "--config < the flags below); see docs/objectives.md")
     p.add_argument("--config", help="with --compare: YAML file of TrainConfig fields")
+    add_plugin_flag(p)
     p.add_argument("--params", metavar="FILE", help="with --compare: YAML of objective-config overrides (as bench run)")
     p.add_argument("--update-epochs", type=int, help="with --compare: μ, passes over each rollout batch")
     p.add_argument("--minibatches", type=int, help="with --compare: optimizer steps per epoch")
@@ -42,7 +47,12 @@ def run(args: argparse.Namespace) -> int:
     names = list_objectives()
     width = max(map(len, names))
     for name in names:
-        print(f"{name:<{width}}  {get_spec(name).description}")
+        source = objective_source(name)
+        print(f"{name:<{width}}  {get_spec(name).description}" + ("" if source == "built-in" else f" [{source}]"))
+    tasks = {t: task_source(t) for t in list_benchmarks()}
+    for name, source in tasks.items():
+        if source != "built-in":
+            print(f"\ntask {name}: {get_benchmark(name).description} [{source}]")
     for root, members in objective_groups().items():
         print(f"\ngroup @{root} (bench run --ablation {root}): {', '.join(members)}")
     return 0

@@ -18,6 +18,7 @@ from bench.cli import run as run_cmd
 from bench.cli import train as train_cmd
 from bench.cli import tune as tune_cmd
 from bench.cli import warmstart as warmstart_cmd
+from bench.cli.flags import load_cli_plugins
 from bench.cli.interrupt import finished, on_sigint
 from bench.workers import quiet_libraries
 
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        load_cli_plugins(args)  # --plugin / the config's plugins: before any objective or task name is read
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as e:  # user errors: one clear line, no traceback
         print(f"bench {args.command}: error: {e}", file=sys.stderr)

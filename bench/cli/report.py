@@ -8,7 +8,7 @@ import argparse
 
 from mlflow.exceptions import MlflowException
 
-from bench.cli.flags import add_report_flags, report_options
+from bench.cli.flags import add_plugin_flag, add_report_flags, report_options
 from bench.cli.interrupt import finished
 from bench.config import TRACKING_URI_DEFAULT
 from bench.tracking import check_reachable
@@ -23,6 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tracking-uri", help=f"MLflow tracking URI (default: {TRACKING_URI_DEFAULT})")
     add_report_flags(p, baseline_default="the one recorded on the comparison run (bench run's), else grpo when "
                      "present, else the comparison's first objective")
+    add_plugin_flag(p)
     p.add_argument("--no-store", action="store_true", help="do not write derived metrics back into the runs")
     p.set_defaults(func=run)
 

@@ -26,6 +26,7 @@ from bench.compare.store import locks_dir, pair_lock
 from bench.config import TrainConfig
 from bench.folders import check_removable, experiment_dir, remove_run_folder
 from bench.identity import written_by_note
+from bench.plugins import check_shippable, with_plugins
 from bench.tracking import version_tags
 from reports.record import (
     COMPARISON,
@@ -105,7 +106,7 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
     ex = make_executor(spec.executor or DEFAULTS.executor, workers=spec.workers, ray_address=spec.ray_address)
     algos, seeds = spec.algos, spec.seeds
     params = {a: dict(spec.params.get(a, {})) for a in algos}
-    cfg = spec.cfg
+    cfg = with_plugins(spec.cfg, algos)  # the plugins the objectives and tasks come from, named in the config
     for a in algos:  # every objective validates with its overrides before any run starts
         replace(cfg, algo=a, objective_overrides=params[a]).validate()
     if spec.report and cfg.eval_every == 0:  # (the report would fail only after every pair had trained)
@@ -117,6 +118,8 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
     cid, pairs = plan(cfg, algos, seeds, params, force=spec.force, client=client)
     for p in pairs if spec.force else []:  # --force deletes pobench's run folders only: refused now, before any record
         check_removable(run_dir(cfg, p))
+    if ex.spawns(sum(p.action != "reuse" for p in pairs), cfg):  # a notebook's objective: one line, no worker
+        check_shippable(cfg, algos)
     exp_id = get_or_create_experiment(client, uri, cfg.experiment)
     parent = comparison_run(client, exp_id, cid, cfg, algos, seeds)
     warn_before_run(cfg, algos, params, client=client, run_id=parent)  # coinciding objectives, inert terms

@@ -40,6 +40,7 @@ from typing import Any
 
 from bench.config import TrainConfig
 from bench.engines.lifecycle import sigterm_as_interrupt
+from bench.plugins import load_plugins
 from bench.workers import (
     RAY_INSTALL,
     Notify,
@@ -119,6 +120,11 @@ class Executor:
     def prepare(self, cfg: TrainConfig) -> TrainConfig:
         return cfg
 
+    def spawns(self, n_todo: int, cfg: TrainConfig) -> bool:
+        """Whether ``n_todo`` pairs of ``cfg`` would run in other processes (which import the plugins, not
+        ``__main__``)."""
+        raise NotImplementedError
+
     def start(self, n_todo: int, cfg: TrainConfig, shipped: dict[str, Any] | None = None) -> int:
         """Get ready to run ``n_todo`` pairs of ``cfg``; ``shipped``: {name: callable} that travel to the workers
         (checked to be picklable where they must be). Returns the number of pairs that run at once."""
@@ -194,6 +200,9 @@ class LocalExecutor(Executor):
 
     name = "local"
 
+    def spawns(self, n_todo: int, cfg: TrainConfig) -> bool:
+        return resolve_workers(self.workers, n_todo, cfg) > 1
+
     def start(self, n_todo: int, cfg: TrainConfig, shipped: dict[str, Any] | None = None) -> int:
         self.slots = resolve_workers(self.workers, n_todo, cfg)
         if self.slots > 1:
@@ -203,7 +212,7 @@ class LocalExecutor(Executor):
                 except Exception as e:  # noqa: BLE001
                     raise ValueError(f"{name} runs in the worker processes and must be picklable (a module-level "
                                      f"function) ({e}); or pass workers=1") from None
-            self.backend = _Pool(self.slots)
+            self.backend = _Pool(self.slots, cfg.plugins)
         else:
             self.backend = _Inline()
         return self.slots
@@ -250,9 +259,10 @@ def _on_sigterm(*_: Any) -> None:
     # an idle worker ignores it: the pool's shutdown ends it cleanly
 
 
-def _pool_init(queue, stop) -> None:
+def _pool_init(queue, stop, plugins: list[str]) -> None:
     one_thread()
     quiet_libraries()
+    load_plugins(plugins)  # the run's objectives and tasks, as in the parent
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the parent, which decides
     signal.signal(signal.SIGTERM, _on_sigterm)
     _WORKER["queue"], _WORKER["stop"] = queue, stop
@@ -275,11 +285,11 @@ def _pool_task(fn: Callable[..., Any], args: tuple, not_started: Any) -> Any:
 
 
 class _Pool(_Backend):
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, plugins: list[str]) -> None:
         ctx = mp.get_context("spawn")
         self.queue, self.stop = ctx.Queue(), ctx.Event()
         self.pool = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_pool_init,
-                                           initargs=(self.queue, self.stop))
+                                           initargs=(self.queue, self.stop, list(plugins)))
 
     def submit(self, task: Task, notify: Notify) -> Any:
         try:
@@ -366,6 +376,9 @@ class RayExecutor(Executor):
         super().__init__(workers)
         self.address = address
 
+    def spawns(self, n_todo: int, cfg: TrainConfig) -> bool:
+        return n_todo > 0
+
     def prepare(self, cfg: TrainConfig) -> TrainConfig:
         """Absolute paths for the store and the output folder: a Ray worker may run in another working folder."""
         return replace(cfg, tracking_uri=absolute_tracking_uri(cfg.tracking_uri),
@@ -388,7 +401,7 @@ class RayExecutor(Executor):
         options = task_resources(cluster, cfg.device)
         kind = "GPU" if "num_gpus" in options else "CPU"
         self.slots = max(1, min(n_todo, int(cluster.get(kind, 1))))
-        self.backend = _Ray(ray, options, task_context(cfg.tracking_uri, options), owned)
+        self.backend = _Ray(ray, options, task_context(cfg.tracking_uri, options, cfg.plugins), owned)
         return self.slots
 
 

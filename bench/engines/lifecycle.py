@@ -27,8 +27,21 @@ from bench.config import TrainConfig
 from bench.engines.base import TrainingDiverged
 from bench.engines.native import checkpoint
 from bench.folders import claim_run_folder
+from bench.plugins import record
 from bench.tracking import RunLogger, flatten, version_tags
-from reports.record import COMPARISON, CONFIG_HASH, CONTROL, FAILURE, KIND, MODEL, OBJECTIVE, SEED, STOPPED, TASK
+from reports.record import (
+    COMPARISON,
+    CONFIG_HASH,
+    CONTROL,
+    FAILURE,
+    KIND,
+    MODEL,
+    OBJECTIVE,
+    PLUGINS,
+    SEED,
+    STOPPED,
+    TASK,
+)
 
 
 def run_folder(cfg: TrainConfig) -> tuple[str, Path, Path | None]:
@@ -67,6 +80,7 @@ def run_tags_and_params(cfg: TrainConfig, objective, tags: dict[str, str] | None
     out = {KIND: "train", OBJECTIVE: cfg.algo, SEED: str(cfg.seed), CONFIG_HASH: cfg.comparison_hash(), **written_by,
            MODEL: cfg.model, TASK: cfg.task, CONTROL: cfg.control or "none",
            **({COMPARISON: cfg.comparison} if cfg.comparison else {}), **(tags or {}),
+           **({PLUGINS: plugins} if (plugins := record(cfg.plugins)) else {}),
            **{k: str(v) for k, v in cfg.tags.items()}}
     params = {**flatten(cfg.to_dict()), **flatten({"objective": dataclasses.asdict(objective.config)}), **written_by,
               **flatten({"inputs": identity.input_digests(cfg)})}  # data / model digests, the hub revision

@@ -27,6 +27,7 @@ from typing import Any
 import optuna
 
 from bench.inputs import SEED_MAX
+from bench.plugins import check_shippable, load_plugins, with_plugins
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url
 from bench.tune.study import open_study, run_study
@@ -59,6 +60,7 @@ def _worker(spec: TuneSpec, i: int, ctx: dict[str, Any] | None = None) -> int:
     else:  # a pool process: as a pair's (bench/compare/executors.py)
         quiet_libraries()
         one_thread()
+        load_plugins(spec.base.plugins)
     study = run_study(spec, log=lambda m: print(f"[worker {i}] {m}", flush=True), worker=str(i))
     return count(study, *FINISHED)
 
@@ -71,8 +73,10 @@ def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_a
         raise ValueError(f"unknown executor {executor!r}; choices: {', '.join(EXECUTORS)}")
     if ray_address is not None and executor != "ray":
         raise ValueError(f"--ray-address {ray_address!r} needs --executor ray")
+    spec = dataclasses.replace(spec, base=with_plugins(spec.base, [spec.algo]))
     if executor == "local" and workers == 1:
         return run_study(spec, log=log)
+    check_shippable(spec.base, [spec.algo])  # a notebook's objective: one line before any worker starts
     if executor == "ray":
         import_ray()  # not installed: one line now
         storage = spec.storage or default_storage_url()
@@ -112,7 +116,7 @@ def _run_ray(spec: TuneSpec, workers: int, missing: int, address: str | None, pa
         slots = int(cluster.get("GPU" if "num_gpus" in options else "CPU", 1))
         n = max(1, min(workers or slots, missing))
         log(f"study {spec.study!r}: {n} ray workers (parent MLflow run {parent_id})")
-        ctx = task_context(spec.base.tracking_uri, options)
+        ctx = task_context(spec.base.tracking_uri, options, spec.base.plugins)
         task = ray.remote(_worker).options(**options, max_retries=0)
         refs = [task.remote(worker_spec(spec, i), i, ctx) for i in range(n)]
         try:

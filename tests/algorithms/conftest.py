@@ -6,6 +6,11 @@ import pytest
 import torch
 
 from algorithms import PolicyBatch
+from bench.plugins import load_plugins, plugins_from_env
+
+# $POBENCH_PLUGINS (a JSON list of modules / .py files): their objectives join every test over the registered names,
+# e.g. the contract (test_contract.py): docs/PLUGINS.md
+load_plugins(plugins_from_env())
 
 
 def random_batch(B: int = 6, T: int = 7, seed: int = 0, max_length: int = 10, *, on_policy: bool = False,

@@ -20,7 +20,9 @@ from bench.engines.verl.losses import (
     plan,
 )
 from bench.model import format_string
-from evaluators import get_benchmark
+from bench.plugins import PLUGINS_ENV, normalized
+from evaluators import get_benchmark, list_benchmarks, task_module
+from evaluators.tasks import Problem
 from evaluators.verify import is_correct
 
 #: verl imports the modules named here on ``import verl`` (verl/__init__.py), in every process of the run
@@ -73,7 +75,10 @@ def write_data(cfg, out_dir: str | Path) -> tuple[Path, Path]:
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
                   **_: Any) -> dict[str, float]:
     """verl's custom reward function: pobench's verifier (1 / 0), as ``score`` and as ``acc`` (the metric DAPO's
-    group filter and verl's validation read)."""
+    group filter and verl's validation read); a plugin's task: its own ``reward``."""
+    if data_source in list_benchmarks() and task_module(data_source) != "evaluators":
+        r = float(get_benchmark(data_source).reward(solution_str, Problem("", "", str(ground_truth))))
+        return {"score": r, "acc": r}
     kind = (extra_info or {}).get("answer_kind") or get_benchmark(data_source).answer_kind
     r = 1.0 if is_correct(solution_str, str(ground_truth), kind) else 0.0
     return {"score": r, "acc": r}
@@ -122,6 +127,8 @@ def make_verl_config(cfg, options: VerlOptions | None = None) -> dict[str, Any]:
     micro = min(cfg.micro_batch_size, cfg.prompts_per_step // cfg.minibatches * cfg.group_size)
     env = {OVERRIDES_ENV: json.dumps({cfg.algo: dict(cfg.objective_overrides)}, sort_keys=True),
            "PYTHONPATH": str(Path(__file__).resolve().parents[3])}  # pobench's source tree, for external_lib
+    if cfg.plugins:  # every verl worker loads them before it registers the losses (the package's __init__)
+        env[PLUGINS_ENV] = json.dumps(normalized(cfg.plugins))
     if p.mode == "worker-loss":
         env[EXTERNAL_MODULES_ENV] = TRAINER_MODULE  # the trainer must be registered where verl's task runner runs
     out: dict[str, Any] = {

@@ -1,0 +1,259 @@
+"""Plugins: objectives, tasks and reward functions of your own, in every process that trains (docs/PLUGINS.md).
+
+A plugin is a Python module or ``.py`` file that registers objectives (``algorithms.register``) and tasks
+(``evaluators.register_task``; a task's ``reward`` is its reward function) when imported. It is named by
+``--plugin MODULE_OR_FILE.py`` (repeatable, on every command) or the config key ``plugins``, or installed under the
+entry-point group ``pobench.plugins`` (loaded in every process). ``load_plugins`` imports them, once per process: in
+the command's process, and in every worker that trains (a spawned process, a Ray task, each ``torchrun`` process, each
+verl worker), each of which is given the same list. A ``.py`` file is imported under a name derived from its path
+(``pobench_plugin_<stem>_<hash>``), the same in every process, so objects defined there pickle between them.
+
+Identity: ``identity(specs)`` (each plugin's file name and a digest of its source) enters
+``TrainConfig.comparison_hash``, so a changed plugin trains again; ``record(specs)`` is what a run's
+``pobench.plugins`` tag holds. ``with_plugins(cfg, objectives)`` adds to a config the plugins that the objectives and
+tasks it uses came from when they were registered by a module the config does not name yet (an import in a
+notebook), and ``check_shippable`` refuses, before any worker starts, an objective or task registered in
+``__main__`` (a notebook cell), which no worker can import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from algorithms import get_spec
+from evaluators import list_benchmarks, task_module
+
+ENTRY_POINT_GROUP = "pobench.plugins"
+#: JSON list of plugins for processes that get no argument from pobench (verl's workers: bench/engines/verl)
+PLUGINS_ENV = "POBENCH_PLUGINS"
+BUILTIN_MODULES = ("algorithms", "evaluators")
+MAIN_MODULES = ("__main__", "__mp_main__")
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """A loaded plugin: as named (``spec``), the module it was imported as, its source and its digest."""
+
+    spec: str
+    module: str
+    path: str
+    digest: str
+    entry_point: bool = False
+
+    @property
+    def label(self) -> str:
+        """``<file name>@<digest>``: what a run records."""
+        return f"{Path(self.path).name if self.path else self.module}@{self.digest}"
+
+
+_LOADED: dict[str, Plugin] = {}     # key: the absolute file path of a file plugin, else the module name
+_ENTRY_POINTS: list[Plugin] = []
+_entry_points_loaded = False
+
+
+def _is_file(spec: str) -> bool:
+    return spec.endswith(".py") or os.sep in spec or "/" in spec
+
+
+def _key(spec: str) -> str:
+    return str(Path(spec).expanduser().resolve()) if _is_file(spec) else spec
+
+
+def file_module_name(path: str | Path) -> str:
+    """The module name a plugin file is imported as: the same in every process that loads the same path."""
+    p = Path(path).resolve()
+    stem = "".join(c if c.isalnum() else "_" for c in p.stem)
+    return f"pobench_plugin_{stem}_{hashlib.sha256(str(p).encode()).hexdigest()[:8]}"
+
+
+def source_digest(path: str | Path) -> str:
+    """Digest (12 hex) of a plugin's source: the file, or every ``.py`` file of a package folder."""
+    p = Path(path)
+    files = sorted(p.rglob("*.py")) if p.is_dir() else [p]
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def _source_of(module) -> str:
+    """A module's source: its file, or its package folder."""
+    file = getattr(module, "__file__", None) or ""
+    if file.endswith("__init__.py"):
+        return str(Path(file).parent)
+    return file
+
+
+def _import_file(spec: str) -> Plugin:
+    path = Path(spec).expanduser().resolve()
+    if not path.is_file():
+        raise ValueError(f"plugin {spec}: no such file")
+    name = file_module_name(path)
+    if name not in sys.modules:
+        loader_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[name] = module
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as e:
+            del sys.modules[name]
+            raise ValueError(f"plugin {spec} failed to load: {type(e).__name__}: {e}") from e
+    return Plugin(spec, name, str(path), source_digest(path))
+
+
+def _import_module(spec: str, entry_point: bool = False) -> Plugin:
+    try:
+        module = importlib.import_module(spec)
+    except ModuleNotFoundError as e:
+        if e.name and spec.startswith(e.name):
+            raise ValueError(f"plugin {spec!r}: no module named {e.name!r} (give an importable module or a .py "
+                             "file)") from None
+        raise ValueError(f"plugin {spec} failed to load: {type(e).__name__}: {e}") from e
+    except Exception as e:
+        raise ValueError(f"plugin {spec} failed to load: {type(e).__name__}: {e}") from e
+    source = _source_of(module)
+    return Plugin(spec, module.__name__, source, source_digest(source) if source else "none", entry_point)
+
+
+def load_entry_points() -> list[Plugin]:
+    """The installed plugins (entry-point group ``pobench.plugins``), imported once per process; an entry point
+    that names a function (``module:function``) is called after its module is imported."""
+    global _entry_points_loaded
+    if not _entry_points_loaded:
+        _entry_points_loaded = True
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            plugin = _import_module(ep.module, entry_point=True)
+            if ep.attr:
+                try:
+                    ep.load()()
+                except Exception as e:
+                    raise ValueError(f"plugin entry point {ep.name} = {ep.value} failed: {type(e).__name__}: "
+                                     f"{e}") from e
+            _ENTRY_POINTS.append(plugin)
+    return list(_ENTRY_POINTS)
+
+
+def load_plugins(specs: Sequence[str] | None = ()) -> list[Plugin]:
+    """Import the installed plugins and ``specs`` (module names or ``.py`` files), each once per process, in order;
+    returns the ``specs``' plugins. A missing file or module, or one that fails to import: ValueError, one line."""
+    load_entry_points()
+    out = []
+    for spec in specs or ():
+        if not isinstance(spec, str) or not spec.strip():
+            raise ValueError(f"plugins: each entry must be a module name or a .py file, got {spec!r}")
+        key = _key(spec)
+        if key not in _LOADED:
+            _LOADED[key] = _import_file(spec) if _is_file(spec) else _import_module(spec)
+        out.append(_LOADED[key])
+    return out
+
+
+def plugins_from_env() -> list[str]:
+    """The plugins named in ``$POBENCH_PLUGINS`` (a JSON list): how a verl worker, started by verl, learns them."""
+    raw = os.environ.get(PLUGINS_ENV, "").strip()
+    specs = json.loads(raw) if raw else []
+    if not isinstance(specs, list):
+        raise ValueError(f"${PLUGINS_ENV} must be a JSON list of module names or .py files, got {raw[:200]!r}")
+    return specs
+
+
+def normalized(specs: Sequence[str]) -> list[str]:
+    """``specs`` with files as absolute paths (a worker may run in another folder) and without repeats."""
+    out: list[str] = []
+    for spec in specs:
+        s = _key(spec)
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def identity(specs: Sequence[str]) -> list[str]:
+    """What ``TrainConfig.comparison_hash`` takes of the plugins: each one's file name and source digest (content,
+    not path: a moved file is the same plugin, an edited one is not)."""
+    return [p.label for p in load_plugins(specs)]
+
+
+def record(specs: Sequence[str]) -> str:
+    """The ``pobench.plugins`` tag of a run: ``<file>@<digest>`` of each plugin named and each installed one."""
+    return ",".join(p.label for p in [*load_plugins(specs), *_ENTRY_POINTS])
+
+
+# ------------------------------------------------------------------ where objectives and tasks come from
+def _module_of(module: str) -> Plugin | None:
+    for p in [*_LOADED.values(), *_ENTRY_POINTS]:
+        if module == p.module or module.startswith(p.module + "."):
+            return p
+    return None
+
+
+def _builtin(module: str) -> bool:
+    return module.split(".")[0] in BUILTIN_MODULES
+
+
+def objective_source(name: str) -> str:
+    """Where objective ``name`` was registered: ``built-in``, ``plugin <file>@<digest>``, ``installed plugin ...``,
+    ``__main__`` or the module's name."""
+    return _describe(get_spec(name).module)
+
+
+def task_source(name: str) -> str:
+    """Where task ``name`` was registered (as `objective_source`)."""
+    return _describe(task_module(name))
+
+
+def _describe(module: str) -> str:
+    if _builtin(module):
+        return "built-in"
+    p = _module_of(module)
+    if p is not None:
+        return f"{'installed ' if p.entry_point else ''}plugin {p.label} ({p.path})"
+    return module or "unknown"
+
+
+def _used(cfg: Any, objectives: Sequence[str]) -> list[tuple[str, str, str]]:
+    """(kind, name, registering module) of each objective and task ``cfg`` (a TrainConfig: bench.config imports
+    this module) uses with ``objectives``."""
+    used = [("objective", a, get_spec(a).module) for a in dict.fromkeys([*objectives, cfg.algo])]
+    tasks = [t for t in dict.fromkeys([cfg.task, cfg.eval_task]) if t and t in list_benchmarks()]
+    return used + [("task", t, task_module(t)) for t in tasks]
+
+
+def with_plugins(cfg: Any, objectives: Sequence[str] = ()) -> Any:
+    """``cfg`` with its plugins loaded and normalised, plus the module of every objective / task it uses that was
+    registered by an importable module it does not name (e.g. imported in a notebook), so that workers import it
+    and its digest enters the comparison hash."""
+    load_plugins(cfg.plugins)
+    specs = normalized(cfg.plugins)
+    for _, _, module in _used(cfg, objectives):
+        if _builtin(module) or module in MAIN_MODULES or not module:
+            continue
+        p = _module_of(module)
+        if p is None:
+            specs.append(module)
+            load_plugins([module])
+        elif p.entry_point or _key(p.spec) in specs:
+            continue
+        else:
+            specs.append(_key(p.spec))
+    return cfg if specs == list(cfg.plugins) else dataclasses.replace(cfg, plugins=specs)
+
+
+def check_shippable(cfg: Any, objectives: Sequence[str] = ()) -> None:
+    """Refuse (ValueError, one line) an objective or task registered in ``__main__`` when workers in other processes
+    will train: they cannot import a notebook cell or a script's main module."""
+    for kind, name, module in _used(cfg, objectives):
+        if module in MAIN_MODULES:
+            raise ValueError(f"{kind} {name!r} is registered in __main__ (a notebook cell or a script), which the "
+                             "worker processes cannot import: put it in a module or .py file and name it as a plugin "
+                             "(--plugin FILE.py, or plugins=[...] in the config), or use --workers 1")

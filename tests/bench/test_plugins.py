@@ -1,0 +1,267 @@
+"""Plugins (bench/plugins.py, docs/PLUGINS.md): an objective and a task of one's own, loaded by ``--plugin`` / the
+config key ``plugins`` / the entry-point group, in the parent and in every process that trains: spawned workers, Ray
+tasks, torchrun processes, verl workers. The example plugins of examples/plugins/ are the ones users copy, so the
+tests load those. Real parts throughout: the command line, spawned processes, a local Ray instance, torchrun, MLflow
+stores; the orchestration tests that need no model use tests/bench/fake_trainer.py's trainer.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from mlflow import MlflowClient
+
+from algorithms import PolicyBatch, get_objective
+from bench.cli import main
+from bench.config import TrainConfig
+from bench.plugins import load_plugins, objective_source
+
+from .test_parallel import _store_template, model_dir, tiny  # noqa: F401  (fixtures)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "plugins"
+OBJECTIVES, TASK = str(EXAMPLES / "objectives.py"), str(EXAMPLES / "mod7_task.py")
+HAVE_RAY = importlib.util.find_spec("ray") is not None
+TINY_FLAGS = ["--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--eval-every",
+              "1", "--max-new-tokens", "8", "--samples-every", "0", "--checkpoint-every", "1", "--device", "cpu"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("RAY_ADDRESS", None)
+    env.update(extra)
+    return env
+
+
+def _python(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=_env(**env),
+                          capture_output=True, text=True, timeout=600)
+
+
+def _runs(uri: str, experiment: str) -> dict[str, object]:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], "tags.`pobench.kind` = 'train'")
+    return {r.data.tags["pobench.objective"]: r for r in runs}
+
+
+# ------------------------------------------------------------------ loading, identity, errors (fast)
+def test_the_comparison_hash_changes_with_the_plugin_source_not_its_path(tmp_path):
+    for folder, text in (("a", "X = 1\n"), ("b", "X = 1\n"), ("c", "X = 2\n")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "noop_plugin.py").write_text(text)
+    h = {f: TrainConfig(plugins=[str(tmp_path / f / "noop_plugin.py")]).comparison_hash() for f in "abc"}
+    assert h["a"] == h["b"]                            # the same source in another folder: the same runs
+    assert h["a"] != h["c"]                            # an edited plugin: other runs
+    assert TrainConfig().comparison_hash() not in h.values()
+    assert TrainConfig(plugins=[]).comparison_hash() == TrainConfig().comparison_hash()  # hashes of earlier runs
+
+
+def test_the_example_plugins_register_an_objective_and_a_task_with_its_own_verifier(capsys):
+    load_plugins([OBJECTIVES, TASK])
+    assert get_objective("grpo-nokl").config.kl_coef == 0.0 and get_objective("grpo").config.kl_coef > 0
+    g = torch.Generator().manual_seed(0)
+    lp = torch.randn(4, 5, generator=g) * 0.1
+    batch = PolicyBatch(logprobs=lp.clone().requires_grad_(), old_logprobs=lp.detach(),
+                        advantages=torch.tensor([0.3, -2.0, 0.0, 5.0]), mask=torch.ones(4, 5), max_length=5)
+    loss, _ = get_objective("sign-pg").loss(batch)
+    # on-policy (ratio 1): the token-mean of −sign(Â) over the unmasked tokens
+    assert loss.item() == pytest.approx(-(1 - 1 + 0 + 1) / 4, abs=1e-6)
+    from evaluators import get_benchmark
+    from evaluators.tasks import Problem
+
+    mod7 = get_benchmark("mod7")
+    problems = mod7.load(split="test", limit=3)
+    assert len(problems) == 3 and problems[0].question.startswith("What is")
+    p = Problem("x", "What is 10 mod 7?", "3")
+    assert mod7.reward("so it is 10", p) == 1.0 and mod7.reward("it is 4", p) == 0.0   # congruent, not equal
+    assert main(["list", "--plugin", OBJECTIVES, "--plugin", TASK]) == 0
+    out = capsys.readouterr().out
+    sign = next(line for line in out.splitlines() if line.startswith("sign-pg "))
+    assert "[plugin objectives.py@" in sign and OBJECTIVES in sign
+    assert "[plugin" not in next(line for line in out.splitlines() if line.startswith("grpo "))
+    assert "task mod7: Remainders modulo 7" in out and "[plugin mod7_task.py@" in out
+    assert objective_source("grpo") == "built-in"
+
+
+def test_a_plugin_that_cannot_load_is_one_line_and_nothing_runs(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path}/m.db"
+    (tmp_path / "broken.py").write_text("1 / 0\n")
+    for plugin, said in (("nope.py", "plugin nope.py: no such file"),
+                         (str(tmp_path / "broken.py"), "failed to load: ZeroDivisionError: division by zero"),
+                         ("no_such_module_xyz", "plugin 'no_such_module_xyz': no module named 'no_such_module_xyz'")):
+        assert main(["run", "--plugin", plugin, "--tracking-uri", uri, "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("bench run: error: ") and said in err and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert main(["run", "--algos", "sign-pg-typo", "--tracking-uri", uri, "--no-progress"]) == 2
+    assert not (tmp_path / "m.db").exists()
+
+
+def test_a_notebook_objective_gets_one_line_and_an_imported_module_reaches_the_workers(tmp_path):
+    """``register`` in ``__main__`` (here ``python -c``, as a notebook cell) cannot reach spawned workers: one line
+    before any worker starts. Registered by an importable module the config does not name: the module is added to the
+    config's plugins, and two spawned workers train it."""
+    (tmp_path / "my_objectives.py").write_text(
+        "from algorithms import register\n"
+        "register('grpo-lowclip', base='grpo', description='GRPO with a small clip', clip_low=0.1, clip_high=0.1)\n")
+    result = _python(f"""
+        import sys
+        sys.path[:0] = [{str(tmp_path)!r}, {str(ROOT / 'tests' / 'bench')!r}]
+        from algorithms import register
+        from bench.compare import ComparisonSpec, base_config, run_comparison
+        from fake_trainer import fake_step0, fake_train
+        register("grpo-nokl-nb", base="grpo", description="notebook", kl_coef=0.0)
+        cfg = base_config(None, steps=2, eval_every=1, tracking_uri="sqlite:///{tmp_path}/m.db",
+                          output_dir="{tmp_path}/runs", experiment="nb")
+        spec = ComparisonSpec(cfg, ["grpo", "grpo-nokl-nb"], [0], workers=2, report=False, progress=False,
+                              train_fn=fake_train, step0_fn=fake_step0)
+        try:
+            run_comparison(spec)
+        except ValueError as e:
+            print("ERROR", e)
+        import my_objectives
+        spec.algos = ["grpo", "grpo-lowclip"]
+        res = run_comparison(spec)
+        print("WORKERS", res.workers, [p.outcome for p in res.pairs])
+    """, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    err = next(line for line in lines if line.startswith("ERROR"))
+    assert "'grpo-nokl-nb' is registered in __main__" in err and "--workers 1" in err and "module" in err
+    assert "WORKERS 2 ['finished', 'finished']" in lines, result.stdout + result.stderr[-3000:]
+    run = _runs(f"sqlite:///{tmp_path}/m.db", "nb")["grpo-lowclip"]
+    assert run.data.tags["pobench.plugins"].startswith("my_objectives.py@")
+    assert "my_objectives" in run.data.params["plugins"]
+
+
+def test_an_installed_plugin_is_loaded_from_its_entry_point(tmp_path):
+    site = tmp_path / "site"
+    (site / "pobench_demo-0.1.dist-info").mkdir(parents=True)
+    (site / "pobench_demo-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: pobench-demo\n"
+                                                                  "Version: 0.1\n")
+    (site / "pobench_demo-0.1.dist-info" / "entry_points.txt").write_text("[pobench.plugins]\ndemo = demo_plugin\n")
+    (site / "demo_plugin.py").write_text("from algorithms import register\n"
+                                         "register('grpo-installed', base='grpo', description='installed', "
+                                         "kl_coef=0.5)\n")
+    result = subprocess.run([sys.executable, "-m", "bench.cli", "list"], cwd=tmp_path, capture_output=True, text=True,
+                            env=_env(PYTHONPATH=f"{ROOT}{os.pathsep}{site}"), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("grpo-installed "))
+    assert "[installed plugin demo_plugin.py@" in line
+
+
+def test_verl_workers_load_the_plugins_before_the_objective_is_resolved(tmp_path):
+    """make_verl_config hands the plugins to verl's workers ($POBENCH_PLUGINS in Ray's runtime env); importing
+    pobench's verl package there (verl's external_lib) loads them, so the policy loss and the reward function of a
+    plugin's objective and task resolve in a process that loaded nothing else."""
+    from bench.engines.verl import make_verl_config
+    from bench.plugins import PLUGINS_ENV
+
+    load_plugins([OBJECTIVES, TASK])
+    cfg = TrainConfig(algo="sign-pg", engine="verl", model="Qwen/Qwen2.5-Math-1.5B", task="mod7", steps=1,
+                      prompts_per_step=4, minibatches=2, group_size=2, output_dir=str(tmp_path / "runs"),
+                      plugins=[OBJECTIVES, TASK])
+    env = make_verl_config(cfg)["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
+    assert json.loads(env[PLUGINS_ENV]) == [OBJECTIVES, TASK]
+    result = _python("""
+        import torch
+        from bench.engines.verl import compute_score, make_policy_loss, plan
+        from algorithms import get_objective, PolicyBatch
+        assert plan("sign-pg").mode == "registered", plan("sign-pg")
+        g = torch.Generator().manual_seed(1)
+        old = torch.randn(3, 4, generator=g) * 0.1
+        lp = old + torch.randn(3, 4, generator=g) * 0.05
+        adv = torch.tensor([1.0, -0.5, 2.0])
+        mask = torch.ones(3, 4)
+        loss, _ = make_policy_loss("sign-pg")(old, lp, adv[:, None].expand(3, 4), mask,
+                                                   "seq-mean-token-mean")
+        ref, _ = get_objective("sign-pg").loss(PolicyBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask,
+                                                          max_length=4))
+        print("LOSS", float(loss), float(ref))
+        print("SCORE", compute_score("mod7", "it is 10", "3")["score"], compute_score("mod7", "it is 4", "3")["score"])
+    """, tmp_path, **{PLUGINS_ENV: env[PLUGINS_ENV]})
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    loss, ref = map(float, got["LOSS"].split())
+    assert loss == pytest.approx(ref, rel=1e-6) and loss != 0.0
+    assert got["SCORE"] == "1.0 0.0"    # the plugin's verifier (congruence), not the built-in one
+
+
+# ------------------------------------------------------------------ real training (slow)
+def _report_rows(folder: Path) -> list[str]:
+    report = next(folder.rglob("report.md")).read_text()
+    return [line.split("|")[1].strip() for line in report.splitlines() if line.startswith("| ")]
+
+
+@pytest.mark.slow
+def test_bench_run_trains_a_plugin_objective_and_task_in_two_spawned_workers(tmp_path, model_dir, capsys):  # noqa: F811
+    uri = f"sqlite:///{tmp_path}/m.db"
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump({"plugins": [OBJECTIVES], "model": model_dir}))
+    flags = ["run", "--config", str(tmp_path / "cfg.yaml"), "--plugin", TASK, "--task", "mod7", "--algos",
+             "grpo,sign-pg", "--seeds", "0", "--workers", "2", "--tracking-uri", uri, "--experiment", "plug",
+             "--output-dir", str(tmp_path / "runs"), "--out-root", str(tmp_path / "reports"), "--no-progress",
+             *TINY_FLAGS]
+    assert main(flags) == 0, capsys.readouterr().err[-3000:]
+    out = capsys.readouterr().out
+    assert "on 2 worker(s)" in out and "sign-pg                  seed 0: finished" in out, out
+    assert {"grpo", "sign-pg"} <= set(_report_rows(tmp_path / "reports"))
+    runs = _runs(uri, "plug")
+    for name in ("grpo", "sign-pg"):
+        tags = runs[name].data.tags
+        assert tags["pobench.task"] == "mod7"
+        assert [t.split("@")[0] for t in tags["pobench.plugins"].split(",")] == ["objectives.py", "mod7_task.py"]
+    assert main(flags) == 0   # the same command again: both reused
+    assert "sign-pg                  seed 0: reused" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAVE_RAY, reason="Ray is not installed (pip install 'pobench[ray]')")
+def test_ray_tasks_train_a_plugin_objective_and_task(tmp_path, model_dir):  # noqa: F811
+    from bench.compare import ComparisonSpec, run_comparison
+    from bench.workers import init_ray
+
+    ray = init_ray(None, workers=2)
+    try:
+        cfg = tiny(tmp_path, model_dir, "plug-ray", steps=1, plugins=[OBJECTIVES, TASK], task="mod7")
+        res = run_comparison(ComparisonSpec(cfg, ["grpo", "sign-pg"], [0], executor="ray", progress=False,
+                                            out_root=tmp_path / "reports"))
+    finally:
+        ray.shutdown()
+    assert (res.executor, [p.outcome for p in res.pairs]) == ("ray", ["finished", "finished"])
+    assert {"grpo", "sign-pg"} <= set(_report_rows(tmp_path / "reports"))
+    assert _runs(res.tracking_uri, "plug-ray")["sign-pg"].data.tags["pobench.task"] == "mod7"
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_and_bench_run_train_a_plugin_objective_with_trl(tmp_path):
+    pytest.importorskip("trl")
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    common = ["--plugin", OBJECTIVES, "--plugin", TASK, "--task", "mod7", "--tracking-uri", uri, "--minibatches", "2",
+              "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "8", "--eval-problems", "4",
+              "--eval-every", "1", "--steps", "1", "--samples-every", "0", "--device", "cpu"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541",
+           "-m", "bench.engines.trl", "--algo", "sign-pg", "--experiment", "plug-ddp", "--output-dir",
+           str(tmp_path / "ddp"), "--checkpoint-every", "0", *common]
+    res = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    run = _runs(uri, "plug-ddp")["sign-pg"]
+    assert run.info.status == "FINISHED" and run.data.tags["pobench.engine_processes"] == "2"
+    assert run.data.tags["pobench.task"] == "mod7" and "objectives.py@" in run.data.tags["pobench.plugins"]
+
+    cmd = [sys.executable, "-m", "bench.cli", "run", "--engine", "trl", "--algos", "grpo,sign-pg", "--seeds", "0",
+           "--workers", "1", "--experiment", "plug-trl", "--output-dir", str(tmp_path / "runs"), "--out-root",
+           str(tmp_path / "reports"), "--no-progress", *common]
+    res = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    assert {"grpo", "sign-pg"} <= set(_report_rows(tmp_path / "reports"))
+    assert _runs(uri, "plug-trl")["sign-pg"].data.tags["pobench.engine"] == "trl"

@@ -39,7 +39,7 @@ TRACKING_URI_DEFAULT = f"$MLFLOW_TRACKING_URI, else {DEFAULT_TRACKING_URI} in th
 # Fields that distinguish runs of one comparison: everything else must be identical across its runs.
 # (``threads``, ``shared_prefix`` and ``skip_zero_advantage`` change the speed, not the computation: runs that differ in
 # them still compare)
-PER_RUN_FIELDS = ("algo", "objective_overrides", "seed", "control", "run_name", "output_dir", "resume",
+PER_RUN_FIELDS = ("algo", "objective_overrides", "seed", "run_name", "output_dir", "resume",
                   "tracking_uri", "experiment", "comparison", "tags", "threads", "keep_checkpoints", "shared_prefix",
                   "skip_zero_advantage")
 
@@ -275,6 +275,8 @@ class TrainConfig:
         elif d["engine"] in CAPABILITIES:  # engine_args that change no result (e.g. where verl is installed)
             free = CAPABILITIES[d["engine"]].hash_free_args
             d["engine_args"] = {k: v for k, v in d["engine_args"].items() if k not in free}
+        if d["control"] is None:  # a control (random-reward) is its own comparison: never a real-reward run reused
+            del d["control"]
         if d["plugins"]:  # by content: each plugin's file name and source digest, not its path
             d["plugins"] = identity(d["plugins"])
         else:  # the hashes of runs from before plugins existed

@@ -6,12 +6,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from pathlib import Path
-
-import yaml
 
 from bench.config import TrainConfig
-from bench.inputs import yaml_flag
+from bench.inputs import read_yaml, yaml_flag
 from bench.plugins import load_plugins, normalized
 
 
@@ -58,8 +55,8 @@ def load_cli_plugins(args: argparse.Namespace) -> None:
     command reads any objective or task name; ``args.plugins`` becomes that list (the TrainConfig field)."""
     specs: list[str] = []
     config = getattr(args, "config", None)
-    if config and Path(config).is_file():
-        data = yaml.safe_load(Path(config).read_text()) or {}
+    if config:
+        data = read_yaml(config) or {}  # invalid YAML, a folder, a binary file: one line (bench/inputs.py)
         listed = data.get("plugins") if isinstance(data, dict) else None
         if listed is not None and not isinstance(listed, list):
             raise ValueError(f"{config}: plugins must be a list of module names or .py files")

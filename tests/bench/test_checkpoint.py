@@ -201,15 +201,17 @@ def test_planted_pickle_is_refused_and_never_runs(tmp_path, record):
 @pytest.mark.slow
 def test_bench_train_resume_refuses_a_planted_pickle_in_one_line(tmp_path):
     """The issue's reproduction: a payload in optim.pt of a real run, `bench train --resume` as a user runs it."""
+    from bench import resume
     from bench.config import TrainConfig
     from bench.engines import train
 
     flags = dict(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0, samples_every=0,
                  checkpoint_every=1, output_dir=str(tmp_path / "runs"), tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
                  run_name="r")
-    train(TrainConfig(**flags))
+    cfg = resume.train_folder(TrainConfig(**flags))  # the folder `bench train` uses: runs/<experiment>/r
+    train(cfg)
     marker = tmp_path / "PWNED"
-    plant(tmp_path / "runs" / "r" / "ckpt-0000002", marker)
+    plant(cfg.run_dir() / "ckpt-0000002", marker)
     args = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
     done = subprocess.run([sys.executable, "-m", "bench.cli", "train", *args, "--resume"], capture_output=True,
                           text=True, timeout=300, cwd=tmp_path)
@@ -223,14 +225,16 @@ def test_bench_train_resume_refuses_a_planted_pickle_in_one_line(tmp_path):
 def test_bench_train_resume_falls_back_from_a_corrupt_newest_checkpoint(tmp_path):
     from mlflow import MlflowClient
 
+    from bench import resume
     from bench.config import TrainConfig
     from bench.engines import train
 
     flags = dict(steps=3, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0, samples_every=0,
                  checkpoint_every=1, keep_checkpoints=2, output_dir=str(tmp_path / "runs"),
                  tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", run_name="r")
-    res = train(TrainConfig(**flags))
-    _zero(tmp_path / "runs" / "r" / "ckpt-0000003" / "model.pt")
+    cfg = resume.train_folder(TrainConfig(**flags))  # the folder `bench train` uses: runs/<experiment>/r
+    res = train(cfg)
+    _zero(cfg.run_dir() / "ckpt-0000003" / "model.pt")
     args = [f"--{k.replace('_', '-')}={v}" for k, v in {**flags, "steps": 4}.items()]
     done = subprocess.run([sys.executable, "-m", "bench.cli", "train", *args, "--resume"], capture_output=True,
                           text=True, timeout=300, cwd=tmp_path)

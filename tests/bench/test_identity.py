@@ -132,3 +132,17 @@ def test_reuse_under_another_pobench_commit_is_named(tmp_path):
     again = run_comparison(spec(cfg))
     assert again.pairs[0].outcome.startswith("reused (written by pobench ")
     assert "at commit 0123456789;" in again.pairs[0].outcome
+
+
+def test_a_control_comparison_never_reuses_real_reward_runs(tmp_path):
+    """`bench run --control random-reward` after the same comparison with real rewards: the control is part of the
+    comparison's identity, so its runs are trained under the control, in their own folders."""
+    data = write(tmp_path / "train.jsonl", GSM)
+    real = run_comparison(spec(gsm_cfg(tmp_path, data)))
+    control = run_comparison(spec(gsm_cfg(tmp_path, data, control="random-reward")))
+    assert control.comparison != real.comparison
+    (p,) = control.pairs
+    assert p.outcome == "finished" and p.run_id != real.pairs[0].run_id and p.run_name != real.pairs[0].run_name
+    tags = MlflowClient(control.tracking_uri).get_run(p.run_id).data.tags
+    assert tags["pobench.control"] == "random-reward"
+    assert run_comparison(spec(gsm_cfg(tmp_path, data, control="random-reward"))).pairs[0].outcome == "reused"

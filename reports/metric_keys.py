@@ -71,6 +71,12 @@ TUNE_VALUE = "tune/value"
 TUNE_BEST_VALUE = "tune/best_value"
 TUNE_COUNT = "tune/n_{state}"  # complete, pruned, failed
 
+# ------------------------------------------------------------------ summary/: on a comparison's own run (bench report)
+SUMMARY_FINAL_ACC = "summary/{objective}/final_acc_mean"  # seed mean of the final held-out accuracy
+SUMMARY_GAIN = "summary/{objective}/gain"                  # mean paired difference of final accuracy vs the baseline
+SUMMARY_P_HOLM = "summary/{objective}/p_holm"              # Holm-corrected paired t-test p-value vs the baseline
+SUMMARY_POI = "summary/{objective}/prob_improvement"       # probability of improvement over the baseline
+
 #: metrics whose value depends on the machine's speed (every other one is identical for the same seed and config)
 TIMING_PREFIXES = ("time/", TOKENS_PER_S, THROUGHPUT)
 

@@ -260,10 +260,24 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
         run_id, created = _artifact_run(client, cmp)
         client.log_artifacts(run_id, str(dest), artifact_path="report")
         client.set_tag(run_id, BASELINE, a.baseline)
+        log_summary(client, run_id, a)
         if created:
             client.set_terminated(run_id)
         rep.artifact_run_id = run_id
     return rep
+
+
+def log_summary(client, run_id: str, a: Analysis) -> None:
+    """The comparison's headline numbers as metrics of its own run (``sections.summary_metrics``; a later report
+    with another baseline logs a newer value of the same key: MLflow shows the latest)."""
+    import time
+
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, v, now, 0) for k, v in sections.summary_metrics(a.groups, a.paired).items()]
+    if metrics:
+        client.log_batch(run_id, metrics=metrics)
 
 
 def _target(cmp: Comparison, target_acc: float | None, baseline: str, settings: DerivedSettings, units: Units,

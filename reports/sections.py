@@ -6,7 +6,12 @@ Each builder takes ``groups`` (objective -> [(seed, RunDerived)] in the comparis
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
+
 from reports import checks, stats
+from reports import metric_keys as K
 from reports.derived import DerivedSettings, RunDerived
 from reports.tables import Table, Units, fmt, fmt_mean_ci, fmt_p, paired_test, pm
 
@@ -278,3 +283,17 @@ def runs_tables(cmp, derived: dict[str, RunDerived], units: Units) -> tuple[Tabl
                  ["objective", "seed", "entropy collapse", *[t for _, t, _ in STAB]], stab_rows,
                  ["run_id", "objective", "seed", *RUN_COLS[7:]], stab_csv)
     return runs, stab
+
+
+def summary_metrics(groups: Groups, paired: list[dict]) -> dict[str, float]:
+    """The headline numbers a comparison's own MLflow run carries (``summary/<objective>/...``): each objective's
+    seed-mean final accuracy and, against the baseline, the mean paired gain, its Holm p-value and the probability of
+    improvement. Objective names are written with MLflow's allowed characters (``+`` of a variant becomes ``_``)."""
+    def key(template: str, obj: str) -> str:
+        return template.format(objective=re.sub(r"[^\w\-. :/]", "_", obj))
+
+    out = {key(K.SUMMARY_FINAL_ACC, o): float(np.mean(list(v.values()))) for o, v in finals(groups).items() if v}
+    for r in paired:
+        values = {K.SUMMARY_GAIN: r["test"].mean_diff, K.SUMMARY_P_HOLM: r.get("p_holm"), K.SUMMARY_POI: r["poi"].value}
+        out.update({key(t, r["objective"]): float(v) for t, v in values.items() if v is not None and v == v})
+    return out

@@ -10,7 +10,8 @@ from reports import metric_keys
 from reports.derived import STORED
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "METRICS.md"
-OWNED = ("rollout/", "train/", "eval/", "time/", "perf/", "tune/")  # every name of these namespaces is a constant
+# every name of these namespaces is a constant
+OWNED = ("rollout/", "train/", "eval/", "time/", "perf/", "tune/", "summary/")
 
 
 def documented(text: str) -> set[str]:

@@ -120,6 +120,12 @@ def test_report_files_and_numbers_equal_recomputed_from_mlflow(handmade, local_u
     # report logged as artifacts of the comparison run
     arts = [a.path for a in client.list_artifacts(rep.artifact_run_id, "report")]
     assert "report/report.md" in arts and "report/accuracy_vs_step.png" in arts
+    # the comparison run carries the summary: seed-mean final accuracy, and the paired gain over the baseline (grpo)
+    summary = client.get_run(rep.artifact_run_id).data.metrics
+    for o, by_seed in final.items():
+        assert summary[f"summary/{o}/final_acc_mean"] == pytest.approx(np.mean(list(by_seed.values())))
+    assert summary["summary/tepo/gain"] == pytest.approx(np.mean([final["tepo"][s] - final["grpo"][s] for s in (0, 1)]))
+    assert 0 <= summary["summary/tepo/prob_improvement"] <= 1 and "summary/grpo/gain" not in summary
 
 
 def test_never_reached_target_is_stated_not_imputed(handmade, local_uri, tmp_path):

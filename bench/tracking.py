@@ -18,7 +18,7 @@ from mlflow.entities import Metric, RunStatus
 import bench
 from bench.inputs import check_tracking_scheme
 from reports import record
-from reports.record import GIT_COMMIT, VERSION, get_or_create_experiment, open_client
+from reports.record import GIT_COMMIT, GIT_DIRTY, SOURCE_GIT_COMMIT, VERSION, get_or_create_experiment, open_client
 
 TIMEOUT_ENV = "POBENCH_MLFLOW_TIMEOUT"  # seconds the reachability check of an MLflow server waits
 DEFAULT_TIMEOUT_S = 5.0
@@ -49,18 +49,33 @@ def check_reachable(uri: str | None) -> str:
 
 
 def version_tags(commit: bool = True) -> dict[str, str]:
-    """``pobench.version`` of this package, and ``pobench.git_commit`` of its checkout when ``commit``."""
-    return {VERSION: str(bench.__version__), **({GIT_COMMIT: git_commit()} if commit else {})}
+    """``pobench.version`` of this package and, when ``commit``, ``pobench.git_commit`` of its checkout; from a git
+    checkout also MLflow's ``mlflow.source.git.commit`` and ``pobench.git_dirty`` (1: uncommitted changes to tracked
+    files, so the commit alone does not identify the code)."""
+    tags = {VERSION: str(bench.__version__)}
+    if commit:
+        tags[GIT_COMMIT] = git_commit()
+        if tags[GIT_COMMIT] != "unknown":
+            tags[SOURCE_GIT_COMMIT] = tags[GIT_COMMIT]
+            dirty = _git("status", "--porcelain", "--untracked-files=no")
+            if dirty is not None:
+                tags[GIT_DIRTY] = "1" if dirty else "0"
+    return tags
 
 
 def git_commit() -> str:
     """The commit of the checkout the package runs from, or 'unknown'."""
+    return _git("rev-parse", "HEAD") or "unknown"
+
+
+def _git(*args: str) -> str | None:
+    """``git ARGS`` in the package's folder: its stripped output, None when git or the checkout is missing."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(bench.__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=5)
-        return out.stdout.strip() or "unknown"
+        out = subprocess.run(["git", *args], cwd=Path(bench.__file__).resolve().parent, capture_output=True,
+                             text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:

@@ -12,14 +12,18 @@ import pytest
 from mlflow import MlflowClient
 
 from bench.cli import main
+from bench.tracking import version_tags
 from tests.conftest import copy_store
 
 DERIVED = ("acc_drawdown", "best_acc", "entropy_collapse_step", "entropy_slope", "final_acc", "grad_spikes",
            "initial_acc", "kl_max", "reward_var", "target_acc", "ttc_seconds", "ttc_seconds_interp", "ttc_step",
            "ttc_step_interp", "zero_adv_frac")
 
+# from a git checkout (CI's): MLflow's commit tag and pobench.git_dirty (tests/bench/test_tracking_tags.py)
+GIT = set(version_tags()) - {"pobench.version", "pobench.git_commit"}
+
 # tags of a training run; "pobench.in.{cid}" stands for the membership tag of this comparison
-TRAIN_TAGS = {
+TRAIN_TAGS = {*GIT,
     "mlflow.parentRunId", "mlflow.runName",
     "pobench.comparison", "pobench.config_hash", "pobench.control", "pobench.git_commit", "pobench.in.{cid}",
     "pobench.kind", "pobench.model", "pobench.objective", "pobench.overrides", "pobench.seed", "pobench.task",
@@ -46,7 +50,10 @@ TRAIN_METRICS = {
 
 COMPARISON_TAGS = {"mlflow.runName", "pobench.baseline", "pobench.comparison", "pobench.config_hash",
                    "pobench.kind", "pobench.objectives", "pobench.seeds"}
-COMPARISON_METRICS: set[str] = set()
+# bench report's summary (grpo the baseline); the Holm p-value only where the paired t-test has one (not when the
+# seeds' differences are all equal)
+COMPARISON_METRICS = {"summary/grpo/final_acc_mean", "summary/tepo/final_acc_mean", "summary/tepo/gain",
+                      "summary/tepo/prob_improvement"}
 
 
 @pytest.mark.slow
@@ -68,7 +75,7 @@ def test_bench_run_writes_exactly_the_recorded_keys(tmp_path, empty_store):
     cid = comparison.data.tags["pobench.comparison"]
 
     assert set(comparison.data.tags) == COMPARISON_TAGS
-    assert set(comparison.data.metrics) == COMPARISON_METRICS
+    assert COMPARISON_METRICS <= set(comparison.data.metrics) <= COMPARISON_METRICS | {"summary/tepo/p_holm"}
 
     train = {r.data.tags["pobench.objective"]: r for r in by_kind["train"]}
     assert sorted(train) == ["grpo", "tepo"]
@@ -81,7 +88,7 @@ def test_bench_run_writes_exactly_the_recorded_keys(tmp_path, empty_store):
 
 
 # `bench eval` (one benchmark, --k 2): one run of kind eval
-EVAL_TAGS = {"mlflow.runName", "pobench.git_commit", "pobench.kind", "pobench.version"}
+EVAL_TAGS = {*GIT, "mlflow.runName", "pobench.git_commit", "pobench.kind", "pobench.version"}
 EVAL_METRICS = {"time/eval_arith_seconds", "eval/arith/problems",
                 *(f"eval/arith/{m}{s}" for m in ("greedy_acc", "pass_at_1", "pass_at_2", "maj_at_2")
                   for s in ("", "_ci_low", "_ci_high"))}
@@ -101,7 +108,7 @@ TRIAL_TAGS = {"mlflow.parentRunId", "mlflow.runName", "pobench.kind", "pobench.o
               "pobench.trial", "pobench.trial_state", "pobench.version"}
 TRIAL_METRICS = SAMPLED_EVAL | {"tune/intermediate", "tune/objective"}
 TRIAL_PARAMS = {"clip_high", "clip_low", "kl_coef", "seeds"}
-TUNE_TRAIN_TAGS = {"mlflow.parentRunId", "mlflow.runName", "pobench.config_hash", "pobench.control",
+TUNE_TRAIN_TAGS = {*GIT, "mlflow.parentRunId", "mlflow.runName", "pobench.config_hash", "pobench.control",
                    "pobench.git_commit", "pobench.kind", "pobench.model", "pobench.objective", "pobench.seed",
                    "pobench.study", "pobench.task", "pobench.trial", "pobench.version"}
 TUNE_TRAIN_METRICS = ((COMMON_METRICS - {f"derived/{d}" for d in DERIVED} - {

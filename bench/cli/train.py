@@ -7,6 +7,7 @@ import sys
 
 from bench import engines, preflight, resume
 from bench.cli.flags import add_config_flags, config_from_args
+from bench.cli.progress import TrainProgress
 from bench.tracking import check_reachable
 from reports import metric_keys as K
 
@@ -15,6 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train one objective", description=__doc__)
     p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
     add_config_flags(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress display (on stderr: a bar on a terminal, "
+                   "else a line per evaluation and every POBENCH_PROGRESS_EVERY seconds)")
     p.set_defaults(func=run)
 
 
@@ -28,7 +31,8 @@ def run(args: argparse.Namespace) -> int:
     for warning in preflight.check_inputs(cfg):  # every source read, answers and prompt lengths counted
         print(f"bench train: warning: {warning}", file=sys.stderr)
     try:
-        result = engines.train(cfg)
+        with TrainProgress(cfg.run_label(), cfg.steps, enabled=not args.no_progress) as progress:
+            result = engines.train(cfg, on_step=progress.step, on_eval=progress.evaluated)
     except engines.TrainingDiverged as e:
         print(f"bench train: training diverged: {e}", file=sys.stderr)
         return 3

@@ -1,9 +1,13 @@
 """The live display of `bench run`: an overall bar with ETA, and one line per pair being trained (step, reward,
-held-out accuracy); messages (a pair waiting for another process, a failure) are printed above it."""
+held-out accuracy); messages (a pair waiting for another process, a failure) are printed above it. Where the output
+is no terminal (a log file, a scheduler's output), plain lines instead: one per pair started and finished, and a
+status line at most every ``every`` seconds (``POBENCH_PROGRESS_EVERY``, default 60)."""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -15,8 +19,13 @@ class LiveDisplay:
     """Rich live progress: an overall bar with ETA, and one line per pair being trained (step, reward, held-out
     accuracy); messages (a pair waiting for another process, a failure) are printed above it."""
 
-    def __init__(self, cid: str, pairs: list[Pair], steps: int, enabled: bool, workers: int = 1) -> None:
-        self.enabled = enabled
+    def __init__(self, cid: str, pairs: list[Pair], steps: int, enabled: bool, workers: int = 1,
+                 every: float | None = None) -> None:
+        self.plain = enabled and not sys.stdout.isatty()  # a log file: plain lines, no live redraws
+        self.enabled = enabled and not self.plain
+        self.cid = cid
+        self.every = progress_every() if every is None else every
+        self.started = self.last = time.monotonic()
         self.todo = [p for p in pairs if p.action != "reuse"]
         self.steps = steps
         self.at = [0] * len(self.todo)
@@ -59,6 +68,9 @@ class LiveDisplay:
             return
         if kind == "start":
             p = self.todo[i]
+            if self.plain:
+                what = "resuming" if payload[0] == "resume" else "training"
+                self.print(f"  [{i + 1}/{len(self.todo)}] {what} {p.variant} seed {p.seed}")
             if self.enabled:
                 what = "resume" if payload[0] == "resume" else "train"
                 self.tasks[i] = self.progress.add_task(f"[{i + 1}/{len(self.todo)}] {what} {p.variant} seed "
@@ -70,6 +82,12 @@ class LiveDisplay:
 
     def _at(self, i: int, step: int) -> None:
         self.at[i] = step
+        if self.plain and time.monotonic() - self.last >= self.every:
+            self.last = time.monotonic()
+            running = ", ".join(f"{self.todo[j].variant} s{self.todo[j].seed} step {self.at[j]}/{self.steps} "
+                                f"({self._info(j)})" for j in range(len(self.todo)) if 0 < self.at[j] < self.steps)
+            self.print(f"  comparison {self.cid}: {sum(self.at)}/{len(self.todo) * self.steps} steps after "
+                       f"{self.last - self.started:.0f}s" + (f"; {running}" if running else ""))
         if self.enabled:
             if i in self.tasks:
                 self.progress.update(self.tasks[i], completed=step, info=self._info(i))
@@ -82,3 +100,15 @@ class LiveDisplay:
         self._at(i, self.steps)
         if self.enabled and i in self.tasks:
             self.progress.remove_task(self.tasks.pop(i))
+
+
+def progress_every() -> float:
+    """Seconds between two status lines where the output is a log file: ``POBENCH_PROGRESS_EVERY`` (default 60)."""
+    raw = os.environ.get("POBENCH_PROGRESS_EVERY", "60")
+    try:
+        every = float(raw)
+    except ValueError:
+        raise ValueError(f"POBENCH_PROGRESS_EVERY={raw!r}: give a number of seconds") from None
+    if not every >= 0:
+        raise ValueError(f"POBENCH_PROGRESS_EVERY={raw!r}: give a number of seconds >= 0")
+    return every

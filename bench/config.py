@@ -157,6 +157,9 @@ class TrainConfig:
         for name, value in typed_fields(TrainConfig, self.to_dict()).items():
             setattr(self, name, value)
         tag_values(self.tags)
+        if not isinstance(self.plugins, list):
+            bad("plugins", "must be a list of module names or .py files")
+        load_plugins(self.plugins)  # before the objective is looked up (its overrides typed): it may be a plugin's
         self.objective_overrides = typed_overrides(self.algo, self.objective_overrides)
         if not 0 <= self.seed <= SEED_MAX:
             bad("seed", f"a seed must be an integer in [0, {SEED_MAX}] (--seed)")
@@ -219,9 +222,6 @@ class TrainConfig:
         if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
             bad("adam_betas", "must be two numbers in [0, 1)")
 
-        if not isinstance(self.plugins, list):
-            bad("plugins", "must be a list of module names or .py files")
-        load_plugins(self.plugins)  # before the objective is looked up: it may be a plugin's
         get_objective(self.algo, **dict(self.objective_overrides))
 
     # --- (de)serialisation

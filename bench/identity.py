@@ -150,8 +150,8 @@ def hub_revision(repo_id: str, revision: str | None = None) -> str | None:
 
 
 def task_source(task_name: str, data: str | None, difficulty: int = 2) -> str | None:
-    """Where a task's rows come from: ``data``, else ``$POBENCH_DATA_DIR/<task>``, else its hub id; None for a
-    generated task."""
+    """Where a task's rows come from: ``data``, else ``$POBENCH_DATA_DIR/<task>``, else the task's own ``data_dir``
+    (a plugin's files), else its hub id; None for a generated task."""
     task = get_task(task_name, difficulty=difficulty)
     if task.generated:
         return None
@@ -160,6 +160,8 @@ def task_source(task_name: str, data: str | None, difficulty: int = 2) -> str | 
     root = os.environ.get(DATA_DIR_ENV)
     if root and (Path(root) / task.name).is_dir():
         return str(Path(root) / task.name)
+    if getattr(task, "data_dir", None):
+        return str(task.data_dir)
     return getattr(task, "hub_id", None) or task.name
 
 

@@ -79,10 +79,16 @@ def prompt_check(cfg, problems: list, what: str) -> str | None:
     from bench.model import format_prompt, resolve_model_path
 
     path = resolve_model_path(cfg.model)
-    limit = getattr(AutoConfig.from_pretrained(path, revision=cfg.revision), "max_position_embeddings", None)
+    try:
+        limit = getattr(AutoConfig.from_pretrained(path, revision=cfg.revision), "max_position_embeddings", None)
+        tok = AutoTokenizer.from_pretrained(path, revision=cfg.revision) if limit is not None else None
+    except OSError as e:  # a hub id neither cached nor reachable (offline), a folder without config / tokenizer
+        why = " (HF_HUB_OFFLINE is set)" if identity.offline() else ""
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"--model {cfg.model}: its config and tokenizer could not be loaded{why}: {first}; pass a "
+                         "local model folder with --model PATH") from None
     if limit is None:
         return None
-    tok = AutoTokenizer.from_pretrained(path, revision=cfg.revision)
     lengths = [len(tok(format_prompt(tok, p.question, cfg.prompt_template))["input_ids"]) for p in problems]
     over = [(n, p) for n, p in zip(lengths, problems) if n + cfg.max_new_tokens > limit]
     if not over:

@@ -72,6 +72,9 @@ class Benchmark:
     """Without an answer field, the reference answer is the last ``\\boxed{}`` of the solution."""
     solution_fields: tuple[str, ...] = ("solution",)
     id_fields: tuple[str, ...] = ("id", "unique_id", "idx")
+    data_dir: str | None = None
+    """A local file or folder of the task's own problems (a plugin's data files), read when no ``data`` is given and
+    ``$POBENCH_DATA_DIR`` has no folder of it; its content digest is part of a run's identity (bench/identity.py)."""
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -98,6 +101,8 @@ class Benchmark:
             raise ValueError(f"benchmark {self.name!r} has no split {split!r}; valid: {', '.join(self.splits)}")
         if data is None and os.environ.get(DATA_DIR_ENV) and (Path(os.environ[DATA_DIR_ENV]) / self.name).is_dir():
             data = Path(os.environ[DATA_DIR_ENV]) / self.name
+        if data is None and self.data_dir:
+            data = self.data_dir
         if data is None:
             source = read_source(self.hub_id, split, hub_config=self.hub_config, hub_split=hub_split)
         else:

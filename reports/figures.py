@@ -70,9 +70,25 @@ class Drawn:
     series: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
 
-def seed_band(series_per_seed: Sequence[Series], band: str = "ci"):
+def value_range(key: str | None) -> tuple[float | None, float | None]:
+    """The values ``key`` can take: [0, 1] for accuracies, fractions and rates, [0, inf) for entropies, lengths, token
+    counts, norms and times, else unbounded. A t band of two seeds can reach past them (an accuracy band below 0):
+    ``seed_band`` clips the band there, the mean is never clipped."""
+    if key is None:
+        return None, None
+    name = key.rsplit("/", 1)[-1]
+    if (name in ("accuracy", "accuracy_sampled", "greedy_acc", "pass_at_1") or name.endswith(("_frac", "_rate"))
+            or name.startswith(("pass_at_", "maj_at_")) or key == "rollout/accuracy"):
+        return 0.0, 1.0
+    if key.startswith(("rollout/entropy", "rollout/length", "time/")) or name in ("gen_tokens", "grad_norm"):
+        return 0.0, None
+    return None, None
+
+
+def seed_band(series_per_seed: Sequence[Series], band: str = "ci", key: str | None = None):
     """Align seeds by step: (steps, mean, low, high, count) over the seeds that logged each step. ``band``: "ci" =
-    mean ± t(0.975, n-1)·s/√n, "minmax" = min and max over seeds; low = high = mean where one seed logged the step."""
+    mean ± t(0.975, n-1)·s/√n, "minmax" = min and max over seeds; low = high = mean where one seed logged the step.
+    The band is clipped to ``value_range(key)`` (an accuracy's t band of 2 seeds often reaches below 0)."""
     from scipy import stats
 
     by_step: dict[int, list[float]] = {}
@@ -96,7 +112,10 @@ def seed_band(series_per_seed: Sequence[Series], band: str = "ci"):
         lo.append(low)
         hi.append(high)
         count.append(len(v))
-    return np.array(steps), np.array(mean), np.array(lo), np.array(hi), np.array(count)
+    floor, ceiling = value_range(key)
+    lo_a = np.array(lo) if floor is None else np.maximum(np.array(lo), floor)
+    hi_a = np.array(hi) if ceiling is None else np.minimum(np.array(hi), ceiling)
+    return np.array(steps), np.array(mean), lo_a, hi_a, np.array(count)
 
 
 def _line(ax, x, mean, lo, hi, i: int, label: str, n: int, crowded: bool = False) -> None:
@@ -181,7 +200,7 @@ def series_figure(runs, key: str, ylabel: str, title: str, out_dir: Path, name: 
             sers = [r.series.get(key, []) for r in rs if r.series.get(key)]
             if not sers:
                 continue
-            steps, mean, lo, hi, count = seed_band(sers, opts.band)
+            steps, mean, lo, hi, count = seed_band(sers, opts.band, key)
             _line(ax, steps, mean, lo, hi, order.index(obj), f"{obj} (n={len(sers)})", len(sers),
                   len(order) > CROWDED)
             _record(drawn, obj, steps, mean, lo, hi, count)
@@ -203,14 +222,14 @@ def panels_figure(runs, key: str, ylabel: str, title: str, out_dir: Path, name: 
     drawn = Drawn([])
     ref = None
     if reference in objs:
-        ref = seed_band([r.series[key] for r in groups[reference] if r.series.get(key)], opts.band)
+        ref = seed_band([r.series[key] for r in groups[reference] if r.series.get(key)], opts.band, key)
     rows = -(-len(objs) // columns)
     with plt.rc_context(RC):
         fig, axes = plt.subplots(rows, columns, figsize=(1.6 * columns, 1.35 * rows + 0.3), sharex=True, sharey=True,
                                  squeeze=False)
         for ax, obj in zip(axes.flat, objs):
             sers = [r.series[key] for r in groups[obj] if r.series.get(key)]
-            steps, mean, lo, hi, count = seed_band(sers, opts.band)
+            steps, mean, lo, hi, count = seed_band(sers, opts.band, key)
             if ref is not None and obj != reference:
                 ax.plot(ref[0], ref[1], color="#999999", linewidth=0.9, label=reference)
             _line(ax, steps, mean, lo, hi, order.index(obj), obj, len(sers))
@@ -242,7 +261,7 @@ def versus_figure(runs, key: str, x_of: Callable[[object, int], float | None], x
             rs = [r for r in rs if r.series.get(key)]
             if not rs:
                 continue
-            steps, mean, lo, hi, count = seed_band([r.series[key] for r in rs], opts.band)
+            steps, mean, lo, hi, count = seed_band([r.series[key] for r in rs], opts.band, key)
             xs = []
             for s in steps:
                 v = [x_of(r, int(s)) for r in rs if any(st == s for st, _ in r.series[key])]
@@ -290,7 +309,7 @@ def fractions_figure(runs, out_dir: Path, order: Sequence[str], opts: FigureOpti
             for obj, rs in _by_objective(runs).items():
                 sers = [r.series.get(key, []) for r in rs if r.series.get(key)]
                 if sers:
-                    steps, mean, lo, hi, count = seed_band(sers, opts.band)
+                    steps, mean, lo, hi, count = seed_band(sers, opts.band, key)
                     _line(ax, steps, mean, lo, hi, order.index(obj), f"{obj} (n={len(sers)})", len(sers),
                           len(order) > CROWDED)
                     _record(drawn, f"{key}:{obj}", steps, mean, lo, hi, count)

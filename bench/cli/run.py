@@ -66,12 +66,12 @@ def run(args: argparse.Namespace) -> int:
         report_folder(args.out_root, cfg.experiment)
     for a in algos:  # what the engine cannot train: one line now, not one failed pair after another
         engines.check(dataclasses.replace(cfg, algo=a, objective_overrides=dict(params.get(a, {}))))
-    for warning in preflight.check_inputs(cfg):  # every source read, answers and prompt lengths counted
-        print(f"bench run: warning: {warning}", file=sys.stderr)
     engine = engines.engine_for(cfg)
     if not engine.capabilities.parallel_pairs and (args.executor == "ray" or (args.workers or 0) > 1):
         raise ValueError(f"--engine {engine.name} runs one pair at a time from this process (each job takes the "
                          "cluster it is given): drop --executor ray / --workers above 1")
+    for warning in preflight.check_inputs(cfg):  # every source read, answers and prompt lengths counted
+        print(f"bench run: warning: {warning}", file=sys.stderr)
 
     spec = ComparisonSpec(cfg, algos, seeds, params, force=args.force, workers=args.workers, executor=args.executor,
                           ray_address=args.ray_address, report=not args.no_report, baseline=baseline,

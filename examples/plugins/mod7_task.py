@@ -21,9 +21,6 @@ HERE = Path(__file__).resolve().parent / "mod7"
 
 @dataclass(frozen=True)
 class Mod7(Benchmark):
-    def load_rows(self, split="test", data=None, limit=None, skip_bad_rows=False):
-        return super().load_rows(split, data if data is not None else HERE, limit, skip_bad_rows)
-
     def reward(self, completion: str, problem: Problem) -> float:
         """1.0 when the completion's last integer is congruent to the answer modulo 7."""
         numbers = re.findall(r"-?\d+", completion)
@@ -31,4 +28,4 @@ class Mod7(Benchmark):
 
 
 register_task(Mod7("mod7", "1.0", "integer", "Remainders modulo 7 (example plugin: own data, own verifier)",
-                   hub_id="", hub_splits=(("train", "train"), ("test", "test"))))
+                   hub_id="", hub_splits=(("train", "train"), ("test", "test")), data_dir=str(HERE)))

@@ -72,7 +72,7 @@ def test_bench_train_run_name_escaping_writes_under_output_dir(scratch):
     done = bench_cli(work, "train", "--run-name", "../../../ESC1", "--eval-every", "0", *TINY)
     assert done.returncode == 0, done.stderr[-3000:]
     outside_unchanged(root, work, before)
-    (run,) = (work / ".pobench" / "runs").iterdir()
+    (run,) = (work / ".pobench" / "runs" / "pobench").iterdir()  # <output_dir>/<experiment>/<run name made safe>
     assert run.name.startswith("ESC1-") and (run / MARKER).is_file() and (run / "final").is_dir()
 
 

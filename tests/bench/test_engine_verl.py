@@ -21,6 +21,7 @@ from mlflow import MlflowClient
 
 from bench.cli import main
 from bench.config import TrainConfig
+from bench.tracking import version_tags
 
 GSM8K_ROWS = [{"question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
                "answer": f"{a} + {b} = {a + b}\n#### {a + b}"} for a, b in ((2, 3), (4, 5), (1, 7), (6, 2))]
@@ -149,7 +150,8 @@ def test_launch_path_records_a_native_looking_run(tmp_path, monkeypatch, rc):
     tags = {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}
     assert set(tags) == {"pobench.kind", "pobench.objective", "pobench.seed", "pobench.config_hash", "pobench.model",
                          "pobench.task", "pobench.control", "pobench.version", "pobench.git_commit", "pobench.engine",
-                         *(["pobench.failure"] if rc else [])}  # a native training run's tags (test_record_keys)
+                         *(["pobench.failure"] if rc else []),
+                         *({"pobench.git_dirty"} & set(version_tags()))}  # a native training run's (test_record_keys)
     assert (tags["pobench.kind"], tags["pobench.objective"], tags["pobench.seed"], tags["pobench.engine"]) == (
         "train", "tepo", "0", "verl")
     assert tags["pobench.config_hash"] == cfg.comparison_hash() != dataclasses.replace(

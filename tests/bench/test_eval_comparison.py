@@ -10,6 +10,7 @@ import pytest
 from mlflow import MlflowClient
 
 from bench.cli import main
+from bench.tracking import version_tags
 
 RUN = ["run", "--algos", "grpo,tepo", "--seeds", "0,1", "--steps", "2", "--prompts-per-step", "2", "--group-size",
        "2", "--eval-problems", "8", "--eval-every", "1", "--max-new-tokens", "16", "--samples-every", "0",
@@ -41,7 +42,8 @@ def test_eval_comparison_evaluates_each_final_model_once_and_the_report_tabulate
         parent = train[e.data.tags["mlflow.parentRunId"]]           # nested under its training run
         assert e.data.tags["pobench.benchmark"] == "arith" and e.data.tags["pobench.comparison"] == cid
         assert set(e.data.tags) == {"mlflow.runName", "mlflow.parentRunId", "pobench.git_commit", "pobench.kind",
-                                    "pobench.version", "pobench.benchmark", "pobench.eval_key", "pobench.comparison"}
+                                    "pobench.version", "pobench.benchmark", "pobench.eval_key", "pobench.comparison",
+                                    *version_tags()}  # (from a git checkout: the commit under MLflow's name, dirty)
         # the final model, greedy, on the same 8 held-out problems the run's last evaluation used
         assert e.data.metrics["eval/arith/greedy_acc"] == pytest.approx(parent.data.metrics["eval/accuracy"])
 

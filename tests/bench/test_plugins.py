@@ -93,6 +93,33 @@ def test_the_example_plugins_register_an_objective_and_a_task_with_its_own_verif
     assert objective_source("grpo") == "built-in"
 
 
+def test_a_plugin_task_s_own_data_is_part_of_the_identity(tmp_path):
+    """A task's ``data_dir`` (the plugin's JSONL files) is read when no --data is given, logged as the run's dataset
+    and digested into the comparison hash: editing the plugin's data makes a new comparison. (In a fresh process:
+    this process has mod7 registered from examples/ already.)"""
+    import shutil
+
+    copy = tmp_path / "plugin"
+    shutil.copytree(EXAMPLES, copy)
+    rows = sum(1 for line in (copy / "mod7" / "train.jsonl").read_text().splitlines() if line.strip())
+    done = _python(f"""
+        import json
+        from bench import identity
+        from bench.config import TrainConfig
+        from bench.plugins import load_plugins
+        load_plugins([{str(copy / "mod7_task.py")!r}])
+        cfg = TrainConfig(task="mod7", plugins=[{str(copy / "mod7_task.py")!r}])
+        train, held_out = identity.datasets(cfg)
+        before = cfg.comparison_hash()
+        with open({str(copy / "mod7" / "train.jsonl")!r}, "a") as f:
+            f.write(json.dumps({{"question": "What is 15 mod 7?", "answer": "1"}}) + "\\n")
+        print(json.dumps([train["source"], train["rows"], identity.datasets(cfg)[0]["rows"],
+                          before != cfg.comparison_hash()]))
+    """, tmp_path, POBENCH_CACHE_DIR=str(tmp_path / "cache"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == [str(copy / "mod7"), rows, rows + 1, True]
+
+
 def test_a_plugin_that_cannot_load_is_one_line_and_nothing_runs(tmp_path, capsys):
     uri = f"sqlite:///{tmp_path}/m.db"
     (tmp_path / "broken.py").write_text("1 / 0\n")

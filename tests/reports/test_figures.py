@@ -41,6 +41,20 @@ def test_seed_band_is_the_t_interval_or_the_range():
         F.FigureOptions(band="sd")
 
 
+def test_a_band_is_clipped_to_the_values_the_metric_can_take():
+    """Two seeds at accuracy 0.0 and 0.25: the t band (12.7 × s/√2) spans about -1.5 .. 1.7; an accuracy band is
+    drawn within [0, 1], an entropy band from 0, an unbounded metric (the loss) as computed; the mean is not moved."""
+    seeds = [[(1, 0.0)], [(1, 0.25)]]
+    h = stats.t.ppf(0.975, 1) * np.std([0.0, 0.25], ddof=1) / np.sqrt(2)
+    _, mean, lo, hi, _ = F.seed_band(seeds, key="eval/accuracy")
+    assert (lo[0], hi[0], mean[0]) == (0.0, 1.0, 0.125)
+    _, _, lo, hi, _ = F.seed_band(seeds, key="rollout/entropy_mean")
+    assert lo[0] == 0.0 and hi[0] == pytest.approx(0.125 + h)
+    _, _, lo, hi, _ = F.seed_band(seeds, key="train/loss")
+    assert (lo[0], hi[0]) == (pytest.approx(0.125 - h), pytest.approx(0.125 + h))
+    assert F.value_range("eval/gsm8k/pass_at_4") == (0.0, 1.0) == F.value_range("rollout/zero_adv_frac")
+
+
 def _runs(n_objectives: int, seeds=(0, 1, 2), spread: float = 0.3):
     out = []
     for i in range(n_objectives):

@@ -76,13 +76,14 @@ def run_tags_and_params(cfg: TrainConfig, objective, tags: dict[str, str] | None
                         ) -> tuple[dict[str, str], dict[str, str]]:
     """The tags and params of a new training run's MLflow record (every engine writes the same ones; ``tags``: what
     the engine adds, e.g. ``pobench.engine``)."""
-    written_by = version_tags()  # pobench.version, pobench.git_commit
+    written_by = version_tags()  # pobench.version, pobench.git_commit (+ mlflow.source.git.commit, git_dirty)
     out = {KIND: "train", OBJECTIVE: cfg.algo, SEED: str(cfg.seed), CONFIG_HASH: cfg.comparison_hash(), **written_by,
            MODEL: cfg.model, TASK: cfg.task, CONTROL: cfg.control or "none",
            **({COMPARISON: cfg.comparison} if cfg.comparison else {}), **(tags or {}),
            **({PLUGINS: plugins} if (plugins := record(cfg.plugins)) else {}),
            **{k: str(v) for k, v in cfg.tags.items()}}
-    params = {**flatten(cfg.to_dict()), **flatten({"objective": dataclasses.asdict(objective.config)}), **written_by,
+    params = {**flatten(cfg.to_dict()), **flatten({"objective": dataclasses.asdict(objective.config)}),
+              **{k: v for k, v in written_by.items() if not k.startswith("mlflow.")},
               **flatten({"inputs": identity.input_digests(cfg)})}  # data / model digests, the hub revision
     return out, params
 

@@ -126,21 +126,30 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def is_full(e: BaseException) -> bool:
-    """``e`` says the disk is full or a file-size limit was reached (``errno`` or, from libraries that wrap the
-    OS error in their own exception types, its text)."""
+def _full_errno(e: BaseException) -> int | None:
+    """The errno of a full disk / file-size limit that ``e`` reports (directly, or in the text of a library's own
+    exception type: safetensors, tokenizers), else None."""
     if isinstance(e, OSError) and e.errno in _FULL:
-        return True
-    text = str(e)  # safetensors / tokenizers report the OS error inside their own exception types
-    return any(s in text for s in ("No space left on device", "File too large", "Disk quota exceeded",
-                                   "os error 28", "os error 27", "os error 122"))
+        return e.errno
+    text = str(e)
+    for code, words in ((errno.ENOSPC, "No space left on device"), (errno.EFBIG, "File too large"),
+                        (errno.EDQUOT, "Disk quota exceeded")):
+        if words in text or f"os error {code})" in text or text.endswith(f"os error {code}"):
+            return code
+    return None
+
+
+def is_full(e: BaseException) -> bool:
+    """``e`` says the disk is full or a file-size limit was reached."""
+    return _full_errno(e) is not None
 
 
 def _full(e: BaseException, what: Path) -> DiskFull:
     """One line for a write of ``what`` that failed on a full disk or a file-size limit."""
-    why = getattr(e, "strerror", None) or str(e).strip().splitlines()[0][:200]
+    code = _full_errno(e)
+    why = os.strerror(code) + (": the file-size limit, ulimit -f" if code == errno.EFBIG else "")
     return DiskFull(f"no space left on device while writing {what} ({why}); nothing half-written was left: "
-                           "free space (or raise the file-size limit), then resume")
+                    "free space (or raise the file-size limit), then resume")
 
 
 def _commit(run_dir: Path, step: int, state: dict[str, Any], fill: Callable[[Path], dict[str, list]] = lambda t: {},

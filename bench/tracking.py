@@ -163,7 +163,7 @@ class RunLogger:
                 if self.unreachable is None and time.monotonic() + RETRY_EVERY_S < deadline:
                     time.sleep(RETRY_EVERY_S)
                     continue
-                why = _first_line(e)
+                why = _no_answer(e)
                 self.unreachable = self.unreachable or why
                 raise StoreUnreachable(f"MLflow tracking server {self.uri} did not answer within {self.timeout:g} s "
                                        f"({why})") from None
@@ -221,9 +221,16 @@ class RunLogger:
             self.call(record.retry_locked, self.client.set_terminated, self.run_id, status=status)
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return (text.splitlines()[0] if text else type(e).__name__)[:300]
+def _no_answer(e: BaseException) -> str:
+    """In a few words, how a request got no answer (MLflow's own message repeats urllib3's at length)."""
+    text = str(e)
+    if "Connection refused" in text or "NewConnectionError" in text:
+        return "connection refused"
+    if "timed out" in text or "Timeout" in text:
+        return "no answer: timed out"
+    if "RemoteDisconnected" in text or "Connection reset" in text or "Connection aborted" in text:
+        return "connection closed by the server"
+    return (text.strip().splitlines()[0] if text.strip() else type(e).__name__)[:200]
 
 
 # ------------------------------------------------------------------ run.json: the run folder's record of its MLflow run

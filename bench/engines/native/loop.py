@@ -105,10 +105,14 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     def save_checkpoint(step: int) -> None:
         """Checkpoint ``step`` with the metrics not yet in MLflow, then send them: the checkpoint never depends on
         the store (when it cannot take them, they stay in the checkpoint and a resume logs them)."""
-        nonlocal saved
-        checkpoint.save(run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler,
-                        state={"run_id": logger.run_id, "elapsed": elapsed, "pending": logger.pending},
-                        keep=cfg.keep_checkpoints)
+        nonlocal saved, full
+        try:
+            checkpoint.save(run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler,
+                            state={"run_id": logger.run_id, "elapsed": elapsed, "pending": logger.pending},
+                            keep=cfg.keep_checkpoints)
+        except checkpoint.DiskFull:
+            full = True  # (no second try on the way out)
+            raise
         saved = step
         if logger.unreachable is None:
             logger.flush()
@@ -123,6 +127,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     stopped_early = False
     step = completed = saved = start_step
     changed = False  # True once an optimizer step of an unfinished step has changed the model
+    full = False  # True once a checkpoint found the disk full
 
     def model_changed(*_) -> None:
         nonlocal changed
@@ -131,7 +136,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     def keep_last_step() -> None:
         """On an interrupt or error: checkpoint the last finished step when the model is still exactly that step's
         (its metrics are sent when the store answers; else the checkpoint keeps them)."""
-        if not changed and completed > saved:
+        if not changed and completed > saved and not full:
             try:
                 save_checkpoint(completed)
             except StoreUnreachable:

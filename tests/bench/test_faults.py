@@ -243,15 +243,32 @@ def test_file_size_limit_at_the_first_checkpoint_ends_the_run_and_the_resume_con
     _final_complete(run_dir)
 
 
-# the final weights: the limit is set just before they are written (checkpoints are larger than the weights)
-LIMIT_AT_FINAL = textwrap.dedent("""
-    import resource, sys
+# the final weights: the limit is set once the last checkpoint is written (a checkpoint is larger than the weights),
+# and every end of the MLflow run is logged with whether the final weights were complete at that moment
+AT_FINAL = textwrap.dedent("""
+    import os, resource, sys
+    from bench import tracking
     from bench.engines.native import checkpoint
-    written = checkpoint.save_final
-    def limited(run_dir, write):
-        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))  # model.safetensors (3.4 MB) does not fit
-        return written(run_dir, write)
-    checkpoint.save_final = limited
+    steps, log = int(os.environ["LAST_STEP"]), os.environ["END_LOG"]
+
+    def limit_after(write):
+        def written(run_dir, step, *args, **kwargs):
+            out = write(run_dir, step, *args, **kwargs)
+            if step == steps and os.environ.get("LIMIT"):  # model.safetensors (3.4 MB) does not fit
+                resource.setrlimit(resource.RLIMIT_FSIZE, (int(os.environ["LIMIT"]), int(os.environ["LIMIT"])))
+            return out
+        return written
+
+    checkpoint.save, checkpoint.save_state = limit_after(checkpoint.save), limit_after(checkpoint.save_state)
+    end = tracking.RunLogger.end
+
+    def logged_end(self, status="FINISHED"):
+        weights = self.run_dir / "final" / "model.safetensors"
+        with open(log, "a") as fh:
+            fh.write(f"{status} {'complete' if weights.is_file() and weights.stat().st_size > 0 else 'absent'}\\n")
+        return end(self, status)
+
+    tracking.RunLogger.end = logged_end
     sys.argv = ["bench", *sys.argv[1:]]
     from bench.cli.main import entry
     entry()
@@ -262,15 +279,18 @@ LIMIT_AT_FINAL = textwrap.dedent("""
 @pytest.mark.parametrize("engine", ["native", "trl"])
 def test_full_disk_at_the_final_weights_leaves_the_run_failed_not_finished(tmp_path, server, engine):
     """The issue: MLflow said FINISHED while final/ held a 0-byte config.json. Now the run is FINISHED only once its
-    final weights are complete; a full disk while writing them is one line, no final/, the run FAILED."""
+    final weights are complete (written atomically); a full disk while writing them is one line, no final/, the run
+    FAILED, and the resume writes them and only then ends the run FINISHED."""
     if engine == "trl":
         pytest.importorskip("trl")
     server.start()
     name = f"final-{engine}"
     args = _args(tmp_path, server.uri, name, steps=2, engine=engine, eval_every=0)
     run_dir = tmp_path / "runs" / "faults" / name
-    done = subprocess.run([sys.executable, "-c", LIMIT_AT_FINAL, *args], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=600, env=_env())
+    log = tmp_path / "ends.log"
+    env = _env(LAST_STEP="2", END_LOG=str(log))
+    done = subprocess.run([sys.executable, "-c", AT_FINAL, *args], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=600, env={**env, "LIMIT": "100000"})
     assert done.returncode == 1, done.stderr[-3000:]
     line = _stopped_line(done.stderr, libraries_warn=engine == "trl")
     assert f"no space left on device while writing {run_dir / 'final'} (File too large: the file-size limit" \
@@ -281,9 +301,12 @@ def test_full_disk_at_the_final_weights_leaves_the_run_failed_not_finished(tmp_p
     client = MlflowClient(server.uri)
     (run,) = [r for r in _the_run(client) if r.info.run_name == name]
     assert run.info.status == "FAILED" and "final" in run.data.tags[FAILURE]
+    assert log.read_text().split() == ["FAILED", "absent"]  # never FINISHED on the way
 
-    done = _bench([*args, "--resume"], tmp_path, timeout=600)
+    done = subprocess.run([sys.executable, "-c", AT_FINAL, *args, "--resume"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert log.read_text().split()[2:] == ["FINISHED", "complete"]
     after = client.get_run(run.info.run_id)
     assert after.info.status == "FINISHED" and [r.info.run_id for r in _the_run(client)
                                                 if r.info.run_name == name] == [run.info.run_id]

@@ -341,3 +341,24 @@ def test_no_resumable_checkpoint_ends_the_killed_run_failed(tmp_path, server):
     assert f"its MLflow run {run.info.run_id} was ended FAILED" in line, line
     after = client.get_run(run.info.run_id)
     assert after.info.status == "FAILED" and str(newest / "model.pt") in after.data.tags[FAILURE]
+
+
+@pytest.mark.slow
+def test_resume_from_step_0_is_refused_when_the_run_has_metrics(tmp_path, server):
+    """run.json without a checkpoint resumes from step 0 in the same run only when that run logged nothing yet (here
+    its checkpoints were deleted by hand): otherwise steps would be logged twice."""
+    server.start()
+    args = _args(tmp_path, server.uri, "no-ckpt", steps=1, eval_every=0)
+    run_dir = tmp_path / "runs" / "faults" / "no-ckpt"
+    assert _bench(args, tmp_path).returncode == 0
+    for ckpt in run_dir.glob("ckpt-*"):
+        for f in ckpt.iterdir():
+            f.unlink()
+        ckpt.rmdir()
+    done = _bench([*args, "--resume"], tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "has metrics already" in lines[0] and "drop --resume" in lines[0], done.stderr
+    client = MlflowClient(server.uri)
+    (run,) = [r for r in _the_run(client) if r.info.run_name == "no-ckpt"]
+    assert run.info.status == "FINISHED" and _steps(client, run.info.run_id, "rollout/reward_mean") == [1]

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from mlflow.exceptions import MlflowException
 
 from bench import identity, resume
 from bench.config import TrainConfig
@@ -149,13 +150,16 @@ def _write_record(logger: RunLogger, run_dir: Path, unsent_end: dict[str, str] |
 def settle(logger: RunLogger, run_dir: Path) -> dict[str, Any] | None:
     """Apply the end ``<run_dir>/run.json`` holds unsent (the MLflow server was gone when the run stopped) to its
     run, if that is still RUNNING; returns the record (None when there is none, or it names a run of another
-    store)."""
+    store, or one the store no longer has)."""
     found = read_run_record(run_dir)
     if found is None or found.get("tracking_uri") != logger.uri:
         return None
+    try:
+        run = logger.call(logger.client.get_run, found["run_id"])
+    except MlflowException:  # (the server answered: no such run, it was deleted from the store)
+        return None
     end = found.pop("unsent_end", None)
     if isinstance(end, dict):
-        run = logger.call(logger.client.get_run, found["run_id"])
         if run.info.status == "RUNNING":
             if end.get("failure"):
                 logger.call(logger.client.set_tag, found["run_id"], FAILURE, str(end["failure"])[:5000])

@@ -26,6 +26,7 @@ import yaml
 from bench import identity
 from bench.engines.native import checkpoint
 from bench.folders import experiment_dir
+from bench.tracking import read_run_record
 from reports.record import STEPS_EXTENDED
 
 # fields a resume may change: they locate the run or change no number of it
@@ -115,11 +116,12 @@ def train_folder(cfg):
 def preflight(cfg, root: str | Path) -> None:
     """Before any work: ``check`` the run ``cfg`` resumes; a ``--resume`` with no checkpoint in its folder is refused,
     naming what differs from the newest checkpointed run of the same objective and seed under ``root`` (the
-    ``--output-dir``: every experiment)."""
+    ``--output-dir``: every experiment), unless the folder names its MLflow run (``run.json``: a run stopped before
+    its first checkpoint, resumed from step 0 in that run)."""
     if not cfg.resume:
         return
     run_dir = cfg.run_dir()
-    if checkpoint.latest(run_dir) is not None:
+    if checkpoint.latest(run_dir) is not None or read_run_record(run_dir) is not None:
         check(cfg, run_dir)
         return
     others = [d for d in Path(root).glob(f"*/{cfg.algo}-s{cfg.seed}-*") if checkpoint.latest(d) is not None]

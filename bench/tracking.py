@@ -1,9 +1,19 @@
 """MLflow bookkeeping of a training run: the run itself, its tags and params, and a metric buffer that is flushed
 only once a checkpoint covers it, so a killed and resumed run has no missing and no duplicated metric step.
+
+An MLflow server (http/https) that stops answering during a run is detected within ``$POBENCH_MLFLOW_TIMEOUT``
+seconds (default 5): every call of a :class:`RunLogger` runs with MLflow's own HTTP retries off and its request
+timeout at that bound (MLflow's defaults retry for minutes), and a refused connection is tried again every half
+second until the bound; then :class:`StoreUnreachable`. (MLflow's ``MLFLOW_HTTP_REQUEST_*`` variables set by the user
+win.) The run folder keeps ``run.json`` (:func:`read_run_record`): the MLflow run's id, written as soon as the run is
+opened, and the end that could not be sent (applied at the next contact: bench/engines/lifecycle.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
 import os
 import subprocess
 import time
@@ -14,14 +24,33 @@ from typing import Any
 
 import mlflow
 from mlflow.entities import Metric, RunStatus
+from mlflow.exceptions import MlflowException
 
 import bench
 from bench.inputs import check_tracking_scheme
 from reports import record
 from reports.record import GIT_COMMIT, GIT_DIRTY, SOURCE_GIT_COMMIT, VERSION, get_or_create_experiment, open_client
 
-TIMEOUT_ENV = "POBENCH_MLFLOW_TIMEOUT"  # seconds the reachability check of an MLflow server waits
+TIMEOUT_ENV = "POBENCH_MLFLOW_TIMEOUT"  # seconds pobench waits for an MLflow server (check, and each call of a run)
 DEFAULT_TIMEOUT_S = 5.0
+RUN_RECORD = "run.json"  # in the run folder: {"run_id", "tracking_uri", "experiment"[, "unsent_end"]}
+RETRY_EVERY_S = 0.5  # a refused connection is tried again after this, until the timeout
+
+
+class StoreUnreachable(RuntimeError):
+    """The MLflow server did not answer a run's call within ``$POBENCH_MLFLOW_TIMEOUT`` seconds (one line)."""
+
+
+def timeout_s() -> float:
+    """``$POBENCH_MLFLOW_TIMEOUT`` in seconds (default 5); a ValueError naming the variable when it is no number."""
+    raw = os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_ENV}={raw!r}: expected a number of seconds") from None
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"{TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
+    return value
 
 
 def check_reachable(uri: str | None) -> str:
@@ -32,10 +61,7 @@ def check_reachable(uri: str | None) -> str:
     resolved = check_tracking_scheme(record.tracking_uri(uri))  # foo://bar: one line, not MLflow's traceback
     if not resolved.startswith(("http://", "https://")):
         return resolved
-    try:
-        timeout = float(os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S))
-    except ValueError:
-        raise ValueError(f"{TIMEOUT_ENV}={os.environ[TIMEOUT_ENV]!r}: expected a number of seconds") from None
+    timeout = timeout_s()
     try:
         with urllib.request.urlopen(resolved.rstrip("/") + "/health", timeout=timeout):
             pass
@@ -90,28 +116,95 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+def _is_connection_error(e: BaseException) -> bool:
+    """MLflow's error for a request that got no answer (refused, reset, timed out), not one the server gave."""
+    import requests
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+                          requests.exceptions.RetryError, ConnectionError, TimeoutError)):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+@contextlib.contextmanager
+def _bounded_http(seconds: float):
+    """MLflow's HTTP client without its own retries and with a request timeout of ``seconds`` (rounded up: MLflow
+    reads an integer), for the calls inside; variables the user set are kept. MLflow reads them at every request."""
+    bounds = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, math.ceil(seconds)))}
+    added = [k for k in bounds if k not in os.environ]
+    for k in added:
+        os.environ[k] = bounds[k]
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
 class RunLogger:
-    """One MLflow run: create or reopen it, buffer metrics, flush them when a checkpoint covers their steps."""
+    """One MLflow run: create or reopen it, buffer metrics, flush them when a checkpoint covers their steps. Against
+    an MLflow server every call is bounded by ``$POBENCH_MLFLOW_TIMEOUT`` (:meth:`call`); ``unreachable`` then says
+    why, and later calls try once, without waiting again."""
 
     def __init__(self, uri: str | None, experiment: str) -> None:
         self.uri = record.tracking_uri(uri)
-        self.client = open_client(self.uri)  # a fresh local store is created under a lock (reports/record.py)
-        self.experiment_id = get_or_create_experiment(self.client, self.uri, experiment)
+        self.remote = self.uri.startswith(("http://", "https://"))
+        self.timeout = timeout_s() if self.remote else 0.0
+        self.unreachable: str | None = None  # why the server did not answer (set once a call gave up)
+        self.run_dir: Path | None = None  # the run's folder, where run.json lives (set by the lifecycle)
+        self.client = self.call(open_client, self.uri)  # a fresh local store is created under a lock
+        self.experiment_id = self.call(get_or_create_experiment, self.client, self.uri, experiment)
         self.run_id: str | None = None
         self.pending: list[tuple[str, float, int, int]] = []  # (key, value, timestamp ms, step)
 
+    def call(self, fn, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, which talks to the store: against a server, within the timeout (a call that got
+        no answer is tried again every half second until then; once the server was found unreachable, once), else
+        :class:`StoreUnreachable`. Errors the server answers with are raised as they are."""
+        if not self.remote:
+            return fn(*args, **kwargs)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                with _bounded_http(self.timeout):
+                    return fn(*args, **kwargs)
+            except (MlflowException, OSError) as e:
+                if not _is_connection_error(e):
+                    raise
+                if self.unreachable is None and time.monotonic() + RETRY_EVERY_S < deadline:
+                    time.sleep(RETRY_EVERY_S)
+                    continue
+                why = _no_answer(e)
+                self.unreachable = self.unreachable or why
+                raise StoreUnreachable(f"MLflow tracking server {self.uri} did not answer within {self.timeout:g} s "
+                                       f"({why})") from None
+
     def start(self, run_name: str, tags: dict[str, str], params: dict[str, str]) -> str:
-        run = record.retry_locked(self.client.create_run, self.experiment_id, run_name=run_name, tags=tags)
+        run = self.call(record.retry_locked, self.client.create_run, self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
-        record.log_batch(self.client, self.run_id, params=[mlflow.entities.Param(k, v) for k, v in params.items()])
+        self.call(record.log_batch, self.client, self.run_id,
+                  params=[mlflow.entities.Param(k, v) for k, v in params.items()])
         return self.run_id
 
     def reopen(self, run_id: str, pending: list[tuple[str, float, int, int]]) -> None:
-        """Continue an existing run; re-log buffered metrics of the checkpoint that never reached the store."""
+        """Continue an existing run; re-log buffered metrics of the checkpoint that never reached the store. A run
+        that had ended FAILED or KILLED is RUNNING again; its ``pobench.failure`` moves to ``pobench.resumed_after``
+        (``FAILED: <cause>``, earlier ones kept before it), so only a run that failed carries ``pobench.failure``."""
         self.run_id = run_id
-        record.retry_locked(self.client.update_run, run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+        run = self.call(self.client.get_run, run_id)
+        if run.info.status in ("FAILED", "KILLED"):
+            before = run.data.tags.get(record.RESUMED_AFTER)
+            now = f"{run.info.status}: {run.data.tags.get(record.FAILURE, 'no cause recorded')}"
+            self.set_tags({record.RESUMED_AFTER: (f"{before}; {now}" if before else now)[-5000:]})
+            if record.FAILURE in run.data.tags:
+                self.call(self.client.delete_tag, run_id, record.FAILURE)
+        self.call(record.retry_locked, self.client.update_run, run_id, status=RunStatus.to_string(RunStatus.RUNNING))
         keys = {k for k, _, _, _ in pending}
-        have = {(k, m.step) for k in keys for m in self.client.get_metric_history(run_id, k)}
+        have = {(k, m.step) for k in keys for m in self.call(self.client.get_metric_history, run_id, k)}
         self.pending = [p for p in pending if (p[0], p[3]) not in have]
         self.flush()
 
@@ -120,22 +213,60 @@ class RunLogger:
         self.pending.extend((k, float(v), ts, step) for k, v in metrics.items())
 
     def flush(self) -> None:
-        """Send the buffered metrics (call after a checkpoint that covers them has been written)."""
+        """Send the buffered metrics (call after a checkpoint that covers them has been written); they stay buffered
+        when the store cannot take them."""
         if not self.pending or self.run_id is None:
             return
-        record.log_batch(self.client, self.run_id, metrics=[Metric(k, v, ts, step) for k, v, ts, step in self.pending])
+        self.call(record.log_batch, self.client, self.run_id,
+                  metrics=[Metric(k, v, ts, step) for k, v, ts, step in self.pending])
         self.pending = []
 
     def set_tags(self, tags: dict[str, str]) -> None:
         for k, v in tags.items():
-            record.retry_locked(self.client.set_tag, self.run_id, k, v)
+            self.call(record.retry_locked, self.client.set_tag, self.run_id, k, v)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(self.run_id, str(path), artifact_path)
+        self.call(self.client.log_artifact, self.run_id, str(path), artifact_path)
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self.client.log_text(self.run_id, text, artifact_file)
+        self.call(self.client.log_text, self.run_id, text, artifact_file)
 
     def end(self, status: str = "FINISHED") -> None:
         if self.run_id is not None:
-            record.retry_locked(self.client.set_terminated, self.run_id, status=status)
+            self.call(record.retry_locked, self.client.set_terminated, self.run_id, status=status)
+
+
+def _no_answer(e: BaseException) -> str:
+    """In a few words, how a request got no answer (MLflow's own message repeats urllib3's at length)."""
+    text = str(e)
+    if "Connection refused" in text or "NewConnectionError" in text:
+        return "connection refused"
+    if "timed out" in text or "Timeout" in text:
+        return "no answer: timed out"
+    if "RemoteDisconnected" in text or "Connection reset" in text or "Connection aborted" in text:
+        return "connection closed by the server"
+    return (text.strip().splitlines()[0] if text.strip() else type(e).__name__)[:200]
+
+
+# ------------------------------------------------------------------ run.json: the run folder's record of its MLflow run
+def read_run_record(run_dir: str | Path) -> dict[str, Any] | None:
+    """``<run_dir>/run.json``: ``run_id``, ``tracking_uri``, ``experiment`` of the folder's MLflow run and, when its
+    end could not be sent, ``unsent_end`` (``status``, ``failure``); None when absent or unreadable."""
+    path = Path(run_dir) / RUN_RECORD
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) and isinstance(found.get("run_id"), str) else None
+
+
+def write_run_record(run_dir: str | Path, record_: dict[str, Any]) -> Path:
+    """Write ``run.json`` atomically (a temporary file renamed over it)."""
+    path = Path(run_dir) / RUN_RECORD
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(record_, indent=1, sort_keys=True))
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path

@@ -53,6 +53,7 @@ ENGINE_DISTRIBUTED = "pobench.engine_distributed"  # TRL engine: accelerate's di
 ENGINE_PROCESSES = "pobench.engine_processes"      # TRL engine: number of processes
 STOPPED = "pobench.stopped"          # "early": stopped by a callback (pruner, convergence)
 FAILURE = "pobench.failure"          # the cause, on a FAILED run
+RESUMED_AFTER = "pobench.resumed_after"  # a resumed run that had ended FAILED / KILLED: "FAILED: <cause>; ..."
 STEPS_EXTENDED = "pobench.steps_extended"  # resumed with a larger --steps: every length it was given, "40,60"
 PLUGINS = "pobench.plugins"          # the plugins loaded: <file>@<source digest>, comma-separated (bench/plugins.py)
 OBJECTIVES = "pobench.objectives"    # on a comparison run: its objectives, comma-separated

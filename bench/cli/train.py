@@ -36,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
     except engines.TrainingDiverged as e:
         print(f"bench train: training diverged: {e}", file=sys.stderr)
         return 3
+    except engines.RunStopped as e:  # the MLflow server gone, a full disk: what was kept, and how to go on
+        print(f"bench train: stopped: {e}; resume with: {resume.rerun_command(resume_flag=True)}", file=sys.stderr)
+        return 1
     print(f"run {result.run_id}: {result.steps_done} steps; checkpoints and final model in {result.output_dir}")
     for k in (K.EVAL_ACCURACY, K.EVAL_ACCURACY_SAMPLED):
         if k in result.final_eval:

@@ -13,6 +13,7 @@ from pathlib import Path
 from bench import preflight, tune
 from bench.cli.flags import add_config_flags, config_from_args
 from bench.config import TrainConfig
+from bench.engines import RunStopped
 from bench.folders import study_dir
 from bench.inputs import check_seed
 from bench.tracking import check_reachable
@@ -108,6 +109,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"bench tune: interrupted; the running trial is queued again: rerun the same command to resume study "
               f"{spec.study!r}", file=sys.stderr)
         return 130
+    except RunStopped as e:  # a trial's run stopped by the MLflow server gone or a full disk: one line
+        print(f"bench tune: stopped: {e}", file=sys.stderr)
+        return 1
     out = Path(args.out) if args.out else study_dir(tune.DEFAULT_DIR, spec.study)
     paths = write_outputs(study, out)
     print_leaderboard(study)

@@ -2,7 +2,8 @@
 ``check``, what `bench train`, `bench run` and `bench tune` call.
 
 - ``base.py``: the interface: ``TrainingEngine``, ``Capabilities`` (what callers ask instead of an engine's name),
-  ``Hooks``, ``TrainResult``, ``StopTraining``, ``TrainingDiverged``, the ``engine_args`` each engine takes;
+  ``Hooks``, ``TrainResult``, ``StopTraining``, ``TrainingDiverged``, ``RunStopped``, the ``engine_args`` each
+  engine takes;
 - ``lifecycle.py``: the life of a run, the same for every engine: folder, seed, MLflow run opened or reopened,
   SIGTERM, its end;
 - ``stats.py``: the per-step training statistics (rollout summary, loss accumulation, KL, drift);
@@ -25,6 +26,7 @@ from bench.engines.base import (
     Capabilities,
     EvalHook,
     Hooks,
+    RunStopped,
     StopTraining,
     TrainingDiverged,
     TrainingEngine,
@@ -34,8 +36,8 @@ from bench.engines.base import (
 if TYPE_CHECKING:
     from bench.config import TrainConfig
 
-__all__ = ["CAPABILITIES", "ENGINES", "Capabilities", "Hooks", "StopTraining", "TrainResult", "TrainingDiverged",
-           "TrainingEngine", "check", "engine_for", "get_engine", "train"]
+__all__ = ["CAPABILITIES", "ENGINES", "Capabilities", "Hooks", "RunStopped", "StopTraining", "TrainResult",
+           "TrainingDiverged", "TrainingEngine", "check", "engine_for", "get_engine", "train"]
 
 
 def get_engine(name: str) -> TrainingEngine:

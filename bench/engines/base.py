@@ -31,6 +31,11 @@ class TrainingDiverged(RuntimeError):
     """A loss or gradient became NaN/inf. The run is marked FAILED; the last good step is checkpointed."""
 
 
+class RunStopped(RuntimeError):
+    """A fault outside the run stopped it (the MLflow server went away, the disk is full): one line saying the cause,
+    what was kept and how the MLflow run was ended; the run can be resumed (`bench train` adds the command, exit 1)."""
+
+
 @dataclass
 class Hooks:
     """What a caller hands to ``train`` besides the config."""

@@ -8,27 +8,44 @@ FAILED with the cause in ``pobench.failure``.
     logger = open_run(cfg, objective, run_dir, resume_state=state_of_last_checkpoint_or_None, tags=engine_tags)
     with recorded(logger, on_error=keep_what_is_computed):   # SIGTERM = Ctrl-C; an error ends the run KILLED / FAILED
         ... train ...
-    finish_run(logger, stopped_early)
+        checkpoint.save_final(run_dir, write_final)  # complete weights first: FINISHED means they are there
+        finish_run(logger, stopped_early)
+
+The run folder's ``run.json`` (bench/tracking.py) names the MLflow run as soon as it is opened, so a resume continues
+that run even before the first checkpoint (a run whose first checkpoint failed resumes from step 0 in the same run).
+An end that could not be sent (the MLflow server gone) is recorded there and applied at the next contact, when the
+run is opened again (``open_run``). A fault outside the run (the server gone, a full disk) ends it as
+:class:`RunStopped`: one line with the cause, the checkpoint kept and how the MLflow run was ended.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from mlflow.exceptions import MlflowException
 
 from bench import identity, resume
 from bench.config import TrainConfig
-from bench.engines.base import TrainingDiverged
+from bench.engines.base import RunStopped, TrainingDiverged
 from bench.engines.native import checkpoint
 from bench.folders import claim_run_folder
 from bench.plugins import record
-from bench.tracking import RunLogger, flatten, version_tags
+from bench.tracking import (
+    RunLogger,
+    StoreUnreachable,
+    flatten,
+    read_run_record,
+    version_tags,
+    write_run_record,
+)
 from reports.record import (
     COMPARISON,
     CONFIG_HASH,
@@ -53,7 +70,7 @@ def run_folder(cfg: TrainConfig) -> tuple[str, Path, Path | None]:
     if last is not None and not cfg.resume:
         raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or choose "
                          "another --output-dir / --run-name")
-    if last is not None:
+    if last is not None or (cfg.resume and read_run_record(run_dir) is not None):
         resume.check(cfg, run_dir)  # only the run's own configuration continues it (a larger --steps may)
     claim_run_folder(run_dir)
     return cfg.run_label(), run_dir, last
@@ -90,16 +107,29 @@ def run_tags_and_params(cfg: TrainConfig, objective, tags: dict[str, str] | None
 
 def open_run(cfg: TrainConfig, objective, run_dir: Path, *, resume_state: dict[str, Any] | None = None,
              tags: dict[str, str] | None = None) -> RunLogger:
-    """The MLflow run of a training run. ``resume_state`` (a checkpoint's state: ``run_id``, ``pending``): that run,
-    reopened, with the metrics the checkpoint had not yet written. Otherwise a new run with ``run_tags_and_params``
-    (plus ``tags``) and the config, saved as ``<run_dir>/config.yaml``, as its artifact."""
+    """The MLflow run of a training run. First, an end ``run.json`` holds unsent is applied. ``resume_state`` (a
+    checkpoint's state: ``run_id``, ``pending``): that run, reopened, with the metrics the checkpoint had not yet
+    written. ``cfg.resume`` without a checkpoint: the run ``run.json`` names, from step 0 (when it logged no metric
+    yet). Otherwise a new run with ``run_tags_and_params`` (plus ``tags``) and the config, saved as
+    ``<run_dir>/config.yaml``, as its artifact. ``run.json`` names the run from then on."""
     logger = RunLogger(cfg.tracking_uri, cfg.experiment)
+    logger.run_dir = run_dir
+    found = settle(logger, run_dir)
+    if resume_state is None and cfg.resume and found is not None:
+        run = logger.call(logger.client.get_run, found["run_id"])
+        if run.data.metrics:
+            raise ValueError(f"--resume: {run_dir} holds no checkpoint, and its MLflow run {found['run_id']} has "
+                             "metrics already (resuming from step 0 would log steps twice); drop --resume to start a "
+                             "new run")
+        resume_state = {"run_id": found["run_id"], "pending": []}
     if resume_state is not None:
         logger.reopen(resume_state["run_id"], [tuple(p) for p in resume_state["pending"]])
-        resume.record_extension(logger, cfg, run_dir)  # a larger --steps: tagged, config.yaml updated
+        _write_record(logger, run_dir)
+        logger.call(resume.record_extension, logger, cfg, run_dir)  # a larger --steps: tagged, config.yaml updated
         return logger
     logger.start(cfg.run_label(), *run_tags_and_params(cfg, objective, tags))
-    identity.log_datasets(logger.client, logger.run_id, cfg)  # mlflow.log_input: name, digest, source, rows
+    _write_record(logger, run_dir)  # at once: a resume continues this run even if no checkpoint is ever written
+    logger.call(identity.log_datasets, logger.client, logger.run_id, cfg)  # mlflow.log_input: name, digest, rows
     resume.record_inputs(run_dir, cfg)  # the digests a resume compares
     cfg.save(run_dir / "config.yaml")
     logger.log_artifact(run_dir / "config.yaml")
@@ -113,16 +143,49 @@ def failure_text(e: BaseException | str) -> str:
     return str(e) if isinstance(e, TrainingDiverged) else f"{type(e).__name__}: {e}"
 
 
-def end_run(logger: RunLogger, error: BaseException | str | None = None) -> None:
+def _write_record(logger: RunLogger, run_dir: Path, unsent_end: dict[str, str] | None = None) -> None:
+    write_run_record(run_dir, {"run_id": logger.run_id, "tracking_uri": logger.uri, "experiment_id":
+                               logger.experiment_id, **({"unsent_end": unsent_end} if unsent_end else {})})
+
+
+def settle(logger: RunLogger, run_dir: Path) -> dict[str, Any] | None:
+    """Apply the end ``<run_dir>/run.json`` holds unsent (the MLflow server was gone when the run stopped) to its
+    run, if that is still RUNNING; returns the record (None when there is none, or it names a run of another
+    store, or one the store no longer has)."""
+    found = read_run_record(run_dir)
+    if found is None or found.get("tracking_uri") != logger.uri:
+        return None
+    try:
+        run = logger.call(logger.client.get_run, found["run_id"])
+    except MlflowException:  # (the server answered: no such run, it was deleted from the store)
+        return None
+    end = found.pop("unsent_end", None)
+    if isinstance(end, dict):
+        if run.info.status == "RUNNING":
+            if end.get("failure"):
+                logger.call(logger.client.set_tag, found["run_id"], FAILURE, str(end["failure"])[:5000])
+            logger.call(logger.client.set_terminated, found["run_id"], status=str(end.get("status", "FAILED")))
+        write_run_record(run_dir, found)
+    return found
+
+
+def end_run(logger: RunLogger, error: BaseException | str | None = None) -> bool:
     """End the MLflow run: FINISHED without ``error``; KILLED for Ctrl-C / SIGTERM (KeyboardInterrupt, SystemExit);
-    else FAILED with the cause in ``pobench.failure``."""
-    if error is None:
-        logger.end("FINISHED")
-    elif isinstance(error, (KeyboardInterrupt, SystemExit)):
-        logger.end("KILLED")
-    else:
-        logger.set_tags({FAILURE: failure_text(error)[:5000]})
-        logger.end("FAILED")
+    else FAILED with the cause in ``pobench.failure``. When the MLflow server does not answer, the end is recorded in
+    the run folder's ``run.json`` (applied at the next contact: ``settle``) and False returned."""
+    status = "FINISHED" if error is None else "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) \
+        else "FAILED"
+    cause = failure_text(error)[:5000] if status == "FAILED" else None
+    try:
+        if cause:
+            logger.set_tags({FAILURE: cause})
+        logger.end(status)
+    except StoreUnreachable:
+        if logger.run_dir is None or logger.run_id is None or status == "FINISHED":
+            raise  # (a FINISHED end that did not arrive fails the run: ``recorded`` ends it FAILED)
+        _write_record(logger, logger.run_dir, {"status": status, **({"failure": cause} if cause else {})})
+        return False
+    return True
 
 
 def finish_run(logger: RunLogger, stopped_early: bool = False) -> None:
@@ -152,18 +215,71 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def is_fault(e: BaseException) -> bool:
+    """A fault outside the run that a resume gets past: the MLflow server gone, a full disk or file-size limit."""
+    return isinstance(e, (StoreUnreachable, checkpoint.DiskFull)) or checkpoint.is_full(e)
+
+
+def stopped(e: BaseException, logger: RunLogger | None, run_dir: Path | None, ended: bool) -> RunStopped:
+    """The one line of a run a fault stopped: the cause, the checkpoint kept, how its MLflow run was ended."""
+    cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    parts = [cause]
+    last = checkpoint.latest(run_dir) if run_dir is not None else None
+    if last is not None:
+        parts.append(f"kept: the checkpoint of step {int(last.name[len(checkpoint.PREFIX):])} in {last} (with the "
+                     "metrics not yet in MLflow)")
+    elif run_dir is not None:
+        parts.append("no checkpoint was written yet (the resume starts at step 0, in the same MLflow run)")
+    if logger is not None and logger.run_id is not None:
+        parts.append(f"MLflow run {logger.run_id} ended FAILED" if ended else
+                     f"MLflow run {logger.run_id} is ended FAILED at the next contact (recorded in "
+                     f"{Path(run_dir or '.') / 'run.json'})")
+    return RunStopped("; ".join(parts))
+
+
 @contextlib.contextmanager
 def recorded(logger: RunLogger | None, on_error: Callable[[], None] | None = None) -> Iterator[None]:
     """The training of a run: SIGTERM as Ctrl-C; any exception first calls ``on_error`` (keep what is computed,
-    e.g. checkpoint the last finished step), then ends the run (``end_run``) and is raised again. ``logger`` None:
-    a process that writes no record (a non-main process of a distributed run)."""
+    e.g. checkpoint the last finished step; its own failure is a warning), then ends the run (``end_run``) and is
+    raised again; a fault outside the run (``is_fault``) as :class:`RunStopped`. ``logger`` None: a process that
+    writes no record (a non-main process of a distributed run)."""
     with sigterm_as_interrupt():
         try:
             yield
         except BaseException as e:
             if on_error is not None:
-                on_error()
-            if logger is not None:
-                end_run(logger, e)
+                try:
+                    on_error()
+                except Exception as why:  # noqa: BLE001  (the run is still ended; what was kept before stays)
+                    print(f"bench: warning: the last step could not be kept: {str(why).strip()[:300]}",
+                          file=sys.stderr)
+            ended = end_run(logger, e) if logger is not None else True
+            if is_fault(e):
+                raise stopped(e, logger, logger.run_dir if logger is not None else None, ended) from None
             raise
+
+
+def end_unresumable(cfg: TrainConfig, run_dir: Path, error: BaseException) -> str:
+    """No checkpoint of ``run_dir`` can be resumed: end its MLflow run (named by ``run.json``, else by a readable
+    checkpoint state) FAILED with ``error`` as the cause, if it is still RUNNING. Returns what to add to the error's
+    line ("" when there is no run to end)."""
+    found = read_run_record(run_dir)
+    run_id = found["run_id"] if found is not None else None
+    for ckpt in reversed(checkpoint._complete(run_dir)) if run_id is None else ():
+        try:
+            run_id = str(json.loads((ckpt / "state.json").read_text())["run_id"])
+            break
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    if run_id is None:
+        return ""
+    try:
+        logger = RunLogger(cfg.tracking_uri, cfg.experiment)
+        logger.run_dir, logger.run_id = run_dir, run_id
+        if logger.call(logger.client.get_run, run_id).info.status != "RUNNING":
+            return ""
+    except StoreUnreachable:
+        return ""  # (checked reachable just before: the store went away since; the run stays as it is)
+    return f"; its MLflow run {run_id} was ended FAILED" if end_run(logger, error) else \
+        f"; its MLflow run {run_id} is ended FAILED at the next contact ({run_dir / 'run.json'})"
 

@@ -86,7 +86,8 @@ def test_a_training_run_leaves_one_checkpoint_and_the_final_weights(tmp_path):
                       tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", run_name="r")
     res = train(cfg)
     assert sorted(p.name for p in res.output_dir.iterdir()) == [".pobench-owned", "ckpt-0000003", "config.yaml",
-                                                                "final", "inputs.json"]
+                                                                "final", "inputs.json", "run.json"]
+    assert json.loads((res.output_dir / "run.json").read_text())["run_id"] == res.run_id
     assert (res.output_dir / "ckpt-0000003" / "optim.pt").exists()
     assert (res.output_dir / "final" / "model.safetensors").exists()
 

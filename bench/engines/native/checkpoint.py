@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 PREFIX = "ckpt-"
+FINAL_TMP = ".final.tmp"  # the final weights are written here, then renamed to ``final``
 FORMAT = 2            # state.json records "files": {name: [size, sha256]} (format 1 had none)
 OPTIM_KEPT = 2        # newest checkpoints that keep their optimizer state
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -45,6 +46,15 @@ class CheckpointError(ValueError):
 
 class _Foreign(CheckpointError):
     """A checkpoint that is sound but not this engine's: no fallback to an older one."""
+
+
+class DiskFull(CheckpointError):
+    """A checkpoint or the final weights could not be written: the disk is full or a file-size limit was reached.
+    Nothing half-written was left."""
+
+
+class NoneResumable(CheckpointError):
+    """No checkpoint of a run can be resumed (each one named)."""
 
 
 def latest(run_dir: str | Path) -> Path | None:
@@ -116,19 +126,30 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _is_full(e: BaseException) -> bool:
+def _full_errno(e: BaseException) -> int | None:
+    """The errno of a full disk / file-size limit that ``e`` reports (directly, or in the text of a library's own
+    exception type: safetensors, tokenizers), else None."""
     if isinstance(e, OSError) and e.errno in _FULL:
-        return True
-    text = str(e)  # safetensors / tokenizers report the OS error inside their own exception types
-    return any(s in text for s in ("No space left on device", "File too large", "Disk quota exceeded",
-                                   "os error 28", "os error 27", "os error 122"))
+        return e.errno
+    text = str(e)
+    for code, words in ((errno.ENOSPC, "No space left on device"), (errno.EFBIG, "File too large"),
+                        (errno.EDQUOT, "Disk quota exceeded")):
+        if words in text or f"os error {code})" in text or text.endswith(f"os error {code}"):
+            return code
+    return None
 
 
-def _full(e: BaseException, what: Path) -> CheckpointError:
+def is_full(e: BaseException) -> bool:
+    """``e`` says the disk is full or a file-size limit was reached."""
+    return _full_errno(e) is not None
+
+
+def _full(e: BaseException, what: Path) -> DiskFull:
     """One line for a write of ``what`` that failed on a full disk or a file-size limit."""
-    why = getattr(e, "strerror", None) or str(e).strip().splitlines()[0][:200]
-    return CheckpointError(f"no space left on device while writing {what} ({why}); nothing half-written was left: "
-                           "free space (or raise the file-size limit), then resume")
+    code = _full_errno(e)
+    why = os.strerror(code) + (": the file-size limit, ulimit -f" if code == errno.EFBIG else "")
+    return DiskFull(f"no space left on device while writing {what} ({why}); nothing half-written was left: "
+                    "free space (or raise the file-size limit), then resume")
 
 
 def _commit(run_dir: Path, step: int, state: dict[str, Any], fill: Callable[[Path], dict[str, list]] = lambda t: {},
@@ -147,7 +168,7 @@ def _commit(run_dir: Path, step: int, state: dict[str, Any], fill: Callable[[Pat
         _fsync_dir(tmp)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)  # never a half-written checkpoint
-        if _is_full(e):
+        if is_full(e):
             raise _full(e, final) from None
         raise
     shutil.rmtree(final, ignore_errors=True)
@@ -210,7 +231,7 @@ def save_final(run_dir: str | Path, write: Callable[[Path], None]) -> Path:
     so ``final`` is complete or absent (a failure, a full disk included, leaves no half-written one and keeps an
     older one). Returns ``<run>/final``."""
     run_dir = Path(run_dir)
-    dest, tmp, old = run_dir / "final", run_dir / ".final.tmp", run_dir / ".final.old"
+    dest, tmp, old = run_dir / "final", run_dir / FINAL_TMP, run_dir / ".final.old"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
@@ -222,7 +243,7 @@ def save_final(run_dir: str | Path, write: Callable[[Path], None]) -> Path:
         _fsync_dir(tmp)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if _is_full(e):
+        if is_full(e):
             raise _full(e, dest) from None
         raise
     shutil.rmtree(old, ignore_errors=True)
@@ -305,8 +326,8 @@ def _fell_back(skipped: list[str], chosen: Path, step: int) -> None:
           "keeps the newest value of a step logged twice)", file=sys.stderr)
 
 
-def _none_resumable(path: Path, skipped: list[str]) -> CheckpointError:
-    return CheckpointError(f"no checkpoint of {path.parent} can be resumed ({'; '.join(skipped)}); delete "
+def _none_resumable(path: Path, skipped: list[str]) -> NoneResumable:
+    return NoneResumable(f"no checkpoint of {path.parent} can be resumed ({'; '.join(skipped)}); delete "
                            f"{path.parent} to train this run from the start, or pass another --run-name")
 
 

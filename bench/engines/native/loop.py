@@ -25,7 +25,7 @@ from algorithms import get_objective
 from bench.config import TrainConfig
 from bench.data import TrainData, eval_problems
 from bench.engines.base import CAPABILITIES, Hooks, StopTraining, TrainResult
-from bench.engines.lifecycle import finish_run, open_run, recorded, run_folder, seed_and_threads
+from bench.engines.lifecycle import end_unresumable, finish_run, open_run, recorded, run_folder, seed_and_threads
 from bench.engines.native import checkpoint
 from bench.engines.native.scale import Reference, is_peft, merged_for_export, prepare_policy, trainable_parameters
 from bench.engines.native.step import collect_rollouts, roll_samples, step_tokens, update
@@ -33,6 +33,7 @@ from bench.engines.stats import throughput
 from bench.evaluate import eval_metrics, held_out_result
 from bench.model import load_policy, warn_unknown_characters
 from bench.rollout import make_sampler
+from bench.tracking import StoreUnreachable
 from reports import metric_keys as K
 
 
@@ -87,7 +88,10 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     # --- MLflow run (new, or the same one when resuming from the newest checkpoint)
     state = None
     if last is not None:
-        state = checkpoint.load(last, model=model, optimizer=optimizer, scheduler=scheduler)
+        try:
+            state = checkpoint.load(last, model=model, optimizer=optimizer, scheduler=scheduler)
+        except checkpoint.NoneResumable as e:  # its MLflow run is not left RUNNING
+            raise checkpoint.NoneResumable(f"{e}{end_unresumable(cfg, run_dir, e)}") from None
         sampler.update_weights(model)
     logger = open_run(cfg, objective, run_dir, resume_state=state)
     start_step, elapsed = (state["step"], state["elapsed"]) if state is not None else (0, 0.0)
@@ -99,24 +103,44 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
         return m
 
     def save_checkpoint(step: int) -> None:
-        checkpoint.save(run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler,
-                        state={"run_id": logger.run_id, "elapsed": elapsed, "pending": logger.pending},
-                        keep=cfg.keep_checkpoints)
-        logger.flush()
+        """Checkpoint ``step`` with the metrics not yet in MLflow, then send them: the checkpoint never depends on
+        the store (when it cannot take them, they stay in the checkpoint and a resume logs them)."""
+        nonlocal saved, full
+        try:
+            checkpoint.save(run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler,
+                            state={"run_id": logger.run_id, "elapsed": elapsed, "pending": logger.pending},
+                            keep=cfg.keep_checkpoints)
+        except checkpoint.DiskFull:
+            full = True  # (no second try on the way out)
+            raise
+        saved = step
+        if logger.unreachable is None:
+            logger.flush()
+
+    def write_final(folder: Path) -> None:
+        if is_peft(model):
+            model.save_pretrained(folder / "adapter")
+        merged_for_export(model).save_pretrained(folder)
+        tok.save_pretrained(folder)
 
     final_eval: dict[str, float] = {}
     stopped_early = False
     step = completed = saved = start_step
     changed = False  # True once an optimizer step of an unfinished step has changed the model
+    full = False  # True once a checkpoint found the disk full
 
     def model_changed(*_) -> None:
         nonlocal changed
         changed = True
 
     def keep_last_step() -> None:
-        """On an interrupt or error: checkpoint the last finished step when the model is still exactly that step's."""
-        if not changed and completed > saved:
-            save_checkpoint(completed)
+        """On an interrupt or error: checkpoint the last finished step when the model is still exactly that step's
+        (its metrics are sent when the store answers; else the checkpoint keeps them)."""
+        if not changed and completed > saved and not full:
+            try:
+                save_checkpoint(completed)
+            except StoreUnreachable:
+                pass
 
     step_hook = optimizer.register_step_pre_hook(model_changed)  # (before: an interrupt inside step() counts)
     try:
@@ -153,20 +177,12 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
                 completed, changed = step, False
                 if stopped_early or is_last or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
                     save_checkpoint(step)
-                    saved = step
                 if stopped_early:
                     break
+            checkpoint.save_final(run_dir, write_final)  # <run>/final complete (or absent: the run FAILED) ...
+            finish_run(logger, stopped_early)  # ... before the run is FINISHED
     finally:
         step_hook.remove()
-    finish_run(logger, stopped_early)
-
-    def write_final(folder: Path) -> None:
-        if is_peft(model):
-            model.save_pretrained(folder / "adapter")
-        merged_for_export(model).save_pretrained(folder)
-        tok.save_pretrained(folder)
-
-    checkpoint.save_final(run_dir, write_final)  # <run>/final complete or absent
     return TrainResult(logger.run_id, step, run_dir, final_eval, stopped_early)
 
 

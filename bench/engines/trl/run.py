@@ -12,7 +12,7 @@ from algorithms import get_objective
 from bench.config import TrainConfig
 from bench.data import TrainData, eval_problems
 from bench.engines.base import CAPABILITIES, Hooks, TrainingDiverged, TrainResult
-from bench.engines.lifecycle import finish_run, open_run, recorded, run_folder, seed_and_threads
+from bench.engines.lifecycle import end_unresumable, finish_run, open_run, recorded, run_folder, seed_and_threads
 from bench.engines.native import checkpoint
 from bench.engines.trl.record import _callback_class, reward_function
 from bench.engines.trl.support import check_supported, layout
@@ -48,6 +48,20 @@ def grpo_config(cfg: TrainConfig, run_dir: Path, world: int):
     return GRPOConfig(**kw)
 
 
+def save_final(trainer, tok, run_dir: Path, main: bool) -> None:
+    """``<run>/final``: written into a temporary folder and swapped in by the main process (checkpoint.save_final),
+    so it is complete or absent. Every process takes part in ``save_model`` (a sharded model is gathered for it);
+    only the main one writes."""
+    def write(folder: Path) -> None:
+        trainer.save_model(str(folder))
+        tok.save_pretrained(folder)
+
+    if main:
+        checkpoint.save_final(run_dir, write)
+    else:
+        trainer.save_model(str(run_dir / checkpoint.FINAL_TMP))  # (writes nothing outside the main process)
+
+
 def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -61,7 +75,10 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     check_supported(cfg)
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
     _, run_dir, last = run_folder(cfg)
-    resumed = checkpoint.load_state(last, "trl") if last is not None else None  # verified; an older one if need be
+    try:
+        resumed = checkpoint.load_state(last, "trl") if last is not None else None  # verified; an older one if need
+    except checkpoint.NoneResumable as e:  # its MLflow run is not left RUNNING
+        raise checkpoint.NoneResumable(f"{e}{end_unresumable(cfg, run_dir, e)}") from None
     seed_and_threads(cfg)
     args = grpo_config(cfg, run_dir, world_size())
     model, tok = load_policy(cfg.model, "cpu", cfg.dtype, cfg.revision)  # the Trainer places it
@@ -104,10 +121,9 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
                       if k == K.LOSS and isinstance(v, float))
         if not loss_ok:
             raise TrainingDiverged(f"the loss became non-finite ({K.LOSS})")
-    trainer.save_model(str(run_dir / "final"))
-    if main:
-        tok.save_pretrained(run_dir / "final")
-        finish_run(logger, record.stopped_early)
+        save_final(trainer, tok, run_dir, main)  # complete (or absent: the run FAILED) ...
+        if main:
+            finish_run(logger, record.stopped_early)  # ... before the run is FINISHED
     run_id = logger.run_id if logger is not None else ""
     return TrainResult(run_id, record.steps_done, run_dir, record.final_eval, record.stopped_early)
 

@@ -1,0 +1,364 @@
+"""Faults end a run in one line (issue 18): the MLflow server killed during `bench train`, a full disk (a file-size
+limit: ``ulimit -f``, since a tmpfs cannot be mounted here) while a checkpoint or the final weights are written, a
+newest checkpoint that is damaged with nothing older to resume. Each against a real `mlflow server` on loopback,
+restarted on the same backend store for the resume, with `bench train` as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from bench.engines.native import checkpoint
+from bench.tracking import RunLogger, StoreUnreachable
+from tests.net import free_port
+
+FAILURE, RESUMED_AFTER = "pobench.failure", "pobench.resumed_after"
+
+
+class Server:
+    """A real `mlflow server` (SQLite backend, local artifacts) in a process group of its own, so it can be killed
+    (its workers with it) and started again on the same port and store."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.port, self.proc = root, free_port(), None
+        self.uri = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        log = open(self.root / "server.log", "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers",
+             "1", "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db", "--default-artifact-root",
+             str(self.root / "artifacts")], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        deadline = time.time() + 300
+        while True:
+            assert self.proc.poll() is None, (self.root / "server.log").read_text()[-2000:]
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            assert time.time() < deadline, "mlflow server not healthy in 300 s"
+            time.sleep(0.3)
+
+    def kill(self) -> None:
+        """SIGKILL to the server and its workers: connections are refused from now on."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def hang(self) -> None:
+        """SIGSTOP to the server and its workers: connections are accepted (by the kernel) and never answered."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def go_on(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if not any((Path(p) / "mlflow").exists() for p in os.environ.get("PATH", "").split(os.pathsep)):
+        pytest.skip("the `mlflow` command is not on PATH")
+    s = Server(tmp_path_factory.mktemp("mlflow-server"))
+    s.start()
+    yield s
+    if s.proc.poll() is None:
+        s.kill()
+
+
+def _args(tmp_path: Path, uri: str, name: str, **kw) -> list[str]:
+    flags = dict(algo="grpo", steps=4, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=2,
+                 eval_problems=4, samples_every=0, checkpoint_every=1, tracking_uri=uri, experiment="faults",
+                 run_name=name, output_dir=str(tmp_path / "runs"))
+    flags.update(kw)
+    return ["train", *(f"--{k.replace('_', '-')}={v}" for k, v in flags.items())]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_HTTP_REQUEST")}
+    return {**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), **extra}
+
+
+def _bench(args: list[str], cwd: Path, timeout: float = 300, **popen) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=timeout, env=popen.pop("env", _env()), **popen)
+
+
+def _stopped_line(err: str, libraries_warn: bool = False) -> str:
+    """The one line `bench train` writes to stderr: no traceback, no warning (``libraries_warn``: TRL's and
+    transformers' own deprecation warnings may come before it, no other line of pobench's)."""
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and lines[-1].startswith("bench train: stopped: "), err[-3000:]
+    assert len(lines) == 1 or libraries_warn and [ln for ln in lines if ln.startswith("bench")] == lines[-1:], err
+    return lines[-1]
+
+
+def _the_run(client: MlflowClient):
+    runs = client.search_runs([client.get_experiment_by_name("faults").experiment_id])
+    return runs
+
+
+def _steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def _no_tmp(run_dir: Path) -> None:
+    left = [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp") or p.name.startswith(".final.")]
+    assert not left, left
+
+
+def _final_complete(run_dir: Path) -> None:
+    from safetensors.torch import load_file
+
+    final = run_dir / "final"
+    assert (final / "config.json").stat().st_size > 0 and json.loads((final / "config.json").read_text())
+    assert load_file(str(final / "model.safetensors"))
+
+
+# ------------------------------------------------------------------ the bound on every MLflow call of a run
+def test_refused_connection_is_given_up_after_the_timeout(monkeypatch):
+    """A refused connection is tried again until POBENCH_MLFLOW_TIMEOUT, then one StoreUnreachable line (MLflow's
+    own retries alone take about four minutes)."""
+    monkeypatch.setenv("POBENCH_MLFLOW_TIMEOUT", "2")
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    t0 = time.perf_counter()
+    with pytest.raises(StoreUnreachable, match="did not answer within 2 s") as e:
+        RunLogger(f"http://127.0.0.1:{free_port()}", "x")
+    assert 1.4 < time.perf_counter() - t0 < 8 and "\n" not in str(e.value)
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # bounded for the run's calls only
+
+
+def test_a_silent_server_is_given_up_after_the_timeout(monkeypatch):
+    import socket
+
+    monkeypatch.setenv("POBENCH_MLFLOW_TIMEOUT", "1")
+    with socket.socket() as s:  # accepts connections, never answers
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        t0 = time.perf_counter()
+        with pytest.raises(StoreUnreachable, match="within 1 s"):
+            RunLogger(f"http://127.0.0.1:{s.getsockname()[1]}", "x")
+        assert time.perf_counter() - t0 < 6
+
+
+# ------------------------------------------------------------------ the MLflow server killed during a run
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["killed", "hung"])
+def test_mlflow_server_gone_mid_run_is_one_line_and_the_run_is_ended_at_the_next_contact(tmp_path, server, fault):
+    """Killed: connections refused, tried again until the timeout. Hung (SIGSTOP): each request waits the timeout.
+    Either way `bench train` stops within seconds (it hung for about 8 minutes), keeps its checkpoint with the
+    metrics MLflow did not get, and the resume ends the run FAILED from run.json, then continues it."""
+    server.start()
+    args = _args(tmp_path, server.uri, fault, steps=6)
+    run_dir = tmp_path / "runs" / "faults" / fault
+    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, env=_env(POBENCH_MLFLOW_TIMEOUT="3"))
+    deadline = time.time() + 300
+    while not (run_dir / "ckpt-0000001" / "state.json").exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() < deadline, "no checkpoint in 300 s"
+        time.sleep(0.05)
+    server.kill() if fault == "killed" else server.hang()
+    t0 = time.time()
+    _, err = proc.communicate(timeout=120)
+    seconds = time.time() - t0
+    assert proc.returncode == 1, err[-3000:]
+    assert seconds < 30, f"{seconds:.0f} s to notice the server was gone"
+    line = _stopped_line(err)
+    assert f"MLflow tracking server {server.uri} did not answer within 3 s" in line
+    assert "kept: the checkpoint of step" in line and "is ended FAILED at the next contact" in line, line
+    assert line.endswith(f"resume with: bench {' '.join(args)} --resume"), line
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["unsent_end"]["status"] == "FAILED" and "did not answer" in record["unsent_end"]["failure"]
+    _no_tmp(run_dir)
+    assert not (run_dir / "final").exists()
+
+    server.start() if fault == "killed" else server.go_on()  # the same store, the same port
+    client = MlflowClient(server.uri)
+    (run,) = [r for r in _the_run(client) if r.info.run_name == fault]
+    assert run.info.run_id == record["run_id"] and run.info.status == "RUNNING"  # nobody could end it
+    done = _bench([*args, "--resume"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (after,) = [r for r in _the_run(client) if r.info.run_name == fault]  # the same run, continued
+    assert after.info.run_id == run.info.run_id and after.info.status == "FINISHED"
+    # it was ended FAILED from run.json before the resume reopened it: the resume records that end
+    assert after.data.tags[RESUMED_AFTER].startswith("FAILED: ") and "did not answer" in after.data.tags[RESUMED_AFTER]
+    assert FAILURE not in after.data.tags
+    assert _steps(client, run.info.run_id, "rollout/reward_mean") == [1, 2, 3, 4, 5, 6]
+    assert _steps(client, run.info.run_id, "eval/accuracy") == [0, 2, 4, 6]
+    assert "unsent_end" not in json.loads((run_dir / "run.json").read_text())
+    _no_tmp(run_dir)
+    _final_complete(run_dir)
+
+
+# ------------------------------------------------------------------ full disk / file-size limit
+def _file_size_limit(limit: int):
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+@pytest.mark.slow
+def test_file_size_limit_at_the_first_checkpoint_ends_the_run_and_the_resume_continues_it(tmp_path, server):
+    """The issue's reproduction: `ulimit -f` failing the first checkpoint; a later --resume opened a second MLflow
+    run and orphaned the first. Now: one line, the run FAILED, and the resume trains from step 0 in the same run."""
+    server.start()
+    args = _args(tmp_path, server.uri, "full")
+    run_dir = tmp_path / "runs" / "faults" / "full"
+    t0 = time.time()
+    done = _bench(args, tmp_path, preexec_fn=_file_size_limit(1_000_000))  # model.pt (3.4 MB) does not fit
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert time.time() - t0 < 120
+    line = _stopped_line(done.stderr)
+    assert f"no space left on device while writing {run_dir / 'ckpt-0000001'} (File too large: the file-size " \
+           "limit" in line, line
+    assert "no checkpoint was written yet" in line and "ended FAILED" in line and "--resume" in line, line
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith("ckpt-")) == []
+    _no_tmp(run_dir)
+    client = MlflowClient(server.uri)
+    (run,) = [r for r in _the_run(client) if r.info.run_name == "full"]
+    assert run.info.status == "FAILED" and "no space left on device" in run.data.tags[FAILURE]
+
+    done = _bench([*args, "--resume"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = [r for r in _the_run(client) if r.info.run_name == "full"]
+    assert [r.info.run_id for r in runs] == [run.info.run_id]  # no second run
+    after = client.get_run(run.info.run_id)
+    assert after.info.status == "FINISHED" and "no space left" in after.data.tags[RESUMED_AFTER]
+    assert _steps(client, run.info.run_id, "rollout/reward_mean") == [1, 2, 3, 4]
+    assert _steps(client, run.info.run_id, "eval/accuracy") == [0, 2, 4]
+    _final_complete(run_dir)
+
+
+# the final weights: the limit is set once the last checkpoint is written (a checkpoint is larger than the weights),
+# and every end of the MLflow run is logged with whether the final weights were complete at that moment
+AT_FINAL = textwrap.dedent("""
+    import os, resource, sys
+    from bench import tracking
+    from bench.engines.native import checkpoint
+    steps, log = int(os.environ["LAST_STEP"]), os.environ["END_LOG"]
+
+    def limit_after(write):
+        def written(run_dir, step, *args, **kwargs):
+            out = write(run_dir, step, *args, **kwargs)
+            if step == steps and os.environ.get("LIMIT"):  # model.safetensors (3.4 MB) does not fit
+                resource.setrlimit(resource.RLIMIT_FSIZE, (int(os.environ["LIMIT"]), int(os.environ["LIMIT"])))
+            return out
+        return written
+
+    checkpoint.save, checkpoint.save_state = limit_after(checkpoint.save), limit_after(checkpoint.save_state)
+    end = tracking.RunLogger.end
+
+    def logged_end(self, status="FINISHED"):
+        weights = self.run_dir / "final" / "model.safetensors"
+        with open(log, "a") as fh:
+            fh.write(f"{status} {'complete' if weights.is_file() and weights.stat().st_size > 0 else 'absent'}\\n")
+        return end(self, status)
+
+    tracking.RunLogger.end = logged_end
+    sys.argv = ["bench", *sys.argv[1:]]
+    from bench.cli.main import entry
+    entry()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["native", "trl"])
+def test_full_disk_at_the_final_weights_leaves_the_run_failed_not_finished(tmp_path, server, engine):
+    """The issue: MLflow said FINISHED while final/ held a 0-byte config.json. Now the run is FINISHED only once its
+    final weights are complete (written atomically); a full disk while writing them is one line, no final/, the run
+    FAILED, and the resume writes them and only then ends the run FINISHED."""
+    if engine == "trl":
+        pytest.importorskip("trl")
+    server.start()
+    name = f"final-{engine}"
+    args = _args(tmp_path, server.uri, name, steps=2, engine=engine, eval_every=0)
+    run_dir = tmp_path / "runs" / "faults" / name
+    log = tmp_path / "ends.log"
+    env = _env(LAST_STEP="2", END_LOG=str(log))
+    done = subprocess.run([sys.executable, "-c", AT_FINAL, *args], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=600, env={**env, "LIMIT": "100000"})
+    assert done.returncode == 1, done.stderr[-3000:]
+    line = _stopped_line(done.stderr, libraries_warn=engine == "trl")
+    assert f"no space left on device while writing {run_dir / 'final'} (File too large: the file-size limit" \
+           in line, line
+    assert "kept: the checkpoint of step 2" in line and "ended FAILED" in line, line
+    assert not (run_dir / "final").exists()
+    _no_tmp(run_dir)
+    client = MlflowClient(server.uri)
+    (run,) = [r for r in _the_run(client) if r.info.run_name == name]
+    assert run.info.status == "FAILED" and "final" in run.data.tags[FAILURE]
+    assert log.read_text().split() == ["FAILED", "absent"]  # never FINISHED on the way
+
+    done = subprocess.run([sys.executable, "-c", AT_FINAL, *args, "--resume"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert log.read_text().split()[2:] == ["FINISHED", "complete"]
+    after = client.get_run(run.info.run_id)
+    assert after.info.status == "FINISHED" and [r.info.run_id for r in _the_run(client)
+                                                if r.info.run_name == name] == [run.info.run_id]
+    assert _steps(client, run.info.run_id, "rollout/reward_mean") == [1, 2]
+    _final_complete(run_dir)
+    _no_tmp(run_dir)
+
+
+# ------------------------------------------------------------------ a damaged newest checkpoint, nothing older
+@pytest.mark.slow
+def test_no_resumable_checkpoint_ends_the_killed_run_failed(tmp_path, server):
+    server.start()
+    args = _args(tmp_path, server.uri, "damaged", steps=40, eval_every=0)
+    run_dir = tmp_path / "runs" / "faults" / "damaged"
+    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=tmp_path, env=_env())
+    deadline = time.time() + 300
+    while not (run_dir / "ckpt-0000001" / "state.json").exists():
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)  # the run stays RUNNING
+    proc.wait()
+    client = MlflowClient(server.uri)
+    (run,) = [r for r in _the_run(client) if r.info.run_name == "damaged"]
+    assert run.info.status == "RUNNING"
+    newest = checkpoint.latest(run_dir)
+    (newest / "model.pt").write_bytes(b"\0" * (newest / "model.pt").stat().st_size)
+    done = _bench([*args, "--resume"], tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert str(newest / "model.pt") in line and f"delete {run_dir}" in line, line
+    assert f"its MLflow run {run.info.run_id} was ended FAILED" in line, line
+    after = client.get_run(run.info.run_id)
+    assert after.info.status == "FAILED" and str(newest / "model.pt") in after.data.tags[FAILURE]
+
+
+@pytest.mark.slow
+def test_resume_from_step_0_is_refused_when_the_run_has_metrics(tmp_path, server):
+    """run.json without a checkpoint resumes from step 0 in the same run only when that run logged nothing yet (here
+    its checkpoints were deleted by hand): otherwise steps would be logged twice."""
+    server.start()
+    args = _args(tmp_path, server.uri, "no-ckpt", steps=1, eval_every=0)
+    run_dir = tmp_path / "runs" / "faults" / "no-ckpt"
+    assert _bench(args, tmp_path).returncode == 0
+    for ckpt in run_dir.glob("ckpt-*"):
+        for f in ckpt.iterdir():
+            f.unlink()
+        ckpt.rmdir()
+    done = _bench([*args, "--resume"], tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "has metrics already" in lines[0] and "drop --resume" in lines[0], done.stderr
+    client = MlflowClient(server.uri)
+    (run,) = [r for r in _the_run(client) if r.info.run_name == "no-ckpt"]
+    assert run.info.status == "FINISHED" and _steps(client, run.info.run_id, "rollout/reward_mean") == [1]

@@ -215,7 +215,12 @@ def test_stopped_bench_tune_queues_its_trials_and_the_same_command_finishes_the_
     done = subprocess.run(command_in(line), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     study = optuna.load_study(study_name="st", storage=storage)
-    assert sorted(t.state.name for t in study.trials)[-2:] == ["COMPLETE", "COMPLETE"]
+    # the two queued trials ran (under new numbers, with the interrupted ones' parameters) and completed; (a worker
+    # may start one trial more before it sees the quota reached)
+    states = [t.state.name for t in study.trials]
+    assert states.count("FAIL") == 2 and states.count("COMPLETE") in (2, 3), states
+    failed = [t.params for t in study.trials if t.state.name == "FAIL"]
+    assert all(p in [t.params for t in study.trials if t.state.name == "COMPLETE"] for p in failed)
     assert statuses(uri, "tx", "tune-study") == ["FINISHED"]
 
 
@@ -229,12 +234,13 @@ def test_stopped_bench_eval_writes_the_finished_benchmarks_marked_partial(tmp_pa
             "--k", "4", "--max-new-tokens", "48", "--out", "out", "--tracking-uri", uri]
     proc = Proc(argv, tmp_path)
     proc.wait_for(lambda: any(ln.startswith("bench eval: arith:") for ln in proc.err), "arith evaluated")
+    said = len(proc.err)  # (its warnings and progress lines so far)
     os.kill(proc.p.pid, signal.SIGTERM)
     rc = proc.finish()
     if rc == 0:
         pytest.skip("the machine evaluated gsm8k before the signal came")
     assert rc == 143, proc.text()
-    lines = [ln for ln in proc.lines() if not ln.startswith("bench eval: arith:")]  # (its progress line)
+    lines = [ln for ln in proc.err[said:] if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in "\n".join(proc.err), proc.text()
     assert lines[0].startswith("bench eval: stopped by SIGTERM; kept the results of arith (1 of 2 benchmarks) in out,")
     assert "; rerun: bench eval --benchmarks arith,gsm8k" in lines[0], lines[0]

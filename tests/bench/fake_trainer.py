@@ -89,7 +89,8 @@ def fake_train(cfg, *, on_eval=None, on_step=None, step0_eval=None) -> TrainResu
 
 
 def main(argv: list[str]) -> int:
-    """`bench ARGV` (``bench.cli.entry``) with ``fake_train`` / ``fake_step0`` as the comparison's training (``bench run`` only)."""
+    """`bench ARGV` (``bench.cli.entry``) with ``fake_train`` / ``fake_step0`` as the comparison's training (``bench
+    run`` only)."""
     import dataclasses
 
     from bench.cli import entry

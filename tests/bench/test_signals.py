@@ -111,6 +111,45 @@ def statuses(uri: str, experiment: str, kind: str | None = None) -> list[str]:
     return sorted(r.info.status for r in runs)
 
 
+# ------------------------------------------------------------------ the handler and the line (in this process)
+@pytest.fixture
+def fresh_stop(monkeypatch):
+    from bench import stop
+
+    monkeypatch.setitem(stop._RECEIVED, "signal", None)
+    return stop
+
+
+def test_sigterm_interrupts_once_and_sigint_every_time(fresh_stop):
+    from bench.engines.lifecycle import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        # a second SIGTERM while stopping (a pool's parent forwarding the scheduler's) does not break the stop path
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+    assert fresh_stop.received() == signal.SIGTERM and fresh_stop.exit_code() == 143
+    with pytest.raises(KeyboardInterrupt):
+        fresh_stop.interrupt(signal.SIGINT)  # each Ctrl-C interrupts (a second one stops a wait)
+    assert fresh_stop.exit_code() == 143  # (the first signal decides)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_command_that_keeps_nothing_says_so_and_how_to_rerun_it(fresh_stop, monkeypatch, capsys, sig):
+    from bench.cli import list as list_cmd
+    from bench.cli import main
+
+    def stopped(args):
+        fresh_stop.interrupt(sig)
+
+    monkeypatch.setattr(list_cmd, "run", stopped)
+    monkeypatch.setattr(sys, "argv", ["bench", "list", "--markdown"])
+    assert main(["list", "--markdown"]) == 128 + sig
+    assert capsys.readouterr().err == f"bench list: stopped by {sig.name}; kept nothing; rerun: bench list --markdown\n"
+
+
 # ------------------------------------------------------------------ bench train
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
@@ -193,7 +232,8 @@ def test_stopped_bench_run_with_two_workers_ends_the_pool_and_the_same_command_r
 
 # ------------------------------------------------------------------ bench tune --workers 2
 @pytest.mark.slow
-def test_stopped_bench_tune_queues_its_trials_and_the_same_command_finishes_the_study(tmp_path, empty_store):
+@pytest.mark.parametrize("group", [True, False], ids=["to-the-group", "to-the-parent"])
+def test_stopped_bench_tune_queues_its_trials_and_the_same_command_finishes_the_study(tmp_path, empty_store, group):
     uri = copy_store(empty_store, tmp_path)
     storage = f"sqlite:///{tmp_path}/optuna.db"
     argv = [*BENCH, "tune", "--algo", "grpo", "--trials", "2", "--steps", "10", "--seeds", "0", "--study", "st",
@@ -203,7 +243,7 @@ def test_stopped_bench_tune_queues_its_trials_and_the_same_command_finishes_the_
     runs = tmp_path / ".pobench" / "runs"
     proc = Proc(argv, tmp_path)
     proc.wait_for(lambda: len(checkpointed(runs)) == 2, "a checkpoint of both trials")
-    os.killpg(proc.p.pid, signal.SIGTERM)  # as SLURM: every process of the job
+    (os.killpg if group else os.kill)(proc.p.pid, signal.SIGTERM)  # SLURM: every process; Kubernetes: the first
     line = stopped_line(proc, proc.finish(timeout=300), signal.SIGTERM)
     assert proc.group_gone(), "processes of the stopped `bench tune` are still alive"
     assert f"kept 0 of 2 trials finished of study 'st' in {storage} (the running trials are queued again); resume " \

@@ -119,9 +119,9 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
             return value
         except optuna.TrialPruned:
             raise
-        except KeyboardInterrupt:  # Ctrl-C / SIGTERM: the trial ends FAIL and its parameters are queued again
-            runs.end_trial(run_id, "FAIL", curves, None, spec, reason="interrupted")
+        except KeyboardInterrupt:  # Ctrl-C / SIGTERM: its parameters are queued again (first: what a rerun needs),
             study.enqueue_trial(params, user_attrs={"origin_trial": trial.user_attrs["origin_trial"]})
+            runs.end_trial(run_id, "FAIL", curves, None, spec, reason="interrupted")  # and the trial ends FAIL
             raise
         except BaseException as e:
             runs.end_trial(run_id, "FAIL", curves, None, spec, reason=f"{type(e).__name__}: {e}"[:500])

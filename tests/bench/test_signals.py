@@ -252,7 +252,7 @@ def test_stopped_bench_tune_queues_its_trials_and_the_same_command_finishes_the_
     assert f"kept 0 of 2 trials finished of study 'st' in {storage} (the running trials are queued again); resume " \
            "by rerunning the same command: bench tune --algo grpo" in line, line
     study = optuna.load_study(study_name="st", storage=storage)
-    assert sorted(t.state.name for t in study.trials) == ["FAIL", "FAIL", "WAITING", "WAITING"]
+    assert sorted(t.state.name for t in study.trials) == ["FAIL", "FAIL", "WAITING", "WAITING"], proc.text()
     assert "RUNNING" not in statuses(uri, "tx")
     assert statuses(uri, "tx", "tune-study") == ["KILLED"]
     done = subprocess.run(command_in(line), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=900)

@@ -21,6 +21,7 @@ from bench.cli import train as train_cmd
 from bench.cli import tune as tune_cmd
 from bench.cli import warmstart as warmstart_cmd
 from bench.cli.flags import load_cli_plugins
+from bench.resume import rerun_command
 from bench.workers import quiet_libraries
 
 # the subcommands, in the order `bench --help` lists them
@@ -71,7 +72,7 @@ def entry() -> None:
         code = main()
     except KeyboardInterrupt:  # (a signal while main started or returned)
         code = interrupt.exit_code()
-        print(f"bench: stopped by {stop.name()}", file=sys.stderr)
+        print(f"bench: stopped by {stop.name()}; kept nothing; rerun: {rerun_command()}", file=sys.stderr)
     finally:
         interrupt.finished()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -225,9 +225,13 @@ def log_to_mlflow(results: list[EvalResult], *, params: dict[str, Any], artifact
         if "lm_eval" in r.extra:  # the lm-evaluation-harness accuracy on the same rows (`--harness lm-eval`)
             metrics[K.EVAL_TASK_LM_EVAL.format(task=r.benchmark)] = r.extra["lm_eval"]["lm_eval_acc"]
     now = int(time.time() * 1000)
-    log_batch(client, run_id, metrics=[MlflowMetric(k, float(v), now, step) for k, v in metrics.items()],
-              params=[Param(k, str(v)[:6000]) for k, v in params.items()])
-    for path in artifacts:
-        client.log_artifact(run_id, str(path))
+    try:
+        log_batch(client, run_id, metrics=[MlflowMetric(k, float(v), now, step) for k, v in metrics.items()],
+                  params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+        for path in artifacts:
+            client.log_artifact(run_id, str(path))
+    except BaseException as e:  # never a run left RUNNING: KILLED by Ctrl-C / SIGTERM, else FAILED
+        client.set_terminated(run_id, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        raise
     client.set_terminated(run_id)
     return run_id

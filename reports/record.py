@@ -23,6 +23,7 @@ that at once corrupt a fresh SQLite store. :func:`open_client` takes an exclusiv
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -170,6 +171,15 @@ def get_or_create_experiment(client, uri: str, name: str) -> str:
 LOCK_ATTEMPTS = 4  # each waits up to MLflow's SQLite busy timeout (20 s), then 0.25, 0.5, 1 s between attempts
 
 
+class _LockedRetried(logging.Filter):
+    """MLflow logs every "database is locked" of its SQLite store, traceback included, before raising it: on Ctrl-C
+    or SIGTERM to a `bench run` with workers that is hundreds of lines under the one line the command prints.
+    ``retry_locked`` retries those writes, and the last refusal is raised to the caller, so the log record goes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "database is locked" not in record.getMessage()
+
+
 def retry_locked(fn, *args: Any, attempts: int = LOCK_ATTEMPTS, first_wait: float = 0.25, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)``, called again (with doubling waits) while it fails with SQLite's "database is locked".
 
@@ -179,6 +189,9 @@ def retry_locked(fn, *args: Any, attempts: int = LOCK_ATTEMPTS, first_wait: floa
     transaction is rolled back, so calling again is safe. Any other error is raised at once; the last attempt's error
     is raised as it is.
     """
+    db_log = logging.getLogger("mlflow.store.db.utils")  # (MLflow logs each refusal with its traceback)
+    if not any(isinstance(f, _LockedRetried) for f in db_log.filters):
+        db_log.addFilter(_LockedRetried())
     wait = first_wait
     for attempt in range(attempts):
         try:

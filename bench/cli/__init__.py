@@ -9,7 +9,7 @@ try:
 except KeyboardInterrupt:  # Ctrl-C while the command line loads (`python -m bench.cli` imports this first)
     import sys
 
-    print("bench: interrupted while loading", file=sys.stderr)
+    print("bench: stopped by SIGINT while loading; kept nothing", file=sys.stderr)
     raise SystemExit(130) from None
 
 __all__ = ["build_parser", "entry", "main"]

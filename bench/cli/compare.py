@@ -14,6 +14,7 @@ import argparse
 from mlflow.exceptions import MlflowException
 
 from bench.cli.flags import add_units_flag
+from bench.cli.interrupt import Stopped, rerun
 from bench.config import TRACKING_URI_DEFAULT
 from bench.tracking import check_reachable
 from reports.compare import compare_comparisons, parse_spec
@@ -46,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
                                   target_acc=args.target_acc, options=options)
     except MlflowException as e:
         raise ValueError(f"MLflow at {uri}: {e.message}") from None
+    except KeyboardInterrupt:  # (it reads MLflow and writes its tables at the end)
+        raise Stopped("nothing: no tables written", rerun()) from None
     for name in ("compare_config", "compare_accuracy"):
         t = res.tables.get(name)
         if t is not None:

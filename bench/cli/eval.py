@@ -19,6 +19,7 @@ from bench import preflight
 from bench.cli import eval_comparison
 from bench.cli.eval_inputs import DEFAULT_MAX_NEW_TOKENS, max_new_tokens, resolve_data
 from bench.cli.flags import add_plugin_flag
+from bench.cli.interrupt import Stopped, rerun
 from bench.config import BUILTIN_MODEL, TRACKING_URI_DEFAULT
 from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
 from bench.inputs import check_seed
@@ -114,22 +115,25 @@ def run(args) -> int:
     warn_unknown_characters(tokenizer, [p.question for _, ps, _ in loaded for p in ps], "prompts")
     max_new = max_new_tokens(args.max_new_tokens, model, [len(tokenizer(x)["input_ids"]) for x in all_prompts])
     n_samples = args.samples or args.k
-
-    results = []
-    for b, problems, source in loaded:
-        r = evaluate(engine, tokenizer, b, problems, k=args.k, temperature=args.temperature, seed=args.seed,
-                     n_samples=n_samples if args.temperature > 0 else 0, greedy=not args.no_greedy,
-                     max_new_tokens=max_new, top_p=args.top_p, prompt_template=args.prompt_template)
-        r.source = source
-        results.append(r)
-        print(f"bench eval: {b.name}: {len(problems)} problems in {r.seconds:.1f}s", file=sys.stderr)
-
-    extra: dict[str, dict[str, float]] = {}
     meta: dict[str, Any] = {"model": args.model, "split": args.split, "limit": args.limit, "k": args.k,
                             "n_samples": n_samples, "temperature": args.temperature, "top_p": args.top_p,
                             "max_new_tokens": max_new, "prompt_template": args.prompt_template, "seed": args.seed,
                             "backend": args.backend}
     out_dir = Path(args.out or Path(".pobench") / "eval" / time.strftime("%Y%m%d-%H%M%S"))
+
+    results = []
+    try:
+        for b, problems, source in loaded:
+            r = evaluate(engine, tokenizer, b, problems, k=args.k, temperature=args.temperature, seed=args.seed,
+                         n_samples=n_samples if args.temperature > 0 else 0, greedy=not args.no_greedy,
+                         max_new_tokens=max_new, top_p=args.top_p, prompt_template=args.prompt_template)
+            r.source = source
+            results.append(r)
+            print(f"bench eval: {b.name}: {len(problems)} problems in {r.seconds:.1f}s", file=sys.stderr)
+    except KeyboardInterrupt:  # SIGINT / SIGTERM: the benchmarks evaluated so far are written, marked partial
+        raise stopped(results, names, out_dir, meta) from None
+
+    extra: dict[str, dict[str, float]] = {}
     if args.harness == "lm-eval":
         from evaluators.lm_eval_bridge import compare_with_ours, run_lm_eval
 
@@ -157,3 +161,14 @@ def run(args) -> int:
                                parent_run_id=args.parent_run_id)
         print(f"bench eval: MLflow run {run_id}")
     return 0
+
+
+def stopped(results: list, names: list[str], out_dir: Path, meta: dict[str, Any]) -> Stopped:
+    """What a stopped `bench eval` kept: the results of the benchmarks it finished, written to ``out_dir`` with
+    ``"partial": true`` and the benchmarks not evaluated in results.json (not logged to MLflow); or nothing."""
+    if not results:
+        return Stopped("nothing: no benchmark was evaluated to its end", rerun())
+    done = [r.benchmark for r in results]
+    write_outputs(results, out_dir, {**meta, "partial": True, "not_evaluated": [n for n in names if n not in done]})
+    return Stopped(f"the results of {', '.join(done)} ({len(done)} of {len(names)} benchmarks) in {out_dir}, marked "
+                   "partial in results.json, not logged to MLflow", rerun())

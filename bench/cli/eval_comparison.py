@@ -11,10 +11,12 @@ runs trained with.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from bench.cli.eval_inputs import max_new_tokens, resolve_data
+from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.evaluate import evaluate, log_to_mlflow, write_outputs
 from bench.model import format_prompt, load_policy
 from bench.rollout import make_sampler
@@ -91,6 +93,26 @@ def run(args) -> int:
           f"{reused} stored, {sum(len(m) for _, _, _, m in todo)} to evaluate", file=sys.stderr)
 
     out_root = Path(args.out or Path(".pobench") / "eval")
+    stored = reused  # evaluations stored so far (what a stop keeps: the same command reuses them)
+    try:
+        for _ in _evaluate_missing(args, cmp, todo, uri, out_root):
+            stored += 1
+    except KeyboardInterrupt:  # SIGINT / SIGTERM: each evaluation is stored as it ends
+        raise Stopped(f"{stored} of {len(cmp.runs) * len(loaded)} evaluations of comparison "
+                      f"{cmp.comparison_id} stored", rerun_to_resume()) from None
+    table, notes = benchmark_table(cmp, load_evals(client, cmp), Units())
+    if table is not None:
+        print(table.markdown(), end="")
+        print(table.caption)
+    for n in notes:
+        print(f"note: {n}")
+    print(f"bench eval: stored under each training run in MLflow ({uri}); bench report --experiment "
+          f"{args.experiment} --comparison {cmp.comparison_id} adds the benchmarks table")
+    return 0
+
+
+def _evaluate_missing(args, cmp, todo, uri: str, out_root: Path) -> Iterator[str]:
+    """Evaluate and store each missing (run, benchmark); yields the MLflow run id of each once it is stored."""
     max_new_of: dict[tuple[str, str], int] = {}  # (benchmark, template) -> max new tokens (warned about once)
     for r, path, template, missing in todo:
         model, tokenizer = load_policy(str(path), args.device, args.dtype)
@@ -114,18 +136,10 @@ def run(args) -> int:
             out_dir = contained(out_root, safe_component(cmp.comparison_id, "--comparison"),
                                 safe_component(r.name, "run name"), safe_component(b.name, "benchmark"))
             paths = write_outputs([res], out_dir, meta)
-            log_to_mlflow([res], params={**meta, "benchmarks": b.name}, artifacts=paths,
+            run_id = log_to_mlflow([res], params={**meta, "benchmarks": b.name}, artifacts=paths,
                           run_name=f"eval-{b.name}-{r.name}", experiment=args.experiment, tracking_uri=uri,
                           parent_run_id=r.run_id, tags={BENCHMARK: b.name, EVAL_KEY: key,
                                                          COMPARISON: cmp.comparison_id})
             acc = res.metrics.get("greedy_acc") or res.metrics.get("pass@1")
             print(f"bench eval: {r.name} on {b.name}: {100 * acc.value:.1f}% in {res.seconds:.1f}s", file=sys.stderr)
-    table, notes = benchmark_table(cmp, load_evals(client, cmp), Units())
-    if table is not None:
-        print(table.markdown(), end="")
-        print(table.caption)
-    for n in notes:
-        print(f"note: {n}")
-    print(f"bench eval: stored under each training run in MLflow ({uri}); bench report --experiment "
-          f"{args.experiment} --comparison {cmp.comparison_id} adds the benchmarks table")
-    return 0
+            yield run_id

@@ -1,21 +1,62 @@
-"""Ctrl-C in the command line: whether the command's result is complete yet. ``bench.cli.main.entry`` installs
-:func:`on_sigint`; a command calls :func:`finished` once its result is written (``bench report``), after which an
-interrupt no longer changes the exit code. Its own module so a command module can call it without importing
-``bench.cli.main`` (which imports every command module)."""
+"""Ctrl-C (SIGINT) and SIGTERM in the command line: one line saying what the command kept and how to go on.
+
+``bench.cli.main.entry`` installs :func:`on_signal` for both signals (``bench.stop``: KeyboardInterrupt, SIGTERM
+once); a command that keeps something catches the KeyboardInterrupt and raises :class:`Stopped` with what it kept and
+the command to resume or rerun; ``main`` prints :func:`line` and exits 130 (SIGINT) or 143 (SIGTERM). A command calls
+:func:`finished` once its result is written (``bench report``), after which a signal no longer changes the exit code.
+Its own module so a command module can use it without importing ``bench.cli.main`` (which imports every command
+module)."""
 
 from __future__ import annotations
 
-# set once the command's result is written (`finished`): from then on Ctrl-C no longer interrupts the process
+from typing import Any
+
+from bench import stop
+from bench.resume import rerun_command
+
+# set once the command's result is written (`finished`): from then on a signal no longer interrupts the process
 _FINISHED = {"done": False}
 
 
+class Stopped(Exception):
+    """A command stopped by SIGINT / SIGTERM: ``kept`` (what is kept: "nothing", a checkpoint, pairs, trials) and
+    ``then`` (how to go on, with the exact command)."""
+
+    def __init__(self, kept: str, then: str) -> None:
+        super().__init__(f"kept {kept}; {then}")
+        self.kept, self.then = kept, then
+
+
 def finished() -> None:
-    """A command calls this once its result is complete (`bench report`: the report is written): an interrupt after
-    it no longer changes the exit code (in a process started by ``bench.cli.main.entry``)."""
+    """A command calls this once its result is complete (`bench report`: the report is written): a signal after it
+    no longer changes the exit code (in a process started by ``bench.cli.main.entry``)."""
     _FINISHED["done"] = True
 
 
-def on_sigint(*_) -> None:
-    """SIGINT handler: KeyboardInterrupt while the command works, nothing once it has :func:`finished`."""
+def on_signal(signum: int, frame: Any = None) -> None:
+    """SIGINT / SIGTERM handler: KeyboardInterrupt while the command works (``bench.stop.interrupt``), nothing once
+    it has :func:`finished`."""
     if not _FINISHED["done"]:
-        raise KeyboardInterrupt
+        stop.interrupt(signum, frame)
+
+
+def rerun(resume_flag: bool = False) -> str:
+    """``rerun: <the command>`` (``resume with: <command> --resume`` with ``resume_flag``)."""
+    return f"{'resume with' if resume_flag else 'rerun'}: {rerun_command(resume_flag=resume_flag)}"
+
+
+def rerun_to_resume() -> str:
+    """For commands that resume by being run again (`bench run`, `bench tune`)."""
+    return f"resume by rerunning the same command: {rerun_command()}"
+
+
+def line(command: str, stopped: Stopped | None = None) -> str:
+    """The one line a stopped command prints: ``bench <command>: stopped by SIGTERM; kept ...; <how to go on>``
+    (without ``stopped``: nothing kept, rerun the command)."""
+    stopped = stopped or Stopped("nothing", rerun())
+    return f"bench {command}: stopped by {stop.name()}; {stopped}"
+
+
+def exit_code() -> int:
+    """130 (SIGINT) or 143 (SIGTERM)."""
+    return stop.exit_code()

@@ -10,8 +10,10 @@ import signal
 import sys
 
 import bench
+from bench import stop
 from bench.cli import compare as compare_cmd
 from bench.cli import eval as eval_cmd
+from bench.cli import interrupt
 from bench.cli import list as list_cmd
 from bench.cli import report as report_cmd
 from bench.cli import run as run_cmd
@@ -19,7 +21,7 @@ from bench.cli import train as train_cmd
 from bench.cli import tune as tune_cmd
 from bench.cli import warmstart as warmstart_cmd
 from bench.cli.flags import load_cli_plugins
-from bench.cli.interrupt import finished, on_sigint
+from bench.resume import rerun_command
 from bench.workers import quiet_libraries
 
 # the subcommands, in the order `bench --help` lists them
@@ -48,25 +50,33 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:  # user errors: one clear line, no traceback
         print(f"bench {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # (bench run / tune say how to resume themselves)
-        print(f"bench {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except interrupt.Stopped as e:  # SIGINT / SIGTERM: what the command kept, how to resume it
+        print(interrupt.line(args.command, e), file=sys.stderr)
+        return interrupt.exit_code()
+    except KeyboardInterrupt:  # a command that keeps nothing: rerun it
+        print(interrupt.line(args.command), file=sys.stderr)
+        return interrupt.exit_code()
 
 
 def entry() -> None:
-    """The console script ``bench`` and ``python -m bench.cli``: :func:`main`, then exit with its code. Ctrl-C is one
-    line and 130 while the command works; once its result is complete (``bench.cli.interrupt.finished``) or it has
-    returned, an interrupt no longer changes the exit code. (The interpreter's shutdown takes seconds with MLflow and
-    torch loaded, and Python restores the default SIGINT action for it, which would end the process by the signal.)"""
-    signal.signal(signal.SIGINT, on_sigint)
+    """The console script ``bench`` and ``python -m bench.cli``: :func:`main`, then exit with its code. SIGINT
+    (Ctrl-C) and SIGTERM (a scheduler's stop) are one line (what was kept, the command to resume or rerun) and exit
+    130 / 143 while the command works (bench/cli/interrupt.py); once its result is complete
+    (``bench.cli.interrupt.finished``) or it has returned, a signal no longer changes the exit code. (The
+    interpreter's shutdown takes seconds with MLflow and torch loaded, and Python restores the default SIGINT action
+    for it, which would end the process by the signal.)"""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupt.on_signal)
     code = 130
     try:
         code = main()
-    except KeyboardInterrupt:
-        print("bench: interrupted", file=sys.stderr)
+    except KeyboardInterrupt:  # (a signal while main started or returned)
+        code = interrupt.exit_code()
+        print(f"bench: stopped by {stop.name()}; kept nothing; rerun: {rerun_command()}", file=sys.stderr)
     finally:
-        finished()
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        interrupt.finished()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
     sys.exit(code)
 
 

@@ -9,7 +9,7 @@ import argparse
 from mlflow.exceptions import MlflowException
 
 from bench.cli.flags import add_plugin_flag, add_report_flags, report_options
-from bench.cli.interrupt import finished
+from bench.cli.interrupt import Stopped, finished, rerun
 from bench.config import TRACKING_URI_DEFAULT
 from bench.tracking import check_reachable
 from reports.load import _client, get_experiment, list_comparisons, resolve_tracking_uri
@@ -45,8 +45,11 @@ def _run(args: argparse.Namespace) -> int:
             others = ", ".join(sorted(c for c in comps if c != latest))
             print(f"experiment {args.experiment!r} holds {len(comps)} comparisons; reporting the most recent, "
                   f"{latest} (others: {others}; choose with --comparison)")
-    rep = build_report(args.experiment, args.comparison, uri, out_root=args.out_root, baseline=args.baseline,
-                       target_acc=args.target_acc, store_derived=not args.no_store, options=report_options(args))
+    try:
+        rep = build_report(args.experiment, args.comparison, uri, out_root=args.out_root, baseline=args.baseline,
+                           target_acc=args.target_acc, store_derived=not args.no_store, options=report_options(args))
+    except KeyboardInterrupt:  # (the report folder is swapped in whole: nothing half-written is left)
+        raise Stopped("nothing: no report written", rerun()) from None
     finished()  # the report is written: an interrupt from now on changes nothing (exit 0)
     try:
         _summary(rep)

@@ -13,7 +13,16 @@ import sys
 
 from bench import engines, preflight
 from bench.cli.flags import add_config_flags, add_report_flags, report_options
-from bench.compare import DEFAULTS, ComparisonSpec, base_config, load_params, resolve_algos, run_comparison
+from bench.cli.interrupt import Stopped, rerun_to_resume
+from bench.compare import (
+    DEFAULTS,
+    ComparisonSpec,
+    ComparisonStopped,
+    base_config,
+    load_params,
+    resolve_algos,
+    run_comparison,
+)
 from bench.compare.executors import EXECUTORS, make_executor
 from bench.config import TrainConfig
 from bench.tracking import check_reachable
@@ -79,9 +88,9 @@ def run(args: argparse.Namespace) -> int:
                           progress=not args.no_progress)
     try:
         res = run_comparison(spec)
-    except KeyboardInterrupt:
-        print("bench run: interrupted; rerun the same command to resume where it stopped", file=sys.stderr)
-        return 130
+    except ComparisonStopped as e:  # SIGINT / SIGTERM: finished pairs are reused, checkpointed ones resumed
+        raise Stopped(f"{e.finished} of {e.total} pairs finished and {e.checkpointed} checkpointed of comparison "
+                      f"{e.comparison}", rerun_to_resume()) from None
     print(f"comparison {res.comparison} in experiment {res.experiment!r} ({res.tracking_uri}): "
           f"{len(res.pairs)} runs in {res.seconds:.0f} s on {res.workers} worker(s)"
           + (" (Ray tasks)" if res.executor == "ray" else ""))

@@ -7,7 +7,9 @@ import sys
 
 from bench import engines, preflight, resume
 from bench.cli.flags import add_config_flags, config_from_args
+from bench.cli.interrupt import Stopped, rerun
 from bench.cli.progress import TrainProgress
+from bench.engines.native import checkpoint
 from bench.tracking import check_reachable
 from reports import metric_keys as K
 
@@ -39,8 +41,19 @@ def run(args: argparse.Namespace) -> int:
     except engines.RunStopped as e:  # the MLflow server gone, a full disk: what was kept, and how to go on
         print(f"bench train: stopped: {e}; resume with: {resume.rerun_command(resume_flag=True)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # SIGINT / SIGTERM: the last finished step is checkpointed, the run ended KILLED
+        raise stopped(cfg) from None
     print(f"run {result.run_id}: {result.steps_done} steps; checkpoints and final model in {result.output_dir}")
     for k in (K.EVAL_ACCURACY, K.EVAL_ACCURACY_SAMPLED):
         if k in result.final_eval:
             print(f"  {k} = {result.final_eval[k]:.4f}")
     return 0
+
+
+def stopped(cfg) -> Stopped:
+    """What a stopped `bench train` kept: its newest checkpoint (resume with ``--resume``), or nothing (rerun)."""
+    last = checkpoint.latest(cfg.run_dir())
+    if last is None:
+        return Stopped("nothing: no checkpoint yet; the run restarts from step 0", rerun())
+    step = int(last.name[len(checkpoint.PREFIX):])  # ckpt-0000004: the folder of step 4
+    return Stopped(f"{last} (step {step})", rerun(resume_flag=True))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bench import preflight, tune
 from bench.cli.flags import add_config_flags, config_from_args
+from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.config import TrainConfig
 from bench.engines import RunStopped
 from bench.folders import study_dir
@@ -105,10 +106,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"bench tune: warning: {warning}", file=sys.stderr)
     try:
         study = tune.run_workers(spec, args.workers, args.executor, args.ray_address)
-    except KeyboardInterrupt:
-        print(f"bench tune: interrupted; the running trial is queued again: rerun the same command to resume study "
-              f"{spec.study!r}", file=sys.stderr)
-        return 130
+    except tune.StudyStopped as e:  # SIGINT / SIGTERM: each running trial ends FAIL and is queued again
+        raise Stopped(f"{e.finished} of {e.trials} trials finished of study {e.study!r} in {e.storage} (the running "
+                      "trials are queued again)", rerun_to_resume()) from None
     except RunStopped as e:  # a trial's run stopped by the MLflow server gone or a full disk: one line
         print(f"bench tune: stopped: {e}", file=sys.stderr)
         return 1

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 
+from bench.cli.interrupt import Stopped, rerun
 from bench.inputs import check_seed
 from bench.model import load_policy
+from bench.resume import rerun_command
 from bench.warmstart import Recipe, held_out_accuracy, warmstart
 
 
@@ -35,12 +37,20 @@ def run(args: argparse.Namespace) -> int:
     if args.eval < 0:
         raise ValueError(f"--eval {args.eval}: must be >= 0")
     out = args.out or f".pobench/models/tiny-arith-d{recipe.difficulty}-s{recipe.seed}-n{recipe.steps}"
-    path = warmstart(out, recipe, force=args.force, progress=not args.no_progress)
+    try:
+        path = warmstart(out, recipe, force=args.force, progress=not args.no_progress)
+    except KeyboardInterrupt:  # (the model is saved once trained)
+        raise Stopped("nothing: the model is saved once its training ends", rerun()) from None
     print(f"warm-started model: {path}")
     if args.eval:
-        model, tok = load_policy(str(path))
-        greedy = held_out_accuracy(model, tok, difficulty=recipe.difficulty, problems=args.eval, temperature=0)
-        sampled = held_out_accuracy(model, tok, difficulty=recipe.difficulty, problems=args.eval, temperature=1.0)
+        try:
+            model, tok = load_policy(str(path))
+            greedy = held_out_accuracy(model, tok, difficulty=recipe.difficulty, problems=args.eval, temperature=0)
+            sampled = held_out_accuracy(model, tok, difficulty=recipe.difficulty, problems=args.eval,
+                                        temperature=1.0)
+        except KeyboardInterrupt:  # the same command reuses the saved model and measures it
+            raise Stopped(f"the warm-started model in {path}", f"measure it by rerunning the same command (the "
+                          f"model is reused): {rerun_command()}") from None
         print(f"held-out accuracy on {args.eval} arith problems (difficulty {recipe.difficulty}): "
               f"greedy {greedy:.1%}, sampled (T=1) {sampled:.1%}")
     return 0

@@ -11,7 +11,7 @@
 - ``distinguish.py``: the distinguishability probe under a TrainConfig (the warning before training, ``probe.json``).
 """
 
-from bench.compare.comparison import ComparisonResult, ComparisonSpec, run_comparison
+from bench.compare.comparison import ComparisonResult, ComparisonSpec, ComparisonStopped, run_comparison
 from bench.compare.plan import (
     DEFAULTS,
     Pair,
@@ -23,5 +23,5 @@ from bench.compare.plan import (
     variant_label,
 )
 
-__all__ = ["DEFAULTS", "ComparisonResult", "ComparisonSpec", "Pair", "RunDefaults", "base_config", "comparison_id",
-           "load_params", "resolve_algos", "run_comparison", "variant_label"]
+__all__ = ["DEFAULTS", "ComparisonResult", "ComparisonSpec", "ComparisonStopped", "Pair", "RunDefaults", "base_config",
+           "comparison_id", "load_params", "resolve_algos", "run_comparison", "variant_label"]

@@ -24,6 +24,7 @@ from bench.compare.pairs import PairContext, PairJob, PairResult, TrainFn, initi
 from bench.compare.plan import DEFAULTS, Pair, plan, run_dir
 from bench.compare.store import locks_dir, pair_lock
 from bench.config import TrainConfig
+from bench.engines.lifecycle import has_checkpoint
 from bench.folders import check_removable, experiment_dir, remove_run_folder
 from bench.identity import written_by_note
 from bench.plugins import check_shippable, with_plugins
@@ -66,6 +67,20 @@ class ComparisonSpec:
     out_root: str | Path = "reports/out"
     report_options: Any = None                # how the report is drawn (reports.report.ReportOptions)
     progress: bool = True                     # the live display (LiveDisplay)
+
+
+# the outcomes of a pair whose run is complete (the report reads them; a rerun reuses them)
+KEPT = ("reused", "finished", "stopped early")
+
+
+class ComparisonStopped(KeyboardInterrupt):
+    """A comparison stopped by Ctrl-C / SIGTERM (its MLflow run ended KILLED): its id, how many of its ``total`` pairs
+    are complete (reused or trained: ``finished``) and how many others hold a checkpoint (``checkpointed``); the same
+    call resumes it."""
+
+    def __init__(self, comparison: str, finished: int, checkpointed: int, total: int) -> None:
+        super().__init__(f"comparison {comparison}: {finished} of {total} pairs finished, {checkpointed} checkpointed")
+        self.comparison, self.finished, self.checkpointed, self.total = comparison, finished, checkpointed, total
 
 
 @dataclass
@@ -122,8 +137,41 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
         check_shippable(cfg, algos)
     exp_id = get_or_create_experiment(client, uri, cfg.experiment)
     parent = comparison_run(client, exp_id, cid, cfg, algos, seeds)
-    warn_before_run(cfg, algos, params, client=client, run_id=parent)  # coinciding objectives, inert terms
-    result = ComparisonResult(cid, cfg.experiment, uri, pairs)
+    try:  # from here on the comparison's run ends KILLED on Ctrl-C / SIGTERM, with what is kept said
+        status, n_workers = _train(spec, ex, cfg, cid, pairs, client, exp_id, parent)
+    except KeyboardInterrupt:
+        retry_locked(client.set_terminated, parent, status="KILLED")
+        raise _stopped(cfg, cid, pairs) from None
+    except BaseException:
+        retry_locked(client.set_terminated, parent, status="KILLED")
+        raise
+    finally:
+        ex.close()
+    retry_locked(client.set_terminated, parent, status=status)
+    result = ComparisonResult(cid, cfg.experiment, uri, pairs, workers=n_workers, executor=ex.name)
+    if spec.report and any(p.outcome.startswith(KEPT) for p in pairs):
+        try:
+            result.report = build_report(cfg.experiment, cid, uri, out_root=spec.out_root, baseline=spec.baseline,
+                                         target_acc=spec.target_acc, objectives=[p.variant for p in pairs],
+                                         seeds=seeds, client=client, options=spec.report_options)
+        except KeyboardInterrupt:  # (the report is swapped in whole, or not at all)
+            raise _stopped(cfg, cid, pairs) from None
+    result.seconds = time.perf_counter() - t_start
+    return result
+
+
+def _stopped(cfg: TrainConfig, cid: str, pairs: list[Pair]) -> ComparisonStopped:
+    finished = sum(p.outcome.startswith(KEPT) for p in pairs)
+    ckpt = sum(not p.outcome.startswith(KEPT) and has_checkpoint(run_dir(cfg, p)) for p in pairs)
+    return ComparisonStopped(cid, finished, ckpt, len(pairs))
+
+
+def _train(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pair], client, exp_id: str,
+           parent: str) -> tuple[str, int]:
+    """``run_comparison`` once its MLflow run exists: reuse, then train the missing pairs. Returns the run's status
+    (FINISHED, or FAILED when a pair failed) and the pairs trained at once."""
+    params = {a: dict(spec.params.get(a, {})) for a in spec.algos}
+    warn_before_run(cfg, spec.algos, params, client=client, run_id=parent)  # coinciding objectives, inert terms
 
     now = version_tags()  # a run reused from another pobench version / commit is named as such
     for p in pairs:
@@ -162,34 +210,21 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
         return lambda why, detail: PairResult(i, f"failed: {why}", "train",
                                               error=f"{todo[i].variant} seed {todo[i].seed}: {detail}")
 
-    try:  # the pool's size, or the Ray connection and task resources
-        n_workers = ex.start(len(todo), cfg, {"on_eval": spec.on_eval, "train_fn": spec.train_fn})
-        display = LiveDisplay(cid, pairs, cfg.steps, enabled=spec.progress, workers=n_workers)
-        with display:
-            step0: dict[int, dict[str, float]] = {}
-            if shared_step0:
-                got = ex.run([Task(-1, step0_task, (spec.step0_fn, cfg, fresh), not_started={}, interrupted={})],
-                             display.event)[-1]
-                if isinstance(got, WorkerDied):
-                    display.print(f"  the shared step-0 evaluation failed ({got.why}); each run evaluates its own "
-                                  "step 0")
-                else:
-                    step0 = got
-            tasks = [Task(i, run_pair, (PairJob(i, p, ctx, step0.get(p.seed)),), not_started=PairResult(i, "not "
-                          "started"), interrupted=PairResult(i, "interrupted"), failed=pair_failed(i))
-                     for i, p in enumerate(todo)]
-            ex.run(tasks, display.event, on_result=finished)
-    except BaseException:
-        retry_locked(client.set_terminated, parent, status="KILLED")
-        raise
-    finally:
-        ex.close()
-    retry_locked(client.set_terminated, parent, status=status)
-    if spec.report and any(p.outcome.startswith(("reused", "finished", "stopped early")) for p in pairs):
-        result.report = build_report(cfg.experiment, cid, uri, out_root=spec.out_root, baseline=spec.baseline,
-                                     target_acc=spec.target_acc, objectives=[p.variant for p in pairs], seeds=seeds,
-                                     client=client, options=spec.report_options)
-    result.seconds = time.perf_counter() - t_start
-    result.workers = n_workers
-    result.executor = ex.name
-    return result
+    # the pool's size, or the Ray connection and task resources
+    n_workers = ex.start(len(todo), cfg, {"on_eval": spec.on_eval, "train_fn": spec.train_fn})
+    display = LiveDisplay(cid, pairs, cfg.steps, enabled=spec.progress, workers=n_workers)
+    with display:
+        step0: dict[int, dict[str, float]] = {}
+        if shared_step0:
+            got = ex.run([Task(-1, step0_task, (spec.step0_fn, cfg, fresh), not_started={}, interrupted={})],
+                         display.event)[-1]
+            if isinstance(got, WorkerDied):
+                display.print(f"  the shared step-0 evaluation failed ({got.why}); each run evaluates its own "
+                              "step 0")
+            else:
+                step0 = got
+        tasks = [Task(i, run_pair, (PairJob(i, p, ctx, step0.get(p.seed)),), not_started=PairResult(i, "not "
+                      "started"), interrupted=PairResult(i, "interrupted"), failed=pair_failed(i))
+                 for i, p in enumerate(todo)]
+        ex.run(tasks, display.event, on_result=finished)
+    return status, n_workers

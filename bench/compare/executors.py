@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from bench import stop
 from bench.config import TrainConfig
 from bench.engines.lifecycle import sigterm_as_interrupt
 from bench.plugins import load_plugins
@@ -253,9 +254,9 @@ class _Inline(_Backend):
 _WORKER: dict[str, Any] = {"queue": None, "stop": None, "busy": False}
 
 
-def _on_sigterm(*_: Any) -> None:
-    if _WORKER["busy"]:  # the parent stops a busy worker: the training loop's interrupt path
-        raise KeyboardInterrupt
+def _on_sigterm(signum: int, frame: Any) -> None:
+    if _WORKER["busy"]:  # the parent (or a scheduler) stops a busy worker: the training loop's interrupt path, once
+        stop.interrupt(signum, frame)
     # an idle worker ignores it: the pool's shutdown ends it cleanly
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from mlflow.exceptions import MlflowException
 
-from bench import identity, resume
+from bench import identity, resume, stop
 from bench.config import TrainConfig
 from bench.engines.base import RunStopped, TrainingDiverged
 from bench.engines.native import checkpoint
@@ -199,13 +199,11 @@ def finish_run(logger: RunLogger, stopped_early: bool = False) -> None:
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Inside: SIGTERM raises KeyboardInterrupt, so a terminated run (or a `bench run` whose workers must stop) takes
-    the Ctrl-C path (main thread only; elsewhere nothing changes)."""
-    def interrupt(*_: Any) -> None:
-        raise KeyboardInterrupt
-
+    """Inside: SIGTERM raises KeyboardInterrupt (``bench.stop.interrupt``: once; a second SIGTERM while stopping is
+    ignored, so it cannot break the checkpoint the first one writes), so a terminated run (or a `bench run` whose
+    workers must stop) takes the Ctrl-C path (main thread only; elsewhere nothing changes)."""
     try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
+        previous = signal.signal(signal.SIGTERM, stop.interrupt)
     except ValueError:  # not the main thread
         yield
         return

@@ -11,6 +11,7 @@ from typing import Any
 
 import optuna
 from mlflow.entities import Metric as MlMetric
+from mlflow.entities import RunTag
 from optuna.trial import TrialState
 
 from bench.tracking import version_tags
@@ -30,6 +31,7 @@ from reports.record import (
     get_or_create_experiment,
     log_batch,
     open_client,
+    retry_locked,
     tracking_uri,
 )
 
@@ -104,11 +106,11 @@ class StudyRuns:
                 batch.append(MlMetric(key, float(sum(vals) / len(vals)), now, int(step)))
         if value is not None:
             batch.append(MlMetric(K.TUNE_OBJECTIVE, float(value), now, 0))
-        log_batch(self.client, run_id, metrics=batch)
-        self.client.set_tag(run_id, TRIAL_STATE, state)
-        if reason:
-            self.client.set_tag(run_id, FAIL_REASON, reason)
-        self.client.set_terminated(run_id, {"COMPLETE": "FINISHED", "PRUNED": "KILLED"}.get(state, "FAILED"))
+        tags = {TRIAL_STATE: state, **({FAIL_REASON: reason} if reason else {})}
+        # (retried while SQLite is locked: on Ctrl-C / SIGTERM every worker and the driver write at once)
+        retry_locked(log_batch, self.client, run_id, metrics=batch, tags=[RunTag(k, v) for k, v in tags.items()])
+        status = {"COMPLETE": "FINISHED", "PRUNED": "KILLED"}.get(state, "FAILED")
+        retry_locked(self.client.set_terminated, run_id, status)
 
     def close_stale_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         """A trial whose worker died: mark its run, and the training run left open under it, FAILED."""

@@ -10,6 +10,7 @@ like with like. Several workers may run one study against one storage (``bench.t
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 import warnings
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from bench import engines
+from bench import engines, stop
 from bench.config import TrainConfig
 from bench.engines import StopTraining, TrainingDiverged
 from bench.tune.metric import TuneMetric, score
@@ -63,6 +64,14 @@ def _check_fingerprint(study: optuna.Study, spec: TuneSpec) -> None:
                          f"same settings to resume it, or pick another --study name")
 
 
+class _QuietWhileStopping(logging.Filter):
+    """Optuna logs a trial that Ctrl-C / SIGTERM stopped as a failure, with its traceback; once a stop signal came
+    (``bench.stop``) the trial is queued again and the command says so in one line, so those records are dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return stop.received() is None
+
+
 def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
               log: Callable[[str], None] = print, worker: str | None = None) -> optuna.Study:
     """Run trials of ``spec.study`` until it holds ``spec.trials`` finished (complete or pruned) trials.
@@ -71,6 +80,9 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
     ``train_fn`` (default ``bench.engines.train``) trains one config: ``train_fn(cfg, on_eval=...) -> TrainResult``.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optimize_log = logging.getLogger("optuna.study._optimize")  # (the logger of Optuna's "Trial N failed")
+    if not any(isinstance(f, _QuietWhileStopping) for f in optimize_log.filters):
+        optimize_log.addFilter(_QuietWhileStopping())
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study, runs = open_study(spec)  # an unreachable storage fails here, before any training
     train_fn = train_fn or engines.train
@@ -107,9 +119,9 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
             return value
         except optuna.TrialPruned:
             raise
-        except KeyboardInterrupt:  # Ctrl-C / SIGTERM: the trial ends FAIL and its parameters are queued again
-            runs.end_trial(run_id, "FAIL", curves, None, spec, reason="interrupted")
+        except KeyboardInterrupt:  # Ctrl-C / SIGTERM: its parameters are queued again (first: what a rerun needs),
             study.enqueue_trial(params, user_attrs={"origin_trial": trial.user_attrs["origin_trial"]})
+            runs.end_trial(run_id, "FAIL", curves, None, spec, reason="interrupted")  # and the trial ends FAIL
             raise
         except BaseException as e:
             runs.end_trial(run_id, "FAIL", curves, None, spec, reason=f"{type(e).__name__}: {e}"[:500])

@@ -17,19 +17,23 @@ parameters).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
+import signal
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import optuna
 
+from bench import stop
+from bench.engines.lifecycle import sigterm_as_interrupt
 from bench.inputs import SEED_MAX
 from bench.plugins import check_shippable, load_plugins, with_plugins
 from bench.tune.spec import TuneSpec
-from bench.tune.storage import FINISHED, count, default_storage_url
+from bench.tune.storage import FINISHED, count, default_storage_url, redact
 from bench.tune.study import open_study, run_study
 from bench.workers import (
     absolute_tracking_uri,
@@ -42,6 +46,7 @@ from bench.workers import (
     task_resources,
     task_setup,
 )
+from reports.record import open_client, tracking_uri
 
 EXECUTORS = ("local", "ray")
 
@@ -53,6 +58,24 @@ def worker_spec(spec: TuneSpec, i: int) -> TuneSpec:
     return dataclasses.replace(spec, sampler_seed=(spec.sampler_seed + i) % (SEED_MAX + 1))
 
 
+class StudyStopped(KeyboardInterrupt):
+    """A study stopped by Ctrl-C / SIGTERM (its running trials ended and queued again, its MLflow parent run ended
+    KILLED): how many finished trials the study holds of the ``trials`` it needs, and where it is stored; the same
+    call resumes it."""
+
+    def __init__(self, study: str, finished: int, trials: int, storage: str) -> None:
+        super().__init__(f"study {study!r}: {finished}/{trials} trials finished, in {storage}")
+        self.study, self.finished, self.trials, self.storage = study, finished, trials, storage
+
+
+_BUSY = {"busy": False}
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    if _BUSY["busy"]:  # a busy pool worker stops (its trial ends FAIL, queued again); an idle one ends with the pool
+        stop.interrupt(signum, frame)
+
+
 def _worker(spec: TuneSpec, i: int, ctx: dict[str, Any] | None = None) -> int:
     """One worker, in a pool process or a Ray task; returns the number of trials the study holds finished."""
     if ctx is not None:  # a Ray task: the driver's environment and working folder, as a pair's task gets them
@@ -61,7 +84,13 @@ def _worker(spec: TuneSpec, i: int, ctx: dict[str, Any] | None = None) -> int:
         quiet_libraries()
         one_thread()
         load_plugins(spec.base.plugins)
-    study = run_study(spec, log=lambda m: print(f"[worker {i}] {m}", flush=True), worker=str(i))
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which stops the workers
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    _BUSY["busy"] = True
+    try:
+        study = run_study(spec, log=lambda m: print(f"[worker {i}] {m}", flush=True), worker=str(i))
+    finally:
+        _BUSY["busy"] = False
     return count(study, *FINISHED)
 
 
@@ -74,6 +103,30 @@ def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_a
     if ray_address is not None and executor != "ray":
         raise ValueError(f"--ray-address {ray_address!r} needs --executor ray")
     spec = dataclasses.replace(spec, base=with_plugins(spec.base, [spec.algo]))
+    try:
+        with sigterm_as_interrupt():  # `kill <this process>` stops the study as cleanly as Ctrl-C
+            return _run_workers(spec, workers, n, executor, ray_address, log)
+    except KeyboardInterrupt:
+        raise _stopped(spec) from None
+
+
+def _stopped(spec: TuneSpec) -> StudyStopped:
+    """What a stopped study kept; its MLflow parent run ends KILLED (a rerun sets it RUNNING again)."""
+    url = spec.storage or default_storage_url()
+    finished = 0
+    with contextlib.suppress(KeyError):  # (stopped before the study was created)
+        study = optuna.load_study(study_name=spec.study, storage=url)
+        finished = count(study, *FINISHED)
+        parent = study.user_attrs.get("mlflow_parent_run_id")
+        if parent:
+            client = open_client(tracking_uri(spec.base.tracking_uri))
+            if client.get_run(parent).info.status == "RUNNING":
+                client.set_terminated(parent, "KILLED")
+    return StudyStopped(spec.study, finished, spec.trials, redact(url))
+
+
+def _run_workers(spec: TuneSpec, workers: int, n: int, executor: str, ray_address: str | None, log) -> optuna.Study:
+    """``run_workers`` once its flags are checked: ``n`` workers at most (``resolve_workers``)."""
     if executor == "local" and workers == 1:
         return run_study(spec, log=log)
     check_shippable(spec.base, [spec.algo])  # a notebook's objective: one line before any worker starts
@@ -100,8 +153,14 @@ def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_a
         log(f"study {spec.study!r}: {n} local workers (parent MLflow run {runs.parent_id})")
         with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(_worker, worker_spec(spec, i), i) for i in range(n)]
-            for f in futures:
-                f.result()  # a worker's error: raised here, after the others have finished their trials
+            try:
+                for f in futures:
+                    f.result()  # a worker's error: raised here, after the others have finished their trials
+            except KeyboardInterrupt:  # SIGTERM to every worker (a scheduler may have sent it too: once is taken)
+                for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(proc.pid, signal.SIGTERM)
+                raise  # (leaving the pool waits for the workers, each having queued its trial again)
     return optuna.load_study(study_name=spec.study, storage=spec.storage or default_storage_url())
 
 

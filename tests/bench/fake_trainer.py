@@ -89,10 +89,11 @@ def fake_train(cfg, *, on_eval=None, on_step=None, step0_eval=None) -> TrainResu
 
 
 def main(argv: list[str]) -> int:
-    """`bench ARGV` with ``fake_train`` / ``fake_step0`` as the comparison's training (``bench run`` only)."""
+    """`bench ARGV` (``bench.cli.entry``) with ``fake_train`` / ``fake_step0`` as the comparison's training (``bench
+    run`` only)."""
     import dataclasses
 
-    from bench.cli import main as bench_main
+    from bench.cli import entry
     from bench.cli import run as run_command
 
     real = run_command.run_comparison
@@ -101,7 +102,9 @@ def main(argv: list[str]) -> int:
         return real(dataclasses.replace(spec, train_fn=fake_train, step0_fn=fake_step0))
 
     run_command.run_comparison = run_comparison  # (the name `bench run` calls)
-    return bench_main(argv)
+    sys.argv = [sys.argv[0], *argv]
+    entry()  # as `bench`: SIGINT / SIGTERM handlers, exit code (raises SystemExit)
+    return 0
 
 
 if __name__ == "__main__":

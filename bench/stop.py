@@ -1,0 +1,43 @@
+"""How a process of pobench stops on SIGINT (Ctrl-C) and SIGTERM (what a cluster scheduler sends, SLURM to every
+process of the job, Kubernetes to the container's first one, then SIGKILL after a grace period): both take the same
+path, a KeyboardInterrupt where the process is, so a training run checkpoints its last finished step and ends its
+MLflow run KILLED (bench/engines/lifecycle.py), a pool's parent stops its workers (bench/compare/executors.py), and the
+command line prints one line and exits 128 + the signal's number (130, 143: bench/cli/main.py).
+
+A SIGTERM that comes while the process is already stopping is ignored: the parent of a pool forwards SIGTERM to its
+workers, which the scheduler may have signalled already, and a second interrupt must not break the checkpoint the
+first one is writing. Each SIGINT interrupts (a second Ctrl-C stops a wait). Which signal came first is kept for the
+life of the process (``received``)."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+_RECEIVED: dict[str, int | None] = {"signal": None}
+
+
+def interrupt(signum: int, _frame: Any = None) -> None:
+    """Signal handler: KeyboardInterrupt, once for SIGTERM (later ones while stopping are ignored)."""
+    first = _RECEIVED["signal"] is None
+    if first:
+        _RECEIVED["signal"] = signum
+    if signum == signal.SIGTERM and not first:
+        return
+    raise KeyboardInterrupt
+
+
+def received() -> int | None:
+    """The first stop signal this process received (``signal.SIGINT`` / ``signal.SIGTERM``), or None."""
+    return _RECEIVED["signal"]
+
+
+def exit_code() -> int:
+    """128 + the signal's number (130 for SIGINT, 143 for SIGTERM), as a shell reports a process it ended; 130 when
+    no signal came (an interrupt raised in code, e.g. by a test)."""
+    return 128 + int(received() or signal.SIGINT)
+
+
+def name() -> str:
+    """``SIGTERM`` / ``SIGINT``: the signal that stopped the process (SIGINT when none came)."""
+    return signal.Signals(received() or signal.SIGINT).name

@@ -1,0 +1,295 @@
+"""SIGTERM (a cluster scheduler's stop) and SIGINT (Ctrl-C) on the commands, as a user meets them: `python -m
+bench.cli ...` in a scratch folder, the signal sent once a deterministic point is reached (a checkpoint folder, a
+line of output), then: exit 143 / 130, one line on stderr saying what was kept with the exact command to go on, no
+traceback, no MLflow run left RUNNING, no process left behind, and the printed command continues and finishes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import copy_store
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = [sys.executable, "-m", "bench.cli"]
+FAKE_CLI = [sys.executable, str(ROOT / "tests" / "bench" / "fake_trainer.py")]
+DATA = Path("/work/shared/data")
+TINY_TRAIN = ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "24", "--samples-every", "0",
+              "--lr", "1e-3"]
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **extra}
+    e.pop("MLFLOW_TRACKING_URI", None)
+    return e
+
+
+class Proc:
+    """A command started in its own process group, its stderr read line by line as it comes."""
+
+    def __init__(self, argv: list[str], cwd: Path, **env_extra: str) -> None:
+        self.p = subprocess.Popen(argv, cwd=cwd, env=env(**env_extra), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.err: list[str] = []
+        self.out: list[str] = []
+        self._threads = [threading.Thread(target=self._read, args=(s, b), daemon=True)
+                         for s, b in ((self.p.stderr, self.err), (self.p.stdout, self.out))]
+        for t in self._threads:
+            t.start()
+
+    @staticmethod
+    def _read(stream, into: list[str]) -> None:
+        for line in stream:
+            into.append(line.rstrip("\n"))
+
+    def wait_for(self, ready, what: str, timeout: float = 600) -> None:
+        deadline = time.time() + timeout
+        while not ready():
+            assert self.p.poll() is None, f"ended (rc {self.p.returncode}) before {what}:\n" + self.text()
+            assert time.time() < deadline, f"no {what} after {timeout} s:\n" + self.text()
+            time.sleep(0.05)
+
+    def finish(self, timeout: float = 600) -> int:
+        self.p.wait(timeout=timeout)
+        for t in self._threads:
+            t.join(timeout=10)
+        return self.p.returncode
+
+    def text(self) -> str:
+        return "\n".join(self.err[-60:] + ["-- stdout --"] + self.out[-30:])
+
+    def lines(self) -> list[str]:
+        """stderr without MLflow's and Optuna's own INFO log lines."""
+        return [ln for ln in self.err if ln.strip() and " INFO mlflow" not in ln and not ln.startswith("[I ")]
+
+    def group_gone(self, within: float = 30) -> bool:
+        deadline = time.time() + within
+        while time.time() < deadline:
+            try:
+                os.killpg(self.p.pid, 0)
+            except ProcessLookupError:
+                return True
+            time.sleep(0.5)
+        return False
+
+
+def stopped_line(proc: Proc, rc: int, sig: signal.Signals) -> str:
+    """The one line a stopped command printed (after checking the exit code and that nothing else was said)."""
+    assert rc == 128 + sig, proc.text()
+    lines = proc.lines()
+    assert len(lines) == 1 and f"stopped by {sig.name}; kept " in lines[0], proc.text()
+    assert "Traceback" not in "\n".join(proc.err), proc.text()
+    return lines[0]
+
+
+def command_in(line: str, prefix: list[str] = BENCH) -> list[str]:
+    """The command the line says to run (``bench ...``), as argv with ``prefix`` for ``bench``."""
+    cmd = shlex.split(line[line.rindex(": bench ") + 2:])
+    return [*prefix, *cmd[1:]]
+
+
+def checkpointed(folder: Path) -> set[Path]:
+    """The run folders under ``folder`` that hold a complete checkpoint (renamed into place: not ``.tmp``)."""
+    return {c.parent for c in folder.glob("*/ckpt-*/state.json") if not c.parent.name.endswith(".tmp")}
+
+
+def statuses(uri: str, experiment: str, kind: str | None = None) -> list[str]:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], f"tags.`pobench.kind` = '{kind}'" if kind else "")
+    return sorted(r.info.status for r in runs)
+
+
+# ------------------------------------------------------------------ the handler and the line (in this process)
+@pytest.fixture
+def fresh_stop(monkeypatch):
+    from bench import stop
+
+    monkeypatch.setitem(stop._RECEIVED, "signal", None)
+    return stop
+
+
+def test_sigterm_interrupts_once_and_sigint_every_time(fresh_stop):
+    from bench.engines.lifecycle import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        # a second SIGTERM while stopping (a pool's parent forwarding the scheduler's) does not break the stop path
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+        except KeyboardInterrupt:
+            pytest.fail("a second SIGTERM interrupted the stop under way")
+    assert fresh_stop.received() == signal.SIGTERM and fresh_stop.exit_code() == 143
+    with pytest.raises(KeyboardInterrupt):
+        fresh_stop.interrupt(signal.SIGINT)  # each Ctrl-C interrupts (a second one stops a wait)
+    assert fresh_stop.exit_code() == 143  # (the first signal decides)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_command_that_keeps_nothing_says_so_and_how_to_rerun_it(fresh_stop, monkeypatch, capsys, sig):
+    from bench.cli import list as list_cmd
+    from bench.cli import main
+
+    def stopped(args):
+        fresh_stop.interrupt(sig)
+
+    monkeypatch.setattr(list_cmd, "run", stopped)
+    monkeypatch.setattr(sys, "argv", ["bench", "list", "--markdown"])
+    assert main(["list", "--markdown"]) == 128 + sig
+    assert capsys.readouterr().err == f"bench list: stopped by {sig.name}; kept nothing; rerun: bench list --markdown\n"
+
+
+# ------------------------------------------------------------------ bench train
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stopped_bench_train_names_its_checkpoint_and_the_resume_command_continues_it(tmp_path, empty_store, sig):
+    uri = copy_store(empty_store, tmp_path)
+    argv = [*BENCH, "train", "--algo", "grpo", "--steps", "12", "--eval-every", "0", "--checkpoint-every", "1",
+            *TINY_TRAIN, "--tracking-uri", uri, "--experiment", "sig", "--run-name", "r"]
+    run_dir = tmp_path / ".pobench" / "runs" / "sig" / "r"
+    proc = Proc(argv, tmp_path)
+    proc.wait_for(lambda: (run_dir / "ckpt-0000001" / "state.json").exists(), "first checkpoint")
+    os.kill(proc.p.pid, sig)
+    line = stopped_line(proc, proc.finish(), sig)
+    kept = sorted(run_dir.glob("ckpt-*"))[-1]
+    step = int(kept.name.split("-")[1])
+    assert 1 <= step < 12
+    assert f"kept {kept.relative_to(tmp_path)} (step {step}); resume with: bench train " in line, line
+    assert line.endswith(" --resume"), line
+    assert statuses(uri, "sig") == ["KILLED"]
+    assert not list(run_dir.glob("*.tmp"))  # nothing half-written
+    # the printed command resumes the run from the kept checkpoint and finishes it: steps step+1..12 only
+    done = subprocess.run(command_in(line), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("sig").experiment_id])
+    assert run.info.status == "FINISHED"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "rollout/reward_mean")]
+    assert sorted(steps) == list(range(1, 13)), steps  # no step missing or trained twice
+
+
+@pytest.mark.slow
+def test_bench_train_stopped_before_its_first_checkpoint_says_it_restarts_from_step_0(tmp_path, empty_store):
+    uri = copy_store(empty_store, tmp_path)
+    # the step-0 evaluation of 64 problems takes a while: the signal comes during it (the run exists, no step yet)
+    argv = [*BENCH, "train", "--algo", "grpo", "--steps", "2", "--eval-every", "2", "--eval-problems", "64",
+            "--checkpoint-every", "1", *TINY_TRAIN, "--tracking-uri", uri, "--experiment", "sig", "--run-name", "r"]
+    run_dir = tmp_path / ".pobench" / "runs" / "sig" / "r"
+    proc = Proc(argv, tmp_path)
+    proc.wait_for(lambda: (run_dir / "config.yaml").exists(), "the run's MLflow record")
+    os.kill(proc.p.pid, signal.SIGTERM)
+    line = stopped_line(proc, proc.finish(), signal.SIGTERM)
+    if list(run_dir.glob("ckpt-*")):
+        pytest.skip("the machine trained a step before the signal came")
+    assert "kept nothing: no checkpoint yet; the run restarts from step 0; rerun: bench train " in line, line
+    assert "--resume" not in line
+    assert statuses(uri, "sig") == ["KILLED"]
+    done = subprocess.run(command_in(line), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert statuses(uri, "sig") == ["FINISHED", "KILLED"]
+
+
+# ------------------------------------------------------------------ bench run --workers 2 (injected fake trainer)
+@pytest.mark.slow
+@pytest.mark.parametrize("group", [True, False], ids=["to-the-group", "to-the-parent"])
+def test_stopped_bench_run_with_two_workers_ends_the_pool_and_the_same_command_resumes(tmp_path, empty_store,
+                                                                                       group):
+    """SLURM signals every process of the job (the group); Kubernetes only the first one: either way the pool
+    ends, each pair checkpoints and ends KILLED, and the same command resumes and finishes them."""
+    (tmp_path / "long.yaml").write_text("steps: 12\neval_every: 0\ncheckpoint_every: 1\nsamples_every: 0\n")
+    copy_store(empty_store, tmp_path)   # (the default store of the working folder)
+    argv = ["run", "--config", "long.yaml", "--algos", "grpo,tepo", "--seeds", "0", "--workers", "2",
+            "--no-report", "--no-progress"]
+    folder = tmp_path / ".pobench" / "runs" / "pobench"
+    proc = Proc([*FAKE_CLI, *argv], tmp_path, FAKE_STEP_S="0.5")
+    proc.wait_for(lambda: len(checkpointed(folder)) == 2, "a checkpoint of both pairs")
+    (os.killpg if group else os.kill)(proc.p.pid, signal.SIGTERM)
+    line = stopped_line(proc, proc.finish(timeout=300), signal.SIGTERM)
+    assert proc.group_gone(), "processes of the stopped `bench run` are still alive"
+    assert "kept 0 of 2 pairs finished and 2 checkpointed of comparison " in line, line
+    assert "; resume by rerunning the same command: bench run " + shlex.join(argv[1:]) in line, line
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    assert statuses(uri, "pobench", "train") == ["KILLED", "KILLED"]
+    assert statuses(uri, "pobench", "comparison") == ["KILLED"]
+    done = subprocess.run(command_in(line, FAKE_CLI), cwd=tmp_path, env=env(), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count(": finished") == 2, done.stdout
+    assert statuses(uri, "pobench", "train") == ["FINISHED", "FINISHED"]  # the same two runs, resumed
+    assert statuses(uri, "pobench", "comparison") == ["FINISHED"]
+
+
+# ------------------------------------------------------------------ bench tune --workers 2
+@pytest.mark.slow
+@pytest.mark.parametrize("group", [True, False], ids=["to-the-group", "to-the-parent"])
+def test_stopped_bench_tune_queues_its_trials_and_the_same_command_finishes_the_study(tmp_path, empty_store, group):
+    uri = copy_store(empty_store, tmp_path)
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    argv = [*BENCH, "tune", "--algo", "grpo", "--trials", "2", "--steps", "10", "--seeds", "0", "--study", "st",
+            "--storage", storage, "--tracking-uri", uri, "--experiment", "tx", "--out", "out", "--prompts-per-step",
+            "2", "--group-size", "2", "--eval-problems", "4", "--eval-every", "5", "--max-new-tokens", "12",
+            "--samples-every", "0", "--sampler-seed", "0", "--checkpoint-every", "1", "--workers", "2"]
+    runs = tmp_path / ".pobench" / "runs"
+    proc = Proc(argv, tmp_path)
+    proc.wait_for(lambda: len(checkpointed(runs)) == 2, "a checkpoint of both trials")
+    (os.killpg if group else os.kill)(proc.p.pid, signal.SIGTERM)  # SLURM: every process; Kubernetes: the first
+    line = stopped_line(proc, proc.finish(timeout=300), signal.SIGTERM)
+    assert proc.group_gone(), "processes of the stopped `bench tune` are still alive"
+    assert f"kept 0 of 2 trials finished of study 'st' in {storage} (the running trials are queued again); resume " \
+           "by rerunning the same command: bench tune --algo grpo" in line, line
+    study = optuna.load_study(study_name="st", storage=storage)
+    assert sorted(t.state.name for t in study.trials) == ["FAIL", "FAIL", "WAITING", "WAITING"], proc.text()
+    assert "RUNNING" not in statuses(uri, "tx")
+    assert statuses(uri, "tx", "tune-study") == ["KILLED"]
+    done = subprocess.run(command_in(line), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    study = optuna.load_study(study_name="st", storage=storage)
+    # the two queued trials ran (under new numbers, with the interrupted ones' parameters) and completed; (a worker
+    # may start one trial more before it sees the quota reached)
+    states = [t.state.name for t in study.trials]
+    assert states.count("FAIL") == 2 and states.count("COMPLETE") in (2, 3), states
+    failed = [t.params for t in study.trials if t.state.name == "FAIL"]
+    assert all(p in [t.params for t in study.trials if t.state.name == "COMPLETE"] for p in failed)
+    assert statuses(uri, "tx", "tune-study") == ["FINISHED"]
+
+
+# ------------------------------------------------------------------ bench eval
+@pytest.mark.slow
+def test_stopped_bench_eval_writes_the_finished_benchmarks_marked_partial(tmp_path, empty_store):
+    if not (DATA / "gsm8k").is_dir():
+        pytest.skip(f"{DATA / 'gsm8k'} not found (the shared benchmark data)")
+    uri = copy_store(empty_store, tmp_path)
+    argv = [*BENCH, "eval", "--benchmarks", "arith,gsm8k", "--data", f"gsm8k={DATA / 'gsm8k'}", "--limit", "300",
+            "--k", "4", "--max-new-tokens", "48", "--out", "out", "--tracking-uri", uri]
+    proc = Proc(argv, tmp_path)
+    proc.wait_for(lambda: any(ln.startswith("bench eval: arith:") for ln in proc.err), "arith evaluated")
+    said = len(proc.err)  # (its warnings and progress lines so far)
+    os.kill(proc.p.pid, signal.SIGTERM)
+    rc = proc.finish()
+    if rc == 0:
+        pytest.skip("the machine evaluated gsm8k before the signal came")
+    assert rc == 143, proc.text()
+    lines = [ln for ln in proc.err[said:] if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in "\n".join(proc.err), proc.text()
+    assert lines[0].startswith("bench eval: stopped by SIGTERM; kept the results of arith (1 of 2 benchmarks) in out,")
+    assert "; rerun: bench eval --benchmarks arith,gsm8k" in lines[0], lines[0]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["partial"] is True and results["not_evaluated"] == ["gsm8k"]
+    assert [b["benchmark"] for b in results["benchmarks"]] == ["arith"]
+    assert (tmp_path / "out" / "arith.csv").is_file() and not (tmp_path / "out" / "gsm8k.csv").exists()
+    exp = MlflowClient(uri).get_experiment_by_name("pobench")  # (logged to MLflow only once complete)
+    assert exp is None or not MlflowClient(uri).search_runs([exp.experiment_id])

@@ -1,7 +1,7 @@
-"""`bench train`'s progress on stderr: on a terminal a bar (step, reward, held-out accuracy, ETA); in a log file plain
-lines: one per held-out evaluation and a status line at most every ``POBENCH_PROGRESS_EVERY`` seconds (default 60).
-The engine calls ``step`` / ``evaluated`` through its hooks (an engine without live steps, verl, shows evaluations
-only, after its job)."""
+"""`bench train`'s progress: on a terminal a bar on stderr (step, reward, held-out accuracy, ETA); in a log file
+plain lines on stdout (stderr stays for errors and a stopped run's one line): one per held-out evaluation and a status
+line at most every ``POBENCH_PROGRESS_EVERY`` seconds (default 60). The engine calls ``step`` / ``evaluated`` through
+its hooks (an engine without live steps, verl, shows evaluations only, after its job)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class TrainProgress:
         elif self.plain and time.monotonic() - self.last >= self.every:
             self.last = time.monotonic()
             print(f"bench train: {self.run}: step {step}/{self.steps} after {self.last - self.started:.0f}s, "
-                  f"{self._info()}", file=sys.stderr, flush=True)
+                  f"{self._info()}", flush=True)
 
     def evaluated(self, step: int, metrics: dict[str, float]) -> None:
         """``on_eval``: after each held-out evaluation (step 0: before training)."""
@@ -60,5 +60,4 @@ class TrainProgress:
         if self.live:
             self.bar.update(self.task, info=self._info())
         elif self.plain:
-            print(f"bench train: {self.run}: held-out accuracy {self.acc:.4f} at step {step}", file=sys.stderr,
-                  flush=True)
+            print(f"bench train: {self.run}: held-out accuracy {self.acc:.4f} at step {step}", flush=True)

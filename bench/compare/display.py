@@ -1,7 +1,7 @@
 """The live display of `bench run`: an overall bar with ETA, and one line per pair being trained (step, reward,
 held-out accuracy); messages (a pair waiting for another process, a failure) are printed above it. Where the output
-is no terminal (a log file, a scheduler's output), plain lines instead: one per pair started and finished, and a
-status line at most every ``every`` seconds (``POBENCH_PROGRESS_EVERY``, default 60)."""
+is no terminal (a log file, a scheduler's output), plain lines on stdout instead: one per pair started, a status line
+at most every ``every`` seconds (``POBENCH_PROGRESS_EVERY``, default 60), the outcome of each pair as before."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ class LiveDisplay:
             p = self.todo[i]
             if self.plain:
                 what = "resuming" if payload[0] == "resume" else "training"
-                self.print(f"  [{i + 1}/{len(self.todo)}] {what} {p.variant} seed {p.seed}")
+                print(f"  [{i + 1}/{len(self.todo)}] {what} {p.variant} seed {p.seed}", flush=True)
             if self.enabled:
                 what = "resume" if payload[0] == "resume" else "train"
                 self.tasks[i] = self.progress.add_task(f"[{i + 1}/{len(self.todo)}] {what} {p.variant} seed "
@@ -86,8 +86,8 @@ class LiveDisplay:
             self.last = time.monotonic()
             running = ", ".join(f"{self.todo[j].variant} s{self.todo[j].seed} step {self.at[j]}/{self.steps} "
                                 f"({self._info(j)})" for j in range(len(self.todo)) if 0 < self.at[j] < self.steps)
-            self.print(f"  comparison {self.cid}: {sum(self.at)}/{len(self.todo) * self.steps} steps after "
-                       f"{self.last - self.started:.0f}s" + (f"; {running}" if running else ""))
+            print(f"  comparison {self.cid}: {sum(self.at)}/{len(self.todo) * self.steps} steps after "
+                  f"{self.last - self.started:.0f}s" + (f"; {running}" if running else ""), flush=True)
         if self.enabled:
             if i in self.tasks:
                 self.progress.update(self.tasks[i], completed=step, info=self._info(i))

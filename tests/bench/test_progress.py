@@ -36,8 +36,8 @@ def test_bench_run_in_a_log_file_prints_plain_lines(tmp_path, capsys, monkeypatc
     res = _run(tmp_path)
     out, err = capsys.readouterr()
     assert "\x1b" not in out + err and "\r" not in out + err  # no terminal control sequences in the log
-    lines = err.splitlines()
-    assert "  [1/2] training grpo seed 0" in lines and "  [2/2] training tepo seed 0" in lines
+    lines = out.splitlines() + err.splitlines()  # progress on stdout, pair outcomes on stderr
+    assert "  [1/2] training grpo seed 0" in out.splitlines() and "  [2/2] training tepo seed 0" in lines
     status = [x for x in lines if x.startswith(f"  comparison {res.comparison}: ")]
     done = [int(x.split(": ")[1].split("/")[0]) for x in status]
     assert done == sorted(done) and done[-1] == 6 and len(status) >= 6  # every step of both pairs, in order
@@ -49,8 +49,8 @@ def test_bench_run_in_a_log_file_prints_plain_lines(tmp_path, capsys, monkeypatc
 def test_status_lines_are_spaced_by_the_interval(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("POBENCH_PROGRESS_EVERY", "3600")
     res = _run(tmp_path)
-    err = capsys.readouterr().err
-    assert f"comparison {res.comparison}: " not in err and "[2/2] training tepo seed 0" in err
+    out = capsys.readouterr().out
+    assert f"comparison {res.comparison}: " not in out and "[2/2] training tepo seed 0" in out
 
 
 def test_a_bad_interval_is_one_line(tmp_path, capsys, monkeypatch):
@@ -66,7 +66,7 @@ def test_train_progress_lines(capsys):
         p.step(2, {})
     with TrainProgress("grpo-s0", 4, enabled=False) as q:
         q.step(1, {"rollout/reward_mean": 0.5})
-    assert capsys.readouterr().err.splitlines() == [
+    assert capsys.readouterr().out.splitlines() == [
         "bench train: grpo-s0: held-out accuracy 0.2500 at step 0",
         "bench train: grpo-s0: step 1/4 after 0s, reward 0.500  held-out acc 0.250",
         "bench train: grpo-s0: step 2/4 after 0s, reward 0.500  held-out acc 0.250"]
@@ -78,10 +78,10 @@ def test_bench_train_shows_each_evaluation(tmp_path, empty_store, capsys):
     assert main(["train", "--algo", "grpo", "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
                  "--max-new-tokens", "8", "--eval-problems", "4", "--eval-every", "1", "--samples-every", "0",
                  "--tracking-uri", uri, "--output-dir", str(tmp_path / "runs")]) == 0
-    err = capsys.readouterr().err
+    out = capsys.readouterr().out
     for step in (0, 1, 2):
-        assert " held-out accuracy " in err and f" at step {step}\n" in err
+        assert " held-out accuracy " in out and f" at step {step}\n" in out
     assert main(["train", "--algo", "grpo", "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
                  "--max-new-tokens", "8", "--eval-problems", "4", "--eval-every", "1", "--samples-every", "0",
                  "--tracking-uri", uri, "--output-dir", str(tmp_path / "runs2"), "--no-progress"]) == 0
-    assert "held-out accuracy" not in capsys.readouterr().err
+    assert "held-out accuracy" not in capsys.readouterr().out

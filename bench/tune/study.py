@@ -27,7 +27,7 @@ from bench.tune.runs import StudyRuns
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url, make_pruner, open_storage, redact
 from reports import metric_keys as K
-from reports.record import STUDY, TRIAL, tracking_uri
+from reports.record import STUDY, TRIAL, retry_locked, tracking_uri
 
 
 def open_study(spec: TuneSpec) -> tuple[optuna.Study, StudyRuns]:
@@ -120,7 +120,8 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
         except optuna.TrialPruned:
             raise
         except KeyboardInterrupt:  # Ctrl-C / SIGTERM: its parameters are queued again (first: what a rerun needs),
-            study.enqueue_trial(params, user_attrs={"origin_trial": trial.user_attrs["origin_trial"]})
+            # (both workers stopped at once write to a SQLite storage together: retried while it is locked)
+            retry_locked(study.enqueue_trial, params, user_attrs={"origin_trial": trial.user_attrs["origin_trial"]})
             runs.end_trial(run_id, "FAIL", curves, None, spec, reason="interrupted")  # and the trial ends FAIL
             raise
         except BaseException as e:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from reports.record import GIT_COMMIT, GIT_DIRTY, VERSION
+
 MIN_SEEDS_TO_RANK = 3
 
 
@@ -88,3 +90,21 @@ def final_acc_interval(final_acc: float | None, n_problems: int | None) -> tuple
     from evaluators.metrics import wilson_ci
 
     return wilson_ci(round(final_acc * n_problems), n_problems)
+
+
+def written_by_note(runs) -> str | None:
+    """A note when the comparison's runs were written by more than one pobench version, commit or dirty state (a run
+    `bench run` reused from an earlier checkout): which runs, by which."""
+    def by(r) -> str:
+        dirty = " with uncommitted changes" if r.tags.get(GIT_DIRTY) == "1" else ""
+        return (f"pobench {r.tags.get(VERSION, 'unknown')} at commit {r.tags.get(GIT_COMMIT, 'unknown')[:10]}"
+                f"{dirty}")
+
+    groups: dict[str, list[str]] = {}
+    for r in runs:
+        groups.setdefault(by(r), []).append(f"{r.variant} seed {r.seed}")
+    if len(groups) < 2:
+        return None
+    parts = "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(groups.items()))
+    return (f"The runs were not all written by one identified pobench code ({parts}): a difference between them may "
+            "come from the code, not the objective; rerun with --force from one clean checkout to rule that out.")

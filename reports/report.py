@@ -137,6 +137,9 @@ def analyse(cmp: Comparison, *, baseline: str | None = None, recorded_baseline: 
     for r in cmp.runs:
         if r.tags.get(STOPPED) == "early":
             notes.append(f"Run {r.name} was stopped early (pobench.stopped=early).")
+    written = checks.written_by_note(cmp.runs)  # reused runs from another version / commit, a dirty checkout
+    if written:
+        notes.append(written)
     at0 = [r.name for r in cmp.runs if derived[r.run_id].ttc_step == 0]
     if at0:
         notes.append(f"{len(at0)}/{len(cmp.runs)} runs meet the convergence target already at step 0 (before any "

@@ -233,3 +233,24 @@ def test_the_report_keeps_the_baseline_bench_run_chose(handmade, tmp_path):
     assert again.baseline == "tepo"                                      # recorded on the comparison run
     assert "Baseline: tepo (recorded on the comparison run)" in (again.out_dir / "report.md").read_text()
     assert [r[0] for r in again.tables["paired_test"].rows] == ["grpo"]
+
+
+def test_runs_written_by_another_pobench_commit_are_named(handmade, local_uri, tmp_path):
+    """A comparison whose runs come from two commits (a run `bench run` reused from an earlier checkout): the report
+    says which runs were written by which; one commit throughout: no such note."""
+    ids = handmade.log_comparison(local_uri, experiment="mixed", artifacts=tmp_path / "art")
+    same = build_report("mixed", tracking_uri=local_uri, out_root=tmp_path / "out", log_artifacts=False,
+                        figures_too=False)
+    assert not any("written by one identified" in n for n in same.notes)
+    client = MlflowClient(tracking_uri=local_uri)
+    for run_id in ids:
+        client.set_tag(run_id, "pobench.git_commit", "1111111111aaaa")
+    old = ids[0]
+    client.set_tag(old, "pobench.git_commit", "0123456789abcdef")
+    rep = build_report("mixed", tracking_uri=local_uri, out_root=tmp_path / "out", log_artifacts=False,
+                       figures_too=False)
+    (note,) = [n for n in rep.notes if "written by one identified" in n]
+    tags = client.get_run(old).data.tags
+    name = f"{tags.get('pobench.variant') or tags['pobench.objective']} seed {tags['pobench.seed']}"
+    assert f"at commit 0123456789: {name}" in note and "at commit 1111111111: " in note
+    assert note in (tmp_path / "out" / "mixed" / "c1" / "report.md").read_text()

@@ -238,8 +238,8 @@ def test_the_report_keeps_the_baseline_bench_run_chose(handmade, tmp_path):
 def test_runs_written_by_another_pobench_commit_are_named(handmade, local_uri, tmp_path):
     """A comparison whose runs come from two commits (a run `bench run` reused from an earlier checkout): the report
     says which runs were written by which; one commit throughout: no such note."""
-    ids = handmade.log_comparison(local_uri, experiment="mixed", artifacts=tmp_path / "art")
-    same = build_report("mixed", tracking_uri=local_uri, out_root=tmp_path / "out", log_artifacts=False,
+    ids = handmade.log_comparison(local_uri, experiment="commits", artifacts=tmp_path / "art")
+    same = build_report("commits", tracking_uri=local_uri, out_root=tmp_path / "out", log_artifacts=False,
                         figures_too=False)
     assert not any("written by one identified" in n for n in same.notes)
     client = MlflowClient(tracking_uri=local_uri)
@@ -247,10 +247,10 @@ def test_runs_written_by_another_pobench_commit_are_named(handmade, local_uri, t
         client.set_tag(run_id, "pobench.git_commit", "1111111111aaaa")
     old = ids[0]
     client.set_tag(old, "pobench.git_commit", "0123456789abcdef")
-    rep = build_report("mixed", tracking_uri=local_uri, out_root=tmp_path / "out", log_artifacts=False,
+    rep = build_report("commits", tracking_uri=local_uri, out_root=tmp_path / "out", log_artifacts=False,
                        figures_too=False)
     (note,) = [n for n in rep.notes if "written by one identified" in n]
     tags = client.get_run(old).data.tags
     name = f"{tags.get('pobench.variant') or tags['pobench.objective']} seed {tags['pobench.seed']}"
     assert f"at commit 0123456789: {name}" in note and "at commit 1111111111: " in note
-    assert note in (tmp_path / "out" / "mixed" / "c1" / "report.md").read_text()
+    assert note in (tmp_path / "out" / "commits" / "c1" / "report.md").read_text()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from evaluators import BadRowError, Problem, get_benchmark, list_benchmarks
+from evaluators.benchmarks import task_module
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"real data files not found at {DATA} (../shared/data)")
@@ -142,6 +143,8 @@ def test_offline_hub_error_suggests_data():
 def test_docs_describe_every_benchmark_and_version():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "EVALUATORS.md").read_text()
     for name in list_benchmarks():
+        if task_module(name) != "evaluators":  # a plugin's task (loaded by another test in this process): its own docs
+            continue
         b = get_benchmark(name)
         assert f"| `{name}` | {b.version} |" in doc, f"docs/EVALUATORS.md lacks {name} version {b.version}"
         if getattr(b, "hub_id", None):

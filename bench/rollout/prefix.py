@@ -27,7 +27,14 @@ import inspect
 
 import torch
 
-from bench.rollout.scoring import DEFAULT_CHUNK_MB, _backbone_and_head, head_stats, score, token_stats
+from bench.rollout.scoring import (
+    DEFAULT_CHUNK_MB,
+    _backbone_and_head,
+    head_stats,
+    one_prompt_per_completion,
+    score,
+    token_stats,
+)
 
 
 def distinct_prompts(prompt_ids: list[list[int]]) -> tuple[list[list[int]], list[int]]:
@@ -60,15 +67,7 @@ def score_shared(model, prompt_ids: list[list[int]], completion_ids: list[list[i
     `prompt_ids` has one prompt per completion (rows of the same prompt need not be adjacent), or P prompts for P*n
     completions (prompt-major, as in ``Rollouts``). Falls back to ``score`` where ``can_share`` says no.
     """
-    if not completion_ids:
-        raise ValueError("score: no completions given")
-    if len(prompt_ids) != len(completion_ids):
-        if not prompt_ids or len(completion_ids) % len(prompt_ids):
-            raise ValueError(f"score: {len(completion_ids)} completions is not a multiple of {len(prompt_ids)} prompts")
-        n = len(completion_ids) // len(prompt_ids)
-        prompt_ids = [p for p in prompt_ids for _ in range(n)]
-    if any(len(p) == 0 for p in prompt_ids):
-        raise ValueError("score: every prompt needs at least one token")
+    prompt_ids = one_prompt_per_completion(prompt_ids, completion_ids)
     if not can_share(model, grad):
         return score(model, prompt_ids, completion_ids, temperature, grad=grad, pad_id=pad_id, chunk_mb=chunk_mb)
     from transformers import DynamicCache

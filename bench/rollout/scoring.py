@@ -26,13 +26,9 @@ CHUNKABLE = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3
 DEFAULT_CHUNK_MB = 256.0  # float32 logits per chunk: 441 tokens at Qwen2.5's vocabulary of 151,936
 
 
-def layout(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int = 0,
-           device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
-    """Build (input_ids, attention_mask, position_ids, prompt_width, completion_width) for a batch.
-
-    `prompt_ids` has one prompt per completion, or P prompts for P*n completions (prompt-major: completion i belongs
-    to prompt i // n, as in ``Rollouts``).
-    """
+def one_prompt_per_completion(prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[int]]:
+    """One prompt per completion: ``prompt_ids`` as given, or P prompts repeated for P*n completions (prompt-major);
+    ValueError for no completions, a count that is no multiple, or an empty prompt."""
     if not completion_ids:
         raise ValueError("score: no completions given")
     if len(completion_ids) != len(prompt_ids):
@@ -42,6 +38,17 @@ def layout(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id:
         prompt_ids = [p for p in prompt_ids for _ in range(n)]
     if any(len(p) == 0 for p in prompt_ids):
         raise ValueError("score: every prompt needs at least one token")
+    return prompt_ids
+
+
+def layout(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int = 0,
+           device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]:
+    """Build (input_ids, attention_mask, position_ids, prompt_width, completion_width) for a batch.
+
+    `prompt_ids` has one prompt per completion, or P prompts for P*n completions (prompt-major: completion i belongs
+    to prompt i // n, as in ``Rollouts``).
+    """
+    prompt_ids = one_prompt_per_completion(prompt_ids, completion_ids)
     lp = max(len(p) for p in prompt_ids)
     lc = max(1, max(len(c) for c in completion_ids))
     b = len(completion_ids)

@@ -117,14 +117,20 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 def _is_connection_error(e: BaseException) -> bool:
-    """MLflow's error for a request that got no answer (refused, reset, timed out), not one the server gave."""
+    """MLflow's error for a request that got no answer (refused, reset, timed out, or the connection cut in the
+    middle of the answer: a server killed while it replied), not one the server gave."""
+    import http.client
+
     import requests
+    import urllib3
 
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
-                          requests.exceptions.RetryError, ConnectionError, TimeoutError)):
+                          requests.exceptions.RetryError, requests.exceptions.ChunkedEncodingError,
+                          urllib3.exceptions.ProtocolError, http.client.IncompleteRead, ConnectionError,
+                          TimeoutError)):
             return True
         e = e.__cause__ or e.__context__
     return False
@@ -243,7 +249,8 @@ def _no_answer(e: BaseException) -> str:
         return "connection refused"
     if "timed out" in text or "Timeout" in text:
         return "no answer: timed out"
-    if "RemoteDisconnected" in text or "Connection reset" in text or "Connection aborted" in text:
+    if "RemoteDisconnected" in text or "Connection reset" in text or "Connection aborted" in text \
+            or "Connection broken" in text or "IncompleteRead" in text:
         return "connection closed by the server"
     return (text.strip().splitlines()[0] if text.strip() else type(e).__name__)[:200]
 

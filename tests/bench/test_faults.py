@@ -154,6 +154,41 @@ def test_a_silent_server_is_given_up_after_the_timeout(monkeypatch):
         assert time.perf_counter() - t0 < 6
 
 
+def test_an_answer_cut_in_the_middle_is_given_up_after_the_timeout(monkeypatch):
+    """A server killed while it replies: the headers arrive, the body is cut short (requests raises
+    ChunkedEncodingError over urllib3's IncompleteRead; CI hit it once as a traceback instead of the one line)."""
+    import socket
+    import threading
+
+    monkeypatch.setenv("POBENCH_MLFLOW_TIMEOUT", "1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        s.settimeout(0.2)
+        stop = threading.Event()
+
+        def serve() -> None:
+            while not stop.is_set():
+                try:
+                    conn, _ = s.accept()
+                except OSError:
+                    continue
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{\"")
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        try:
+            t0 = time.perf_counter()
+            with pytest.raises(StoreUnreachable, match="within 1 s .connection closed by the server") as e:
+                RunLogger(f"http://127.0.0.1:{s.getsockname()[1]}", "x")
+            assert time.perf_counter() - t0 < 6 and "\n" not in str(e.value)
+        finally:
+            stop.set()
+            thread.join()
+
+
 # ------------------------------------------------------------------ the MLflow server killed during a run
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["killed", "hung"])

@@ -15,12 +15,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from matplotlib.ticker import EngFormatter, MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import EngFormatter, MaxNLocator  # noqa: E402
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, imported at the first figure: it takes a third of a second, which every
+    `bench` process (a training worker too) would pay at its start, since the CLI imports the report modules."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
 
 # Okabe & Ito (2008) without its yellow (too pale on white), then Paul Tol's "muted" scheme (paultol.eu)
 PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000",
@@ -166,7 +174,7 @@ def save(fig, out_dir: Path, name: str) -> list[Path]:
         p = out_dir / f"{name}.{ext}"
         fig.savefig(p, dpi=200 if ext == "png" else None, metadata={"Date": None} if ext == "pdf" else None)
         paths.append(p)
-    plt.close(fig)
+    pyplot().close(fig)
     return paths
 
 
@@ -194,8 +202,8 @@ def series_figure(runs, key: str, ylabel: str, title: str, out_dir: Path, name: 
     """``key`` against the training step: one line per objective (seed mean) with its band."""
     opts = opts or FigureOptions()
     drawn = Drawn([])
-    with plt.rc_context(RC):
-        fig, ax = plt.subplots(figsize=SIZE)
+    with pyplot().rc_context(RC):
+        fig, ax = pyplot().subplots(figsize=SIZE)
         for obj, rs in _by_objective(runs).items():
             sers = [r.series.get(key, []) for r in rs if r.series.get(key)]
             if not sers:
@@ -224,9 +232,9 @@ def panels_figure(runs, key: str, ylabel: str, title: str, out_dir: Path, name: 
     if reference in objs:
         ref = seed_band([r.series[key] for r in groups[reference] if r.series.get(key)], opts.band, key)
     rows = -(-len(objs) // columns)
-    with plt.rc_context(RC):
-        fig, axes = plt.subplots(rows, columns, figsize=(1.6 * columns, 1.35 * rows + 0.3), sharex=True, sharey=True,
-                                 squeeze=False)
+    with pyplot().rc_context(RC):
+        fig, axes = pyplot().subplots(rows, columns, figsize=(1.6 * columns, 1.35 * rows + 0.3), sharex=True,
+                                      sharey=True, squeeze=False)
         for ax, obj in zip(axes.flat, objs):
             sers = [r.series[key] for r in groups[obj] if r.series.get(key)]
             steps, mean, lo, hi, count = seed_band(sers, opts.band, key)
@@ -255,8 +263,8 @@ def versus_figure(runs, key: str, x_of: Callable[[object, int], float | None], x
     left out)."""
     opts = opts or FigureOptions()
     drawn = Drawn([])
-    with plt.rc_context(RC):
-        fig, ax = plt.subplots(figsize=SIZE)
+    with pyplot().rc_context(RC):
+        fig, ax = pyplot().subplots(figsize=SIZE)
         for obj, rs in _by_objective(runs).items():
             rs = [r for r in rs if r.series.get(key)]
             if not rs:
@@ -302,8 +310,8 @@ def fractions_figure(runs, out_dir: Path, order: Sequence[str], opts: FigureOpti
     if not panels:
         return None
     drawn = Drawn([])
-    with plt.rc_context(RC):
-        fig, axes = plt.subplots(1, len(panels), figsize=(SIZE[0] * 0.8 * len(panels), SIZE[1]), squeeze=False)
+    with pyplot().rc_context(RC):
+        fig, axes = pyplot().subplots(1, len(panels), figsize=(SIZE[0] * 0.8 * len(panels), SIZE[1]), squeeze=False)
         handles: dict[str, object] = {}
         for ax, (key, title) in zip(axes[0], panels):
             for obj, rs in _by_objective(runs).items():
@@ -336,8 +344,8 @@ def ttc_figure(conv_rows: list[dict], target: float, interval: str, out_dir: Pat
     hatch by position; objectives where a seed never reached the target get no bar, only "not reached (k/n)"."""
     opts = opts or FigureOptions()
     drawn = Drawn([])
-    with plt.rc_context(RC):
-        fig, axes = plt.subplots(1, 2, figsize=(SIZE[0] * 1.6, SIZE[1]))
+    with pyplot().rc_context(RC):
+        fig, axes = pyplot().subplots(1, 2, figsize=(SIZE[0] * 1.6, SIZE[1]))
         for ax, (unit, label) in zip(axes, (("steps", "training steps"), ("seconds", "wall-clock seconds"))):
             xs = np.arange(len(conv_rows))
             top = max([r[f"{unit}_mean"] + (r[f"{unit}_ci"] or 0) for r in conv_rows

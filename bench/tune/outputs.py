@@ -17,9 +17,7 @@ from typing import Any
 
 import optuna
 import yaml
-from optuna.importance import FanovaImportanceEvaluator, get_param_importances
 from optuna.trial import TrialState
-from optuna.visualization import matplotlib as ovm
 from rich.console import Console
 from rich.table import Table
 
@@ -112,6 +110,8 @@ def write_outputs(study: Any, out: Path) -> dict[str, Path]:
         paths["best.yaml"] = out / "best.yaml"
     except ValueError as e:
         notes.append(f"best.yaml not written: {e}")
+    from optuna.visualization import matplotlib as ovm  # (matplotlib: only when a study's outputs are drawn)
+
     top = _top_params(study)
     plots = {"history.png": lambda: ovm.plot_optimization_history(study),
              "importance.png": lambda: ovm.plot_param_importances(study, evaluator=_evaluator()),
@@ -147,7 +147,10 @@ def write_outputs(study: Any, out: Path) -> dict[str, Path]:
 
 
 def _evaluator() -> Any:
-    """fANOVA with a fixed seed: the importance plot and the contour's choice of parameters agree."""
+    """fANOVA with a fixed seed: the importance plot and the contour's choice of parameters agree. (Imported here:
+    optuna.importance loads scikit-learn and SciPy, half a second of every `bench` process's start.)"""
+    from optuna.importance import FanovaImportanceEvaluator
+
     return FanovaImportanceEvaluator(seed=0)
 
 
@@ -156,6 +159,8 @@ def _top_params(study: Any) -> list[str]:
     names = sorted({k for t in study.get_trials(deepcopy=False) for k in t.params})
     if len(names) < 2 or len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < 2:
         return []
+    from optuna.importance import get_param_importances
+
     try:
         ranked = list(get_param_importances(study, evaluator=_evaluator()))
     except (ValueError, RuntimeError, ZeroDivisionError):

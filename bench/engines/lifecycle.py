@@ -124,15 +124,23 @@ def open_run(cfg: TrainConfig, objective, run_dir: Path, *, resume_state: dict[s
         resume_state = {"run_id": found["run_id"], "pending": []}
     if resume_state is not None:
         logger.reopen(resume_state["run_id"], [tuple(p) for p in resume_state["pending"]])
-        _write_record(logger, run_dir)
-        logger.call(resume.record_extension, logger, cfg, run_dir)  # a larger --steps: tagged, config.yaml updated
-        return logger
-    logger.start(cfg.run_label(), *run_tags_and_params(cfg, objective, tags))
-    _write_record(logger, run_dir)  # at once: a resume continues this run even if no checkpoint is ever written
-    logger.call(identity.log_datasets, logger.client, logger.run_id, cfg)  # mlflow.log_input: name, digest, rows
-    resume.record_inputs(run_dir, cfg)  # the digests a resume compares
-    cfg.save(run_dir / "config.yaml")
-    logger.log_artifact(run_dir / "config.yaml")
+    else:
+        logger.start(cfg.run_label(), *run_tags_and_params(cfg, objective, tags))
+    try:  # from here the run is RUNNING: an interrupt or error before the training ends it (not left RUNNING)
+        _write_record(logger, run_dir)  # at once: a resume continues this run even if no checkpoint is ever written
+        if resume_state is not None:
+            logger.call(resume.record_extension, logger, cfg, run_dir)  # a larger --steps: tagged, config updated
+            return logger
+        logger.call(identity.log_datasets, logger.client, logger.run_id, cfg)  # mlflow.log_input: name, digest, rows
+        resume.record_inputs(run_dir, cfg)  # the digests a resume compares
+        cfg.save(run_dir / "config.yaml")
+        logger.log_artifact(run_dir / "config.yaml")
+    except BaseException as e:
+        try:
+            end_run(logger, e)
+        except StoreUnreachable:
+            pass  # (the run's record names it; the resume settles it)
+        raise
     return logger
 
 

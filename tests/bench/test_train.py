@@ -145,6 +145,28 @@ def test_divergence_stops_with_step_and_keeps_checkpoint(tmp_path, uri):
     assert [m.step for m in client.get_metric_history(run.info.run_id, "rollout/reward_mean")][0] == 1
 
 
+@pytest.mark.parametrize("engine", ["native", "trl"])
+def test_an_interrupt_while_the_run_is_opened_ends_it_killed(tmp_path, uri, monkeypatch, engine):
+    """A SIGTERM (here its KeyboardInterrupt) after the MLflow run was created and before the training's guard, e.g.
+    while the config artifact is sent: the run ends KILLED, not left RUNNING (CI: `bench train` stopped with exit 143
+    and its run RUNNING)."""
+    from bench.tracking import RunLogger
+
+    if engine == "trl":
+        pytest.importorskip("trl")
+
+    def interrupted(self, path, artifact_path=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunLogger, "log_artifact", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny(tmp_path, uri, algo="grpo", run_name=f"opened-{engine}", engine=engine))
+    client = MlflowClient(uri)
+    (run,) = [r for r in client.search_runs([client.get_experiment_by_name("test-train").experiment_id])
+              if r.info.run_name == f"opened-{engine}"]
+    assert run.info.status == "KILLED"
+
+
 def test_out_of_range_config_fails_before_any_work(tmp_path, capsys):
     from bench.cli import main
 

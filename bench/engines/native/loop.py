@@ -93,7 +93,6 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
         except checkpoint.NoneResumable as e:  # its MLflow run is not left RUNNING
             raise checkpoint.NoneResumable(f"{e}{end_unresumable(cfg, run_dir, e)}") from None
         sampler.update_weights(model)
-    logger = open_run(cfg, objective, run_dir, resume_state=state)
     start_step, elapsed = (state["step"], state["elapsed"]) if state is not None else (0, 0.0)
 
     def evaluate_now(step: int, given: dict[str, float] | None = None) -> dict[str, float]:
@@ -143,8 +142,9 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
                 pass
 
     step_hook = optimizer.register_step_pre_hook(model_changed)  # (before: an interrupt inside step() counts)
+    logger = open_run(cfg, objective, run_dir, resume_state=state)  # (ends its run itself if interrupted inside)
     try:
-        with recorded(logger, on_error=keep_last_step):
+        with recorded(logger, on_error=keep_last_step):  # (at once: no code between the open run and its guard)
             if start_step == 0 and cfg.eval_every > 0:
                 final_eval = evaluate_now(0, hooks.step0_eval)
                 try:

@@ -108,14 +108,14 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
         logger = open_run(cfg, objective, run_dir, resume_state=resumed, tags={
             ENGINE: "trl", ENGINE_DISTRIBUTED: str(acc.distributed_type).split(".")[-1],
             ENGINE_PROCESSES: str(acc.num_processes)})
-    if resumed is not None:
-        trainer.pobench_elapsed = resumed["elapsed"]
-    record = _callback_class()(cfg, logger, tok, eval_set, hooks, run_dir=run_dir,
-                               start_step=resumed["step"] if resumed is not None else 0)
-    record.trainer = trainer
-    trainer.add_callback(record)
     # (on an error, metrics no checkpoint covers are not written: a resume trains those steps again)
-    with recorded(logger):
+    with recorded(logger):  # (at once: no code between the open run and its guard)
+        if resumed is not None:
+            trainer.pobench_elapsed = resumed["elapsed"]
+        record = _callback_class()(cfg, logger, tok, eval_set, hooks, run_dir=run_dir,
+                                   start_step=resumed["step"] if resumed is not None else 0)
+        record.trainer = trainer
+        trainer.add_callback(record)
         trainer.train(resume_from_checkpoint=resumed["trl_checkpoint"] if resumed is not None else None)
         loss_ok = all(math.isfinite(v) for h in trainer.state.log_history for k, v in h.items()
                       if k == K.LOSS and isinstance(v, float))

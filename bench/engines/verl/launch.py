@@ -98,13 +98,13 @@ def launch_run(cfg, options: VerlOptions | None = None, *, python: str | None = 
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
     logger = open_run(cfg, objective, run_dir, tags=ENGINE_TAGS)
     run_id = logger.run_id
-    env_vars = config["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
-    env_vars.update({"MLFLOW_TRACKING_URI": logger.uri, "MLFLOW_RUN_ID": run_id})
-    command = main_ppo_command(config, verl_python(options, python))
-    env = {**os.environ, **env_vars}
-    if os.environ.get("PYTHONPATH"):  # pobench's source tree first, then what the user had
-        env["PYTHONPATH"] = os.pathsep.join([env_vars["PYTHONPATH"], os.environ["PYTHONPATH"]])
-    with recorded(logger):
+    with recorded(logger):  # (at once: no code between the open run and its guard)
+        env_vars = config["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
+        env_vars.update({"MLFLOW_TRACKING_URI": logger.uri, "MLFLOW_RUN_ID": run_id})
+        command = main_ppo_command(config, verl_python(options, python))
+        env = {**os.environ, **env_vars}
+        if os.environ.get("PYTHONPATH"):  # pobench's source tree first, then what the user had
+            env["PYTHONPATH"] = os.pathsep.join([env_vars["PYTHONPATH"], os.environ["PYTHONPATH"]])
         proc = subprocess.Popen(command, env=env)
         try:
             rc = proc.wait()

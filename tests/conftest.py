@@ -21,6 +21,38 @@ import pytest
 from tests.net import free_port
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (`pytest -n 2`), tests marked ``xdist_group`` run on one worker (``--dist loadgroup``):
+    the Ray tests share that worker's one local Ray instance (``ray_local``) instead of starting one each."""
+    if any(a == "--dist" or a.startswith("--dist=") for a in config.invocation_params.args):
+        return  # (a scheduling the user chose)
+    if getattr(config.option, "dist", "no") == "load":  # the controller: its scheduler
+        config.option.dist = "loadgroup"
+    if hasattr(config, "workerinput"):  # a worker: the group in each test's id, which that scheduler reads
+        config.option.loadgroup = True
+
+
+ON_RAY = pytest.mark.xdist_group("ray")  # the tests that use ``ray_local``
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A local Ray instance with 2 CPUs, started by pobench's own function and shared by the tests of this process
+    that need one (each Ray start is seconds of CPU); stopped at the end of the session. The executors and `bench
+    tune` use a connection that exists (as in a notebook); a fresh `bench run` process starting its own instance is
+    tested in tests/bench/test_executor_ray.py."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed (pip install 'pobench[ray]')")
+    from bench.workers import init_ray
+
+    ray = init_ray(None, workers=2)
+    assert ray.cluster_resources().get("CPU") == 2
+    yield ray
+    ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def empty_store(tmp_path_factory):
     """An empty local MLflow store (SQLite, tables created and migrated: seconds), made once; tests that train into a

@@ -167,8 +167,11 @@ def _run_workers(spec: TuneSpec, workers: int, n: int, executor: str, ray_addres
 def _run_ray(spec: TuneSpec, workers: int, missing: int, address: str | None, parent_id: str, log) -> None:
     """``workers`` Ray tasks (0: one per CPU, or per GPU when the cluster has GPUs, of the cluster), at most
     ``missing``."""
-    ray = init_ray(address, workers or None, None)
-    owned = not address
+    ray = import_ray()
+    owned = False
+    if not ray.is_initialized():  # a program already connected to Ray (a notebook, a test) keeps its connection
+        init_ray(address, workers or None, None)
+        owned = not address
     try:
         cluster = ray.cluster_resources()
         options = task_resources(cluster, spec.base.device)

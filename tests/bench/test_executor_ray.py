@@ -19,6 +19,7 @@ from bench.cli import main
 from bench.compare import ComparisonSpec, run_comparison
 from bench.compare.executors import EXECUTORS, make_executor
 from bench.workers import absolute_tracking_uri, task_resources
+from tests.conftest import ON_RAY
 
 from .test_parallel import TIMING, TINY, _store_template, all_series, model_dir, tiny  # noqa: F401  (fixtures)
 
@@ -109,18 +110,10 @@ def test_task_setup_forwards_the_environment_and_notes_other_code(tmp_path, monk
 
 
 # ------------------------------------------------------------------ a real local Ray instance (slow)
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A local Ray instance with 2 CPUs, started by the executor's own function; the ray executor uses a connection
-    that exists (as in a notebook), so the slow tests below share this one."""
-    if not HAVE_RAY:
-        pytest.skip("Ray is not installed (pip install 'pobench[ray]')")
-    from bench.workers import init_ray
-
-    ray = init_ray(None, workers=2)
-    assert ray.cluster_resources().get("CPU") == 2
-    yield ray
-    ray.shutdown()
+@pytest.fixture
+def ray_cluster(ray_local):
+    """The session's local Ray instance (tests/conftest.py): the ray executor uses a connection that exists."""
+    return ray_local
 
 
 def _train_runs(client, experiment: str, cid: str) -> dict[tuple[str, int], object]:
@@ -142,6 +135,7 @@ PER_FOLDER = ("output_dir", "tracking_uri", "tags.mlflow.parentRunId")
 
 
 @needs_ray
+@ON_RAY
 @pytest.mark.slow
 def test_ray_gives_the_local_runs_then_reuses_and_force_retrains(tmp_path, model_dir, ray_cluster, capsys):  # noqa: F811
     # the local executor, one pair after another in this process
@@ -215,6 +209,7 @@ def fail_some(pair, step, metrics):
 
 
 @needs_ray
+@ON_RAY
 @pytest.mark.slow
 def test_a_failing_ray_task_is_named_and_the_other_pairs_are_kept(tmp_path, model_dir, ray_cluster, capsys):  # noqa: F811
     cfg = tiny(tmp_path, model_dir, "rfail", steps=1)

@@ -24,6 +24,7 @@ from algorithms import PolicyBatch, get_objective
 from bench.cli import main
 from bench.config import TrainConfig
 from bench.plugins import load_plugins, objective_source
+from tests.conftest import ON_RAY
 
 from .test_parallel import _store_template, model_dir, tiny  # noqa: F401  (fixtures)
 
@@ -252,18 +253,13 @@ def test_bench_run_trains_a_plugin_objective_and_task_in_two_spawned_workers(tmp
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAVE_RAY, reason="Ray is not installed (pip install 'pobench[ray]')")
-def test_ray_tasks_train_a_plugin_objective_and_task(tmp_path, model_dir):  # noqa: F811
+@ON_RAY
+def test_ray_tasks_train_a_plugin_objective_and_task(tmp_path, model_dir, ray_local):  # noqa: F811
     from bench.compare import ComparisonSpec, run_comparison
-    from bench.workers import init_ray
 
-    ray = init_ray(None, workers=2)
-    try:
-        cfg = tiny(tmp_path, model_dir, "plug-ray", steps=1, plugins=[OBJECTIVES, TASK], task="mod7")
-        res = run_comparison(ComparisonSpec(cfg, ["grpo", "sign-pg"], [0], executor="ray", progress=False,
-                                            out_root=tmp_path / "reports"))
-    finally:
-        ray.shutdown()
+    cfg = tiny(tmp_path, model_dir, "plug-ray", steps=1, plugins=[OBJECTIVES, TASK], task="mod7")
+    res = run_comparison(ComparisonSpec(cfg, ["grpo", "sign-pg"], [0], executor="ray", progress=False,
+                                        out_root=tmp_path / "reports"))
     assert (res.executor, [p.outcome for p in res.pairs]) == ("ray", ["finished", "finished"])
     assert {"grpo", "sign-pg"} <= set(_report_rows(tmp_path / "reports"))
     assert _runs(res.tracking_uri, "plug-ray")["sign-pg"].data.tags["pobench.task"] == "mod7"

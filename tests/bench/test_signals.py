@@ -101,7 +101,7 @@ def command_in(line: str, prefix: list[str] = BENCH) -> list[str]:
 
 def checkpointed(folder: Path) -> set[Path]:
     """The run folders under ``folder`` that hold a complete checkpoint (renamed into place: not ``.tmp``)."""
-    return {c.parent for c in folder.glob("*/ckpt-*/state.json") if not c.parent.name.endswith(".tmp")}
+    return {c.parent.parent for c in folder.glob("*/ckpt-*/state.json") if not c.parent.name.endswith(".tmp")}
 
 
 def statuses(uri: str, experiment: str, kind: str | None = None) -> list[str]:
@@ -172,6 +172,8 @@ def test_stopped_bench_train_names_its_checkpoint_and_the_resume_command_continu
     assert line.endswith(" --resume"), line
     assert statuses(uri, "sig") == ["KILLED"]
     assert not list(run_dir.glob("*.tmp"))  # nothing half-written
+    if sig == signal.SIGINT:
+        return  # (the same state as after SIGTERM, asserted above: its resume is run once, there)
     # the printed command resumes the run from the kept checkpoint and finishes it: steps step+1..12 only
     done = subprocess.run(command_in(line), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -220,11 +222,14 @@ def test_stopped_bench_run_with_two_workers_ends_the_pool_and_the_same_command_r
     (os.killpg if group else os.kill)(proc.p.pid, signal.SIGTERM)
     line = stopped_line(proc, proc.finish(timeout=300), signal.SIGTERM)
     assert proc.group_gone(), "processes of the stopped `bench run` are still alive"
-    assert "kept 0 of 2 pairs finished and 2 checkpointed of comparison " in line, line
+    assert "kept 0 of 2 pairs finished and 2 checkpointed of comparison " in line, \
+        (line, sorted(str(p.relative_to(folder)) for p in folder.glob("*/*")))
     assert "; resume by rerunning the same command: bench run " + shlex.join(argv[1:]) in line, line
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     assert statuses(uri, "pobench", "train") == ["KILLED", "KILLED"]
     assert statuses(uri, "pobench", "comparison") == ["KILLED"]
+    if not group:
+        return  # (the same state as after the signal to the group, asserted above: its resume is run once, there)
     done = subprocess.run(command_in(line, FAKE_CLI), cwd=tmp_path, env=env(), capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -255,6 +260,8 @@ def test_stopped_bench_tune_queues_its_trials_and_the_same_command_finishes_the_
     assert sorted(t.state.name for t in study.trials) == ["FAIL", "FAIL", "WAITING", "WAITING"], proc.text()
     assert "RUNNING" not in statuses(uri, "tx")
     assert statuses(uri, "tx", "tune-study") == ["KILLED"]
+    if not group:
+        return  # (the same state as after the signal to the group, asserted above: its resume is run once, there)
     done = subprocess.run(command_in(line), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     study = optuna.load_study(study_name="st", storage=storage)

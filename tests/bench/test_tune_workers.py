@@ -12,6 +12,7 @@ import pytest
 
 from bench import tune
 from bench.cli import main as cli_main
+from tests.conftest import ON_RAY
 
 
 def _argv(tmp_path, study: str, exp: str, uri: str, trials: int, *extra: str) -> list[str]:
@@ -54,8 +55,8 @@ def test_two_local_workers_split_the_trials(tmp_path, capfd):
 
 
 @pytest.mark.slow
-def test_two_ray_workers_on_a_local_ray_instance(tmp_path, capfd):
-    pytest.importorskip("ray")
+@ON_RAY
+def test_two_ray_workers_on_a_local_ray_instance(tmp_path, capfd, ray_local):
     study, exp, uri = f"r-{uuid.uuid4().hex[:6]}", "ray-workers", f"sqlite:///{tmp_path}/mlflow.db"
     assert cli_main(_argv(tmp_path, study, exp, uri, 4, "--workers", "2", "--executor", "ray")) == 0
     out = capfd.readouterr().out

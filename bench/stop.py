@@ -7,24 +7,50 @@ command line prints one line and exits 128 + the signal's number (130, 143: benc
 A SIGTERM that comes while the process is already stopping is ignored: the parent of a pool forwards SIGTERM to its
 workers, which the scheduler may have signalled already, and a second interrupt must not break the checkpoint the
 first one is writing. Each SIGINT interrupts (a second Ctrl-C stops a wait). Which signal came first is kept for the
-life of the process (``received``)."""
+life of the process (``received``).
+
+Inside ``uninterrupted()`` (every call to the MLflow store) the first signal does not interrupt: it is raised when the
+block ends. An interrupt in the middle of a store's write left its SQLite transaction open in the process, holding the
+database's lock: the other workers of a stopped `bench tune --workers 2` then waited minutes on it. A second SIGINT
+still interrupts at once (a store that hangs can be left with Ctrl-C twice)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator
 from typing import Any
 
 _RECEIVED: dict[str, int | None] = {"signal": None}
+_HELD: dict[str, Any] = {"depth": 0, "pending": False}  # inside ``uninterrupted``; a signal that came there
 
 
 def interrupt(signum: int, _frame: Any = None) -> None:
-    """Signal handler: KeyboardInterrupt, once for SIGTERM (later ones while stopping are ignored)."""
+    """Signal handler: KeyboardInterrupt, once for SIGTERM (later ones while stopping are ignored); inside
+    ``uninterrupted`` the first one is held until the block ends."""
     first = _RECEIVED["signal"] is None
     if first:
         _RECEIVED["signal"] = signum
     if signum == signal.SIGTERM and not first:
         return
+    if _HELD["depth"] and not _HELD["pending"]:
+        _HELD["pending"] = True
+        return
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """A block a stop signal does not cut in the middle (a call to the MLflow store): its KeyboardInterrupt comes
+    when the outermost such block ends, in place of what the block returned or raised."""
+    _HELD["depth"] += 1
+    try:
+        yield
+    finally:
+        _HELD["depth"] -= 1
+        if _HELD["depth"] == 0 and _HELD["pending"]:
+            _HELD["pending"] = False
+            raise KeyboardInterrupt  # noqa: B012
 
 
 def received() -> int | None:

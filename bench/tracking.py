@@ -27,6 +27,7 @@ from mlflow.entities import Metric, RunStatus
 from mlflow.exceptions import MlflowException
 
 import bench
+from bench import stop
 from bench.inputs import check_tracking_scheme
 from reports import record
 from reports.record import GIT_COMMIT, GIT_DIRTY, SOURCE_GIT_COMMIT, VERSION, get_or_create_experiment, open_client
@@ -35,6 +36,25 @@ TIMEOUT_ENV = "POBENCH_MLFLOW_TIMEOUT"  # seconds pobench waits for an MLflow se
 DEFAULT_TIMEOUT_S = 5.0
 RUN_RECORD = "run.json"  # in the run folder: {"run_id", "tracking_uri", "experiment"[, "unsent_end"]}
 RETRY_EVERY_S = 0.5  # a refused connection is tried again after this, until the timeout
+
+
+class UninterruptedClient:
+    """An ``MlflowClient`` whose every call a stop signal does not cut in the middle (``bench.stop.uninterrupted``):
+    the signal's KeyboardInterrupt comes once the call has returned."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with stop.uninterrupted():
+                return attr(*args, **kwargs)
+
+        return call
 
 
 class StoreUnreachable(RuntimeError):
@@ -172,11 +192,12 @@ class RunLogger:
         no answer is tried again every half second until then; once the server was found unreachable, once), else
         :class:`StoreUnreachable`. Errors the server answers with are raised as they are."""
         if not self.remote:
-            return fn(*args, **kwargs)
+            with stop.uninterrupted():  # (a signal ends the call first: no write left half-done, no lock held)
+                return fn(*args, **kwargs)
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                with _bounded_http(self.timeout):
+                with _bounded_http(self.timeout), stop.uninterrupted():
                     return fn(*args, **kwargs)
             except (MlflowException, OSError) as e:
                 if not _is_connection_error(e):

@@ -198,6 +198,12 @@ def _env(tmp_path) -> dict[str, str]:
     return env
 
 
+def _in_process_env(monkeypatch) -> None:
+    """What ``_env`` leaves out of a child's environment, out of this process's for a command run in it."""
+    for k in [k for k in os.environ if k.startswith(("MLFLOW_", "RANK", "WORLD_SIZE", "LOCAL_"))]:
+        monkeypatch.delenv(k)
+
+
 @pytest.mark.slow
 def test_torchrun_two_processes_write_one_mlflow_run(tmp_path):
     """`torchrun --nproc_per_node 2 -m bench.engines.trl`: gloo data-parallel on CPU, one MLflow run (rank 0)."""
@@ -249,19 +255,23 @@ def _report_columns(out: Path) -> dict[str, list[str]]:
 
 
 @pytest.mark.slow
-def test_bench_run_trl_report_has_the_native_tables(tmp_path):
-    """`bench run --engine trl --algos grpo,tepo --seeds 0` writes a report with the native report's tables."""
+def test_bench_run_trl_report_has_the_native_tables(tmp_path, monkeypatch, capsys):
+    """`bench run --engine trl --algos grpo,tepo --seeds 0` writes a report with the native report's tables (in this
+    process: what is compared is the report, not the process around it)."""
+    from bench.cli import main as cli_main
+
+    _in_process_env(monkeypatch)
     outs = {}
     for eng in ("native", "trl"):
         d = tmp_path / eng
         d.mkdir()
-        cmd = [sys.executable, "-m", "bench.cli", "run", "--engine", eng, "--algos", "grpo,tepo", "--seeds", "0",
+        monkeypatch.chdir(d)
+        cmd = ["run", "--engine", eng, "--algos", "grpo,tepo", "--seeds", "0",
                "--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--minibatches", "2",
                "--max-new-tokens", "12", "--eval-every", "1", "--eval-problems", "8", "--workers", "1",
                "--tracking-uri", f"sqlite:///{d / 'mlflow.db'}", "--output-dir", str(d / "runs"),
                "--out-root", str(d / "reports"), "--no-progress", "--device", "cpu"]
-        res = subprocess.run(cmd, cwd=d, env=_env(tmp_path), capture_output=True, text=True, timeout=900)
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-4000:]
+        assert cli_main(cmd) == 0, capsys.readouterr().err[-4000:]
         reports = list((d / "reports").rglob("report.md"))
         assert len(reports) == 1
         outs[eng] = _report_columns(reports[0].parent)
@@ -269,7 +279,7 @@ def test_bench_run_trl_report_has_the_native_tables(tmp_path):
 
 
 @pytest.mark.slow
-def test_trl_run_resumes_after_sigkill_like_a_native_one(tmp_path):
+def test_trl_run_resumes_after_sigkill_like_a_native_one(tmp_path, monkeypatch):
     """SIGKILL a TRL-engine `bench train` as soon as its step-2 checkpoint exists (6 steps); `--resume` continues the
     same MLflow run from TRL's checkpoint: no missing and no duplicated step, the numbers of an uninterrupted run."""
     import signal
@@ -302,10 +312,12 @@ def test_trl_run_resumes_after_sigkill_like_a_native_one(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (again,) = client.search_runs([run.info.experiment_id])
     assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
-    ref = subprocess.run([sys.executable, "-m", "bench.cli", "train", *common, "--experiment", "ref", "--run-name",
-                          "ref", "--output-dir", str(tmp_path / "ref")], cwd=tmp_path, env=_env(tmp_path),
-                         capture_output=True, text=True, timeout=900)
-    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+    from bench.cli import main as cli_main  # the uninterrupted reference, in this process
+
+    _in_process_env(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    assert cli_main(["train", *common, "--experiment", "ref", "--run-name", "ref", "--output-dir",
+                     str(tmp_path / "ref")]) == 0
     (ref_run,) = client.search_runs([client.get_experiment_by_name("ref").experiment_id])
 
     def history(run_id, key):

@@ -225,6 +225,8 @@ def test_mlflow_server_gone_mid_run_is_one_line_and_the_run_is_ended_at_the_next
     client = MlflowClient(server.uri)
     (run,) = [r for r in _the_run(client) if r.info.run_name == fault]
     assert run.info.run_id == record["run_id"] and run.info.status == "RUNNING"  # nobody could end it
+    if fault == "hung":
+        return  # (the same state as after a killed server, asserted above: its resume is run once, there)
     done = _bench([*args, "--resume"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (after,) = [r for r in _the_run(client) if r.info.run_name == fault]  # the same run, continued

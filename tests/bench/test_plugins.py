@@ -28,6 +28,29 @@ from tests.conftest import ON_RAY
 
 from .test_parallel import _store_template, model_dir, tiny  # noqa: F401  (fixtures)
 
+
+@pytest.fixture(autouse=True)
+def _registries_as_they_were():
+    """Each test's plugins leave this process as it found it: the objective and task registries, the plugins loaded
+    and their modules (under pytest-xdist another test file may run next in this process and list the built-ins)."""
+    import sys
+
+    from algorithms import registry as objectives
+    from bench import plugins
+    from evaluators import benchmarks as tasks
+
+    kept = [(d, dict(d)) for d in (objectives._REGISTRY, tasks._BY_NAME, tasks._GENERATED, tasks._REGISTERED_BY,
+                                   plugins._LOADED)]
+    entry_points, modules, loaded = list(plugins._ENTRY_POINTS), set(sys.modules), set(plugins._LOADED)
+    yield
+    imported = {p.module for k, p in plugins._LOADED.items() if k not in loaded} - modules
+    for d, before in kept:
+        d.clear()
+        d.update(before)
+    plugins._ENTRY_POINTS[:] = entry_points
+    for name in imported:  # (imported again by the next test that loads it: its objectives registered again)
+        sys.modules.pop(name, None)
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "plugins"
 OBJECTIVES, TASK = str(EXAMPLES / "objectives.py"), str(EXAMPLES / "mod7_task.py")

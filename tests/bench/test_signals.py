@@ -9,6 +9,7 @@ import json
 import os
 import shlex
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -117,6 +118,7 @@ def fresh_stop(monkeypatch):
     from bench import stop
 
     monkeypatch.setitem(stop._RECEIVED, "signal", None)
+    monkeypatch.setitem(stop._HELD, "pending", False)
     return stop
 
 
@@ -137,6 +139,39 @@ def test_sigterm_interrupts_once_and_sigint_every_time(fresh_stop):
     with pytest.raises(KeyboardInterrupt):
         fresh_stop.interrupt(signal.SIGINT)  # each Ctrl-C interrupts (a second one stops a wait)
     assert fresh_stop.exit_code() == 143  # (the first signal decides)
+
+
+def test_a_signal_during_a_store_call_interrupts_once_the_call_is_complete(fresh_stop, tmp_path):
+    """The stuck `bench tune` of CI: a worker's SIGTERM cut an MLflow write to SQLite in the middle, its transaction
+    stayed open with the database's lock, and both workers waited minutes on it. A signal that comes during a call
+    of the store now interrupts once the call has returned: the metrics are written, the lock released."""
+    from bench.engines.lifecycle import sigterm_as_interrupt
+    from bench.tracking import RunLogger
+
+    log = RunLogger(f"sqlite:///{tmp_path}/mlflow.db", "held")
+    log.start("r", {}, {})
+    real = log.client.log_batch
+
+    def signalled_in_the_middle(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # (the handler runs here: held, not raised)
+        return real(*args, **kwargs)
+
+    log.client.log_batch = signalled_in_the_middle
+    log.log({"m": 1.0}, 1)
+    with sigterm_as_interrupt():
+        with pytest.raises(KeyboardInterrupt):
+            log.flush()
+    assert [m.step for m in MlflowClient(log.uri).get_metric_history(log.run_id, "m")] == [1]
+    conn = sqlite3.connect(tmp_path / "mlflow.db", timeout=0.5)  # nobody holds the write lock
+    conn.execute("BEGIN IMMEDIATE")
+    conn.rollback()
+    conn.close()
+    # a second Ctrl-C interrupts at once (a store that hangs can still be left)
+    with pytest.raises(KeyboardInterrupt), fresh_stop.uninterrupted():
+        fresh_stop.interrupt(signal.SIGINT)
+        fresh_stop.interrupt(signal.SIGINT)
+        pytest.fail("the second SIGINT was held")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

@@ -197,11 +197,23 @@ def retry_locked(fn, *args: Any, attempts: int = LOCK_ATTEMPTS, first_wait: floa
         try:
             return fn(*args, **kwargs)
         except Exception as e:
-            if "database is locked" not in str(e) or attempt == attempts - 1:
+            if not _locked(e) or attempt == attempts - 1:
                 raise
             time.sleep(wait)
             wait = min(2 * wait, 8.0)
     raise AssertionError("unreachable")
+
+
+def _locked(e: BaseException | None) -> bool:
+    """SQLite's "database is locked", raised as it is (MLflow) or as the cause of another error (Optuna's storage
+    raises StorageInternalError from it: a stopped `bench tune` lost a trial's re-queue to it)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if "database is locked" in str(e):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 # ------------------------------------------------------------------ batch logging

@@ -21,10 +21,10 @@ from reports.record import retry_locked
 HOLD_S = 23.0  # longer than MLflow's SQLite busy timeout of 20 s
 
 
-def _hold_write_lock(db: str, seconds: float) -> threading.Thread:
+def _hold_write_lock(db: str, seconds: float, table: str = "experiments", column: str = "name") -> threading.Thread:
     conn = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
     conn.execute("BEGIN IMMEDIATE")  # the write (RESERVED) lock, as another process's open write transaction holds it
-    conn.execute("UPDATE experiments SET name = name")
+    conn.execute(f"UPDATE {table} SET {column} = {column}")
 
     def release():
         time.sleep(seconds)
@@ -92,3 +92,22 @@ def test_retry_gives_up_after_its_attempts_and_passes_other_errors_at_once():
     with pytest.raises(ValueError):
         retry_locked(other, attempts=3, first_wait=0.01)
     assert calls.count(2) == 1
+
+
+def test_retry_sees_the_lock_under_optunas_storage_error():
+    """Optuna's RDB storage raises StorageInternalError from SQLite's "database is locked" (its message does not say
+    so): retried too (a stopped `bench tune --workers 2` lost one trial's re-queue to it)."""
+    from optuna.exceptions import StorageInternalError
+
+    calls = []
+
+    def enqueue():
+        calls.append(1)
+        if len(calls) == 1:
+            try:
+                raise sqlite3.OperationalError("database is locked")
+            except sqlite3.OperationalError as e:  # as optuna.storages._rdb.storage._create_scoped_session raises it
+                raise StorageInternalError("An exception is raised during the commit.") from e
+        return "queued"
+
+    assert retry_locked(enqueue, attempts=3, first_wait=0.01) == "queued" and len(calls) == 2

@@ -8,8 +8,10 @@ since a remote node has neither; local stores get absolute paths (``absolute_tra
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from urllib.parse import urlparse
 import torch
 
 import bench
+from bench import stop
 from bench.config import TrainConfig
 from bench.engines import engine_for
 from bench.inputs import check_seed
@@ -88,6 +91,44 @@ def one_thread() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(1)
+
+
+_POOL_WORKER = {"busy": False}  # in a pool process: inside a task (``busy``)
+
+
+def pool_worker_setup(plugins: Sequence[str]) -> None:
+    """A spawned pool process of `bench run` / `bench tune`: one torch thread, quiet libraries, the run's plugins;
+    Ctrl-C ignored (it reaches the parent, which decides), SIGTERM taken only while a task runs (``busy``): the
+    training's interrupt path, once; an idle worker ignores it and ends with the pool."""
+    one_thread()
+    quiet_libraries()
+    load_plugins(list(plugins))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_pool_sigterm)
+
+
+def _on_pool_sigterm(signum: int, frame: Any) -> None:
+    if _POOL_WORKER["busy"]:
+        stop.interrupt(signum, frame)
+
+
+@contextlib.contextmanager
+def busy():
+    """A pool process's task: SIGTERM interrupts it (``pool_worker_setup``)."""
+    _POOL_WORKER["busy"] = True
+    try:
+        yield
+    finally:
+        _POOL_WORKER["busy"] = False
+
+
+def stop_pool_workers(pool: Any) -> None:
+    """SIGTERM to every live process of a ``ProcessPoolExecutor`` (busy ones checkpoint and end KILLED, idle ones
+    ignore it); a scheduler may have signalled them already: a second SIGTERM is ignored (``bench.stop``)."""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        if proc.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
 
 
 # ------------------------------------------------------------------ Ray

@@ -55,5 +55,4 @@ def stopped(cfg) -> Stopped:
     last = checkpoint.latest(cfg.run_dir())
     if last is None:
         return Stopped("nothing: no checkpoint yet; the run restarts from step 0", rerun())
-    step = int(last.name[len(checkpoint.PREFIX):])  # ckpt-0000004: the folder of step 4
-    return Stopped(f"{last} (step {step})", rerun(resume_flag=True))
+    return Stopped(f"{last} (step {checkpoint.step_of(last)})", rerun(resume_flag=True))

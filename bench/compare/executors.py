@@ -33,24 +33,22 @@ import multiprocessing as mp
 import os
 import pickle
 import queue as queue_mod
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bench import stop
 from bench.config import TrainConfig
 from bench.engines.lifecycle import sigterm_as_interrupt
-from bench.plugins import load_plugins
 from bench.workers import (
     RAY_INSTALL,
     Notify,
     absolute_tracking_uri,
+    busy,
     import_ray,
     init_ray,
-    one_thread,
-    quiet_libraries,
+    pool_worker_setup,
     resolve_workers,
+    stop_pool_workers,
     task_context,
     task_resources,
     task_setup,
@@ -251,21 +249,11 @@ class _Inline(_Backend):
         pass
 
 
-_WORKER: dict[str, Any] = {"queue": None, "stop": None, "busy": False}
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    if _WORKER["busy"]:  # the parent (or a scheduler) stops a busy worker: the training loop's interrupt path, once
-        stop.interrupt(signum, frame)
-    # an idle worker ignores it: the pool's shutdown ends it cleanly
+_WORKER: dict[str, Any] = {"queue": None, "stop": None}
 
 
 def _pool_init(queue, stop, plugins: list[str]) -> None:
-    one_thread()
-    quiet_libraries()
-    load_plugins(plugins)  # the run's objectives and tasks, as in the parent
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C goes to the parent, which decides
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    pool_worker_setup(plugins)  # (the run's objectives and tasks, as in the parent; signals as the parent decides)
     _WORKER["queue"], _WORKER["stop"] = queue, stop
 
 
@@ -276,13 +264,11 @@ def _pool_notify(*event: Any) -> None:
 def _pool_task(fn: Callable[..., Any], args: tuple, not_started: Any) -> Any:
     if _WORKER["stop"].is_set():
         return not_started
-    _WORKER["busy"] = True
     try:
-        return fn(_pool_notify, *args)
+        with busy():
+            return fn(_pool_notify, *args)
     except KeyboardInterrupt:
         return Interrupted()
-    finally:
-        _WORKER["busy"] = False
 
 
 class _Pool(_Backend):
@@ -320,12 +306,7 @@ class _Pool(_Backend):
 
     def cancel(self, handles: list) -> None:
         self.stop.set()  # queued tasks return "not started"
-        for proc in list((getattr(self.pool, "_processes", None) or {}).values()):
-            if proc.is_alive():
-                try:
-                    os.kill(proc.pid, signal.SIGTERM)  # busy ones checkpoint and end KILLED; idle ones ignore it
-                except ProcessLookupError:
-                    pass
+        stop_pool_workers(self.pool)
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:

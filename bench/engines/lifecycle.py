@@ -232,7 +232,7 @@ def stopped(e: BaseException, logger: RunLogger | None, run_dir: Path | None, en
     parts = [cause]
     last = checkpoint.latest(run_dir) if run_dir is not None else None
     if last is not None:
-        parts.append(f"kept: the checkpoint of step {int(last.name[len(checkpoint.PREFIX):])} in {last} (with the "
+        parts.append(f"kept: the checkpoint of step {checkpoint.step_of(last)} in {last} (with the "
                      "metrics not yet in MLflow)")
     elif run_dir is not None:
         parts.append("no checkpoint was written yet (the resume starts at step 0, in the same MLflow run)")

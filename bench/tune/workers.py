@@ -21,27 +21,26 @@ import contextlib
 import dataclasses
 import multiprocessing
 import os
-import signal
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import optuna
 
-from bench import stop
 from bench.engines.lifecycle import sigterm_as_interrupt
 from bench.inputs import SEED_MAX
-from bench.plugins import check_shippable, load_plugins, with_plugins
+from bench.plugins import check_shippable, with_plugins
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url, redact
 from bench.tune.study import open_study, run_study
 from bench.workers import (
     absolute_tracking_uri,
+    busy,
     import_ray,
     init_ray,
-    one_thread,
-    quiet_libraries,
+    pool_worker_setup,
     resolve_workers,
+    stop_pool_workers,
     task_context,
     task_resources,
     task_setup,
@@ -68,29 +67,14 @@ class StudyStopped(KeyboardInterrupt):
         self.study, self.finished, self.trials, self.storage = study, finished, trials, storage
 
 
-_BUSY = {"busy": False}
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    if _BUSY["busy"]:  # a busy pool worker stops (its trial ends FAIL, queued again); an idle one ends with the pool
-        stop.interrupt(signum, frame)
-
-
 def _worker(spec: TuneSpec, i: int, ctx: dict[str, Any] | None = None) -> int:
     """One worker, in a pool process or a Ray task; returns the number of trials the study holds finished."""
     if ctx is not None:  # a Ray task: the driver's environment and working folder, as a pair's task gets them
         task_setup(ctx, lambda *event: print(f"[worker {i}] {event[-1]}", flush=True), i)
-    else:  # a pool process: as a pair's (bench/compare/executors.py)
-        quiet_libraries()
-        one_thread()
-        load_plugins(spec.base.plugins)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which stops the workers
-        signal.signal(signal.SIGTERM, _on_sigterm)
-    _BUSY["busy"] = True
-    try:
+    else:  # a pool process: as a pair's (bench/compare/executors.py); SIGTERM ends its trial FAIL, queued again
+        pool_worker_setup(spec.base.plugins)
+    with busy():
         study = run_study(spec, log=lambda m: print(f"[worker {i}] {m}", flush=True), worker=str(i))
-    finally:
-        _BUSY["busy"] = False
     return count(study, *FINISHED)
 
 
@@ -157,9 +141,7 @@ def _run_workers(spec: TuneSpec, workers: int, n: int, executor: str, ray_addres
                 for f in futures:
                     f.result()  # a worker's error: raised here, after the others have finished their trials
             except KeyboardInterrupt:  # SIGTERM to every worker (a scheduler may have sent it too: once is taken)
-                for proc in list((getattr(pool, "_processes", None) or {}).values()):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(proc.pid, signal.SIGTERM)
+                stop_pool_workers(pool)
                 raise  # (leaving the pool waits for the workers, each having queued its trial again)
     return optuna.load_study(study_name=spec.study, storage=spec.storage or default_storage_url())
 

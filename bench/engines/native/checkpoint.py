@@ -57,6 +57,11 @@ class NoneResumable(CheckpointError):
     """No checkpoint of a run can be resumed (each one named)."""
 
 
+def step_of(folder: str | Path) -> int:
+    """The step a checkpoint folder holds: ``ckpt-0000004`` -> 4."""
+    return int(Path(folder).name[len(PREFIX):])
+
+
 def latest(run_dir: str | Path) -> Path | None:
     """The newest complete checkpoint folder of a run (renamed into place, with its state.json), or None."""
     done = _complete(Path(run_dir))

@@ -40,7 +40,7 @@ def stopped_line(cfg, argv: list[str]) -> str:
     if last is None:
         return head + f"nothing: no checkpoint yet; the run restarts from step 0; rerun: {rerun_command(argv=argv)}"
     command = rerun_command(resume_flag=True, argv=argv).replace("bench ", "python -m bench.engines.trl ", 1)
-    return head + f"{last} (step {int(last.name[len(checkpoint.PREFIX):])}); resume with (under the same launcher, " \
+    return head + f"{last} (step {checkpoint.step_of(last)}); resume with (under the same launcher, " \
         f"e.g. torchrun): {command}"
 
 

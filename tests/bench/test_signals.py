@@ -279,9 +279,11 @@ def test_stopped_bench_run_with_two_workers_ends_the_pool_and_the_same_command_r
 def test_stopped_bench_tune_queues_its_trials_and_the_same_command_finishes_the_study(tmp_path, empty_store, group):
     uri = copy_store(empty_store, tmp_path)
     storage = f"sqlite:///{tmp_path}/optuna.db"
-    argv = [*BENCH, "tune", "--algo", "grpo", "--trials", "2", "--steps", "10", "--seeds", "0", "--study", "st",
+    # (30 steps: the two workers start seconds apart under load, and the first trial must not finish before the
+    # second has its first checkpoint)
+    argv = [*BENCH, "tune", "--algo", "grpo", "--trials", "2", "--steps", "30", "--seeds", "0", "--study", "st",
             "--storage", storage, "--tracking-uri", uri, "--experiment", "tx", "--out", "out", "--prompts-per-step",
-            "2", "--group-size", "2", "--eval-problems", "4", "--eval-every", "5", "--max-new-tokens", "12",
+            "2", "--group-size", "2", "--eval-problems", "4", "--eval-every", "15", "--max-new-tokens", "12",
             "--samples-every", "0", "--sampler-seed", "0", "--checkpoint-every", "1", "--workers", "2"]
     runs = tmp_path / ".pobench" / "runs"
     proc = Proc(argv, tmp_path)

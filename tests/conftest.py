@@ -53,26 +53,86 @@ def ray_local():
     ray.shutdown()
 
 
+@pytest.fixture(autouse=True)
+def no_tracking_uri_left_set():
+    """A test that sets MLflow's process-global tracking URI (``mlflow.set_tracking_uri``, which also sets
+    $MLFLOW_TRACKING_URI for child processes) must put it back: otherwise every later test of the worker, and the
+    commands they start, write to that store instead of their own folder's."""
+    from mlflow.tracking._tracking_service import utils
+
+    before = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    after = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+    assert after == before, f"the test left MLflow's tracking URI set: {after} (was {before})"
+
+
+_EMPTY_STORE: list = []  # this process's empty store, made at first use
+
+
+def _empty_store_file():
+    """An empty local MLflow store (SQLite, tables created and migrated by MLflow: seconds), made once per process
+    in a folder of its own (removed at exit)."""
+    if not _EMPTY_STORE:
+        import atexit
+        import tempfile
+        from pathlib import Path
+
+        from reports.record import open_client
+
+        folder = Path(tempfile.mkdtemp(prefix="pobench-empty-store-"))
+        atexit.register(shutil.rmtree, folder, True)
+        open_client(f"sqlite:///{folder / 'mlflow.db'}").search_experiments()
+        _EMPTY_STORE.append(folder / "mlflow.db")
+    return _EMPTY_STORE[0]
+
+
 @pytest.fixture(scope="session")
-def empty_store(tmp_path_factory):
-    """An empty local MLflow store (SQLite, tables created and migrated: seconds), made once; tests that train into a
-    fresh folder start from a copy of it (``copy_store``)."""
-    from reports.record import open_client
-
-    db = tmp_path_factory.mktemp("empty-store") / "mlflow.db"
-    open_client(f"sqlite:///{db}").search_experiments()
-    return db
+def empty_store():
+    """The path of an empty local MLflow store (``copy_store`` copies it)."""
+    return _empty_store_file()
 
 
-def copy_store(template, folder) -> str:
-    """``folder/mlflow.db`` as a copy of ``template`` (unless it exists); returns its URI."""
+def copy_store(template, folder, name: str = "mlflow.db") -> str:
+    """``folder/name`` as a copy of ``template`` (unless it exists); returns its URI."""
     from pathlib import Path
 
-    db = Path(folder) / "mlflow.db"
+    db = Path(folder) / name
     db.parent.mkdir(parents=True, exist_ok=True)
     if not db.exists():
         shutil.copy(template, db)
     return f"sqlite:///{db}"
+
+
+def fresh_store(folder, name: str = "mlflow.db") -> str:
+    """The URI of a new, empty local MLflow store ``folder/name``: a copy of this process's empty store (creating a
+    store's tables takes MLflow one to three seconds; tests of that creation itself start from no file)."""
+    return copy_store(_empty_store_file(), folder, name)
+
+
+@pytest.fixture
+def bench_here(monkeypatch, capsys):
+    """``bench_here(argv, cwd, **env) -> (exit code, stdout, stderr)``: `bench ARGV` run in this process, in folder
+    ``cwd``, with ``env`` added, no ``MLFLOW_*`` variable and no tracking URI set in this process (as a child started
+    by the tests gets). For a command whose own process is not what is tested (a resume after a stopped or failed
+    run: its exit code, its lines and what it records are): this process has the imports already, a new one takes
+    seconds of CPU to start."""
+    from mlflow.tracking._tracking_service import utils
+
+    from bench.cli.main import main
+
+    def run(argv: list[str], cwd, **env: str) -> tuple[int, str, str]:
+        for k in [k for k in os.environ if k.startswith("MLFLOW_")]:
+            monkeypatch.delenv(k)
+        monkeypatch.setattr(utils, "_tracking_uri", None)  # (no URI set by mlflow.set_tracking_uri before)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        rc = main(list(argv))
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -22,16 +23,22 @@ def model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(autouse=True)
-def one_thread_and_own_tracking_uri():
+def one_thread_and_own_tracking_uri(monkeypatch):
     """The CPU is shared: one intra-op thread is much faster than two oversubscribed ones for a tiny model.
-    MLflow's tracking URI is process-global: put it back after each test."""
-    import mlflow
+    MLflow's tracking URI is process-global (``mlflow.set_tracking_uri`` sets it and $MLFLOW_TRACKING_URI): both
+    are put back as they were after each test. (Setting back the resolved default instead pinned every later test
+    of the process to ./mlflow.db of the folder pytest started in.)"""
+    from mlflow.tracking._tracking_service import utils
 
-    before, uri = torch.get_num_threads(), mlflow.get_tracking_uri()
+    monkeypatch.setattr(utils, "_tracking_uri", utils._tracking_uri)
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-    mlflow.set_tracking_uri(uri)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    if env is not None:
+        os.environ["MLFLOW_TRACKING_URI"] = env
 
 
 def test_evaluate_bookkeeping_matches_the_verifier(model_dir):

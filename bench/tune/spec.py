@@ -3,7 +3,9 @@ read it)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from bench.config import TrainConfig
 from bench.tune.metric import TuneMetric
@@ -29,6 +31,9 @@ class TuneSpec:
     grace: int | None = None
     max_retry: int = 3
     sampler_seed: int | None = None
+    # trains one config: train_fn(cfg, on_eval=...) -> TrainResult (None: bench.engines.train); a module-level
+    # function, so that it reaches the pool's processes and Ray tasks (as ``ComparisonSpec.train_fn``)
+    train_fn: Callable[..., Any] | None = field(default=None, compare=False)
 
     def fingerprint(self) -> dict[str, str]:
         """What must match when a worker joins or resumes an existing study."""

@@ -77,7 +77,8 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
     """Run trials of ``spec.study`` until it holds ``spec.trials`` finished (complete or pruned) trials.
 
     Safe to run from several processes / machines at once against one storage; a rerun resumes the study.
-    ``train_fn`` (default ``bench.engines.train``) trains one config: ``train_fn(cfg, on_eval=...) -> TrainResult``.
+    ``train_fn`` (default ``spec.train_fn``, else ``bench.engines.train``) trains one config:
+    ``train_fn(cfg, on_eval=...) -> TrainResult``.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     optimize_log = logging.getLogger("optuna.study._optimize")  # (the logger of Optuna's "Trial N failed")
@@ -85,7 +86,7 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
         optimize_log.addFilter(_QuietWhileStopping())
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study, runs = open_study(spec)  # an unreachable storage fails here, before any training
-    train_fn = train_fn or engines.train
+    train_fn = train_fn or spec.train_fn or engines.train
 
     optuna.storages.fail_stale_trials(study)  # re-queue trials of workers that died since the last run
     log(f"study {spec.study!r} at {redact(spec.storage or default_storage_url())}: "

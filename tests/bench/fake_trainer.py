@@ -10,7 +10,8 @@ StopTraining, KeyboardInterrupt or an error). Its metrics are a pure function of
 so two executors must log the same numbers. ``$FAKE_STEP_S`` seconds per step (default 0) make it slow enough to
 interrupt.
 
-``python tests/bench/fake_trainer.py run ARGS``: `bench run ARGS` (the real command line) with this trainer injected.
+``python tests/bench/fake_trainer.py run|tune ARGS``: `bench run ARGS` / `bench tune ARGS` (the real command line)
+with this trainer injected (``bench tune``: ``TuneSpec(train_fn=fake_train)``, which reaches its pool's processes).
 """
 
 from __future__ import annotations
@@ -88,20 +89,32 @@ def fake_train(cfg, *, on_eval=None, on_step=None, step0_eval=None) -> TrainResu
     return TrainResult(logger.run_id, step, run_dir, final, stopped)
 
 
-def main(argv: list[str]) -> int:
-    """`bench ARGV` (``bench.cli.entry``) with ``fake_train`` / ``fake_step0`` as the comparison's training (``bench
-    run`` only)."""
+def inject(set_attribute=setattr) -> None:
+    """Make `bench run` train its comparison's pairs and `bench tune` its trials with ``fake_train`` (and
+    ``fake_step0``): in this process (``set_attribute``: e.g. pytest's ``monkeypatch.setattr``, undone after the
+    test) and, through the specs, in their pools' processes."""
     import dataclasses
 
-    from bench.cli import entry
+    from bench import tune
     from bench.cli import run as run_command
 
-    real = run_command.run_comparison
+    real_comparison, real_workers = run_command.run_comparison, tune.run_workers
 
     def run_comparison(spec):
-        return real(dataclasses.replace(spec, train_fn=fake_train, step0_fn=fake_step0))
+        return real_comparison(dataclasses.replace(spec, train_fn=fake_train, step0_fn=fake_step0))
 
-    run_command.run_comparison = run_comparison  # (the name `bench run` calls)
+    def run_workers(spec, *args, **kwargs):
+        return real_workers(dataclasses.replace(spec, train_fn=fake_train), *args, **kwargs)
+
+    set_attribute(run_command, "run_comparison", run_comparison)  # (the names `bench run` and `bench tune` call)
+    set_attribute(tune, "run_workers", run_workers)
+
+
+def main(argv: list[str]) -> int:
+    """`bench ARGV` (``bench.cli.entry``) with the fake trainer injected."""
+    from bench.cli import entry
+
+    inject()
     sys.argv = [sys.argv[0], *argv]
     entry()  # as `bench`: SIGINT / SIGTERM handlers, exit code (raises SystemExit)
     return 0

@@ -20,7 +20,8 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import copy_store
+from tests.bench import fake_trainer
+from tests.conftest import copy_store, fresh_store
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = [sys.executable, "-m", "bench.cli"]
@@ -148,7 +149,7 @@ def test_a_signal_during_a_store_call_interrupts_once_the_call_is_complete(fresh
     from bench.engines.lifecycle import sigterm_as_interrupt
     from bench.tracking import RunLogger
 
-    log = RunLogger(f"sqlite:///{tmp_path}/mlflow.db", "held")
+    log = RunLogger(fresh_store(tmp_path), "held")
     log.start("r", {}, {})
     real = log.client.log_batch
 
@@ -191,7 +192,8 @@ def test_a_command_that_keeps_nothing_says_so_and_how_to_rerun_it(fresh_stop, mo
 # ------------------------------------------------------------------ bench train
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_stopped_bench_train_names_its_checkpoint_and_the_resume_command_continues_it(tmp_path, empty_store, sig):
+def test_stopped_bench_train_names_its_checkpoint_and_the_resume_command_continues_it(tmp_path, empty_store, sig,
+                                                                                     bench_here):
     uri = copy_store(empty_store, tmp_path)
     argv = [*BENCH, "train", "--algo", "grpo", "--steps", "12", "--eval-every", "0", "--checkpoint-every", "1",
             *TINY_TRAIN, "--tracking-uri", uri, "--experiment", "sig", "--run-name", "r"]
@@ -210,8 +212,8 @@ def test_stopped_bench_train_names_its_checkpoint_and_the_resume_command_continu
     if sig == signal.SIGINT:
         return  # (the same state as after SIGTERM, asserted above: its resume is run once, there)
     # the printed command resumes the run from the kept checkpoint and finishes it: steps step+1..12 only
-    done = subprocess.run(command_in(line), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    rc, _, err = bench_here(command_in(line, []), tmp_path)  # (in this process: the printed command is tested)
+    assert rc == 0, err[-3000:]
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("sig").experiment_id])
     assert run.info.status == "FINISHED"
@@ -220,7 +222,8 @@ def test_stopped_bench_train_names_its_checkpoint_and_the_resume_command_continu
 
 
 @pytest.mark.slow
-def test_bench_train_stopped_before_its_first_checkpoint_says_it_restarts_from_step_0(tmp_path, empty_store):
+def test_bench_train_stopped_before_its_first_checkpoint_says_it_restarts_from_step_0(tmp_path, empty_store,
+                                                                                     bench_here):
     uri = copy_store(empty_store, tmp_path)
     # the step-0 evaluation of 64 problems takes a while: the signal comes during it (the run exists, no step yet)
     argv = [*BENCH, "train", "--algo", "grpo", "--steps", "2", "--eval-every", "2", "--eval-problems", "64",
@@ -235,8 +238,8 @@ def test_bench_train_stopped_before_its_first_checkpoint_says_it_restarts_from_s
     assert "kept nothing: no checkpoint yet; the run restarts from step 0; rerun: bench train " in line, line
     assert "--resume" not in line
     assert statuses(uri, "sig") == ["KILLED"]
-    done = subprocess.run(command_in(line), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    rc, _, err = bench_here(command_in(line, []), tmp_path)
+    assert rc == 0, err[-3000:]
     assert statuses(uri, "sig") == ["FINISHED", "KILLED"]
 
 
@@ -244,7 +247,8 @@ def test_bench_train_stopped_before_its_first_checkpoint_says_it_restarts_from_s
 @pytest.mark.slow
 @pytest.mark.parametrize("group", [True, False], ids=["to-the-group", "to-the-parent"])
 def test_stopped_bench_run_with_two_workers_ends_the_pool_and_the_same_command_resumes(tmp_path, empty_store,
-                                                                                       group):
+                                                                                       group, bench_here,
+                                                                                       monkeypatch):
     """SLURM signals every process of the job (the group); Kubernetes only the first one: either way the pool
     ends, each pair checkpoints and ends KILLED, and the same command resumes and finishes them."""
     (tmp_path / "long.yaml").write_text("steps: 12\neval_every: 0\ncheckpoint_every: 1\nsamples_every: 0\n")
@@ -265,28 +269,29 @@ def test_stopped_bench_run_with_two_workers_ends_the_pool_and_the_same_command_r
     assert statuses(uri, "pobench", "comparison") == ["KILLED"]
     if not group:
         return  # (the same state as after the signal to the group, asserted above: its resume is run once, there)
-    done = subprocess.run(command_in(line, FAKE_CLI), cwd=tmp_path, env=env(), capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count(": finished") == 2, done.stdout
+    fake_trainer.inject(monkeypatch.setattr)  # the printed command, in this process
+    rc, out, err = bench_here(command_in(line, []), tmp_path)
+    assert rc == 0, err[-3000:]
+    assert out.count(": finished") == 2, out
     assert statuses(uri, "pobench", "train") == ["FINISHED", "FINISHED"]  # the same two runs, resumed
     assert statuses(uri, "pobench", "comparison") == ["FINISHED"]
 
 
-# ------------------------------------------------------------------ bench tune --workers 2
+# ------------------------------------------------------------------ bench tune --workers 2 (injected fake trainer)
 @pytest.mark.slow
 @pytest.mark.parametrize("group", [True, False], ids=["to-the-group", "to-the-parent"])
-def test_stopped_bench_tune_queues_its_trials_and_the_same_command_finishes_the_study(tmp_path, empty_store, group):
+def test_stopped_bench_tune_queues_its_trials_and_the_same_command_finishes_the_study(tmp_path, empty_store, group,
+                                                                                      bench_here, monkeypatch):
+    """As `bench run`'s: the pool's trials end FAIL and are queued again, their runs KILLED, the study's run KILLED;
+    the same command runs the queued trials. (The trainer is injected: a real one stopped by a signal is
+    test_stopped_bench_train_...; the pool's processes and the study are real.)"""
     uri = copy_store(empty_store, tmp_path)
     storage = f"sqlite:///{tmp_path}/optuna.db"
-    # (30 steps: the two workers start seconds apart under load, and the first trial must not finish before the
-    # second has its first checkpoint)
-    argv = [*BENCH, "tune", "--algo", "grpo", "--trials", "2", "--steps", "30", "--seeds", "0", "--study", "st",
-            "--storage", storage, "--tracking-uri", uri, "--experiment", "tx", "--out", "out", "--prompts-per-step",
-            "2", "--group-size", "2", "--eval-problems", "4", "--eval-every", "15", "--max-new-tokens", "12",
+    argv = ["tune", "--algo", "grpo", "--trials", "2", "--steps", "30", "--seeds", "0", "--study", "st",
+            "--storage", storage, "--tracking-uri", uri, "--experiment", "tx", "--out", "out", "--eval-every", "15",
             "--samples-every", "0", "--sampler-seed", "0", "--checkpoint-every", "1", "--workers", "2"]
     runs = tmp_path / ".pobench" / "runs"
-    proc = Proc(argv, tmp_path)
+    proc = Proc([*FAKE_CLI, *argv], tmp_path, FAKE_STEP_S="0.5")  # (30 steps: 15 s a trial, till the signal)
     proc.wait_for(lambda: len(checkpointed(runs)) == 2, "a checkpoint of both trials")
     (os.killpg if group else os.kill)(proc.p.pid, signal.SIGTERM)  # SLURM: every process; Kubernetes: the first
     line = stopped_line(proc, proc.finish(timeout=300), signal.SIGTERM)
@@ -299,8 +304,9 @@ def test_stopped_bench_tune_queues_its_trials_and_the_same_command_finishes_the_
     assert statuses(uri, "tx", "tune-study") == ["KILLED"]
     if not group:
         return  # (the same state as after the signal to the group, asserted above: its resume is run once, there)
-    done = subprocess.run(command_in(line), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    fake_trainer.inject(monkeypatch.setattr)  # the printed command, in this process
+    rc, _, err = bench_here(command_in(line, []), tmp_path)
+    assert rc == 0, err[-3000:]
     study = optuna.load_study(study_name="st", storage=storage)
     # the two queued trials ran (under new numbers, with the interrupted ones' parameters) and completed; (a worker
     # may start one trial more before it sees the quota reached)

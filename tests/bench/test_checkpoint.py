@@ -18,6 +18,7 @@ import torch
 
 from bench.engines.native import checkpoint
 from bench.engines.native.checkpoint import CheckpointError
+from tests.conftest import fresh_store
 
 STATE = {"run_id": "r", "elapsed": 0.0, "pending": []}
 
@@ -83,7 +84,7 @@ def test_a_training_run_leaves_one_checkpoint_and_the_final_weights(tmp_path):
 
     cfg = TrainConfig(steps=3, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0, eval_problems=4,
                       samples_every=0, checkpoint_every=1, track_ref_kl=False, output_dir=str(tmp_path / "runs"),
-                      tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", run_name="r")
+                      tracking_uri=fresh_store(tmp_path), run_name="r")
     res = train(cfg)
     assert sorted(p.name for p in res.output_dir.iterdir()) == [".pobench-owned", "ckpt-0000003", "config.yaml",
                                                                 "final", "inputs.json", "run.json"]
@@ -200,30 +201,29 @@ def test_planted_pickle_is_refused_and_never_runs(tmp_path, record):
 
 
 @pytest.mark.slow
-def test_bench_train_resume_refuses_a_planted_pickle_in_one_line(tmp_path):
+def test_bench_train_resume_refuses_a_planted_pickle_in_one_line(tmp_path, bench_here):
     """The issue's reproduction: a payload in optim.pt of a real run, `bench train --resume` as a user runs it."""
     from bench import resume
     from bench.config import TrainConfig
     from bench.engines import train
 
     flags = dict(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0, samples_every=0,
-                 checkpoint_every=1, output_dir=str(tmp_path / "runs"), tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+                 checkpoint_every=1, output_dir=str(tmp_path / "runs"), tracking_uri=fresh_store(tmp_path),
                  run_name="r")
     cfg = resume.train_folder(TrainConfig(**flags))  # the folder `bench train` uses: runs/<experiment>/r
     train(cfg)
     marker = tmp_path / "PWNED"
     plant(cfg.run_dir() / "ckpt-0000002", marker)
     args = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items()]
-    done = subprocess.run([sys.executable, "-m", "bench.cli", "train", *args, "--resume"], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
-    assert done.returncode == 2, done.stderr[-3000:]
-    err = done.stderr.strip().splitlines()
-    assert len(err) == 1 and "optim.pt was refused" in err[0] and "Traceback" not in done.stderr, done.stderr
+    rc, _, stderr = bench_here(["train", *args, "--resume"], tmp_path)
+    assert rc == 2, stderr[-3000:]
+    err = stderr.strip().splitlines()
+    assert len(err) == 1 and "optim.pt was refused" in err[0] and "Traceback" not in stderr, stderr
     assert not marker.exists()
 
 
 @pytest.mark.slow
-def test_bench_train_resume_falls_back_from_a_corrupt_newest_checkpoint(tmp_path):
+def test_bench_train_resume_falls_back_from_a_corrupt_newest_checkpoint(tmp_path, bench_here):
     from mlflow import MlflowClient
 
     from bench import resume
@@ -232,15 +232,14 @@ def test_bench_train_resume_falls_back_from_a_corrupt_newest_checkpoint(tmp_path
 
     flags = dict(steps=3, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0, samples_every=0,
                  checkpoint_every=1, keep_checkpoints=2, output_dir=str(tmp_path / "runs"),
-                 tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", run_name="r")
+                 tracking_uri=fresh_store(tmp_path), run_name="r")
     cfg = resume.train_folder(TrainConfig(**flags))  # the folder `bench train` uses: runs/<experiment>/r
     res = train(cfg)
     _zero(cfg.run_dir() / "ckpt-0000003" / "model.pt")
     args = [f"--{k.replace('_', '-')}={v}" for k, v in {**flags, "steps": 4}.items()]
-    done = subprocess.run([sys.executable, "-m", "bench.cli", "train", *args, "--resume"], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "ckpt-0000003/model.pt" in done.stderr and "resuming from" in done.stderr
+    rc, _, err = bench_here(["train", *args, "--resume"], tmp_path)
+    assert rc == 0, err[-3000:]
+    assert "ckpt-0000003/model.pt" in err and "resuming from" in err
     client = MlflowClient(flags["tracking_uri"])
     assert client.get_run(res.run_id).info.status == "FINISHED"
     steps = {m.step for m in client.get_metric_history(res.run_id, "rollout/reward_mean")}

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from bench import cli
+from tests.conftest import fresh_store
 
 
 def _refused(capsys, argv: list[str]) -> str:
@@ -63,7 +64,7 @@ def test_the_largest_seed_trains(tmp_path):
     from bench.inputs import SEED_MAX
 
     cfg = TrainConfig(seed=SEED_MAX, steps=1, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0,
-                      samples_every=0, output_dir=str(tmp_path / "runs"), tracking_uri=f"sqlite:///{tmp_path}/m.db")
+                      samples_every=0, output_dir=str(tmp_path / "runs"), tracking_uri=fresh_store(tmp_path, "m.db"))
     assert train(cfg).steps_done == 1
 
 
@@ -87,7 +88,7 @@ def test_scheduler_step_before_any_optimizer_step_warns_nothing():
 def store(tmp_path):
     from tests.reports.conftest import log_comparison
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = fresh_store(tmp_path)
     log_comparison(uri, experiment="cmp", comparison="c1")
     return uri
 

@@ -221,11 +221,11 @@ def test_two_bench_runs_at_once_in_a_fresh_folder_train_each_pair_once(tmp_path)
 def test_ctrl_c_stops_the_workers_cleanly(tmp_path):
     """Ctrl-C in a terminal (SIGINT to the whole process group) while two workers train: exit 130 with one line, both
     runs KILLED with a checkpoint to resume from, and no process of the group left behind."""
-    (tmp_path / "long.yaml").write_text(yaml.safe_dump({**TINY, "steps": 20, "eval_every": 0, "checkpoint_every": 3}))
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump({**TINY, "steps": 40, "eval_every": 0, "checkpoint_every": 1}))
     copy_store(EMPTY_STORE, tmp_path)   # (the default store of the working folder)
     cmd = [*FAKE_CLI, "run", "--config", "long.yaml", "--algos", "grpo,tepo", "--seeds", "0", "--workers", "2",
            "--no-report", "--no-progress"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env={**env(), "FAKE_STEP_S": "1"}, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env={**env(), "FAKE_STEP_S": "0.5"}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     folder = tmp_path / ".pobench" / "runs" / "pobench"
     deadline = time.time() + 300

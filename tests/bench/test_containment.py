@@ -1,12 +1,11 @@
 """User-given names never write or delete outside their folder: run names, experiments and studies become one safe
 path component (reports/paths.py, through bench/folders.py), and `--force` deletes only pobench's run folders. The
-issue's reproductions run as a user runs them: `python -m bench.cli ...` in a scratch folder, three levels deep, and
-every file outside the working folder is checked to be untouched."""
+issue's reproductions run as a user runs them: `bench ...` in a scratch folder, three levels deep, and
+every file outside the working folder is checked to be untouched. (The commands run in the test's process, in that
+folder: the paths do not depend on the process, and a new one costs seconds of imports.)"""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from bench.config import TrainConfig
 from bench.folders import claim_run_folder, experiment_dir, remove_run_folder, study_dir
 from reports.paths import MARKER, UnsafePath
+from tests.conftest import copy_store
 
 TINY = ["--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8", "--samples-every",
         "0", "--checkpoint-every", "1", "--eval-problems", "4"]
@@ -24,23 +24,20 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture
-def scratch(tmp_path):
-    """A working folder three levels below ``tmp_path``, with a foreign file beside each level."""
+def scratch(tmp_path, empty_store):
+    """A working folder three levels below ``tmp_path``, with a foreign file beside each level (and MLflow's default
+    store of the folder, ``mlflow.db``, copied from an empty one: creating it takes seconds)."""
     work = tmp_path / "a" / "b" / "c"
     work.mkdir(parents=True)
+    copy_store(empty_store, work)
     for d in (tmp_path, tmp_path / "a", tmp_path / "a" / "b"):
         (d / "sibling.txt").write_text(f"foreign file in {d.name}")
     return tmp_path, work
 
 
-def bench_cli(work: Path, *argv: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bench.cli", *argv], cwd=work, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def errors(done: subprocess.CompletedProcess) -> list[str]:
+def errors(err: str) -> list[str]:
     """pobench's lines on stderr (MLflow logs its own INFO lines when it creates a store)."""
-    return [ln for ln in done.stderr.strip().splitlines() if " INFO mlflow" not in ln]
+    return [ln for ln in err.strip().splitlines() if " INFO mlflow" not in ln]
 
 
 def outside_unchanged(root: Path, work: Path, before: dict[str, bytes]) -> None:
@@ -66,23 +63,23 @@ def test_experiment_and_study_are_one_folder_under_their_root(tmp_path, name):
 
 
 @pytest.mark.slow
-def test_bench_train_run_name_escaping_writes_under_output_dir(scratch):
+def test_bench_train_run_name_escaping_writes_under_output_dir(scratch, bench_here):
     root, work = scratch
     before = snapshot(root)
-    done = bench_cli(work, "train", "--run-name", "../../../ESC1", "--eval-every", "0", *TINY)
-    assert done.returncode == 0, done.stderr[-3000:]
+    rc, _, err = bench_here(["train", "--run-name", "../../../ESC1", "--eval-every", "0", *TINY], work)
+    assert rc == 0, err[-3000:]
     outside_unchanged(root, work, before)
     (run,) = (work / ".pobench" / "runs" / "pobench").iterdir()  # <output_dir>/<experiment>/<run name made safe>
     assert run.name.startswith("ESC1-") and (run / MARKER).is_file() and (run / "final").is_dir()
 
 
 @pytest.mark.slow
-def test_bench_run_experiment_escaping_writes_under_output_dir(scratch):
+def test_bench_run_experiment_escaping_writes_under_output_dir(scratch, bench_here):
     root, work = scratch
     before = snapshot(root)
-    done = bench_cli(work, "run", "--experiment", "../../../X", "--algos", "grpo", "--seeds", "0", "--workers", "1",
-                     "--no-progress", "--no-report", "--eval-every", "0", *TINY)
-    assert done.returncode == 0, done.stderr[-3000:]
+    rc, _, err = bench_here(["run", "--experiment", "../../../X", "--algos", "grpo", "--seeds", "0", "--workers", "1",
+                             "--no-progress", "--no-report", "--eval-every", "0", *TINY], work)
+    assert rc == 0, err[-3000:]
     outside_unchanged(root, work, before)
     (exp,) = (work / ".pobench" / "runs").iterdir()
     assert exp.name.startswith("X-") and (exp / ".locks").is_dir()
@@ -90,12 +87,12 @@ def test_bench_run_experiment_escaping_writes_under_output_dir(scratch):
 
 
 @pytest.mark.slow
-def test_bench_tune_study_escaping_writes_under_its_folders(scratch):
+def test_bench_tune_study_escaping_writes_under_its_folders(scratch, bench_here):
     root, work = scratch
     before = snapshot(root)
-    done = bench_cli(work, "tune", "--algo", "grpo", "--study", "../../../../X", "--trials", "1", "--workers", "1",
-                     "--eval-every", "1", *TINY)
-    assert done.returncode == 0, done.stderr[-3000:]
+    rc, _, err = bench_here(["tune", "--algo", "grpo", "--study", "../../../../X", "--trials", "1", "--workers",
+                             "1", "--eval-every", "1", *TINY], work)
+    assert rc == 0, err[-3000:]
     outside_unchanged(root, work, before)
     outputs = [p for p in (work / ".pobench" / "tune").iterdir() if p.is_dir()]
     assert len(outputs) == 1 and outputs[0].name.startswith("X-") and (outputs[0] / "summary.csv").is_file()
@@ -104,21 +101,20 @@ def test_bench_tune_study_escaping_writes_under_its_folders(scratch):
 
 
 # ------------------------------------------------------------------ only pobench's folders are written into / deleted
-def test_bench_train_refuses_a_foreign_folder_as_its_run_folder(scratch):
+def test_bench_train_refuses_a_foreign_folder_as_its_run_folder(scratch, bench_here):
     root, work = scratch
     (work / "e" / "nb").mkdir(parents=True)  # bench train's folder: <output_dir>/<experiment>/<run name>
     (work / "e" / "nb" / "important.txt").write_text("notes")
     before = snapshot(root)
-    done = bench_cli(work, "train", "--run-name", "nb", "--experiment", "e", "--output-dir", ".", "--eval-every", "0",
-                     *TINY)
-    assert done.returncode == 2
-    err = errors(done)
-    assert len(err) == 1 and "nb exists and is not a pobench run folder" in err[0], done.stderr
+    rc, _, err = bench_here(["train", "--run-name", "nb", "--experiment", "e", "--output-dir", ".", "--eval-every",
+                             "0", *TINY], work)
+    assert rc == 2
+    assert len(errors(err)) == 1 and "nb exists and is not a pobench run folder" in err, err
     assert snapshot(root) == before  # nothing written, nothing deleted
 
 
 @pytest.mark.slow
-def test_bench_run_force_refuses_a_foreign_folder_before_any_record(scratch):
+def test_bench_run_force_refuses_a_foreign_folder_before_any_record(scratch, bench_here):
     """`--force` deletes a pair's run folder: one holding a file pobench never writes is refused, in one line,
     before the comparison's MLflow run exists (no run is left RUNNING)."""
     from mlflow import MlflowClient
@@ -135,10 +131,9 @@ def test_bench_run_force_refuses_a_foreign_folder_before_any_record(scratch):
     (target / "ckpt-0000001").mkdir(parents=True)
     (target / "ckpt-0000001" / "state.json").write_text("{}")
     (target / "important.txt").write_text("notes")
-    done = bench_cli(work, "run", "--force", *flags)
-    assert done.returncode == 2
-    err = errors(done)
-    assert len(err) == 1 and "not deleting it" in err[0], done.stderr
+    rc, _, err = bench_here(["run", "--force", *flags], work)
+    assert rc == 2
+    assert len(errors(err)) == 1 and "not deleting it" in err, err
     assert (target / "important.txt").read_text() == "notes"
     client = MlflowClient(f"sqlite:///{work}/mlflow.db")
     exps = client.search_experiments()

@@ -21,11 +21,12 @@ from bench.model import format_prompt, load_policy
 from bench.rollout import HFSampler, SamplingParams, make_sampler
 from bench.rollout.scoring import score
 from evaluators.arith import ArithTask
+from tests.conftest import fresh_store
 
 
 @pytest.fixture(scope="module")
 def uri(tmp_path_factory):
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+    return fresh_store(tmp_path_factory.mktemp("mlflow"))
 
 
 def test_hf_rollout_logprobs_are_the_scoring_pass_under_the_loop_settings():
@@ -111,7 +112,7 @@ def test_bench_list_compare_prints_the_probe(capsys):
 
 
 def test_warning_before_a_run_and_probe_artifact(tmp_path):
-    uri = f"sqlite:///{tmp_path}/m.db"
+    uri = fresh_store(tmp_path, "m.db")
     client = MlflowClient(uri)
     run = client.create_run(client.create_experiment("w"))
     err = io.StringIO()

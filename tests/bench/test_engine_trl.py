@@ -20,6 +20,7 @@ pytest.importorskip("trl")
 from algorithms import PolicyBatch, get_objective, list_objectives  # noqa: E402
 from bench.config import TrainConfig  # noqa: E402
 from bench.engines import trl as engine  # noqa: E402
+from tests.conftest import fresh_store
 
 REPO = Path(__file__).resolve().parents[2]
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -210,7 +211,7 @@ def test_torchrun_two_processes_write_one_mlflow_run(tmp_path):
     import yaml
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path)
     cfg = dict(algo="tepo", steps=2, prompts_per_step=2, group_size=4, minibatches=2, micro_batch_size=2,
                max_new_tokens=12, eval_every=2, eval_problems=8, eval_temperature=0.0, device="cpu",
                output_dir=str(tmp_path / "runs"), tracking_uri=uri, experiment="trl-ddp", checkpoint_every=0,
@@ -269,7 +270,7 @@ def test_bench_run_trl_report_has_the_native_tables(tmp_path, monkeypatch, capsy
         cmd = ["run", "--engine", eng, "--algos", "grpo,tepo", "--seeds", "0",
                "--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--minibatches", "2",
                "--max-new-tokens", "12", "--eval-every", "1", "--eval-problems", "8", "--workers", "1",
-               "--tracking-uri", f"sqlite:///{d / 'mlflow.db'}", "--output-dir", str(d / "runs"),
+               "--tracking-uri", fresh_store(d), "--output-dir", str(d / "runs"),
                "--out-root", str(d / "reports"), "--no-progress", "--device", "cpu"]
         assert cli_main(cmd) == 0, capsys.readouterr().err[-4000:]
         reports = list((d / "reports").rglob("report.md"))
@@ -279,7 +280,7 @@ def test_bench_run_trl_report_has_the_native_tables(tmp_path, monkeypatch, capsy
 
 
 @pytest.mark.slow
-def test_trl_run_resumes_after_sigkill_like_a_native_one(tmp_path, monkeypatch):
+def test_trl_run_resumes_after_sigkill_like_a_native_one(tmp_path, monkeypatch, bench_here):
     """SIGKILL a TRL-engine `bench train` as soon as its step-2 checkpoint exists (6 steps); `--resume` continues the
     same MLflow run from TRL's checkpoint: no missing and no duplicated step, the numbers of an uninterrupted run."""
     import signal
@@ -287,7 +288,7 @@ def test_trl_run_resumes_after_sigkill_like_a_native_one(tmp_path, monkeypatch):
 
     from mlflow.tracking import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = fresh_store(tmp_path)
     common = ["--engine", "trl", "--algo", "tepo", "--steps", "6", "--prompts-per-step", "2", "--group-size", "4",
               "--minibatches", "2", "--max-new-tokens", "12", "--eval-every", "2", "--eval-problems", "8",
               "--checkpoint-every", "2", "--samples-every", "0", "--device", "cpu", "--tracking-uri", uri]
@@ -307,17 +308,14 @@ def test_trl_run_resumes_after_sigkill_like_a_native_one(tmp_path, monkeypatch):
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("killed").experiment_id])
     assert run.info.status == "RUNNING"
-    done = subprocess.run([sys.executable, "-m", "bench.cli", "train", *killed, "--resume"], cwd=tmp_path,
-                          env=_env(tmp_path), capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _in_process_env(monkeypatch)
+    rc, out, err = bench_here(["train", *killed, "--resume"], tmp_path)  # (the resume, in this process)
+    assert rc == 0, out[-3000:] + err[-3000:]
     (again,) = client.search_runs([run.info.experiment_id])
     assert again.info.run_id == run.info.run_id and again.info.status == "FINISHED"
-    from bench.cli import main as cli_main  # the uninterrupted reference, in this process
-
-    _in_process_env(monkeypatch)
-    monkeypatch.chdir(tmp_path)
-    assert cli_main(["train", *common, "--experiment", "ref", "--run-name", "ref", "--output-dir",
-                     str(tmp_path / "ref")]) == 0
+    rc, out, err = bench_here(["train", *common, "--experiment", "ref", "--run-name", "ref", "--output-dir",
+                               str(tmp_path / "ref")], tmp_path)  # the uninterrupted reference
+    assert rc == 0, err[-3000:]
     (ref_run,) = client.search_runs([client.get_experiment_by_name("ref").experiment_id])
 
     def history(run_id, key):

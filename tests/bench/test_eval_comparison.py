@@ -11,6 +11,7 @@ from mlflow import MlflowClient
 
 from bench.cli import main
 from bench.tracking import version_tags
+from tests.conftest import fresh_store
 
 RUN = ["run", "--algos", "grpo,tepo", "--seeds", "0,1", "--steps", "2", "--prompts-per-step", "2", "--group-size",
        "2", "--eval-problems", "8", "--eval-every", "1", "--max-new-tokens", "16", "--samples-every", "0",
@@ -24,7 +25,7 @@ def _evals(client, exp_id):
 @pytest.mark.slow
 def test_eval_comparison_evaluates_each_final_model_once_and_the_report_tabulates_it(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = fresh_store(tmp_path)
     assert main([*RUN, "--tracking-uri", uri]) == 0
     client = MlflowClient(uri)
     exp_id = client.get_experiment_by_name("ev").experiment_id

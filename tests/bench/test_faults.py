@@ -192,7 +192,8 @@ def test_an_answer_cut_in_the_middle_is_given_up_after_the_timeout(monkeypatch):
 # ------------------------------------------------------------------ the MLflow server killed during a run
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["killed", "hung"])
-def test_mlflow_server_gone_mid_run_is_one_line_and_the_run_is_ended_at_the_next_contact(tmp_path, server, fault):
+def test_mlflow_server_gone_mid_run_is_one_line_and_the_run_is_ended_at_the_next_contact(tmp_path, server, fault,
+                                                                                         bench_here):
     """Killed: connections refused, tried again until the timeout. Hung (SIGSTOP): each request waits the timeout.
     Either way `bench train` stops within seconds (it hung for about 8 minutes), keeps its checkpoint with the
     metrics MLflow did not get, and the resume ends the run FAILED from run.json, then continues it."""
@@ -227,8 +228,8 @@ def test_mlflow_server_gone_mid_run_is_one_line_and_the_run_is_ended_at_the_next
     assert run.info.run_id == record["run_id"] and run.info.status == "RUNNING"  # nobody could end it
     if fault == "hung":
         return  # (the same state as after a killed server, asserted above: its resume is run once, there)
-    done = _bench([*args, "--resume"], tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
+    rc, _, err = bench_here([*args, "--resume"], tmp_path)
+    assert rc == 0, err[-3000:]
     (after,) = [r for r in _the_run(client) if r.info.run_name == fault]  # the same run, continued
     assert after.info.run_id == run.info.run_id and after.info.status == "FINISHED"
     # it was ended FAILED from run.json before the resume reopened it: the resume records that end
@@ -249,7 +250,8 @@ def _file_size_limit(limit: int):
 
 
 @pytest.mark.slow
-def test_file_size_limit_at_the_first_checkpoint_ends_the_run_and_the_resume_continues_it(tmp_path, server):
+def test_file_size_limit_at_the_first_checkpoint_ends_the_run_and_the_resume_continues_it(tmp_path, server,
+                                                                                          bench_here):
     """The issue's reproduction: `ulimit -f` failing the first checkpoint; a later --resume opened a second MLflow
     run and orphaned the first. Now: one line, the run FAILED, and the resume trains from step 0 in the same run."""
     server.start()
@@ -269,8 +271,8 @@ def test_file_size_limit_at_the_first_checkpoint_ends_the_run_and_the_resume_con
     (run,) = [r for r in _the_run(client) if r.info.run_name == "full"]
     assert run.info.status == "FAILED" and "no space left on device" in run.data.tags[FAILURE]
 
-    done = _bench([*args, "--resume"], tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
+    rc, _, err = bench_here([*args, "--resume"], tmp_path)
+    assert rc == 0, err[-3000:]
     runs = [r for r in _the_run(client) if r.info.run_name == "full"]
     assert [r.info.run_id for r in runs] == [run.info.run_id]  # no second run
     after = client.get_run(run.info.run_id)
@@ -297,15 +299,8 @@ AT_FINAL = textwrap.dedent("""
         return written
 
     checkpoint.save, checkpoint.save_state = limit_after(checkpoint.save), limit_after(checkpoint.save_state)
-    end = tracking.RunLogger.end
-
-    def logged_end(self, status="FINISHED"):
-        weights = self.run_dir / "final" / "model.safetensors"
-        with open(log, "a") as fh:
-            fh.write(f"{status} {'complete' if weights.is_file() and weights.stat().st_size > 0 else 'absent'}\\n")
-        return end(self, status)
-
-    tracking.RunLogger.end = logged_end
+    from tests.bench.ends_log import logging_end
+    tracking.RunLogger.end = logging_end(tracking.RunLogger.end, log)
     sys.argv = ["bench", *sys.argv[1:]]
     from bench.cli.main import entry
     entry()
@@ -314,7 +309,8 @@ AT_FINAL = textwrap.dedent("""
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["native", "trl"])
-def test_full_disk_at_the_final_weights_leaves_the_run_failed_not_finished(tmp_path, server, engine):
+def test_full_disk_at_the_final_weights_leaves_the_run_failed_not_finished(tmp_path, server, engine, bench_here,
+                                                                          monkeypatch):
     """The issue: MLflow said FINISHED while final/ held a 0-byte config.json. Now the run is FINISHED only once its
     final weights are complete (written atomically); a full disk while writing them is one line, no final/, the run
     FAILED, and the resume writes them and only then ends the run FINISHED."""
@@ -340,9 +336,13 @@ def test_full_disk_at_the_final_weights_leaves_the_run_failed_not_finished(tmp_p
     assert run.info.status == "FAILED" and "final" in run.data.tags[FAILURE]
     assert log.read_text().split() == ["FAILED", "absent"]  # never FINISHED on the way
 
-    done = subprocess.run([sys.executable, "-c", AT_FINAL, *args, "--resume"], capture_output=True, text=True,
-                          cwd=tmp_path, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    # the resume (no limit), in this process: its end logged as AT_FINAL logs it
+    from bench import tracking
+    from tests.bench.ends_log import logging_end
+
+    monkeypatch.setattr(tracking.RunLogger, "end", logging_end(tracking.RunLogger.end, str(log)))
+    rc, _, err = bench_here([*args, "--resume"], tmp_path)
+    assert rc == 0, err[-3000:]
     assert log.read_text().split()[2:] == ["FINISHED", "complete"]
     after = client.get_run(run.info.run_id)
     assert after.info.status == "FINISHED" and [r.info.run_id for r in _the_run(client)
@@ -354,7 +354,7 @@ def test_full_disk_at_the_final_weights_leaves_the_run_failed_not_finished(tmp_p
 
 # ------------------------------------------------------------------ a damaged newest checkpoint, nothing older
 @pytest.mark.slow
-def test_no_resumable_checkpoint_ends_the_killed_run_failed(tmp_path, server):
+def test_no_resumable_checkpoint_ends_the_killed_run_failed(tmp_path, server, bench_here):
     server.start()
     args = _args(tmp_path, server.uri, "damaged", steps=40, eval_every=0)
     run_dir = tmp_path / "runs" / "faults" / "damaged"
@@ -371,9 +371,9 @@ def test_no_resumable_checkpoint_ends_the_killed_run_failed(tmp_path, server):
     assert run.info.status == "RUNNING"
     newest = checkpoint.latest(run_dir)
     (newest / "model.pt").write_bytes(b"\0" * (newest / "model.pt").stat().st_size)
-    done = _bench([*args, "--resume"], tmp_path)
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    line = done.stderr.strip().splitlines()[-1]
+    rc, _, err = bench_here([*args, "--resume"], tmp_path)
+    assert rc == 2 and "Traceback" not in err, err[-3000:]
+    line = err.strip().splitlines()[-1]
     assert str(newest / "model.pt") in line and f"delete {run_dir}" in line, line
     assert f"its MLflow run {run.info.run_id} was ended FAILED" in line, line
     after = client.get_run(run.info.run_id)
@@ -381,21 +381,22 @@ def test_no_resumable_checkpoint_ends_the_killed_run_failed(tmp_path, server):
 
 
 @pytest.mark.slow
-def test_resume_from_step_0_is_refused_when_the_run_has_metrics(tmp_path, server):
+def test_resume_from_step_0_is_refused_when_the_run_has_metrics(tmp_path, server, bench_here):
     """run.json without a checkpoint resumes from step 0 in the same run only when that run logged nothing yet (here
     its checkpoints were deleted by hand): otherwise steps would be logged twice."""
     server.start()
     args = _args(tmp_path, server.uri, "no-ckpt", steps=1, eval_every=0)
     run_dir = tmp_path / "runs" / "faults" / "no-ckpt"
-    assert _bench(args, tmp_path).returncode == 0
+    rc, _, err = bench_here(args, tmp_path)
+    assert rc == 0, err[-3000:]
     for ckpt in run_dir.glob("ckpt-*"):
         for f in ckpt.iterdir():
             f.unlink()
         ckpt.rmdir()
-    done = _bench([*args, "--resume"], tmp_path)
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "has metrics already" in lines[0] and "drop --resume" in lines[0], done.stderr
+    rc, _, err = bench_here([*args, "--resume"], tmp_path)
+    assert rc == 2 and "Traceback" not in err, err[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "has metrics already" in lines[0] and "drop --resume" in lines[0], err
     client = MlflowClient(server.uri)
     (run,) = [r for r in _the_run(client) if r.info.run_name == "no-ckpt"]
     assert run.info.status == "FINISHED" and _steps(client, run.info.run_id, "rollout/reward_mean") == [1]

@@ -10,6 +10,7 @@ import pytest
 
 from bench import cli
 from bench.cli.flags import config_from_args
+from tests.conftest import fresh_store
 
 GSM = [{"question": "Ann has 2 pens and gets 3 more. How many?", "answer": "2+3=5\n#### 5"},
        {"question": "Bob has 1,000 coins and spends 1. How many?", "answer": "1000-1=999\n#### 999"}]
@@ -98,7 +99,7 @@ def test_training_warns_about_unknown_characters_before_the_first_step(tmp_path,
     data.write_text("\n".join(json.dumps(r) for r in [*GSM, {"question": "小明有 3 个苹果", "answer": "#### 3"}]))
     cfg = TrainConfig(task="gsm8k", data=str(data), eval_data=str(data), steps=1, prompts_per_step=2, group_size=2,
                       max_new_tokens=8, eval_every=0, eval_problems=3, samples_every=0, track_ref_kl=False,
-                      output_dir=str(tmp_path / "runs"), tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+                      output_dir=str(tmp_path / "runs"), tracking_uri=fresh_store(tmp_path))
     train(cfg)
     err = capsys.readouterr().err
     assert "1 of 3 training prompts contain characters the tokenizer does not know" in err

@@ -24,7 +24,7 @@ from algorithms import PolicyBatch, get_objective
 from bench.cli import main
 from bench.config import TrainConfig
 from bench.plugins import load_plugins, objective_source
-from tests.conftest import ON_RAY
+from tests.conftest import ON_RAY, fresh_store
 
 from .test_parallel import _store_template, model_dir, tiny  # noqa: F401  (fixtures)
 
@@ -256,7 +256,7 @@ def _report_rows(folder: Path) -> list[str]:
 
 @pytest.mark.slow
 def test_bench_run_trains_a_plugin_objective_and_task_in_two_spawned_workers(tmp_path, model_dir, capsys):  # noqa: F811
-    uri = f"sqlite:///{tmp_path}/m.db"
+    uri = fresh_store(tmp_path, "m.db")
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump({"plugins": [OBJECTIVES], "model": model_dir}))
     flags = ["run", "--config", str(tmp_path / "cfg.yaml"), "--plugin", TASK, "--task", "mod7", "--algos",
              "grpo,sign-pg", "--seeds", "0", "--workers", "2", "--tracking-uri", uri, "--experiment", "plug",
@@ -289,9 +289,9 @@ def test_ray_tasks_train_a_plugin_objective_and_task(tmp_path, model_dir, ray_lo
 
 
 @pytest.mark.slow
-def test_torchrun_two_processes_and_bench_run_train_a_plugin_objective_with_trl(tmp_path):
+def test_torchrun_two_processes_and_bench_run_train_a_plugin_objective_with_trl(tmp_path, bench_here):
     pytest.importorskip("trl")
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = fresh_store(tmp_path, "m.db")
     common = ["--plugin", OBJECTIVES, "--plugin", TASK, "--task", "mod7", "--tracking-uri", uri, "--minibatches", "2",
               "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "8", "--eval-problems", "4",
               "--eval-every", "1", "--steps", "1", "--samples-every", "0", "--device", "cpu"]
@@ -304,10 +304,10 @@ def test_torchrun_two_processes_and_bench_run_train_a_plugin_objective_with_trl(
     assert run.info.status == "FINISHED" and run.data.tags["pobench.engine_processes"] == "2"
     assert run.data.tags["pobench.task"] == "mod7" and "objectives.py@" in run.data.tags["pobench.plugins"]
 
-    cmd = [sys.executable, "-m", "bench.cli", "run", "--engine", "trl", "--algos", "grpo,sign-pg", "--seeds", "0",
-           "--workers", "1", "--experiment", "plug-trl", "--output-dir", str(tmp_path / "runs"), "--out-root",
-           str(tmp_path / "reports"), "--no-progress", *common]
-    res = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    # `bench run` with the TRL engine (its pairs in this process: the plugins were loaded by the command)
+    rc, out, err = bench_here(["run", "--engine", "trl", "--algos", "grpo,sign-pg", "--seeds", "0", "--workers", "1",
+                               "--experiment", "plug-trl", "--output-dir", str(tmp_path / "runs"), "--out-root",
+                               str(tmp_path / "reports"), "--no-progress", *common], tmp_path)
+    assert rc == 0, out[-2000:] + err[-4000:]
     assert {"grpo", "sign-pg"} <= set(_report_rows(tmp_path / "reports"))
     assert _runs(uri, "plug-trl")["sign-pg"].data.tags["pobench.engine"] == "trl"

@@ -7,10 +7,11 @@ from mlflow.tracking import MlflowClient
 
 from bench.config import TrainConfig
 from bench.engines import train
+from tests.conftest import fresh_store
 
 
 def _run(tmp_path, algo):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = fresh_store(tmp_path)
     cfg = TrainConfig(algo=algo, steps=1, prompts_per_step=8, group_size=2, max_new_tokens=32, eval_every=0,
                       eval_problems=4, samples_every=0, track_ref_kl=False, output_dir=str(tmp_path / "runs"),
                       tracking_uri=uri, run_name=algo)

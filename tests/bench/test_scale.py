@@ -17,6 +17,7 @@ from bench.engines import train
 from bench.engines.native.scale import Reference, enable_activation_checkpointing, prepare_policy
 from bench.model import build_char_tokenizer, load_policy, tiny_config
 from bench.rollout.scoring import score
+from tests.conftest import fresh_store
 
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
 COMPS = [[20, 21, 22, 23], [24], [25, 26, 27, 28, 29, 1]]
@@ -105,7 +106,7 @@ def _interrupted_then_resumed(tmp_path: Path, uri: str, name: str, **kw):
 
 @pytest.fixture(scope="module")
 def uri(tmp_path_factory):
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+    return fresh_store(tmp_path_factory.mktemp("mlflow"))
 
 
 @pytest.fixture(scope="module")

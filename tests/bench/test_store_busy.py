@@ -17,6 +17,7 @@ from mlflow import MlflowClient
 
 from bench.tracking import RunLogger
 from reports.record import retry_locked
+from tests.conftest import fresh_store
 
 HOLD_S = 23.0  # longer than MLflow's SQLite busy timeout of 20 s
 
@@ -38,7 +39,7 @@ def _hold_write_lock(db: str, seconds: float, table: str = "experiments", column
 
 @pytest.fixture
 def logger(tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = fresh_store(tmp_path)
     log = RunLogger(uri, "busy")
     log.start("r", {"pobench.kind": "train"}, {"a": "1"})
     return log, str(tmp_path / "mlflow.db"), uri

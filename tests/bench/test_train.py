@@ -19,6 +19,7 @@ from algorithms import list_objectives
 from bench.config import TrainConfig
 from bench.engines import TrainingDiverged, train
 from bench.model import resolve_model_path
+from tests.conftest import fresh_store
 
 TIME_KEYS = ("time/", "rollout/tokens_per_s", "perf/throughput")
 
@@ -33,7 +34,7 @@ def tiny(tmp_path: Path, uri: str, **kw) -> TrainConfig:
 
 @pytest.fixture(scope="module")
 def uri(tmp_path_factory):
-    return f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+    return fresh_store(tmp_path_factory.mktemp("mlflow"))
 
 
 def history(client: MlflowClient, run_id: str) -> dict[str, list[tuple[int, float]]]:
@@ -82,7 +83,7 @@ def test_same_seed_same_metrics(tmp_path, uri):
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_has_no_missing_or_duplicated_step(tmp_path, uri):
+def test_resume_after_sigkill_has_no_missing_or_duplicated_step(tmp_path, uri, bench_here):
     args = ["--algo", "grpo", "--steps", "8", "--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "32",
             "--eval-every", "4", "--eval-problems", "8", "--checkpoint-every", "2", "--samples-every", "0",
             "--lr", "1e-3", "--tracking-uri", uri, "--experiment", "test-resume", "--run-name", "killed",
@@ -101,9 +102,9 @@ def test_resume_after_sigkill_has_no_missing_or_duplicated_step(tmp_path, uri):
     client = MlflowClient(uri)
     run = client.search_runs([client.get_experiment_by_name("test-resume").experiment_id])[0]
     assert run.info.status == "RUNNING"  # SIGKILL: nobody closed it
-    done = subprocess.run([sys.executable, "-m", "bench.cli", "train", *args, "--resume"], capture_output=True,
-                          text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # the resume, in this process (it restores everything from the checkpoint, as a fresh process must)
+    rc, out, err = bench_here(["train", *args, "--resume"], tmp_path)
+    assert rc == 0, out[-3000:] + err[-3000:]
     runs = client.search_runs([run.info.experiment_id])
     assert len(runs) == 1 and runs[0].info.run_id == run.info.run_id and runs[0].info.status == "FINISHED"
     h = history(client, run.info.run_id)

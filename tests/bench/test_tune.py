@@ -309,7 +309,7 @@ def test_killed_worker_is_resumed_and_its_trial_retried(tmp_path, mlflow_server)
     os.kill(a.pid, signal.SIGKILL)
     a.communicate()
     time.sleep(4)  # past the grace period: the trial's heartbeat is stale
-    b = _worker(storage, mlflow_server, exp, study, n, **kw)
+    b = _worker(storage, mlflow_server, exp, study, n, **{**kw, "step_s": 0.05})  # (nobody waits for it mid-trial)
     out = b.communicate(timeout=300)[0]
     assert b.returncode == 0, out
     s = optuna.load_study(study_name=study, storage=storage)

@@ -12,7 +12,7 @@ import pytest
 
 from bench import tune
 from bench.cli import main as cli_main
-from tests.conftest import ON_RAY
+from tests.conftest import ON_RAY, fresh_store
 
 
 def _argv(tmp_path, study: str, exp: str, uri: str, trials: int, *extra: str) -> list[str]:
@@ -45,7 +45,7 @@ def _check_study(tmp_path, study: str, exp: str, uri: str, trials: int) -> set[s
 
 @pytest.mark.slow
 def test_two_local_workers_split_the_trials(tmp_path, capfd):
-    study, exp, uri = f"w-{uuid.uuid4().hex[:6]}", "workers", f"sqlite:///{tmp_path}/mlflow.db"
+    study, exp, uri = f"w-{uuid.uuid4().hex[:6]}", "workers", fresh_store(tmp_path)
     assert cli_main(_argv(tmp_path, study, exp, uri, 4, "--workers", "2")) == 0
     out = capfd.readouterr().out
     assert "2 local workers" in out
@@ -57,7 +57,7 @@ def test_two_local_workers_split_the_trials(tmp_path, capfd):
 @pytest.mark.slow
 @ON_RAY
 def test_two_ray_workers_on_a_local_ray_instance(tmp_path, capfd, ray_local):
-    study, exp, uri = f"r-{uuid.uuid4().hex[:6]}", "ray-workers", f"sqlite:///{tmp_path}/mlflow.db"
+    study, exp, uri = f"r-{uuid.uuid4().hex[:6]}", "ray-workers", fresh_store(tmp_path)
     assert cli_main(_argv(tmp_path, study, exp, uri, 4, "--workers", "2", "--executor", "ray")) == 0
     out = capfd.readouterr().out
     assert "2 ray workers" in out

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.conftest import fresh_store
+
 STEPS = 20
 EVAL_EVERY = 5
 
@@ -73,4 +75,4 @@ def handmade():
 @pytest.fixture(scope="module")
 def local_uri(tmp_path_factory):
     """One local SQLite store per test module (creating its schema takes seconds); tests use their own experiments."""
-    return f"sqlite:///{tmp_path_factory.mktemp('store')}/mlflow.db"
+    return fresh_store(tmp_path_factory.mktemp("store"))

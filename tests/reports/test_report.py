@@ -10,6 +10,7 @@ from mlflow import MlflowClient
 from scipy import stats
 
 from reports.report import build_report
+from tests.conftest import fresh_store
 
 FIGURES = ["accuracy_vs_step", "accuracy_vs_time", "entropy_vs_step", "reward_vs_step", "clip_masked_fractions",
            "time_to_convergence", "kl_vs_step", "grad_norm_vs_step"]
@@ -225,7 +226,7 @@ def test_cli_report_picks_most_recent_comparison_and_says_so(handmade, local_uri
 
 
 def test_the_report_keeps_the_baseline_bench_run_chose(handmade, tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = fresh_store(tmp_path)
     handmade.log_comparison(uri, experiment="abl", objectives=("tepo", "grpo"), seeds=(0, 1))
     first = build_report("abl", tracking_uri=uri, out_root=tmp_path / "out", baseline="tepo", figures_too=False)
     assert first.baseline == "tepo"

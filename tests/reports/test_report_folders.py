@@ -10,6 +10,7 @@ import pytest
 from mlflow import MlflowClient
 
 from bench.cli import main
+from tests.conftest import fresh_store
 
 
 def _snapshot(root: Path) -> dict[str, bytes]:
@@ -45,6 +46,7 @@ def scratch(tmp_path, monkeypatch):
     (tmp_path / "sibling.txt").write_text("next to the working folder")
     (tmp_path / "sibling").mkdir()
     (tmp_path / "sibling" / "data.jsonl").write_text("{}\n")
+    fresh_store(work)
     monkeypatch.chdir(work)
     return tmp_path
 
@@ -145,7 +147,7 @@ def _report_in_process(uri: str, out_root: str) -> str:
 def test_three_reports_of_one_comparison_at_once_leave_one_complete_folder(handmade, tmp_path):
     import multiprocessing as mp
 
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = fresh_store(tmp_path)
     _comparison(uri, "par", handmade)
     with mp.get_context("spawn").Pool(3) as pool:
         outs = pool.starmap(_report_in_process, [(uri, str(tmp_path / "out"))] * 3)

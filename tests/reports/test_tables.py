@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from reports.tables import MINUS, Table, Units, best_rows, fmt, latex_escape
+from tests.conftest import fresh_store
 
 SPECIALS = "a\\b{c}d$e&f#g^h_i~j%k<l>m|n"
 PREAMBLE = ("\\documentclass{article}\n\\usepackage[textwidth=7in,textheight=9in]{geometry}\n"
@@ -83,7 +84,7 @@ def ten_objectives(tmp_path_factory):
     from tests.reports.conftest import handmade_series, log_run
 
     tmp = tmp_path_factory.mktemp("ten")
-    uri = f"sqlite:///{tmp}/mlflow.db"
+    uri = fresh_store(tmp)
     client = MlflowClient(uri)
     exp = client.create_experiment("ten", artifact_location=str(tmp / "art"))
     names = ["tepo", "tepo-no-mask", "tepo-mask-all", "tepo-mask-adv", "tepo-mask-entropy", "tepo-token-ratio",

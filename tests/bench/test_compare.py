@@ -19,7 +19,7 @@ import yaml
 from mlflow import MlflowClient
 
 from bench.compare import ComparisonSpec, base_config, run_comparison, variant_label
-from tests.conftest import copy_store
+from tests.conftest import fresh_store
 
 from .fake_trainer import FAKE_METRICS, fake_step0, fake_train
 
@@ -28,17 +28,9 @@ FAKE_CLI = [sys.executable, str(ROOT / "tests" / "bench" / "fake_trainer.py")]
 TINY = dict(steps=3, eval_every=1, checkpoint_every=1, samples_every=0)
 
 
-@pytest.fixture(autouse=True)
-def _store_template(empty_store, monkeypatch):
-    monkeypatch.setattr(sys.modules[__name__], "EMPTY_STORE", empty_store)
-
-
-EMPTY_STORE: Path | None = None  # conftest.py's empty_store, during a test
-
-
 def tiny(folder: Path, experiment: str, **kw):
     """A config whose local store (``folder/mlflow.db``) starts as a copy of the empty one."""
-    return base_config(None, **{**TINY, **kw}, experiment=experiment, tracking_uri=copy_store(EMPTY_STORE, folder),
+    return base_config(None, **{**TINY, **kw}, experiment=experiment, tracking_uri=fresh_store(folder),
                        output_dir=str(folder / "runs"))
 
 
@@ -195,7 +187,7 @@ def test_an_unpicklable_hook_is_refused_before_anything_runs(tmp_path):
 @pytest.mark.slow
 def test_two_bench_runs_at_once_in_a_fresh_folder_train_each_pair_once(tmp_path):
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump({**TINY, "steps": 4, "eval_every": 2}))
-    copy_store(EMPTY_STORE, tmp_path)   # (the default store of the working folder)
+    fresh_store(tmp_path)   # (the default store of the working folder)
     cmd = [*FAKE_CLI, "run", "--config", "tiny.yaml", "--algos", "grpo", "--seeds", "0,1", "--no-report",
            "--no-progress", "--workers", "1"]
     procs = [subprocess.Popen(cmd, cwd=tmp_path, env={**env(), "FAKE_STEP_S": "0.5"}, stdout=subprocess.PIPE,
@@ -222,7 +214,7 @@ def test_ctrl_c_stops_the_workers_cleanly(tmp_path):
     """Ctrl-C in a terminal (SIGINT to the whole process group) while two workers train: exit 130 with one line, both
     runs KILLED with a checkpoint to resume from, and no process of the group left behind."""
     (tmp_path / "long.yaml").write_text(yaml.safe_dump({**TINY, "steps": 40, "eval_every": 0, "checkpoint_every": 1}))
-    copy_store(EMPTY_STORE, tmp_path)   # (the default store of the working folder)
+    fresh_store(tmp_path)   # (the default store of the working folder)
     cmd = [*FAKE_CLI, "run", "--config", "long.yaml", "--algos", "grpo,tepo", "--seeds", "0", "--workers", "2",
            "--no-report", "--no-progress"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env={**env(), "FAKE_STEP_S": "0.5"}, stdout=subprocess.PIPE,

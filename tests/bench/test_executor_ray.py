@@ -21,7 +21,7 @@ from bench.compare.executors import EXECUTORS, make_executor
 from bench.workers import absolute_tracking_uri, task_resources
 from tests.conftest import ON_RAY
 
-from .test_parallel import TIMING, TINY, _store_template, all_series, model_dir, tiny  # noqa: F401  (fixtures)
+from .test_parallel import TIMING, TINY, all_series, model_dir, tiny  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
 HAVE_RAY = importlib.util.find_spec("ray") is not None

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from bench import identity
 from bench.compare import ComparisonSpec, base_config, run_comparison
 from bench.config import TrainConfig
 from bench.model import BUILTIN_MODELS
-from tests.conftest import copy_store
+from tests.conftest import fresh_store
 
 from .fake_trainer import fake_step0, fake_train
 
@@ -27,12 +26,9 @@ GSM = [{"question": "Ann has 2 pens and gets 3 more. How many?", "answer": "2+3=
 
 
 @pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch, empty_store):
+def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv(identity.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(sys.modules[__name__], "EMPTY_STORE", empty_store)
 
-
-EMPTY_STORE: Path | None = None
 
 
 def write(path: Path, rows: list[dict]) -> Path:
@@ -42,7 +38,7 @@ def write(path: Path, rows: list[dict]) -> Path:
 
 def gsm_cfg(tmp_path: Path, data: Path, **kw):
     return base_config(None, steps=2, eval_every=1, checkpoint_every=1, samples_every=0, task="gsm8k", data=str(data),
-                       eval_data=str(data), experiment="ident", tracking_uri=copy_store(EMPTY_STORE, tmp_path),
+                       eval_data=str(data), experiment="ident", tracking_uri=fresh_store(tmp_path),
                        output_dir=str(tmp_path / "runs"), **kw)
 
 

@@ -17,7 +17,7 @@ from mlflow import MlflowClient
 
 from bench.compare import DEFAULTS, base_config
 from bench.workers import resolve_workers
-from tests.conftest import copy_store
+from tests.conftest import fresh_store
 
 ROOT = Path(__file__).resolve().parents[2]
 # wall-clock measurements: the only metrics allowed to differ
@@ -48,16 +48,8 @@ TINY = dict(steps=2, prompts_per_step=2, group_size=2, eval_problems=8, eval_eve
             max_new_tokens=16, samples_every=0)
 
 
-@pytest.fixture(autouse=True)
-def _store_template(empty_store, monkeypatch):
-    monkeypatch.setattr(sys.modules[__name__], "EMPTY_STORE", empty_store)
-
-
-EMPTY_STORE: Path | None = None  # conftest.py's empty_store, during a test of this module or one importing tiny
-
-
 def tiny(folder: Path, model: str, experiment: str, **kw):
-    uri = copy_store(EMPTY_STORE, folder) if EMPTY_STORE is not None else f"sqlite:///{folder}/mlflow.db"
+    uri = fresh_store(folder)
     return base_config(None, model=model, **{**TINY, **kw}, experiment=experiment, tracking_uri=uri,
                        output_dir=str(folder / "runs"))
 

@@ -26,7 +26,7 @@ from bench.config import TrainConfig
 from bench.plugins import load_plugins, objective_source
 from tests.conftest import ON_RAY, fresh_store
 
-from .test_parallel import _store_template, model_dir, tiny  # noqa: F401  (fixtures)
+from .test_parallel import model_dir, tiny  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,6 @@ prints each held-out evaluation and a status line. (Under pytest the output is n
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,21 +11,14 @@ import pytest
 from bench.cli import main
 from bench.cli.progress import TrainProgress
 from bench.compare import ComparisonSpec, base_config, run_comparison
-from tests.conftest import copy_store
+from tests.conftest import copy_store, fresh_store
 
 from .fake_trainer import fake_step0, fake_train
-
-EMPTY_STORE: Path | None = None
-
-
-@pytest.fixture(autouse=True)
-def _store_template(empty_store, monkeypatch):
-    monkeypatch.setattr(sys.modules[__name__], "EMPTY_STORE", empty_store)
 
 
 def _run(tmp_path: Path):
     cfg = base_config(None, steps=3, eval_every=1, checkpoint_every=1, samples_every=0, experiment="log",
-                      tracking_uri=copy_store(EMPTY_STORE, tmp_path), output_dir=str(tmp_path / "runs"))
+                      tracking_uri=fresh_store(tmp_path), output_dir=str(tmp_path / "runs"))
     return run_comparison(ComparisonSpec(cfg, ["grpo", "tepo"], [0], train_fn=fake_train, step0_fn=fake_step0,
                                          progress=True, report=False, workers=1))
 

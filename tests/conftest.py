@@ -58,8 +58,11 @@ def no_tracking_uri_left_set():
     """A test that sets MLflow's process-global tracking URI (``mlflow.set_tracking_uri``, which also sets
     $MLFLOW_TRACKING_URI for child processes) must put it back: otherwise every later test of the worker, and the
     commands they start, write to that store instead of their own folder's."""
-    from mlflow.tracking._tracking_service import utils
-
+    try:
+        from mlflow.tracking._tracking_service import utils
+    except ImportError:  # (the tox environments of the optional engines install no MLflow)
+        yield
+        return
     before = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
     yield
     after = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")

@@ -11,7 +11,8 @@ files and the plotted numbers (``series``), which the curves export reproduces (
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,14 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+@contextlib.contextmanager
+def styled(*args, **kwargs) -> Iterator[tuple]:
+    """``pyplot.subplots(*args, **kwargs)`` drawn under the report's style (``RC``): ``(figure, axes)``."""
+    plt = pyplot()
+    with plt.rc_context(RC):
+        yield plt.subplots(*args, **kwargs)
 
 
 # Okabe & Ito (2008) without its yellow (too pale on white), then Paul Tol's "muted" scheme (paultol.eu)
@@ -202,8 +211,7 @@ def series_figure(runs, key: str, ylabel: str, title: str, out_dir: Path, name: 
     """``key`` against the training step: one line per objective (seed mean) with its band."""
     opts = opts or FigureOptions()
     drawn = Drawn([])
-    with pyplot().rc_context(RC):
-        fig, ax = pyplot().subplots(figsize=SIZE)
+    with styled(figsize=SIZE) as (fig, ax):
         for obj, rs in _by_objective(runs).items():
             sers = [r.series.get(key, []) for r in rs if r.series.get(key)]
             if not sers:
@@ -232,9 +240,8 @@ def panels_figure(runs, key: str, ylabel: str, title: str, out_dir: Path, name: 
     if reference in objs:
         ref = seed_band([r.series[key] for r in groups[reference] if r.series.get(key)], opts.band, key)
     rows = -(-len(objs) // columns)
-    with pyplot().rc_context(RC):
-        fig, axes = pyplot().subplots(rows, columns, figsize=(1.6 * columns, 1.35 * rows + 0.3), sharex=True,
-                                      sharey=True, squeeze=False)
+    size = (1.6 * columns, 1.35 * rows + 0.3)
+    with styled(rows, columns, figsize=size, sharex=True, sharey=True, squeeze=False) as (fig, axes):
         for ax, obj in zip(axes.flat, objs):
             sers = [r.series[key] for r in groups[obj] if r.series.get(key)]
             steps, mean, lo, hi, count = seed_band(sers, opts.band, key)
@@ -263,8 +270,7 @@ def versus_figure(runs, key: str, x_of: Callable[[object, int], float | None], x
     left out)."""
     opts = opts or FigureOptions()
     drawn = Drawn([])
-    with pyplot().rc_context(RC):
-        fig, ax = pyplot().subplots(figsize=SIZE)
+    with styled(figsize=SIZE) as (fig, ax):
         for obj, rs in _by_objective(runs).items():
             rs = [r for r in rs if r.series.get(key)]
             if not rs:
@@ -310,8 +316,7 @@ def fractions_figure(runs, out_dir: Path, order: Sequence[str], opts: FigureOpti
     if not panels:
         return None
     drawn = Drawn([])
-    with pyplot().rc_context(RC):
-        fig, axes = pyplot().subplots(1, len(panels), figsize=(SIZE[0] * 0.8 * len(panels), SIZE[1]), squeeze=False)
+    with styled(1, len(panels), figsize=(SIZE[0] * 0.8 * len(panels), SIZE[1]), squeeze=False) as (fig, axes):
         handles: dict[str, object] = {}
         for ax, (key, title) in zip(axes[0], panels):
             for obj, rs in _by_objective(runs).items():
@@ -344,8 +349,7 @@ def ttc_figure(conv_rows: list[dict], target: float, interval: str, out_dir: Pat
     hatch by position; objectives where a seed never reached the target get no bar, only "not reached (k/n)"."""
     opts = opts or FigureOptions()
     drawn = Drawn([])
-    with pyplot().rc_context(RC):
-        fig, axes = pyplot().subplots(1, 2, figsize=(SIZE[0] * 1.6, SIZE[1]))
+    with styled(1, 2, figsize=(SIZE[0] * 1.6, SIZE[1])) as (fig, axes):
         for ax, (unit, label) in zip(axes, (("steps", "training steps"), ("seconds", "wall-clock seconds"))):
             xs = np.arange(len(conv_rows))
             top = max([r[f"{unit}_mean"] + (r[f"{unit}_ci"] or 0) for r in conv_rows

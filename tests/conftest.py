@@ -11,6 +11,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import shutil  # noqa: E402
+import signal
 import subprocess
 import sys
 import time
@@ -138,41 +139,65 @@ def bench_here(monkeypatch, capsys):
     return run
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """URI of a real `mlflow server` (SQLite backend, local artifact root) on a free loopback port."""
-    if shutil.which("mlflow") is None:
-        pytest.skip("the `mlflow` command is not on PATH")
-    root = tmp_path_factory.mktemp("mlflow_server")
-    port = free_port()
-    log = open(root / "server.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--default-artifact-root", str(root / "artifacts")],
-        stdout=log, stderr=subprocess.STDOUT,
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})  # tracking only: no job-runner process
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    try:
+class MlflowServer:
+    """A real `mlflow server` (SQLite backend, local artifact root, tracking only: no job-runner process) on a free
+    loopback port, in a process group of its own, so it can be killed (its workers with it), hung, and started again
+    on the same port and store."""
+
+    def __init__(self, root) -> None:
+        self.root, self.port, self.proc = root, free_port(), None
+        self.uri = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        with open(self.root / "server.log", "a") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--workers", "1", "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db",
+                 "--default-artifact-root", str(self.root / "artifacts")], stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+        deadline = time.time() + 300
         while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited with {proc.returncode}: "
-                                   f"{(root / 'server.log').read_text()[-2000:]}")
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {self.proc.returncode}: "
+                                   f"{(self.root / 'server.log').read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
                     if r.status == 200:
-                        break
+                        return
             except OSError:
                 pass
             if time.time() > deadline:
-                raise RuntimeError(f"mlflow server not healthy in 300 s: {(root / 'server.log').read_text()[-2000:]}")
-            time.sleep(0.5)
-        yield uri
+                raise RuntimeError(f"mlflow server not healthy in 300 s: "
+                                   f"{(self.root / 'server.log').read_text()[-2000:]}")
+            time.sleep(0.3)
+
+    def kill(self) -> None:
+        """SIGKILL to the server and its workers: connections are refused from now on."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def hang(self) -> None:
+        """SIGSTOP to the server and its workers: connections are accepted (by the kernel) and never answered."""
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def go_on(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """URI of a real `mlflow server` (``MlflowServer``) for the session."""
+    if shutil.which("mlflow") is None:
+        pytest.skip("the `mlflow` command is not on PATH")
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow_server"))
+    try:
+        server.start()
+        yield server.uri
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        server.stop()

@@ -199,9 +199,10 @@ def _env(tmp_path) -> dict[str, str]:
     return env
 
 
-def _in_process_env(monkeypatch) -> None:
-    """What ``_env`` leaves out of a child's environment, out of this process's for a command run in it."""
-    for k in [k for k in os.environ if k.startswith(("MLFLOW_", "RANK", "WORLD_SIZE", "LOCAL_"))]:
+def _no_launcher_env(monkeypatch) -> None:
+    """No torchrun variable (as ``_env`` gives a child) for a command run in this process (``bench_here``, which
+    leaves out the MLFLOW_* ones)."""
+    for k in [k for k in os.environ if k.startswith(("RANK", "WORLD_SIZE", "LOCAL_"))]:
         monkeypatch.delenv(k)
 
 
@@ -256,23 +257,21 @@ def _report_columns(out: Path) -> dict[str, list[str]]:
 
 
 @pytest.mark.slow
-def test_bench_run_trl_report_has_the_native_tables(tmp_path, monkeypatch, capsys):
+def test_bench_run_trl_report_has_the_native_tables(tmp_path, monkeypatch, bench_here):
     """`bench run --engine trl --algos grpo,tepo --seeds 0` writes a report with the native report's tables (in this
     process: what is compared is the report, not the process around it)."""
-    from bench.cli import main as cli_main
-
-    _in_process_env(monkeypatch)
+    _no_launcher_env(monkeypatch)
     outs = {}
     for eng in ("native", "trl"):
         d = tmp_path / eng
         d.mkdir()
-        monkeypatch.chdir(d)
         cmd = ["run", "--engine", eng, "--algos", "grpo,tepo", "--seeds", "0",
                "--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--minibatches", "2",
                "--max-new-tokens", "12", "--eval-every", "1", "--eval-problems", "8", "--workers", "1",
                "--tracking-uri", fresh_store(d), "--output-dir", str(d / "runs"),
                "--out-root", str(d / "reports"), "--no-progress", "--device", "cpu"]
-        assert cli_main(cmd) == 0, capsys.readouterr().err[-4000:]
+        rc, _, err = bench_here(cmd, d)
+        assert rc == 0, err[-4000:]
         reports = list((d / "reports").rglob("report.md"))
         assert len(reports) == 1
         outs[eng] = _report_columns(reports[0].parent)
@@ -308,7 +307,7 @@ def test_trl_run_resumes_after_sigkill_like_a_native_one(tmp_path, monkeypatch, 
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("killed").experiment_id])
     assert run.info.status == "RUNNING"
-    _in_process_env(monkeypatch)
+    _no_launcher_env(monkeypatch)
     rc, out, err = bench_here(["train", *killed, "--resume"], tmp_path)  # (the resume, in this process)
     assert rc == 0, out[-3000:] + err[-3000:]
     (again,) = client.search_runs([run.info.experiment_id])

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -21,62 +21,20 @@ from mlflow import MlflowClient
 
 from bench.engines.native import checkpoint
 from bench.tracking import RunLogger, StoreUnreachable
+from tests.conftest import MlflowServer
 from tests.net import free_port
 
 FAILURE, RESUMED_AFTER = "pobench.failure", "pobench.resumed_after"
 
 
-class Server:
-    """A real `mlflow server` (SQLite backend, local artifacts) in a process group of its own, so it can be killed
-    (its workers with it) and started again on the same port and store."""
-
-    def __init__(self, root: Path) -> None:
-        self.root, self.port, self.proc = root, free_port(), None
-        self.uri = f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            return
-        log = open(self.root / "server.log", "a")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers",
-             "1", "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db", "--default-artifact-root",
-             str(self.root / "artifacts")], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
-        deadline = time.time() + 300
-        while True:
-            assert self.proc.poll() is None, (self.root / "server.log").read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            assert time.time() < deadline, "mlflow server not healthy in 300 s"
-            time.sleep(0.3)
-
-    def kill(self) -> None:
-        """SIGKILL to the server and its workers: connections are refused from now on."""
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-
-    def hang(self) -> None:
-        """SIGSTOP to the server and its workers: connections are accepted (by the kernel) and never answered."""
-        os.killpg(self.proc.pid, signal.SIGSTOP)
-
-    def go_on(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGCONT)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    if not any((Path(p) / "mlflow").exists() for p in os.environ.get("PATH", "").split(os.pathsep)):
+    if shutil.which("mlflow") is None:
         pytest.skip("the `mlflow` command is not on PATH")
-    s = Server(tmp_path_factory.mktemp("mlflow-server"))
+    s = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))  # (its own: these tests kill and hang it)
     s.start()
     yield s
-    if s.proc.poll() is None:
-        s.kill()
+    s.stop()
 
 
 def _args(tmp_path: Path, uri: str, name: str, **kw) -> list[str]:

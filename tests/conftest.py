@@ -90,27 +90,17 @@ def _empty_store_file():
     return _EMPTY_STORE[0]
 
 
-@pytest.fixture(scope="session")
-def empty_store():
-    """The path of an empty local MLflow store (``copy_store`` copies it)."""
-    return _empty_store_file()
-
-
-def copy_store(template, folder, name: str = "mlflow.db") -> str:
-    """``folder/name`` as a copy of ``template`` (unless it exists); returns its URI."""
+def fresh_store(folder, name: str = "mlflow.db") -> str:
+    """The URI of a new, empty local MLflow store ``folder/name`` (unless that file exists): a copy of this process's
+    empty store (creating a store's tables takes MLflow one to three seconds; tests of that creation itself start from
+    no file)."""
     from pathlib import Path
 
     db = Path(folder) / name
     db.parent.mkdir(parents=True, exist_ok=True)
     if not db.exists():
-        shutil.copy(template, db)
+        shutil.copy(_empty_store_file(), db)
     return f"sqlite:///{db}"
-
-
-def fresh_store(folder, name: str = "mlflow.db") -> str:
-    """The URI of a new, empty local MLflow store ``folder/name``: a copy of this process's empty store (creating a
-    store's tables takes MLflow one to three seconds; tests of that creation itself start from no file)."""
-    return copy_store(_empty_store_file(), folder, name)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 from bench.config import TrainConfig
 from bench.folders import claim_run_folder, experiment_dir, remove_run_folder, study_dir
 from reports.paths import MARKER, UnsafePath
-from tests.conftest import copy_store
+from tests.conftest import fresh_store
 
 TINY = ["--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8", "--samples-every",
         "0", "--checkpoint-every", "1", "--eval-problems", "4"]
@@ -24,12 +24,12 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture
-def scratch(tmp_path, empty_store):
+def scratch(tmp_path):
     """A working folder three levels below ``tmp_path``, with a foreign file beside each level (and MLflow's default
     store of the folder, ``mlflow.db``, copied from an empty one: creating it takes seconds)."""
     work = tmp_path / "a" / "b" / "c"
     work.mkdir(parents=True)
-    copy_store(empty_store, work)
+    fresh_store(work)
     for d in (tmp_path, tmp_path / "a", tmp_path / "a" / "b"):
         (d / "sibling.txt").write_text(f"foreign file in {d.name}")
     return tmp_path, work

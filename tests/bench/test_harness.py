@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 from bench.compare import ComparisonSpec, run_comparison
 from bench.compare.plan import DEFAULTS, base_config, comparison_id, load_params, resolve_algos, variant_label
 from bench.workers import parse_seeds
-from tests.conftest import copy_store
+from tests.conftest import fresh_store
 
 FIGURES = ["accuracy_vs_step", "accuracy_vs_time", "entropy_vs_step", "reward_vs_step", "clip_masked_fractions",
            "time_to_convergence"]
@@ -122,10 +122,10 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def tiny(tmp_path, model: str, experiment: str, store):
+def tiny(tmp_path, model: str, experiment: str):
     return base_config(None, model=model, steps=3, prompts_per_step=2, group_size=2, eval_problems=8, eval_every=1,
                        checkpoint_every=1, max_new_tokens=16, samples_every=0, experiment=experiment,
-                       tracking_uri=copy_store(store, tmp_path), output_dir=str(tmp_path / "runs"))
+                       tracking_uri=fresh_store(tmp_path), output_dir=str(tmp_path / "runs"))
 
 
 def _runs(client, experiment, kind="train"):
@@ -138,8 +138,8 @@ def _history(client, run_id, key):
 
 
 @pytest.mark.slow
-def test_two_objectives_two_seeds_report_equals_mlflow_series(tmp_path, model_dir, empty_store):
-    cfg = tiny(tmp_path, model_dir, "e2e", empty_store)
+def test_two_objectives_two_seeds_report_equals_mlflow_series(tmp_path, model_dir):
+    cfg = tiny(tmp_path, model_dir, "e2e")
     res = run_comparison(ComparisonSpec(cfg, ["grpo", "tepo"], [0, 1], out_root=tmp_path / "out", progress=False))
     assert [(p.variant, p.seed, p.outcome) for p in res.pairs] == [
         ("grpo", 0, "finished"), ("grpo", 1, "finished"), ("tepo", 0, "finished"), ("tepo", 1, "finished")]

@@ -11,7 +11,7 @@ import pytest
 from bench.cli import main
 from bench.cli.progress import TrainProgress
 from bench.compare import ComparisonSpec, base_config, run_comparison
-from tests.conftest import copy_store, fresh_store
+from tests.conftest import fresh_store
 
 from .fake_trainer import fake_step0, fake_train
 
@@ -65,8 +65,8 @@ def test_train_progress_lines(capsys):
 
 
 @pytest.mark.slow
-def test_bench_train_shows_each_evaluation(tmp_path, empty_store, capsys):
-    uri = copy_store(empty_store, tmp_path)
+def test_bench_train_shows_each_evaluation(tmp_path, capsys):
+    uri = fresh_store(tmp_path)
     assert main(["train", "--algo", "grpo", "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
                  "--max-new-tokens", "8", "--eval-problems", "4", "--eval-every", "1", "--samples-every", "0",
                  "--tracking-uri", uri, "--output-dir", str(tmp_path / "runs")]) == 0

@@ -13,7 +13,7 @@ from mlflow import MlflowClient
 
 from bench.cli import main
 from bench.tracking import version_tags
-from tests.conftest import copy_store
+from tests.conftest import fresh_store
 
 DERIVED = ("acc_drawdown", "best_acc", "entropy_collapse_step", "entropy_slope", "final_acc", "grad_spikes",
            "initial_acc", "kl_max", "reward_var", "target_acc", "ttc_seconds", "ttc_seconds_interp", "ttc_step",
@@ -57,8 +57,8 @@ COMPARISON_METRICS = {"summary/grpo/final_acc_mean", "summary/tepo/final_acc_mea
 
 
 @pytest.mark.slow
-def test_bench_run_writes_exactly_the_recorded_keys(tmp_path, empty_store):
-    uri = copy_store(empty_store, tmp_path)
+def test_bench_run_writes_exactly_the_recorded_keys(tmp_path):
+    uri = fresh_store(tmp_path)
     assert main(["run", "--algos", "grpo,tepo", "--seeds", "0", "--steps", "2", "--prompts-per-step", "2",
                  "--group-size", "2", "--eval-problems", "8", "--eval-every", "1", "--checkpoint-every", "1",
                  "--max-new-tokens", "16", "--samples-every", "0", "--workers", "1", "--no-progress",
@@ -126,8 +126,8 @@ def _keys(client, exp: str) -> dict[str, list[tuple[set[str], set[str], set[str]
 
 
 @pytest.mark.slow
-def test_bench_eval_writes_exactly_the_recorded_keys(tmp_path, empty_store):
-    uri = copy_store(empty_store, tmp_path)
+def test_bench_eval_writes_exactly_the_recorded_keys(tmp_path):
+    uri = fresh_store(tmp_path)
     assert main(["eval", "--benchmarks", "arith", "--limit", "3", "--k", "2", "--max-new-tokens", "16",
                  "--experiment", "keys", "--tracking-uri", uri, "--out", str(tmp_path / "out")]) == 0
     runs = _keys(MlflowClient(uri), "keys")
@@ -139,8 +139,8 @@ def test_bench_eval_writes_exactly_the_recorded_keys(tmp_path, empty_store):
 
 
 @pytest.mark.slow
-def test_bench_tune_writes_exactly_the_recorded_keys(tmp_path, empty_store):
-    uri = copy_store(empty_store, tmp_path)
+def test_bench_tune_writes_exactly_the_recorded_keys(tmp_path):
+    uri = fresh_store(tmp_path)
     assert main(["tune", "--algo", "grpo", "--trials", "1", "--steps", "1", "--seeds", "0", "--study", "keys",
                  "--storage", f"sqlite:///{tmp_path}/optuna.db", "--tracking-uri", uri, "--out", str(tmp_path / "o"),
                  "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--eval-every", "1",

@@ -11,16 +11,16 @@ from mlflow import MlflowClient
 
 from bench import identity
 from bench.cli import main
-from tests.conftest import copy_store
+from tests.conftest import fresh_store
 
 TINY = ["--prompts-per-step", "2", "--group-size", "2", "--minibatches", "1", "--max-new-tokens", "8",
         "--eval-problems", "4", "--eval-every", "1", "--samples-every", "0", "--checkpoint-every", "1"]
 
 
 @pytest.fixture
-def bench_train(tmp_path, empty_store, monkeypatch):
+def bench_train(tmp_path, monkeypatch):
     monkeypatch.setenv(identity.CACHE_ENV, str(tmp_path / "cache"))
-    uri = copy_store(empty_store, tmp_path)
+    uri = fresh_store(tmp_path)
 
     def run(*args: str) -> int:
         return main(["train", *TINY, "--tracking-uri", uri, "--output-dir", str(tmp_path / "runs"), *args])
@@ -88,7 +88,7 @@ def test_two_configurations_get_two_folders(bench_train, tmp_path):
     assert len(list((tmp_path / "runs" / "two").iterdir())) == 2
 
 
-def test_every_engine_refuses_another_configuration_on_resume(tmp_path, empty_store, monkeypatch):
+def test_every_engine_refuses_another_configuration_on_resume(tmp_path, monkeypatch):
     """The lifecycle's run_folder (every engine, `bench run`'s pairs) checks too, not only `bench train`'s command."""
     import dataclasses
 
@@ -98,7 +98,7 @@ def test_every_engine_refuses_another_configuration_on_resume(tmp_path, empty_st
 
     monkeypatch.setenv(identity.CACHE_ENV, str(tmp_path / "cache"))
     cfg = TrainConfig(steps=2, eval_every=1, checkpoint_every=1, samples_every=0, run_name="r",
-                      output_dir=str(tmp_path / "runs"), tracking_uri=copy_store(empty_store, tmp_path))
+                      output_dir=str(tmp_path / "runs"), tracking_uri=fresh_store(tmp_path))
     fake_train(cfg)
     with pytest.raises(ValueError, match=r"another configuration: lr \(3e-05 -> 0\.001\)\."):
         fake_train(dataclasses.replace(cfg, lr=1e-3, steps=3, resume=True))

@@ -21,7 +21,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.bench import fake_trainer
-from tests.conftest import copy_store, fresh_store
+from tests.conftest import fresh_store
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = [sys.executable, "-m", "bench.cli"]
@@ -192,9 +192,9 @@ def test_a_command_that_keeps_nothing_says_so_and_how_to_rerun_it(fresh_stop, mo
 # ------------------------------------------------------------------ bench train
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_stopped_bench_train_names_its_checkpoint_and_the_resume_command_continues_it(tmp_path, empty_store, sig,
+def test_stopped_bench_train_names_its_checkpoint_and_the_resume_command_continues_it(tmp_path, sig,
                                                                                      bench_here):
-    uri = copy_store(empty_store, tmp_path)
+    uri = fresh_store(tmp_path)
     argv = [*BENCH, "train", "--algo", "grpo", "--steps", "12", "--eval-every", "0", "--checkpoint-every", "1",
             *TINY_TRAIN, "--tracking-uri", uri, "--experiment", "sig", "--run-name", "r"]
     run_dir = tmp_path / ".pobench" / "runs" / "sig" / "r"
@@ -222,9 +222,9 @@ def test_stopped_bench_train_names_its_checkpoint_and_the_resume_command_continu
 
 
 @pytest.mark.slow
-def test_bench_train_stopped_before_its_first_checkpoint_says_it_restarts_from_step_0(tmp_path, empty_store,
+def test_bench_train_stopped_before_its_first_checkpoint_says_it_restarts_from_step_0(tmp_path,
                                                                                      bench_here):
-    uri = copy_store(empty_store, tmp_path)
+    uri = fresh_store(tmp_path)
     # the step-0 evaluation of 64 problems takes a while: the signal comes during it (the run exists, no step yet)
     argv = [*BENCH, "train", "--algo", "grpo", "--steps", "2", "--eval-every", "2", "--eval-problems", "64",
             "--checkpoint-every", "1", *TINY_TRAIN, "--tracking-uri", uri, "--experiment", "sig", "--run-name", "r"]
@@ -246,13 +246,13 @@ def test_bench_train_stopped_before_its_first_checkpoint_says_it_restarts_from_s
 # ------------------------------------------------------------------ bench run --workers 2 (injected fake trainer)
 @pytest.mark.slow
 @pytest.mark.parametrize("group", [True, False], ids=["to-the-group", "to-the-parent"])
-def test_stopped_bench_run_with_two_workers_ends_the_pool_and_the_same_command_resumes(tmp_path, empty_store,
+def test_stopped_bench_run_with_two_workers_ends_the_pool_and_the_same_command_resumes(tmp_path,
                                                                                        group, bench_here,
                                                                                        monkeypatch):
     """SLURM signals every process of the job (the group); Kubernetes only the first one: either way the pool
     ends, each pair checkpoints and ends KILLED, and the same command resumes and finishes them."""
     (tmp_path / "long.yaml").write_text("steps: 12\neval_every: 0\ncheckpoint_every: 1\nsamples_every: 0\n")
-    copy_store(empty_store, tmp_path)   # (the default store of the working folder)
+    fresh_store(tmp_path)   # (the default store of the working folder)
     argv = ["run", "--config", "long.yaml", "--algos", "grpo,tepo", "--seeds", "0", "--workers", "2",
             "--no-report", "--no-progress"]
     folder = tmp_path / ".pobench" / "runs" / "pobench"
@@ -280,12 +280,12 @@ def test_stopped_bench_run_with_two_workers_ends_the_pool_and_the_same_command_r
 # ------------------------------------------------------------------ bench tune --workers 2 (injected fake trainer)
 @pytest.mark.slow
 @pytest.mark.parametrize("group", [True, False], ids=["to-the-group", "to-the-parent"])
-def test_stopped_bench_tune_queues_its_trials_and_the_same_command_finishes_the_study(tmp_path, empty_store, group,
+def test_stopped_bench_tune_queues_its_trials_and_the_same_command_finishes_the_study(tmp_path, group,
                                                                                       bench_here, monkeypatch):
     """As `bench run`'s: the pool's trials end FAIL and are queued again, their runs KILLED, the study's run KILLED;
     the same command runs the queued trials. (The trainer is injected: a real one stopped by a signal is
     test_stopped_bench_train_...; the pool's processes and the study are real.)"""
-    uri = copy_store(empty_store, tmp_path)
+    uri = fresh_store(tmp_path)
     storage = f"sqlite:///{tmp_path}/optuna.db"
     argv = ["tune", "--algo", "grpo", "--trials", "2", "--steps", "30", "--seeds", "0", "--study", "st",
             "--storage", storage, "--tracking-uri", uri, "--experiment", "tx", "--out", "out", "--eval-every", "15",
@@ -319,10 +319,10 @@ def test_stopped_bench_tune_queues_its_trials_and_the_same_command_finishes_the_
 
 # ------------------------------------------------------------------ bench eval
 @pytest.mark.slow
-def test_stopped_bench_eval_writes_the_finished_benchmarks_marked_partial(tmp_path, empty_store):
+def test_stopped_bench_eval_writes_the_finished_benchmarks_marked_partial(tmp_path):
     if not (DATA / "gsm8k").is_dir():
         pytest.skip(f"{DATA / 'gsm8k'} not found (the shared benchmark data)")
-    uri = copy_store(empty_store, tmp_path)
+    uri = fresh_store(tmp_path)
     argv = [*BENCH, "eval", "--benchmarks", "arith,gsm8k", "--data", f"gsm8k={DATA / 'gsm8k'}", "--limit", "300",
             "--k", "4", "--max-new-tokens", "48", "--out", "out", "--tracking-uri", uri]
     proc = Proc(argv, tmp_path)

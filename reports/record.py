@@ -188,6 +188,11 @@ def retry_locked(fn, *args: Any, attempts: int = LOCK_ATTEMPTS, first_wait: floa
     hit that limit (CI, 2 cores: a traceback instead of "interrupted; rerun the same command to resume"). The failed
     transaction is rolled back, so calling again is safe. Any other error is raised at once; the last attempt's error
     is raised as it is.
+
+    Also retried: two processes setting the same new tag of one run at once (MLflow's ``set_tag`` reads, then inserts
+    the row; the slower insert fails on the tags table's primary key). The workers of one `bench tune` study all
+    write the study run's best-trial tags when they end (CI: a traceback from the second worker instead of the
+    study's end). Called again, the write finds the row and updates it.
     """
     db_log = logging.getLogger("mlflow.store.db.utils")  # (MLflow logs each refusal with its traceback)
     if not any(isinstance(f, _LockedRetried) for f in db_log.filters):
@@ -197,7 +202,7 @@ def retry_locked(fn, *args: Any, attempts: int = LOCK_ATTEMPTS, first_wait: floa
         try:
             return fn(*args, **kwargs)
         except Exception as e:
-            if not _locked(e) or attempt == attempts - 1:
+            if not (_locked(e) or _tag_raced(e)) or attempt == attempts - 1:
                 raise
             time.sleep(wait)
             wait = min(2 * wait, 8.0)
@@ -214,6 +219,13 @@ def _locked(e: BaseException | None) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
+
+
+def _tag_raced(e: BaseException) -> bool:
+    """The insert of a tag row lost to another process's insert of the same (run, key): SQLite's and PostgreSQL's
+    words for a duplicate primary key of MLflow's tags table (``tag_pk``)."""
+    text = str(e)
+    return "UNIQUE constraint failed: tags.key, tags.run_uuid" in text or 'unique constraint "tag_pk"' in text
 
 
 # ------------------------------------------------------------------ batch logging

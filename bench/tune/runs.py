@@ -121,9 +121,9 @@ class StudyRuns:
         children = self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{rid}'")
         for run in [self.client.get_run(rid), *children]:
             if run.info.status == "RUNNING":
-                self.client.set_tag(run.info.run_id, TRIAL_STATE, "FAIL")
-                self.client.set_tag(run.info.run_id, FAIL_REASON, "worker heartbeat lost")
-                self.client.set_terminated(run.info.run_id, "FAILED")
+                retry_locked(self.client.set_tag, run.info.run_id, TRIAL_STATE, "FAIL")
+                retry_locked(self.client.set_tag, run.info.run_id, FAIL_REASON, "worker heartbeat lost")
+                retry_locked(self.client.set_terminated, run.info.run_id, "FAILED")
 
     def log_progress(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if trial.value is not None:
@@ -142,13 +142,13 @@ class StudyRuns:
             best = study.best_trial
         except ValueError:
             best = None
-        if best is not None:
-            self.client.set_tag(self.parent_id, BEST_TRIAL, str(best.number))
-            self.client.set_tag(self.parent_id, BEST_VALUE, f"{best.value:.6g}")
-            for k, v in best.params.items():
-                self.client.set_tag(self.parent_id, f"best.{k}", str(v))
+        if best is not None:  # (every worker writes these as it ends: retried when two insert one tag at once)
+            tags = {BEST_TRIAL: str(best.number), BEST_VALUE: f"{best.value:.6g}",
+                    **{f"best.{k}": str(v) for k, v in best.params.items()}}
+            for k, v in tags.items():
+                retry_locked(self.client.set_tag, self.parent_id, k, v)
         if complete:
-            self.client.set_terminated(self.parent_id, "FINISHED")
+            retry_locked(self.client.set_terminated, self.parent_id, "FINISHED")
 
     def log_artifacts(self, folder: Path) -> None:
         self.client.log_artifacts(self.parent_id, str(folder), artifact_path="tune")

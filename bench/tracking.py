@@ -57,6 +57,12 @@ class UninterruptedClient:
         return call
 
 
+def store_client(uri: str) -> UninterruptedClient:
+    """The client a command writes its own records with (a comparison's run, a study's runs, a pair's reuse mark):
+    ``reports.record.open_client`` on ``uri``, each call whole under a stop signal."""
+    return UninterruptedClient(record.open_client(uri))
+
+
 class StoreUnreachable(RuntimeError):
     """The MLflow server did not answer a run's call within ``$POBENCH_MLFLOW_TIMEOUT`` seconds (one line)."""
 

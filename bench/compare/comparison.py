@@ -28,7 +28,7 @@ from bench.engines.lifecycle import has_checkpoint
 from bench.folders import check_removable, experiment_dir, remove_run_folder
 from bench.identity import written_by_note
 from bench.plugins import check_shippable, with_plugins
-from bench.tracking import version_tags
+from bench.tracking import store_client, version_tags
 from reports.record import (
     COMPARISON,
     CONFIG_HASH,
@@ -37,7 +37,6 @@ from reports.record import (
     SEEDS,
     get_or_create_experiment,
     member_tag,
-    open_client,
     retry_locked,
     tracking_uri,
 )
@@ -129,7 +128,7 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
                          "never measures; set --eval-every >= 1, or pass --no-report")
     cfg = ex.prepare(replace(cfg, tracking_uri=tracking_uri(cfg.tracking_uri)))
     uri = cfg.tracking_uri
-    client = open_client(uri)  # a fresh local store is created under a lock (reports/record.py)
+    client = store_client(uri)  # (a fresh local store is created under a lock: reports/record.py open_client)
     cid, pairs = plan(cfg, algos, seeds, params, force=spec.force, client=client)
     for p in pairs if spec.force else []:  # --force deletes pobench's run folders only: refused now, before any record
         check_removable(run_dir(cfg, p))

@@ -26,10 +26,11 @@ from bench.engines.lifecycle import has_checkpoint, seed_and_threads
 from bench.evaluate import eval_metrics, held_out_result
 from bench.model import load_policy
 from bench.rollout import make_sampler
+from bench.tracking import store_client
 from bench.workers import Notify
 from evaluators.metrics import summarize
 from reports import metric_keys as K
-from reports.record import member_tag, open_client
+from reports.record import member_tag
 
 TrainFn = Callable[..., TrainResult]  # train_fn(cfg, *, on_eval, on_step, step0_eval): bench.engines.train
 
@@ -99,7 +100,7 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
     lock = locks_dir(cfg.output_dir, cfg.experiment) / f"{p.run_name}.lock"
     try:
         with pair_lock(lock, what, on_wait=lambda msg: notify("msg", job.index, msg)) as free:
-            client = open_client(cfg.tracking_uri)
+            client = store_client(cfg.tracking_uri)
             if not ctx.force or not free:
                 done = finished_run(client, ctx.experiment_id, cfg, p)
                 if done is not None:

@@ -14,7 +14,7 @@ from mlflow.entities import Metric as MlMetric
 from mlflow.entities import RunTag
 from optuna.trial import TrialState
 
-from bench.tracking import UninterruptedClient, version_tags
+from bench.tracking import store_client, version_tags
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import count, default_storage_url, redact
 from reports import metric_keys as K
@@ -30,7 +30,6 @@ from reports.record import (
     TRIAL_STATE,
     get_or_create_experiment,
     log_batch,
-    open_client,
     retry_locked,
     tracking_uri,
 )
@@ -44,7 +43,7 @@ class StudyRuns:
 
     def __init__(self, uri: str, experiment: str, study: str) -> None:
         # (each call whole: a trial stopped by a signal never leaves a write of the store half-done, holding its lock)
-        self.client, self.study, self.parent_id = UninterruptedClient(open_client(uri)), study, ""
+        self.client, self.study, self.parent_id = store_client(uri), study, ""
         self.experiment_id = get_or_create_experiment(self.client, uri, experiment)  # safe against other workers
 
     def create_parent(self, study: optuna.Study, spec: TuneSpec) -> None:

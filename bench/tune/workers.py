@@ -30,6 +30,7 @@ import optuna
 from bench.engines.lifecycle import sigterm_as_interrupt
 from bench.inputs import SEED_MAX
 from bench.plugins import check_shippable, with_plugins
+from bench.tracking import store_client
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url, redact
 from bench.tune.study import open_study, run_study
@@ -45,7 +46,7 @@ from bench.workers import (
     task_resources,
     task_setup,
 )
-from reports.record import open_client, tracking_uri
+from reports.record import retry_locked, tracking_uri
 
 EXECUTORS = ("local", "ray")
 
@@ -103,9 +104,9 @@ def _stopped(spec: TuneSpec) -> StudyStopped:
         finished = count(study, *FINISHED)
         parent = study.user_attrs.get("mlflow_parent_run_id")
         if parent:
-            client = open_client(tracking_uri(spec.base.tracking_uri))
-            if client.get_run(parent).info.status == "RUNNING":
-                client.set_terminated(parent, "KILLED")
+            client = store_client(tracking_uri(spec.base.tracking_uri))
+            if client.get_run(parent).info.status == "RUNNING":  # (the workers end their trials' runs now too)
+                retry_locked(client.set_terminated, parent, "KILLED")
     return StudyStopped(spec.study, finished, spec.trials, redact(url))
 
 

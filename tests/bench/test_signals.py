@@ -175,6 +175,50 @@ def test_a_signal_during_a_store_call_interrupts_once_the_call_is_complete(fresh
         pytest.fail("the second SIGINT was held")
 
 
+def test_a_signal_during_bench_runs_own_store_write_stops_the_comparison_once_the_write_is_done(fresh_stop, tmp_path):
+    """`bench run`'s own records (the comparison's run, the membership of the runs it reuses or redoes) are written
+    with the same whole calls as a training run's: a SIGTERM while SQLite executes `--force`'s "no longer a member"
+    mark of the old run stops the comparison once that write is committed (cut there, the write was rolled back and
+    the old run still counted as a member); the comparison's run ends KILLED, nobody holds the store's lock."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from bench.compare import ComparisonSpec, ComparisonStopped, base_config, run_comparison
+    from bench.engines.lifecycle import sigterm_as_interrupt
+
+    cfg = base_config(None, steps=2, eval_every=1, checkpoint_every=1, samples_every=0, experiment="held",
+                      tracking_uri=fresh_store(tmp_path), output_dir=str(tmp_path / "runs"))
+
+    def spec(**kw) -> ComparisonSpec:
+        return ComparisonSpec(cfg, ["grpo"], [0], train_fn=fake_trainer.fake_train,
+                              step0_fn=fake_trainer.fake_step0, progress=False, report=False, workers=1, **kw)
+
+    first = run_comparison(spec())
+    old = first.pairs[0].run_id
+    signalled: list[str] = []
+
+    def signal_during_the_mark(conn, cursor, statement, parameters, context, executemany):
+        if statement.split()[0] in ("UPDATE", "INSERT") and " tags " in statement and not signalled \
+                and any(str(v).startswith("pobench.in.") for v in parameters) and "0" in parameters:
+            signalled.append(statement.split()[0])
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # (the handler runs here, inside SQLite's write)
+
+    event.listen(Engine, "before_cursor_execute", signal_during_the_mark)
+    try:
+        with sigterm_as_interrupt(), pytest.raises(ComparisonStopped):
+            run_comparison(spec(force=True))
+    finally:
+        event.remove(Engine, "before_cursor_execute", signal_during_the_mark)
+    assert signalled == ["UPDATE"]  # the signal came during the write of the mark
+    assert MlflowClient(cfg.tracking_uri).get_run(old).data.tags[f"pobench.in.{first.comparison}"] == "0"
+    assert statuses(cfg.tracking_uri, "held", "comparison") == ["KILLED"]
+    conn = sqlite3.connect(tmp_path / "mlflow.db", timeout=0.5)  # nobody holds the write lock
+    conn.execute("BEGIN IMMEDIATE")
+    conn.rollback()
+    conn.close()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_command_that_keeps_nothing_says_so_and_how_to_rerun_it(fresh_stop, monkeypatch, capsys, sig):
     from bench.cli import list as list_cmd

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -150,8 +151,20 @@ def open_client(uri: str):
     return client
 
 
+def artifact_location(uri: str, name: str) -> str | None:
+    """Where a new experiment of a local SQLite store keeps its runs' files (config.yaml, report, study outputs):
+    ``mlartifacts/<name>`` beside the database, so the store is one folder to copy or archive. (MLflow's own choice
+    is ``./mlruns`` of the folder the creating process ran in: `bench run --tracking-uri sqlite:////data/mlflow.db`
+    from a repository left the runs' files in the repository.) None for other stores: a tracking server chooses."""
+    if not uri.startswith("sqlite:") or (lock := store_lock_path(uri)) is None:
+        return None
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "_"
+    return str(lock.parent.resolve() / "mlartifacts" / safe)
+
+
 def get_or_create_experiment(client, uri: str, name: str) -> str:
-    """The id of experiment ``name`` (restored if deleted, created if absent), safe against concurrent creators."""
+    """The id of experiment ``name`` (restored if deleted, created if absent: with :func:`artifact_location`), safe
+    against concurrent creators."""
     with store_lock(uri):
         exp = client.get_experiment_by_name(name)
         if exp is not None and exp.lifecycle_stage == "deleted":
@@ -159,7 +172,7 @@ def get_or_create_experiment(client, uri: str, name: str) -> str:
         if exp is not None:
             return exp.experiment_id
         try:
-            return client.create_experiment(name)
+            return client.create_experiment(name, artifact_location=artifact_location(uri, name))
         except Exception:  # a remote store: another process created it between the two calls
             exp = client.get_experiment_by_name(name)
             if exp is None:

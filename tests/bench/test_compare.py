@@ -242,3 +242,20 @@ def test_ctrl_c_stops_the_workers_cleanly(tmp_path):
     assert sorted(r.info.status for r in killed) == ["KILLED", "KILLED"]
     assert [r.info.status for r in runs(client, "pobench", "comparison")] == ["KILLED"]
     assert all(len(list(d.glob("ckpt-*"))) >= 1 for d in folder.iterdir() if d.is_dir() and d.name != ".locks")
+
+
+def test_a_local_stores_run_files_go_beside_its_database_not_into_the_working_folder(tmp_path, monkeypatch):
+    """`bench run --tracking-uri sqlite:////data/mlflow.db` from a repository: the runs' files (config.yaml, a
+    report, a study's outputs) are kept in ``mlartifacts/<experiment>`` beside the database (MLflow alone put them in
+    ``./mlruns`` of the working folder, wherever that was), so the store is one folder to copy or archive."""
+    work, data = tmp_path / "repo", tmp_path / "data"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    cfg = tiny(data, "beside my/db", steps=2)
+    run_comparison(spec(cfg, ["grpo"], [0]))
+    assert list(work.iterdir()) == []  # nothing in the working folder
+    client = MlflowClient(cfg.tracking_uri)
+    assert client.get_experiment_by_name("beside my/db").artifact_location == str(data / "mlartifacts" / "beside_my_db")
+    (run,) = runs(client, "beside my/db")
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["config.yaml"]
+    assert (data / "mlartifacts" / "beside_my_db" / run.info.run_id / "artifacts" / "config.yaml").is_file()

@@ -33,6 +33,22 @@ def pytest_configure(config):
         config.option.loadgroup = True
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STORE_FILES = ("mlflow.db", "mlruns", "mlartifacts")  # what MLflow writes into the folder a process runs in
+
+
+@pytest.fixture(autouse=True)
+def no_store_left_in_the_repository():
+    """A test fails when an MLflow store or runs' files appear in the repository while it runs (a test that logged to
+    the working folder's store, or into an experiment whose files MLflow put in ``./mlruns`` there): each test's
+    records belong in its own folder. (Under `pytest -n 2` the test running beside it on the other worker may be the
+    one; what was there before the test is left alone: a developer's own `bench run` in the repository.)"""
+    before = {n for n in STORE_FILES if os.path.exists(os.path.join(REPO, n))}
+    yield
+    new = [n for n in STORE_FILES if n not in before and os.path.exists(os.path.join(REPO, n))]
+    assert not new, f"{', '.join(new)} appeared in the repository ({REPO}) during this test"
+
+
 ON_RAY = pytest.mark.xdist_group("ray")  # the tests that use ``ray_local``
 
 

@@ -21,6 +21,7 @@ from bench.model import format_prompt, load_policy
 from bench.rollout import HFSampler, SamplingParams, make_sampler
 from bench.rollout.scoring import score
 from evaluators.arith import ArithTask
+from reports.record import get_or_create_experiment
 from tests.conftest import fresh_store
 
 
@@ -114,7 +115,7 @@ def test_bench_list_compare_prints_the_probe(capsys):
 def test_warning_before_a_run_and_probe_artifact(tmp_path):
     uri = fresh_store(tmp_path, "m.db")
     client = MlflowClient(uri)
-    run = client.create_run(client.create_experiment("w"))
+    run = client.create_run(get_or_create_experiment(client, uri, "w"))
     err = io.StringIO()
     cfg = base_config(minibatches=1)
     warn_before_run(cfg, ["gspo", "grpo", "dapo"], {"grpo": {"kl_coef": 0.0}}, client=client,

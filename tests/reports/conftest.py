@@ -57,10 +57,14 @@ def log_comparison(uri: str, experiment: str = "cmp-test", comparison: str = "c1
                    objectives=("grpo", "tepo"), seeds=(0, 1), artifacts=None) -> list[str]:
     from mlflow import MlflowClient
 
+    from reports.record import get_or_create_experiment
+
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(
-        experiment, artifact_location=str(artifacts) if artifacts else None)
+    if artifacts and not exp:
+        exp_id = client.create_experiment(experiment, artifact_location=str(artifacts))
+    else:  # (its files beside the store, as pobench's)
+        exp_id = get_or_create_experiment(client, uri, experiment)
     return [log_run(client, exp_id, o, s, comparison) for o in objectives for s in seeds]
 
 

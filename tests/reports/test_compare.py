@@ -11,13 +11,13 @@ import pytest
 from mlflow import MlflowClient
 
 from bench.cli import main
+from reports.record import get_or_create_experiment
 from reports.report import build_report
 
 
 def _log(uri, handmade, comparison, objectives, steps, engine=None):
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name("cmp2")
-    exp_id = exp.experiment_id if exp else client.create_experiment("cmp2")
+    exp_id = get_or_create_experiment(client, uri, "cmp2")  # (its files beside the store, as pobench's)
     for o in objectives:
         for s in (0, 1, 2):
             rid = handmade.log_run(client, exp_id, o, s, comparison, config_hash=f"h{comparison}")

@@ -9,6 +9,7 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric
 
 from reports.load import load_comparison
+from reports.record import get_or_create_experiment
 from reports.report import build_report
 
 LOOP = {"update_epochs": 1, "prompts_per_step": 16, "group_size": 8, "micro_batch_size": 64, "max_new_tokens": 48,
@@ -17,7 +18,7 @@ LOOP = {"update_epochs": 1, "prompts_per_step": 16, "group_size": 8, "micro_batc
 
 def _log(uri, experiment, objectives, minibatches, drift, handmade):
     client = MlflowClient(tracking_uri=uri)
-    exp_id = client.create_experiment(experiment)
+    exp_id = get_or_create_experiment(client, uri, experiment)  # (its files beside the store, as pobench's)
     for o in objectives:
         for seed in (0, 1):
             run = client.create_run(exp_id, run_name=f"{o}-s{seed}", tags={

@@ -8,12 +8,13 @@ import pytest
 from mlflow import MlflowClient
 
 from reports import checks
+from reports.record import get_or_create_experiment
 from reports.report import build_report
 
 
 def _log(uri, experiment, objectives, seeds, handmade, edit):
     client = MlflowClient(tracking_uri=uri)
-    exp_id = client.create_experiment(experiment)
+    exp_id = get_or_create_experiment(client, uri, experiment)  # (its files beside the store, as pobench's)
     for o in objectives:
         for s in seeds:
             series = handmade.series(o, s)

@@ -10,6 +10,7 @@ import pytest
 from mlflow import MlflowClient
 
 from bench.cli import main
+from reports.record import get_or_create_experiment
 from tests.conftest import fresh_store
 
 
@@ -27,8 +28,7 @@ def _kept(before: dict[str, bytes], root: Path) -> bool:
 
 def _comparison(uri: str, experiment: str, handmade, comparison: str = "c1") -> None:
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    exp_id = get_or_create_experiment(client, uri, experiment)  # (its files beside the store, as pobench's)
     for o in ("grpo", "tepo"):
         handmade.log_run(client, exp_id, o, 0, comparison)
 

@@ -58,6 +58,7 @@ from reports.record import (
     SEED,
     STOPPED,
     TASK,
+    tracking_uri,
 )
 
 
@@ -175,6 +176,25 @@ def settle(logger: RunLogger, run_dir: Path) -> dict[str, Any] | None:
             logger.call(logger.client.set_terminated, found["run_id"], status=str(end.get("status", "FAILED")))
         write_run_record(run_dir, found)
     return found
+
+
+def end_abandoned(client: Any, uri: str, run_dir: Path, why: str) -> str | None:
+    """End FAILED (cause ``why`` in ``pobench.failure``) the run ``<run_dir>/run.json`` names when it is still
+    RUNNING in store ``uri``: for a caller that knows the run's process is gone (`bench run` holding the pair's lock,
+    which the kernel releases when its holder dies), so a run SIGKILLed before its first checkpoint does not stay
+    RUNNING beside the pair's new run. Returns the ended run's id, or None."""
+    found = read_run_record(run_dir)
+    if found is None or found.get("tracking_uri") != tracking_uri(uri):
+        return None
+    try:
+        run = client.get_run(found["run_id"])
+    except MlflowException:  # (no such run: deleted from the store)
+        return None
+    if run.info.status != "RUNNING":
+        return None
+    client.set_tag(found["run_id"], FAILURE, why)
+    client.set_terminated(found["run_id"], status="FAILED")
+    return found["run_id"]
 
 
 def end_run(logger: RunLogger, error: BaseException | str | None = None) -> bool:

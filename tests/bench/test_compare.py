@@ -259,3 +259,44 @@ def test_a_local_stores_run_files_go_beside_its_database_not_into_the_working_fo
     (run,) = runs(client, "beside my/db")
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["config.yaml"]
     assert (data / "mlartifacts" / "beside_my_db" / run.info.run_id / "artifacts" / "config.yaml").is_file()
+
+
+def test_a_pair_killed_before_its_first_checkpoint_is_trained_again_and_its_run_ended_failed(tmp_path, bench_here,
+                                                                                              monkeypatch):
+    """SIGKILL (out of memory, a scheduler's hard kill) before a pair's first checkpoint leaves its MLflow run
+    RUNNING, nothing to resume. The same command trains the pair again in a new run and ends the abandoned one
+    FAILED, saying so (it stayed RUNNING beside the new one: a run nobody will ever end, counted by the UI as live)."""
+    from bench.compare.pairs import ABANDONED
+
+    from .fake_trainer import inject
+
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump({**TINY, "steps": 40, "eval_every": 0,
+                                                         "checkpoint_every": 0}))
+    fresh_store(tmp_path)   # (the default store of the working folder)
+    argv = ["run", "--config", "long.yaml", "--algos", "grpo", "--seeds", "0", "--no-report", "--no-progress"]
+    proc = subprocess.Popen([*FAKE_CLI, *argv], cwd=tmp_path, env={**env(), "FAKE_STEP_S": "0.5"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    record = None
+    deadline = time.time() + 120
+    while record is None:   # the pair's run exists (run.json names it): the process is training
+        record = next((tmp_path / ".pobench" / "runs" / "pobench").glob("*/run.json"), None)
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not list(record.parent.glob("ckpt-*"))
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    (killed,) = runs(client, "pobench")
+    assert killed.info.status == "RUNNING"   # nobody ended it
+
+    inject(monkeypatch.setattr)
+    rc, out, err = bench_here(argv, tmp_path)
+    assert rc == 0, err[-3000:]
+    assert f"grpo seed 0: its run {killed.info.run_id} was left RUNNING by a process that ended before its first " \
+           "checkpoint; ended FAILED, trained again in a new run" in out + err, (out + err)[-3000:]
+    after = {r.info.run_id: r for r in runs(client, "pobench")}
+    assert after[killed.info.run_id].info.status == "FAILED"
+    assert after[killed.info.run_id].data.tags["pobench.failure"] == ABANDONED
+    (new,) = [r for rid, r in after.items() if rid != killed.info.run_id]
+    assert new.info.status == "FINISHED" and [m.step for m in client.get_metric_history(
+        new.info.run_id, "rollout/reward_mean")] == list(range(1, 41))

@@ -121,19 +121,12 @@ def run(name: str, a, clock: Clock, template: str, drop_finished: bool = True, *
 
 
 def main() -> None:
+    from step_vs_trl import prompt_template, workload_flags
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--group", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--minibatches", type=int, default=1)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--prompt-tokens", type=int, default=0, help="as step_vs_trl.py: a few-shot prefix")
+    workload_flags(ap, 1, "torch threads")
     ap.add_argument("--only", default="", help="comma-separated configurations (default: all)")
-    ap.add_argument("--no-skip-zero-advantage", dest="skip", action="store_false",
-                    help="leave the skip out (the built-in model fails the few-shot prompts of --prompt-tokens)")
     a = ap.parse_args()
-    from step_vs_trl import prompt_template
 
     torch.set_num_threads(a.threads)
     template = prompt_template(a.prompt_tokens, a.prompts)
@@ -144,9 +137,9 @@ def main() -> None:
         "micro-batch": {**off, "micro_batch_size": a.prompts},
         "+prefix": {**off, "shared_prefix": True, "micro_batch_size": a.prompts},
         "+skip": {**off, "shared_prefix": True, "skip_zero_advantage": True, "micro_batch_size": a.prompts},
-        "+drop": {"micro_batch_size": a.prompts, "skip_zero_advantage": a.skip},
+        "+drop": {"micro_batch_size": a.prompts, "skip_zero_advantage": a.skip_zero_advantage},
     }
-    if not a.skip:
+    if not a.skip_zero_advantage:
         del configs["+skip"]
     only = [c for c in a.only.split(",") if c]
     clock = Clock()

@@ -247,25 +247,31 @@ def interleaved(a, prompts: list[str], work: str, threads: int, template: str
     return rounds
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def workload_flags(ap: argparse.ArgumentParser, threads: int, threads_help: str) -> None:
+    """The flags of the measured workload, the same in this script and perf/step_profile.py."""
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of (ours, TRL); the order alternates")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads for both (default: torch's default)")
+    ap.add_argument("--threads", type=int, default=threads, help=threads_help)
     ap.add_argument("--minibatches", type=int, default=1,
                     help="optimizer steps per rollout batch (1: the one-update regime); must divide --group")
     ap.add_argument("--prompt-tokens", type=int, default=0,
                     help="long-prompt configuration: a few-shot prefix up to a mean prompt of about N tokens")
+    ap.add_argument("--no-skip-zero-advantage", dest="skip_zero_advantage", action="store_false",
+                    help="ours without skipping zero-advantage completions (the built-in model fails the few-shot "
+                         "prompts of --prompt-tokens)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    workload_flags(ap, 0, "torch threads for both (default: torch's default)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds of (ours, TRL); the order alternates")
     ap.add_argument("--micro-batch-size", type=int, default=0,
                     help="our completions per forward/backward (default: --prompts, TRL's micro-batch here)")
     ap.add_argument("--no-shared-prefix", dest="shared_prefix", action="store_false",
                     help="ours without the shared-prefix forward")
-    ap.add_argument("--no-skip-zero-advantage", dest="skip_zero_advantage", action="store_false",
-                    help="ours without skipping zero-advantage completions")
     a = ap.parse_args()
     if a.minibatches < 1 or a.group % a.minibatches:
         ap.error(f"--minibatches {a.minibatches} must be >= 1 and divide --group {a.group}")

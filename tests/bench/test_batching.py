@@ -16,6 +16,7 @@ from bench.engines.native.scale import Reference
 from bench.engines.native.step import Group, update
 from bench.model import build_char_tokenizer, tiny_config
 from bench.rollout import make_sampler
+from tests.bench.record_grads import RecordGrads
 
 
 def _lengths(n: int, seed: int) -> tuple[list[int], list[int]]:
@@ -32,17 +33,6 @@ def test_length_grouped_is_a_partition_with_less_padding():
     flat = [c_len[i] for i in torch.cat(grouped).tolist()]
     assert flat == sorted(flat)
     assert padded_tokens(grouped, c_len, p_len) < 0.8 * padded_tokens(plain, c_len, p_len)
-
-
-class RecordGrads(torch.optim.Optimizer):
-    """Keeps each step's gradients and leaves the parameters alone (so two updates start from the same model)."""
-
-    def __init__(self, params):
-        super().__init__(params, {})
-        self.grads: list[list[torch.Tensor]] = []
-
-    def step(self, closure=None):
-        self.grads.append([p.grad.clone() for group in self.param_groups for p in group["params"]])
 
 
 @pytest.mark.parametrize("algo", ["grpo", "tepo"])

@@ -15,19 +15,9 @@ from bench.engines.native.scale import Reference
 from bench.engines.native.step import Group, update
 from bench.model import format_prompt, load_policy
 from bench.rollout import SamplingParams, make_sampler
+from tests.bench.record_grads import RecordGrads
 
 VARIANTS = [(False, False), (True, False), (False, True), (True, True)]  # (shared_prefix, skip_zero_advantage)
-
-
-class RecordGrads(torch.optim.Optimizer):
-    """Records the gradient at each optimizer step and leaves the parameters alone."""
-
-    def __init__(self, params):
-        super().__init__(params, {})
-        self.grads: list[list[torch.Tensor]] = []
-
-    def step(self, closure=None):
-        self.grads.append([p.grad.clone() for group in self.param_groups for p in group["params"]])
 
 
 @pytest.fixture(scope="module")

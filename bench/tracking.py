@@ -188,6 +188,7 @@ class RunLogger:
         self.timeout = timeout_s() if self.remote else 0.0
         self.unreachable: str | None = None  # why the server did not answer (set once a call gave up)
         self.run_dir: Path | None = None  # the run's folder, where run.json lives (set by the lifecycle)
+        self.folder_lock: Any = None  # the run folder's lock while the run is open (bench/engines/lifecycle.py)
         self.client = self.call(open_client, self.uri)  # a fresh local store is created under a lock
         self.experiment_id = self.call(get_or_create_experiment, self.client, self.uri, experiment)
         self.run_id: str | None = None

@@ -24,7 +24,7 @@ from bench.compare.pairs import PairContext, PairJob, PairResult, TrainFn, initi
 from bench.compare.plan import DEFAULTS, Pair, plan, run_dir
 from bench.compare.store import locks_dir, pair_lock
 from bench.config import TrainConfig
-from bench.engines.lifecycle import has_checkpoint
+from bench.engines.lifecycle import RunFolderBusy, folder_in_use, has_checkpoint
 from bench.folders import check_removable, experiment_dir, remove_run_folder
 from bench.identity import written_by_note
 from bench.plugins import check_shippable, with_plugins
@@ -132,6 +132,9 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
     cid, pairs = plan(cfg, algos, seeds, params, force=spec.force, client=client)
     for p in pairs if spec.force else []:  # --force deletes pobench's run folders only: refused now, before any record
         check_removable(run_dir(cfg, p))
+        if folder_in_use(run_dir(cfg, p)):  # (deleted under a training process, its run would be lost mid-way)
+            raise RunFolderBusy(f"--force: {run_dir(cfg, p)} is being trained by another process now; wait for it "
+                                "to end, then redo the comparison with --force")
     if ex.spawns(sum(p.action != "reuse" for p in pairs), cfg):  # a notebook's objective: one line, no worker
         check_shippable(cfg, algos)
     exp_id = get_or_create_experiment(client, uri, cfg.experiment)

@@ -22,7 +22,7 @@ from bench.compare.store import locks_dir, pair_lock
 from bench.config import TrainConfig
 from bench.data import derive_seed, eval_problems
 from bench.engines import TrainingDiverged, TrainResult
-from bench.engines.lifecycle import end_abandoned, has_checkpoint, seed_and_threads
+from bench.engines.lifecycle import has_checkpoint, seed_and_threads
 from bench.evaluate import eval_metrics, held_out_result
 from bench.model import load_policy
 from bench.rollout import make_sampler
@@ -33,10 +33,6 @@ from reports import metric_keys as K
 from reports.record import member_tag
 
 TrainFn = Callable[..., TrainResult]  # train_fn(cfg, *, on_eval, on_step, step0_eval): bench.engines.train
-
-
-ABANDONED = ("its process ended before the run's first checkpoint without ending the run (killed: SIGKILL, out of "
-             "memory, the machine lost); `bench run` trained the pair again in a new run")
 
 
 @dataclass(frozen=True)
@@ -112,10 +108,6 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
                     how = "reused" if free else "reused (trained by another process)"
                     return PairResult(job.index, how, "reuse", done)
             action = "resume" if has_checkpoint(run_dir(cfg, p)) else "train"
-            # (under the pair's lock, which the kernel releases when its holder dies: no process trains it now)
-            if action == "train" and (gone := end_abandoned(client, cfg.tracking_uri, run_dir(cfg, p), ABANDONED)):
-                notify("msg", job.index, f"{what}: its run {gone} was left RUNNING by a process that ended before "
-                                         "its first checkpoint; ended FAILED, trained again in a new run")
             notify("start", job.index, action)
             p = replace(p, action=action)
             pcfg = pair_config(cfg, p, ctx.cid, ctx.parent_id)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock, Timeout
 from mlflow.exceptions import MlflowException
 
 from bench import identity, resume, stop
@@ -106,6 +107,49 @@ def run_tags_and_params(cfg: TrainConfig, objective, tags: dict[str, str] | None
     return out, params
 
 
+class RunFolderBusy(ValueError):
+    """Another process is training a run in this run folder now (one line; exit 2)."""
+
+
+ABANDONED = ("its process ended before the run's first checkpoint without ending the run (killed: SIGKILL, out of "
+             "memory, the machine lost); the run folder was trained again in a new run")
+
+
+def folder_lock_path(run_dir: Path) -> Path:
+    """The lock a training process holds on its run folder while its MLflow run is open:
+    ``<parent>/.locks/<run folder>.run.lock`` (beside `bench run`'s pair locks; outside the folder, which
+    ``--force`` deletes)."""
+    return Path(run_dir).parent / ".locks" / f"{Path(run_dir).name}.run.lock"
+
+
+def folder_in_use(run_dir: Path) -> bool:
+    """True when a process holds ``run_dir``'s run lock now (it trains a run there)."""
+    path = folder_lock_path(run_dir)
+    if not path.exists():
+        return False
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return True
+    lock.release()
+    return False
+
+
+def _hold_folder(run_dir: Path) -> FileLock:
+    """Take ``run_dir``'s run lock, or RunFolderBusy: two processes writing checkpoints into one folder would mix
+    two runs (a resume could continue the other's). ``fcntl`` locks: released by the kernel when the holder dies."""
+    path = folder_lock_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise RunFolderBusy(f"{run_dir} is in use: another process is training a run there now (lock {path}); wait "
+                            "for it to end, or choose another --run-name / --output-dir") from None
+    return lock
+
+
 def open_run(cfg: TrainConfig, objective, run_dir: Path, *, resume_state: dict[str, Any] | None = None,
              tags: dict[str, str] | None = None) -> RunLogger:
     """The MLflow run of a training run. First, an end ``run.json`` holds unsent is applied. ``resume_state`` (a
@@ -113,9 +157,24 @@ def open_run(cfg: TrainConfig, objective, run_dir: Path, *, resume_state: dict[s
     written. ``cfg.resume`` without a checkpoint: the run ``run.json`` names, from step 0 (when it logged no metric
     yet). Otherwise a new run with ``run_tags_and_params`` (plus ``tags``) and the config, saved as
     ``<run_dir>/config.yaml``, as its artifact. ``run.json`` names the run from then on."""
+    folder = _hold_folder(run_dir)  # (released when the run ends: ``end_run``; or by the kernel when the process dies)
+    try:
+        return _open_run(cfg, objective, run_dir, folder, resume_state, tags)
+    except BaseException:
+        if folder.is_locked:  # (not ended: refused, or the store failed before the run existed)
+            folder.release()
+        raise
+
+
+def _open_run(cfg: TrainConfig, objective, run_dir: Path, folder: FileLock, resume_state: dict[str, Any] | None,
+              tags: dict[str, str] | None) -> RunLogger:
     logger = RunLogger(cfg.tracking_uri, cfg.experiment)
-    logger.run_dir = run_dir
+    logger.run_dir, logger.folder_lock = run_dir, folder
     found = settle(logger, run_dir)
+    if resume_state is None and not cfg.resume and found is not None:  # a new run: one left RUNNING is abandoned
+        if gone := logger.call(end_abandoned, logger.client, logger.uri, run_dir, ABANDONED):
+            print(f"bench: {run_dir}: its MLflow run {gone} was left RUNNING by a process that ended before its "
+                  "first checkpoint; ended FAILED, a new run starts", file=sys.stderr)
     if resume_state is None and cfg.resume and found is not None:
         run = logger.call(logger.client.get_run, found["run_id"])
         if run.data.metrics:
@@ -180,9 +239,10 @@ def settle(logger: RunLogger, run_dir: Path) -> dict[str, Any] | None:
 
 def end_abandoned(client: Any, uri: str, run_dir: Path, why: str) -> str | None:
     """End FAILED (cause ``why`` in ``pobench.failure``) the run ``<run_dir>/run.json`` names when it is still
-    RUNNING in store ``uri``: for a caller that knows the run's process is gone (`bench run` holding the pair's lock,
-    which the kernel releases when its holder dies), so a run SIGKILLed before its first checkpoint does not stay
-    RUNNING beside the pair's new run. Returns the ended run's id, or None."""
+    RUNNING in store ``uri``: for a caller that knows the run's process is gone (``open_run``, holding the folder's
+    run lock, which every training process holds while its run is open and the kernel releases when it dies), so a
+    run SIGKILLed before its first checkpoint does not stay RUNNING beside the folder's new run. Returns the ended
+    run's id, or None."""
     found = read_run_record(run_dir)
     if found is None or found.get("tracking_uri") != tracking_uri(uri):
         return None
@@ -212,8 +272,18 @@ def end_run(logger: RunLogger, error: BaseException | str | None = None) -> bool
         if logger.run_dir is None or logger.run_id is None or status == "FINISHED":
             raise  # (a FINISHED end that did not arrive fails the run: ``recorded`` ends it FAILED)
         _write_record(logger, logger.run_dir, {"status": status, **({"failure": cause} if cause else {})})
+        _release_folder(logger)
         return False
+    _release_folder(logger)
     return True
+
+
+def _release_folder(logger: RunLogger) -> None:
+    """Let the run folder go (its run has ended, or its end is recorded in ``run.json``)."""
+    lock = getattr(logger, "folder_lock", None)
+    if lock is not None:
+        lock.release()
+        logger.folder_lock = None
 
 
 def finish_run(logger: RunLogger, stopped_early: bool = False) -> None:

@@ -69,8 +69,10 @@ def test_bench_train_run_name_escaping_writes_under_output_dir(scratch, bench_he
     rc, _, err = bench_here(["train", "--run-name", "../../../ESC1", "--eval-every", "0", *TINY], work)
     assert rc == 0, err[-3000:]
     outside_unchanged(root, work, before)
-    (run,) = (work / ".pobench" / "runs" / "pobench").iterdir()  # <output_dir>/<experiment>/<run name made safe>
+    # <output_dir>/<experiment>/<run name made safe>, and the run folders' locks beside it
+    (run,) = [p for p in (work / ".pobench" / "runs" / "pobench").iterdir() if p.name != ".locks"]
     assert run.name.startswith("ESC1-") and (run / MARKER).is_file() and (run / "final").is_dir()
+    assert [p.name for p in (run.parent / ".locks").iterdir()] == [f"{run.name}.run.lock"]
 
 
 @pytest.mark.slow
@@ -96,8 +98,9 @@ def test_bench_tune_study_escaping_writes_under_its_folders(scratch, bench_here)
     outside_unchanged(root, work, before)
     outputs = [p for p in (work / ".pobench" / "tune").iterdir() if p.is_dir()]
     assert len(outputs) == 1 and outputs[0].name.startswith("X-") and (outputs[0] / "summary.csv").is_file()
-    (trial_run,) = (work / ".pobench" / "runs").iterdir()
+    (trial_run,) = [p for p in (work / ".pobench" / "runs").iterdir() if p.name != ".locks"]
     assert "X-" in trial_run.name and (trial_run / MARKER).is_file()
+    assert [p.name for p in (trial_run.parent / ".locks").iterdir()] == [f"{trial_run.name}.run.lock"]
 
 
 # ------------------------------------------------------------------ only pobench's folders are written into / deleted

@@ -141,7 +141,7 @@ def _hold_folder(run_dir: Path) -> FileLock:
     two runs (a resume could continue the other's). ``fcntl`` locks: released by the kernel when the holder dies."""
     path = folder_lock_path(run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path))
+    lock = FileLock(str(path), thread_local=False)  # (held by the run, whichever thread ends it)
     try:
         lock.acquire(timeout=0)
     except Timeout:

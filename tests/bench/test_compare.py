@@ -261,34 +261,50 @@ def test_a_local_stores_run_files_go_beside_its_database_not_into_the_working_fo
     assert (data / "mlartifacts" / "beside_my_db" / run.info.run_id / "artifacts" / "config.yaml").is_file()
 
 
-def test_a_pair_killed_before_its_first_checkpoint_is_trained_again_and_its_run_ended_failed(tmp_path, bench_here,
-                                                                                              monkeypatch):
-    """SIGKILL (out of memory, a scheduler's hard kill) before a pair's first checkpoint leaves its MLflow run
-    RUNNING, nothing to resume. The same command trains the pair again in a new run and ends the abandoned one
-    FAILED, saying so (it stayed RUNNING beside the new one: a run nobody will ever end, shown as live)."""
-    from bench.engines.lifecycle import ABANDONED
+def test_a_run_folder_being_trained_is_not_trained_into_and_once_killed_its_run_is_ended_by_the_next(tmp_path,
+                                                                                                   bench_here,
+                                                                                                   monkeypatch):
+    """A training process holds its run folder's lock while its MLflow run is open (every engine:
+    bench/engines/lifecycle.py). Two trainings into one folder at once (two `bench train --run-name r`, a job array
+    given one name) wrote their checkpoints into one folder: two runs mixed, and a resume could continue the other's.
+    Now the second is refused with one line naming the folder, before it creates a run, and `bench run --force`
+    refuses to delete the folder. Then SIGKILL (out of memory, a scheduler's hard kill) before the first checkpoint
+    leaves the run RUNNING with nothing to resume: the same command trains the pair again in a new run and ends the
+    abandoned one FAILED, saying so (it stayed RUNNING beside the new one: a run nobody would ever end)."""
+    from bench.engines.lifecycle import ABANDONED, RunFolderBusy, folder_in_use
 
     from .fake_trainer import inject
 
-    (tmp_path / "long.yaml").write_text(yaml.safe_dump({**TINY, "steps": 40, "eval_every": 0,
-                                                         "checkpoint_every": 0}))
+    fields = {**TINY, "steps": 40, "eval_every": 0, "checkpoint_every": 0}
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump(fields))
     fresh_store(tmp_path)   # (the default store of the working folder)
     argv = ["run", "--config", "long.yaml", "--algos", "grpo", "--seeds", "0", "--no-report", "--no-progress"]
     proc = subprocess.Popen([*FAKE_CLI, *argv], cwd=tmp_path, env={**env(), "FAKE_STEP_S": "0.5"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    record = None
-    deadline = time.time() + 120
-    while record is None:   # the pair's run exists (run.json names it): the process is training
-        record = next((tmp_path / ".pobench" / "runs" / "pobench").glob("*/run.json"), None)
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not list(record.parent.glob("ckpt-*"))
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    (killed,) = runs(client, "pobench")
-    assert killed.info.status == "RUNNING"   # nobody ended it
-
+    folder = tmp_path / ".pobench" / "runs" / "pobench"
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    try:
+        record, deadline = None, time.time() + 120
+        while record is None:   # the pair's run exists (run.json names it): the process is training
+            record = next(folder.glob("*/run.json"), None)
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.1)
+        cfg = base_config(None, **fields, tracking_uri=uri, output_dir=str(folder), experiment="pobench",
+                          run_name=record.parent.name)
+        assert cfg.run_dir() == record.parent
+        with pytest.raises(RunFolderBusy, match=f"{record.parent} is in use: another process is training a run"):
+            fake_train(cfg)
+        base = base_config(None, **fields, tracking_uri=uri, output_dir=str(tmp_path / ".pobench" / "runs"))
+        with pytest.raises(RunFolderBusy, match=f"--force: {record.parent} is being trained by another process"):
+            run_comparison(spec(base, ["grpo"], [0], force=True))
+        client = MlflowClient(uri)
+        (killed,) = runs(client, "pobench")   # the refused ones created no run; the first's goes on
+        assert record.is_file() and proc.poll() is None
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert not list(record.parent.glob("ckpt-*")) and not folder_in_use(record.parent)
+    assert client.get_run(killed.info.run_id).info.status == "RUNNING"   # nobody ended it
     inject(monkeypatch.setattr)
     rc, out, err = bench_here(argv, tmp_path)
     assert rc == 0, err[-3000:]
@@ -300,41 +316,3 @@ def test_a_pair_killed_before_its_first_checkpoint_is_trained_again_and_its_run_
     (new,) = [r for rid, r in after.items() if rid != killed.info.run_id]
     assert new.info.status == "FINISHED" and [m.step for m in client.get_metric_history(
         new.info.run_id, "rollout/reward_mean")] == list(range(1, 41))
-
-
-def test_a_run_folder_being_trained_is_not_trained_into_or_deleted_by_another_process(tmp_path):
-    """Two trainings into one run folder at once (two `bench train --run-name r`, a job array given one name) wrote
-    their checkpoints into one folder: two runs mixed, and a resume could continue the other's. A training process
-    holds its run folder's lock while its run is open (every engine: bench/engines/lifecycle.py): a second training
-    there is refused with one line naming the folder, before it creates a run; `bench run --force` refuses to delete
-    the folder; the first run goes on and finishes as if alone."""
-    from bench.engines.lifecycle import RunFolderBusy, folder_in_use
-
-    (tmp_path / "short.yaml").write_text(yaml.safe_dump({**TINY, "steps": 20, "eval_every": 0,
-                                                          "checkpoint_every": 0}))
-    fresh_store(tmp_path)   # (the default store of the working folder)
-    argv = ["run", "--config", "short.yaml", "--algos", "grpo", "--seeds", "0", "--no-report", "--no-progress"]
-    first = subprocess.Popen([*FAKE_CLI, *argv], cwd=tmp_path, env={**env(), "FAKE_STEP_S": "0.25"},
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    folder = tmp_path / ".pobench" / "runs" / "pobench"
-    record, deadline = None, time.time() + 120
-    while record is None:   # the first process's run is open
-        record = next(folder.glob("*/run.json"), None)
-        assert first.poll() is None and time.time() < deadline, first.communicate()[0][-3000:]
-        time.sleep(0.1)
-    cfg = base_config(None, **{**TINY, "steps": 20, "eval_every": 0, "checkpoint_every": 0},
-                      tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", output_dir=str(folder),
-                      experiment="pobench", run_name=record.parent.name)
-    assert cfg.run_dir() == record.parent
-    with pytest.raises(RunFolderBusy, match=f"{record.parent} is in use: another process is training a run there"):
-        fake_train(cfg)
-    base = base_config(None, **{**TINY, "steps": 20, "eval_every": 0, "checkpoint_every": 0},
-                       tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", output_dir=str(tmp_path / ".pobench" / "runs"))
-    with pytest.raises(RunFolderBusy, match=f"--force: {record.parent} is being trained by another process now"):
-        run_comparison(spec(base, ["grpo"], [0], force=True))
-    assert first.wait(timeout=120) == 0, first.communicate()[0][-3000:]
-    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    (run,) = runs(client, "pobench")   # the refused ones created no run
-    steps = [m.step for m in client.get_metric_history(run.info.run_id, "rollout/reward_mean")]
-    assert run.info.status == "FINISHED" and steps == list(range(1, 21))
-    assert not folder_in_use(record.parent)  # its process ended: the folder is free

@@ -29,13 +29,18 @@ def bench_train(tmp_path, monkeypatch):
     return run
 
 
+def run_folders(folder: Path) -> list[Path]:
+    """The run folders of an output folder (not ``.locks``, the run folders' locks)."""
+    return [p for p in folder.iterdir() if p.name != ".locks"]
+
+
 def experiments(uri: str) -> set[str]:
     return {e.name for e in MlflowClient(uri).search_experiments()}
 
 
 def test_resume_with_another_configuration_is_refused_naming_each_field(bench_train, tmp_path, capsys):
     assert bench_train("--algo", "grpo", "--control", "random-reward", "--steps", "1", "--experiment", "ctl") == 0
-    (folder,) = (tmp_path / "runs" / "ctl").iterdir()
+    (folder,) = run_folders(tmp_path / "runs" / "ctl")
     assert folder.name.startswith("grpo-s0-")
     store = Path(bench_train.uri.removeprefix("sqlite:///")).read_bytes()
     capsys.readouterr()
@@ -57,7 +62,7 @@ def test_resume_with_another_configuration_is_refused_naming_each_field(bench_tr
 def test_fewer_steps_refused_larger_steps_resume_and_are_recorded(bench_train, tmp_path, capsys):
     common = ["--algo", "grpo", "--experiment", "ext"]
     assert bench_train(*common, "--steps", "2") == 0
-    (folder,) = (tmp_path / "runs" / "ext").iterdir()
+    (folder,) = run_folders(tmp_path / "runs" / "ext")
     capsys.readouterr()
     assert bench_train(*common, "--steps", "1", "--resume") == 2
     assert "steps (2 -> 1)" in capsys.readouterr().err
@@ -85,7 +90,7 @@ def test_rewritten_data_is_named_on_resume(bench_train, tmp_path, capsys):
 def test_two_configurations_get_two_folders(bench_train, tmp_path):
     assert bench_train("--algo", "grpo", "--steps", "1", "--experiment", "two") == 0
     assert bench_train("--algo", "grpo", "--steps", "1", "--experiment", "two", "--control", "random-reward") == 0
-    assert len(list((tmp_path / "runs" / "two").iterdir())) == 2
+    assert len(run_folders(tmp_path / "runs" / "two")) == 2
 
 
 def test_every_engine_refuses_another_configuration_on_resume(tmp_path, monkeypatch):

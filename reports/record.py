@@ -25,13 +25,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from reports.dburl import with_driver
+from reports.paths import safe_component
 
 # ------------------------------------------------------------------ tag names
 KIND = "pobench.kind"                # train | comparison | eval | tune-study | tune-trial
@@ -153,13 +153,13 @@ def open_client(uri: str):
 
 def artifact_location(uri: str, name: str) -> str | None:
     """Where a new experiment of a local SQLite store keeps its runs' files (config.yaml, report, study outputs):
-    ``mlartifacts/<name>`` beside the database, so the store is one folder to copy or archive. (MLflow's own choice
+    ``mlartifacts/<name made one safe path component>`` beside the database, so a store's files are found beside it,
+    whatever the working folder was. (MLflow's own choice
     is ``./mlruns`` of the folder the creating process ran in: `bench run --tracking-uri sqlite:////data/mlflow.db`
     from a repository left the runs' files in the repository.) None for other stores: a tracking server chooses."""
     if not uri.startswith("sqlite:") or (lock := store_lock_path(uri)) is None:
         return None
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "_"
-    return str(lock.parent.resolve() / "mlartifacts" / safe)
+    return str(lock.parent.resolve() / "mlartifacts" / safe_component(name, "experiment"))  # (bounded, distinct)
 
 
 def get_or_create_experiment(client, uri: str, name: str) -> str:

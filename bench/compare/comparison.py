@@ -24,7 +24,7 @@ from bench.compare.pairs import PairContext, PairJob, PairResult, TrainFn, initi
 from bench.compare.plan import DEFAULTS, Pair, plan, run_dir
 from bench.compare.store import locks_dir, pair_lock
 from bench.config import TrainConfig
-from bench.engines.lifecycle import RunFolderBusy, folder_in_use, has_checkpoint
+from bench.engines.lifecycle import RunFolderBusy, folder_held, folder_in_use, has_checkpoint
 from bench.folders import check_removable, experiment_dir, remove_run_folder
 from bench.identity import written_by_note
 from bench.plugins import check_shippable, with_plugins
@@ -132,7 +132,7 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
     cid, pairs = plan(cfg, algos, seeds, params, force=spec.force, client=client)
     for p in pairs if spec.force else []:  # --force deletes pobench's run folders only: refused now, before any record
         check_removable(run_dir(cfg, p))
-        if folder_in_use(run_dir(cfg, p)):  # (deleted under a training process, its run would be lost mid-way)
+        if folder_in_use(run_dir(cfg, p)):  # (at once, before any record; the deletion itself holds the folder)
             raise RunFolderBusy(f"--force: {run_dir(cfg, p)} is being trained by another process now; wait for it "
                                 "to end, then redo the comparison with --force")
     if ex.spawns(sum(p.action != "reuse" for p in pairs), cfg):  # a notebook's objective: one line, no worker
@@ -186,7 +186,8 @@ def _train(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pai
                     f"tags.`pobench.kind` = 'train' and tags.`{member_tag(cid)}` = '1' and "
                     f"tags.`pobench.objective` = '{p.objective}' and tags.`pobench.seed` = '{p.seed}'")):
                 client.set_tag(r.info.run_id, member_tag(cid), "0")
-            remove_run_folder(run_dir(cfg, p), experiment_dir(cfg.output_dir, cfg.experiment))  # marked ones only
+            with folder_held(run_dir(cfg, p)):  # (no training starts in it while it goes; one running: refused)
+                remove_run_folder(run_dir(cfg, p), experiment_dir(cfg.output_dir, cfg.experiment))  # marked ones only
 
     todo = [p for p in pairs if p.action != "reuse"]
     ctx = PairContext(cfg, cid, parent, exp_id, spec.force, spec.train_fn, spec.on_eval)

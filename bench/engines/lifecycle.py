@@ -59,6 +59,7 @@ from reports.record import (
     SEED,
     STOPPED,
     TASK,
+    retry_locked,
     tracking_uri,
 )
 
@@ -134,6 +135,16 @@ def folder_in_use(run_dir: Path) -> bool:
         return True
     lock.release()
     return False
+
+
+@contextlib.contextmanager
+def folder_held(run_dir: Path) -> Iterator[None]:
+    """Inside, no training can start in ``run_dir`` (its run lock held); RunFolderBusy when one runs there now."""
+    lock = _hold_folder(run_dir)
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _hold_folder(run_dir: Path) -> FileLock:
@@ -252,8 +263,8 @@ def end_abandoned(client: Any, uri: str, run_dir: Path, why: str) -> str | None:
         return None
     if run.info.status != "RUNNING":
         return None
-    client.set_tag(found["run_id"], FAILURE, why)
-    client.set_terminated(found["run_id"], status="FAILED")
+    retry_locked(client.set_tag, found["run_id"], FAILURE, why)
+    retry_locked(client.set_terminated, found["run_id"], status="FAILED")
     return found["run_id"]
 
 
@@ -264,18 +275,30 @@ def end_run(logger: RunLogger, error: BaseException | str | None = None) -> bool
     status = "FINISHED" if error is None else "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) \
         else "FAILED"
     cause = failure_text(error)[:5000] if status == "FAILED" else None
+    release = True  # (the folder is let go however the end went)
     try:
         if cause:
             logger.set_tags({FAILURE: cause})
         logger.end(status)
     except StoreUnreachable:
-        if logger.run_dir is None or logger.run_id is None or status == "FINISHED":
-            raise  # (a FINISHED end that did not arrive fails the run: ``recorded`` ends it FAILED)
+        if logger.run_dir is None or logger.run_id is None:
+            raise
+        if status == "FINISHED":  # (a FINISHED end that did not arrive fails the run: ``recorded`` ends it FAILED,
+            release = False      # still holding the folder)
+            raise
         _write_record(logger, logger.run_dir, {"status": status, **({"failure": cause} if cause else {})})
-        _release_folder(logger)
         return False
-    _release_folder(logger)
+    finally:
+        if release:
+            _release_folder(logger)
     return True
+
+
+def folder_lock_fds(logger: RunLogger) -> tuple[int, ...]:
+    """The descriptor of the run folder's lock, for a process that trains in the folder on the run's behalf (verl's
+    trainer): inherited, it keeps the folder locked while that process lives, even if this one is killed."""
+    fd = getattr(getattr(logger.folder_lock, "_context", None), "lock_file_fd", None)  # (filelock's open descriptor)
+    return (fd,) if isinstance(fd, int) else ()
 
 
 def _release_folder(logger: RunLogger) -> None:
@@ -376,6 +399,11 @@ def end_unresumable(cfg: TrainConfig, run_dir: Path, error: BaseException) -> st
             return ""
     except StoreUnreachable:
         return ""  # (checked reachable just before: the store went away since; the run stays as it is)
-    return f"; its MLflow run {run_id} was ended FAILED" if end_run(logger, error) else \
+    try:
+        with folder_held(run_dir):  # (RUNNING because its process is gone, not because one trains there now)
+            ended = end_run(logger, error)
+    except RunFolderBusy:
+        return f"; its MLflow run {run_id} is left as it is: another process is training in {run_dir} now"
+    return f"; its MLflow run {run_id} was ended FAILED" if ended else \
         f"; its MLflow run {run_id} is ended FAILED at the next contact ({run_dir / 'run.json'})"
 

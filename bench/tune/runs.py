@@ -31,6 +31,7 @@ from reports.record import (
     get_or_create_experiment,
     log_batch,
     retry_locked,
+    store_lock,
     tracking_uri,
 )
 
@@ -43,7 +44,7 @@ class StudyRuns:
 
     def __init__(self, uri: str, experiment: str, study: str) -> None:
         # (each call whole: a trial stopped by a signal never leaves a write of the store half-done, holding its lock)
-        self.client, self.study, self.parent_id = store_client(uri), study, ""
+        self.client, self.study, self.parent_id, self.uri = store_client(uri), study, "", uri
         self.experiment_id = get_or_create_experiment(self.client, uri, experiment)  # safe against other workers
 
     def create_parent(self, study: optuna.Study, spec: TuneSpec) -> None:
@@ -137,15 +138,19 @@ class StudyRuns:
                                    step=trial.number)
 
     def finish_parent(self, study: optuna.Study, spec: TuneSpec, complete: bool) -> None:
-        try:
-            best = study.best_trial
-        except ValueError:
-            best = None
-        if best is not None:  # (every worker writes these as it ends: retried when two insert one tag at once)
-            tags = {BEST_TRIAL: str(best.number), BEST_VALUE: f"{best.value:.6g}",
-                    **{f"best.{k}": str(v) for k, v in best.params.items()}}
-            for k, v in tags.items():
-                retry_locked(self.client.set_tag, self.parent_id, k, v)
+        """The study run's best-trial tags, then FINISHED when the study is complete. Every worker writes them as it
+        ends: the best trial is read from the study's storage and its tags written in one batch while the store is
+        held, so the tags always describe one trial, the newest best any worker saw (a tag two workers insert at
+        once is written again: ``retry_locked``)."""
+        with store_lock(self.uri):
+            try:
+                best = study.best_trial  # (read from the storage now: trials other workers finished count)
+            except ValueError:
+                best = None
+            if best is not None:
+                tags = {BEST_TRIAL: str(best.number), BEST_VALUE: f"{best.value:.6g}",
+                        **{f"best.{k}": str(v) for k, v in best.params.items()}}
+                log_batch(self.client, self.parent_id, tags=[RunTag(k, v) for k, v in tags.items()])
         if complete:
             retry_locked(self.client.set_terminated, self.parent_id, "FINISHED")
 

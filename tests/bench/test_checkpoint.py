@@ -339,3 +339,28 @@ def test_engines_refuse_each_others_checkpoints_without_fallback(tmp_path):
         _load(checkpoint.latest(run))
     with pytest.raises(CheckpointError, match="--engine trl cannot resume it"):
         checkpoint.load_state(run / "ckpt-0000001")
+
+
+def test_an_unresumable_folder_being_trained_by_another_process_keeps_its_run(tmp_path):
+    """No checkpoint of a folder can be resumed: its RUNNING run is ended FAILED (its process is gone), but not while
+    another process holds the folder (it trains there now: its run is live)."""
+    from mlflow import MlflowClient
+
+    from bench.config import TrainConfig
+    from bench.engines.lifecycle import end_unresumable, folder_held
+    from bench.tracking import write_run_record
+    from reports.record import get_or_create_experiment
+
+    cfg = TrainConfig(steps=1, output_dir=str(tmp_path / "runs"), tracking_uri=fresh_store(tmp_path), run_name="r",
+                      experiment="busy")
+    run_dir = cfg.run_dir()
+    run_dir.mkdir(parents=True)
+    client = MlflowClient(cfg.tracking_uri)
+    run_id = client.create_run(get_or_create_experiment(client, cfg.tracking_uri, "busy")).info.run_id
+    write_run_record(run_dir, {"run_id": run_id, "tracking_uri": cfg.tracking_uri})
+    with folder_held(run_dir):  # (another training's lock, taken here)
+        said = end_unresumable(cfg, run_dir, CheckpointError("damaged"))
+    assert said == f"; its MLflow run {run_id} is left as it is: another process is training in {run_dir} now"
+    assert client.get_run(run_id).info.status == "RUNNING"
+    assert end_unresumable(cfg, run_dir, CheckpointError("damaged")) == f"; its MLflow run {run_id} was ended FAILED"
+    assert client.get_run(run_id).info.status == "FAILED"

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -247,7 +248,7 @@ def test_ctrl_c_stops_the_workers_cleanly(tmp_path):
 def test_a_local_stores_run_files_go_beside_its_database_not_into_the_working_folder(tmp_path, monkeypatch):
     """`bench run --tracking-uri sqlite:////data/mlflow.db` from a repository: the runs' files (config.yaml, a
     report, a study's outputs) are kept in ``mlartifacts/<experiment>`` beside the database (MLflow alone put them in
-    ``./mlruns`` of the working folder, wherever that was), so the store is one folder to copy or archive."""
+    ``./mlruns`` of the working folder, wherever that was)."""
     work, data = tmp_path / "repo", tmp_path / "data"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -255,10 +256,12 @@ def test_a_local_stores_run_files_go_beside_its_database_not_into_the_working_fo
     run_comparison(spec(cfg, ["grpo"], [0]))
     assert list(work.iterdir()) == []  # nothing in the working folder
     client = MlflowClient(cfg.tracking_uri)
-    assert client.get_experiment_by_name("beside my/db").artifact_location == str(data / "mlartifacts" / "beside_my_db")
+    (files,) = (data / "mlartifacts").iterdir()   # the name made one safe path component (a slug and a hash)
+    assert files.name.startswith("beside_my_db-") and len(files.name) == len("beside_my_db-") + 8
+    assert client.get_experiment_by_name("beside my/db").artifact_location == str(files)
     (run,) = runs(client, "beside my/db")
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["config.yaml"]
-    assert (data / "mlartifacts" / "beside_my_db" / run.info.run_id / "artifacts" / "config.yaml").is_file()
+    assert (files / run.info.run_id / "artifacts" / "config.yaml").is_file()
 
 
 def test_a_run_folder_being_trained_is_not_trained_into_and_once_killed_its_run_is_ended_by_the_next(tmp_path,
@@ -316,3 +319,26 @@ def test_a_run_folder_being_trained_is_not_trained_into_and_once_killed_its_run_
     (new,) = [r for rid, r in after.items() if rid != killed.info.run_id]
     assert new.info.status == "FINISHED" and [m.step for m in client.get_metric_history(
         new.info.run_id, "rollout/reward_mean")] == list(range(1, 41))
+
+
+def test_a_run_whose_end_fails_lets_its_folder_go(tmp_path, monkeypatch):
+    """The store refusing a run's end (here: every end) is raised, and the run folder's lock is released all the
+    same: a retry in the same process (a notebook, `bench run`'s next pair) is not told another process trains there."""
+    from mlflow.exceptions import MlflowException
+
+    from bench.engines.lifecycle import folder_in_use
+    from bench.tracking import RunLogger
+
+    cfg = tiny(tmp_path, "end-fails", steps=1, eval_every=0)
+    cfg = replace(cfg, run_name="r")
+
+    alive = []  # (the run's logger kept, as a notebook's last traceback keeps it: no garbage collection frees it)
+
+    def refused(self, status):
+        alive.append(self)
+        raise MlflowException(f"the store refused the end ({status})")
+
+    monkeypatch.setattr(RunLogger, "end", refused)
+    with pytest.raises(MlflowException, match="refused the end"):
+        fake_train(cfg)
+    assert alive and not folder_in_use(cfg.run_dir())

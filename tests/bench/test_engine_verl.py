@@ -70,7 +70,9 @@ FAKE_VERL = textwrap.dedent('''
     import json, os, sys
     from pathlib import Path
     out = Path(os.environ["FAKE_VERL_OUT"])
-    out.write_text(json.dumps({"argv": sys.argv[1:], "run_id": os.environ.get("MLFLOW_RUN_ID")}))
+    fds = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd") if fd.isdigit()
+           and os.path.exists(f"/proc/self/fd/{fd}")]  # (the files it holds open: the run folder's lock, inherited)
+    out.write_text(json.dumps({"argv": sys.argv[1:], "run_id": os.environ.get("MLFLOW_RUN_ID"), "fds": fds}))
     rc = int(os.environ.get("FAKE_VERL_RC", "0"))
     if rc == 0:
         from mlflow import MlflowClient
@@ -129,6 +131,7 @@ def test_launch_takes_its_run_folder_through_the_one_lifecycle(tmp_path, monkeyp
 @pytest.mark.parametrize("rc", [0, 3])
 def test_launch_path_records_a_native_looking_run(tmp_path, monkeypatch, rc):
     from algorithms import get_objective
+    from bench.engines.lifecycle import folder_in_use, folder_lock_path
     from bench.engines.verl.launch import launch_run
     from bench.engines.verl.run import options_from
 
@@ -139,6 +142,10 @@ def test_launch_path_records_a_native_looking_run(tmp_path, monkeypatch, rc):
     assert got_rc == rc
     call = json.loads((tmp_path / "verl-call.json").read_text())
     assert call["run_id"] == run_id
+    # verl's trainer holds the run folder's lock with the launcher (a killed launcher's verl still keeps the folder:
+    # no other training goes into it, its live run is not taken as abandoned); released once the run ended
+    lock = folder_lock_path(cfg.run_dir())
+    assert str(lock.resolve()) in call["fds"] and not folder_in_use(cfg.run_dir())
     args = {k: v.strip("'") for k, v in (a.split("=", 1) for a in call["argv"] if "=" in a)}  # (Hydra quoting)
     assert args["actor_rollout_ref.actor.policy_loss.loss_mode"] == "pobench_tepo"
     assert args["trainer.n_gpus_per_node"] == "1" and args["trainer.total_training_steps"] == "2"

@@ -114,38 +114,55 @@ def test_retry_sees_the_lock_under_optunas_storage_error():
     assert retry_locked(enqueue, attempts=3, first_wait=0.01) == "queued" and len(calls) == 2
 
 
-def test_a_tag_another_process_inserts_between_mlflows_read_and_insert_is_written_not_raised(tmp_path):
-    """Every worker of one `bench tune` study writes the study run's best-trial tags as it ends. MLflow's ``set_tag``
-    reads the row, then inserts it; a second worker's insert of the same tag between the two made the first fail on
-    the tags table's primary key (CI: a traceback out of `bench tune --workers 2`). Here the other worker's insert is
-    made, through its own connection, exactly there (the moment the first insert goes to SQLite): the study's tags
-    end written, with this worker's values."""
+@pytest.mark.parametrize("write", ["best-trial", "dead-worker"])
+def test_a_tag_another_process_inserts_between_mlflows_read_and_insert_is_written_not_raised(tmp_path, write):
+    """Every worker of one `bench tune` study writes the study run's best-trial tags as it ends, and any worker that
+    finds a dead worker's trial marks its run. MLflow's ``set_tag`` reads the row, then inserts it; another worker's
+    insert of the same tag between the two made the first fail on the tags table's primary key (CI: a traceback out
+    of `bench tune --workers 2`). Here the other worker's insert is made, through its own connection, exactly there
+    (the moment the first insert goes to SQLite): the tags end written, with this worker's values. (best-trial: one
+    batch, which MLflow itself writes again; dead-worker: tag by tag, written again by ``retry_locked``.)"""
     import optuna
     from sqlalchemy import event
 
     from bench.tune.runs import StudyRuns
-    from reports.record import BEST_TRIAL, BEST_VALUE
+    from reports.record import BEST_TRIAL, BEST_VALUE, FAIL_REASON, TRIAL_STATE
 
     uri = fresh_store(tmp_path)
     runs = StudyRuns(uri, "busy", "st")
     runs.parent_id = runs.client.create_run(runs.experiment_id, run_name="tune-st").info.run_id
     study = optuna.create_study(storage=None)
     study.optimize(lambda t: t.suggest_float("x", 0.0, 1.0), n_trials=1)
+    trial_run = runs.client.create_run(runs.experiment_id, run_name="trial-0").info.run_id
+    dead = study.trials[0]  # (a copy: as the heartbeat check gets it)
+    dead.user_attrs["mlflow_run_id"] = trial_run
+    target = runs.parent_id if write == "best-trial" else trial_run
     raced: list[str] = []
 
     def other_worker_first(conn, cursor, statement, parameters, context, executemany):
         if statement.lstrip().upper().startswith("INSERT INTO TAGS") and not raced:
-            key = parameters[0] if isinstance(parameters, tuple) else parameters["key"]
+            row = parameters[0] if executemany else parameters  # (a batch of tags: one statement, many rows)
+            key = row[0] if isinstance(row, tuple) else row["key"]
             raced.append(key)
             with sqlite3.connect(str(tmp_path / "mlflow.db"), timeout=5) as other:
                 other.execute("INSERT INTO tags (key, value, run_uuid) VALUES (?, ?, ?)",
-                              (key, "the other worker's", runs.parent_id))
+                              (key, "the other worker's", target))
 
     engine = runs.client._client._tracking_client.store.engine
     event.listen(engine, "before_cursor_execute", other_worker_first)
-    runs.finish_parent(study, None, complete=True)
-    event.remove(engine, "before_cursor_execute", other_worker_first)
-    run = MlflowClient(uri).get_run(runs.parent_id)
-    assert raced == [BEST_TRIAL]  # the race happened, on the first tag written
-    assert run.data.tags[BEST_TRIAL] == "0" and run.data.tags[BEST_VALUE] == f"{study.best_value:.6g}"
-    assert run.data.tags["best.x"] == str(study.best_params["x"]) and run.info.status == "FINISHED"
+    try:
+        if write == "best-trial":
+            runs.finish_parent(study, None, complete=True)
+        else:
+            runs.close_stale_trial(study, dead)
+    finally:
+        event.remove(engine, "before_cursor_execute", other_worker_first)
+    run = MlflowClient(uri).get_run(target)
+    if write == "best-trial":
+        assert raced == [BEST_TRIAL]  # the race happened, on the first tag written
+        assert run.data.tags[BEST_TRIAL] == "0" and run.data.tags[BEST_VALUE] == f"{study.best_value:.6g}"
+        assert run.data.tags["best.x"] == str(study.best_params["x"]) and run.info.status == "FINISHED"
+    else:
+        assert raced == [TRIAL_STATE]
+        assert run.data.tags[TRIAL_STATE] == "FAIL" and run.data.tags[FAIL_REASON] == "worker heartbeat lost"
+        assert run.info.status == "FAILED"

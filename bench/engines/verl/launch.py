@@ -13,7 +13,7 @@ from mlflow.entities import Metric
 
 from algorithms import get_objective
 from bench.engines.base import VerlOptions
-from bench.engines.lifecycle import end_run, open_run, recorded, run_folder, run_tags_and_params
+from bench.engines.lifecycle import end_run, folder_lock_fds, open_run, recorded, run_folder, run_tags_and_params
 from bench.engines.verl.config import main_ppo_command, make_verl_config, write_data
 from reports import metric_keys as K
 from reports import record
@@ -105,7 +105,7 @@ def launch_run(cfg, options: VerlOptions | None = None, *, python: str | None = 
         env = {**os.environ, **env_vars}
         if os.environ.get("PYTHONPATH"):  # pobench's source tree first, then what the user had
             env["PYTHONPATH"] = os.pathsep.join([env_vars["PYTHONPATH"], os.environ["PYTHONPATH"]])
-        proc = subprocess.Popen(command, env=env)
+        proc = subprocess.Popen(command, env=env, pass_fds=folder_lock_fds(logger))  # (verl holds the folder too)
         try:
             rc = proc.wait()
         except BaseException:
@@ -116,5 +116,5 @@ def launch_run(cfg, options: VerlOptions | None = None, *, python: str | None = 
                 proc.kill()
             raise
         translate_metrics(logger.client, run_id, eval_source=cfg.eval_task or cfg.task)
-    end_run(logger, f"verl main_ppo exited with {rc}" if rc else None)
+        end_run(logger, f"verl main_ppo exited with {rc}" if rc else None)  # (inside: an end that fails is recorded)
     return rc, run_id

@@ -203,9 +203,9 @@ def retry_locked(fn, *args: Any, attempts: int = LOCK_ATTEMPTS, first_wait: floa
     is raised as it is.
 
     Also retried: two processes setting the same new tag of one run at once (MLflow's ``set_tag`` reads, then inserts
-    the row; the slower insert fails on the tags table's primary key). The workers of one `bench tune` study all
-    write the study run's best-trial tags when they end (CI: a traceback from the second worker instead of the
-    study's end). Called again, the write finds the row and updates it.
+    the row; the slower insert fails on the tags table's primary key): two `bench tune` workers marking one dead
+    worker's trial (CI saw it on the study run's best-trial tags, which are now one batch: MLflow retries a batch's
+    tags itself). Called again, the write finds the row and updates it.
     """
     db_log = logging.getLogger("mlflow.store.db.utils")  # (MLflow logs each refusal with its traceback)
     if not any(isinstance(f, _LockedRetried) for f in db_log.filters):

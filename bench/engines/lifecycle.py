@@ -60,7 +60,6 @@ from reports.record import (
     STOPPED,
     TASK,
     retry_locked,
-    tracking_uri,
 )
 
 
@@ -125,15 +124,12 @@ def folder_lock_path(run_dir: Path) -> Path:
 
 def folder_in_use(run_dir: Path) -> bool:
     """True when a process holds ``run_dir``'s run lock now (it trains a run there)."""
-    path = folder_lock_path(run_dir)
-    if not path.exists():
+    if not folder_lock_path(run_dir).exists():
         return False
-    lock = FileLock(str(path))
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
+        _hold_folder(run_dir).release()
+    except RunFolderBusy:
         return True
-    lock.release()
     return False
 
 
@@ -182,10 +178,9 @@ def _open_run(cfg: TrainConfig, objective, run_dir: Path, folder: FileLock, resu
     logger = RunLogger(cfg.tracking_uri, cfg.experiment)
     logger.run_dir, logger.folder_lock = run_dir, folder
     found = settle(logger, run_dir)
-    if resume_state is None and not cfg.resume and found is not None:  # a new run: one left RUNNING is abandoned
-        if gone := logger.call(end_abandoned, logger.client, logger.uri, run_dir, ABANDONED):
-            print(f"bench: {run_dir}: its MLflow run {gone} was left RUNNING by a process that ended before its "
-                  "first checkpoint; ended FAILED, a new run starts", file=sys.stderr)
+    if resume_state is None and not cfg.resume and found is not None and end_abandoned(logger, found["run_id"]):
+        print(f"bench: {run_dir}: its MLflow run {found['run_id']} was left RUNNING by a process that ended before "
+              "its first checkpoint; ended FAILED, a new run starts", file=sys.stderr)
     if resume_state is None and cfg.resume and found is not None:
         run = logger.call(logger.client.get_run, found["run_id"])
         if run.data.metrics:
@@ -248,24 +243,17 @@ def settle(logger: RunLogger, run_dir: Path) -> dict[str, Any] | None:
     return found
 
 
-def end_abandoned(client: Any, uri: str, run_dir: Path, why: str) -> str | None:
-    """End FAILED (cause ``why`` in ``pobench.failure``) the run ``<run_dir>/run.json`` names when it is still
-    RUNNING in store ``uri``: for a caller that knows the run's process is gone (``open_run``, holding the folder's
-    run lock, which every training process holds while its run is open and the kernel releases when it dies), so a
-    run SIGKILLed before its first checkpoint does not stay RUNNING beside the folder's new run. Returns the ended
-    run's id, or None."""
-    found = read_run_record(run_dir)
-    if found is None or found.get("tracking_uri") != tracking_uri(uri):
-        return None
-    try:
-        run = client.get_run(found["run_id"])
-    except MlflowException:  # (no such run: deleted from the store)
-        return None
-    if run.info.status != "RUNNING":
-        return None
-    retry_locked(client.set_tag, found["run_id"], FAILURE, why)
-    retry_locked(client.set_terminated, found["run_id"], status="FAILED")
-    return found["run_id"]
+def end_abandoned(logger: RunLogger, run_id: str) -> bool:
+    """A new run starts in a folder whose ``run.json`` names ``run_id`` (``settle`` found it in this store): if that
+    run is still RUNNING, its process is gone (``open_run`` holds the folder's lock, which every training process
+    holds while its run is open and the kernel releases when it dies; verl's trainer inherits it), so it is ended
+    FAILED with :data:`ABANDONED` as the cause: a run SIGKILLed before its first checkpoint does not stay RUNNING
+    beside the folder's new run. Returns whether it was ended."""
+    if logger.call(logger.client.get_run, run_id).info.status != "RUNNING":
+        return False
+    logger.call(retry_locked, logger.client.set_tag, run_id, FAILURE, ABANDONED)
+    logger.call(retry_locked, logger.client.set_terminated, run_id, status="FAILED")
+    return True
 
 
 def end_run(logger: RunLogger, error: BaseException | str | None = None) -> bool:
@@ -303,9 +291,8 @@ def folder_lock_fds(logger: RunLogger) -> tuple[int, ...]:
 
 def _release_folder(logger: RunLogger) -> None:
     """Let the run folder go (its run has ended, or its end is recorded in ``run.json``)."""
-    lock = getattr(logger, "folder_lock", None)
-    if lock is not None:
-        lock.release()
+    if logger.folder_lock is not None:
+        logger.folder_lock.release()
         logger.folder_lock = None
 
 

@@ -140,8 +140,8 @@ class StudyRuns:
     def finish_parent(self, study: optuna.Study, spec: TuneSpec, complete: bool) -> None:
         """The study run's best-trial tags, then FINISHED when the study is complete. Every worker writes them as it
         ends: the best trial is read from the study's storage and its tags written in one batch while the store is
-        held, so the tags always describe one trial, the newest best any worker saw (a tag two workers insert at
-        once is written again: ``retry_locked``)."""
+        held, so the tags always describe one trial, the newest best any worker saw (MLflow writes a batch's tag
+        that another process inserted meanwhile again)."""
         with store_lock(self.uri):
             try:
                 best = study.best_trial  # (read from the storage now: trials other workers finished count)

@@ -21,6 +21,7 @@ from .registry import (
     default_config,
     get_objective,
     get_spec,
+    list_controls,
     list_objectives,
     objective_groups,
     register,
@@ -33,8 +34,8 @@ from .tepo import TEPOObjective
 
 __all__ = [
     "Objective", "ObjectiveConfig", "PolicyBatch", "PolicyGradient", "aggregate", "aggregation_weight",
-    "default_config", "get_objective", "get_spec", "group_advantages", "kl_estimate", "list_objectives",
-    "objective_groups", "param", "register", "resolve_names", "search_space", "unregister",
+    "default_config", "get_objective", "get_spec", "group_advantages", "kl_estimate", "list_controls",
+    "list_objectives", "objective_groups", "param", "register", "resolve_names", "search_space", "unregister",
 ]
 
 register("grpo", ClippedPG, paper="arXiv 2402.03300",
@@ -121,3 +122,15 @@ register("opo", ClippedPG, paper="arXiv 2505.23585",
 register("remax", ClippedPG, paper="arXiv 2310.10505",
          description="ReMax: the reward of one greedy completion per prompt as baseline, no KL.",
          advantage_estimator="remax", kl_coef=0.0)
+
+# --- positive controls: GRPO with its credit assignment broken on purpose, so that a comparison can show that it
+# could have detected a difference (`bench run --controls`; the report's controls section; docs/objectives.md)
+register("ctrl-reversed", ClippedPG, paper="positive control (pobench)", control_of="grpo",
+         description="Positive control: GRPO with every advantage negated (−Â_i), so each update descends the reward; "
+                     "worse than grpo by construction.",
+         advantage_estimator="group-reversed")
+register("ctrl-shuffled", ClippedPG, paper="positive control (pobench)", control_of="grpo",
+         description="Positive control: GRPO where completion i is credited with the advantage of another completion "
+                     "of its group (i+1, cyclically): credit unrelated to its own answer but for a 1/(G−1) pull "
+                     "against the reward; worse than grpo by construction.",
+         advantage_estimator="group-rolled")

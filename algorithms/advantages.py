@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import torch
 
+#: estimators worse than ``group`` by construction: the positive controls' (algorithms/__init__.py, ``control_of``)
+CONTROL_ESTIMATORS = ("group-reversed", "group-rolled")
 ADVANTAGE_ESTIMATORS = ("group", "group-no-std", "group-batch-std", "rloo", "reinforce++", "reinforce++-baseline",
-                        "grpo-passk", "opo", "gpg", "remax")
+                        "grpo-passk", "opo", "gpg", "remax", *CONTROL_ESTIMATORS)
 ESTIMATOR_NEEDS: dict[str, tuple[str, ...]] = {
     "reinforce++": ("lengths",), "reinforce++-baseline": ("lengths",), "opo": ("lengths",),
     "remax": ("greedy_rewards",),
@@ -57,6 +59,11 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Te
     - ``opo``: Â_i = R_i − Σ_g |y_g| R_g / Σ_g |y_g|  (optimal length-weighted baseline, arXiv 2505.23585)
     - ``gpg``: Â_i = α (R_i − mean_g R), α = N / #{R ≠ 0 in the batch}  (arXiv 2504.02546, as verl, F_norm = 1)
     - ``remax``: Â_i = R_i − R_greedy(prompt)  (arXiv 2310.10505)
+    - ``group-reversed`` (a positive control): −Â_i of ``group``: every update descends the reward
+    - ``group-rolled`` (a positive control): completion i gets the ``group`` advantage of completion i+1 of its group
+      (cyclically). The G completions of a prompt are sampled independently, so the credit a completion receives says
+      nothing about its own answer, except through the group mean, which contains its reward with weight 1/G: the
+      expected update points against the reward at 1/(G−1) of GRPO's strength, plus noise
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must have shape (prompts, group_size), got {tuple(rewards.shape)}")
@@ -74,8 +81,11 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Te
     centred = rewards - rewards.mean(dim=1, keepdim=True)  # (P, G)
     if estimator == "group-no-std":
         return centred
-    if estimator == "group":
-        return centred / (_group_std(rewards) + STD_EPS)
+    if estimator in ("group", "group-reversed", "group-rolled"):
+        z = centred / (_group_std(rewards) + STD_EPS)
+        if estimator == "group-reversed":
+            return -z
+        return torch.roll(z, shifts=-1, dims=1) if estimator == "group-rolled" else z
     if estimator == "group-batch-std":
         std = rewards.std() if rewards.numel() > 1 else torch.zeros(())
         return centred / (std + STD_EPS)

@@ -25,6 +25,9 @@ class ObjectiveSpec:
     defaults: dict[str, Any] = field(default_factory=dict)  # overrides of the config class defaults
     base: str | None = None  # for ablations: the registered objective this one modifies
     module: str = ""  # the module that registered it (``algorithms`` for the built-in ones; ``__main__``: a notebook)
+    #: a positive control: the registered objective it is worse than by construction (its description says why);
+    #: ``bench run --controls`` adds every control, and each report says whether the comparison detected it
+    control_of: str | None = None
 
     @property
     def config_class(self) -> type[ObjectiveConfig]:
@@ -47,10 +50,12 @@ def _check_fields(config_class: type[ObjectiveConfig], keys: list[str], who: str
 
 
 def register(name: str, objective_class: type[Objective] | None = None, *, description: str, paper: str = "",
-             base: str | None = None, module: str | None = None, **defaults: Any) -> ObjectiveSpec:
+             base: str | None = None, module: str | None = None, control_of: str | None = None,
+             **defaults: Any) -> ObjectiveSpec:
     """Register an objective (``objective_class``) or an ablation (``base`` + field overrides). ``module``: where it
     was registered (default: the caller's module, as ``collections.namedtuple`` records it), which tells a process
-    that starts workers what they must import to know the name (bench/plugins.py)."""
+    that starts workers what they must import to know the name (bench/plugins.py). ``control_of``: this objective is a
+    positive control, worse than that registered objective by construction (the description states the mechanism)."""
     if module is None:
         module = sys._getframe(1).f_globals.get("__name__", "")
     if name in _REGISTRY:
@@ -64,8 +69,10 @@ def register(name: str, objective_class: type[Objective] | None = None, *, descr
         paper = paper or parent.paper
     if objective_class is None:
         raise ValueError(f"objective {name!r}: give an objective class or a base")
+    if control_of is not None:
+        get_spec(control_of)  # the objective a control is worse than must be registered first
     _check_fields(objective_class.config_class, list(defaults), name)
-    spec = ObjectiveSpec(name, objective_class, description, paper, dict(defaults), base, module)
+    spec = ObjectiveSpec(name, objective_class, description, paper, dict(defaults), base, module, control_of)
     spec.config_class(**spec.defaults)  # invalid defaults fail at registration, not at first use
     _REGISTRY[name] = spec
     return spec
@@ -104,6 +111,11 @@ def search_space(name: str) -> dict[str, tuple]:
 def list_objectives() -> list[str]:
     """Every registered name, in registration order."""
     return list(_REGISTRY)
+
+
+def list_controls() -> list[str]:
+    """The registered positive controls (``control_of`` set), in registration order."""
+    return [n for n, s in _REGISTRY.items() if s.control_of is not None]
 
 
 def objective_groups() -> dict[str, list[str]]:

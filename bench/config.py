@@ -44,6 +44,15 @@ PER_RUN_FIELDS = ("algo", "objective_overrides", "seed", "run_name", "output_dir
                   "skip_zero_advantage")
 
 
+def config_file(path: str | Path, what: str = "--config") -> dict[str, Any]:
+    """The mapping of TrainConfig fields a YAML file holds (an empty file: none); anything else raises ValueError."""
+    data = read_yaml(path, what)
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a config file must be a YAML mapping of field: value")
+    return data
+
+
 @dataclass
 class TrainConfig:
     """Everything one training run needs. See ``docs/METRICS.md`` for what is logged."""
@@ -242,11 +251,9 @@ class TrainConfig:
         return cls(**typed_fields(cls, d))
 
     @classmethod
-    def load(cls, path: str | Path, **overrides: Any) -> TrainConfig:
-        data = read_yaml(path, "--config")
-        data = {} if data is None else data
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: a config file must be a YAML mapping of field: value")
+    def load(cls, path: str | Path | None, **overrides: Any) -> TrainConfig:
+        """The fields of a YAML file (``path`` None: none) < ``overrides`` (None values are ignored)."""
+        data = config_file(path) if path else {}
         data.update({k: v for k, v in overrides.items() if v is not None})
         return cls.from_dict(data)
 

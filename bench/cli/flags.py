@@ -7,9 +7,10 @@ import argparse
 import dataclasses
 import typing
 
-from bench.config import TrainConfig
+from bench.config import TrainConfig, config_file
 from bench.inputs import read_yaml, yaml_flag
 from bench.plugins import load_plugins, normalized
+from bench.presets import PRESETS, get_preset
 
 
 def add_config_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), defaults: dict | None = None,
@@ -68,11 +69,15 @@ def load_cli_plugins(args: argparse.Namespace) -> None:
 
 
 def config_from_args(args: argparse.Namespace, **fixed) -> TrainConfig:
-    """YAML file (``--config``) < flags < `fixed`; validated."""
+    """``--preset`` file (bench/presets.py) < ``--config`` file < flags < `fixed`; validated."""
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
              if getattr(args, f.name, None) is not None}
     given.update(fixed)
-    cfg = TrainConfig.load(args.config, **given) if getattr(args, "config", None) else TrainConfig.from_dict(given)
+    preset = getattr(args, "preset", None)
+    base = config_file(get_preset(preset).path, "--preset") if preset else {}
+    if getattr(args, "config", None):
+        base.update(config_file(args.config))
+    cfg = TrainConfig.from_dict({**base, **given})
     cfg.validate()
     return cfg
 
@@ -109,3 +114,9 @@ def report_options(args: argparse.Namespace):
 
     metrics = tuple(k.strip() for k in (getattr(args, "metrics", None) or "").split(",") if k.strip())
     return ReportOptions(titles=not args.no_titles, band=args.band, percent=not args.fractions, metrics=metrics)
+
+
+def add_preset_flag(p: argparse.ArgumentParser) -> None:
+    """``--preset NAME`` (`bench run`, `bench tune`): a named configuration under ``--config`` and the flags."""
+    p.add_argument("--preset", metavar="NAME", help="a named configuration the --config file and flags build on: "
+                   + "; ".join(f"{n} = {pr.description}" for n, pr in PRESETS.items()) + " (bench/presets.py)")

@@ -11,8 +11,9 @@ import argparse
 import dataclasses
 import sys
 
+from algorithms import list_controls
 from bench import engines, preflight
-from bench.cli.flags import add_config_flags, add_report_flags, report_options
+from bench.cli.flags import add_config_flags, add_preset_flag, add_report_flags, report_options
 from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.compare import (
     DEFAULTS,
@@ -25,6 +26,7 @@ from bench.compare import (
 )
 from bench.compare.executors import EXECUTORS, make_executor
 from bench.config import TrainConfig
+from bench.presets import get_preset
 from bench.tracking import check_reachable
 from bench.workers import parse_seeds
 from reports.report import report_folder
@@ -39,7 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    f"ablations; `bench list`) (default: {','.join(DEFAULTS.algos)})")
     p.add_argument("--ablation", action="append", metavar="NAME",
                    help="add an objective and all its registered ablations (e.g. `--ablation tepo`)")
-    p.add_argument("--seeds", help=f"comma-separated seeds (default: {','.join(map(str, DEFAULTS.seeds))})")
+    p.add_argument("--seeds", help=f"comma-separated seeds (default: the --preset's, else "
+                   f"{','.join(map(str, DEFAULTS.seeds))})")
+    p.add_argument("--controls", action="store_true", help="add the registered positive controls (objectives worse "
+                   f"than their base by construction: {', '.join(list_controls())}); the report says whether the "
+                   "comparison detected each, which shows whether it could detect a difference at all")
     p.add_argument("--params", metavar="FILE", help="YAML of objective-config overrides (e.g. written by `bench "
                    "tune`): {field: value}, optionally under `objective_overrides:`, or {objective: {field: value}}")
     p.add_argument("--workers", type=int, metavar="N", help="pairs trained at once, each in its own process with one "
@@ -54,6 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "pobench installed (docs/SCALE.md) (default: start a local Ray instance for this command)")
     p.add_argument("--force", action="store_true", help="redo pairs that already finished (default: reuse them)")
     p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
+    add_preset_flag(p)
     add_report_flags(p, baseline_default="the first --ablation root; else grpo when among the objectives; else the "
                      "first objective")
     p.add_argument("--no-report", action="store_true", help="train only; `bench report` writes the report later")
@@ -64,11 +71,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     make_executor(args.executor, workers=args.workers, ray_address=args.ray_address)  # bad flags: one line, nothing run
-    algos = resolve_algos(args.algos, args.ablation)
-    seeds = parse_seeds(args.seeds, DEFAULTS.seeds)
+    preset = get_preset(args.preset) if args.preset else None
+    algos = resolve_algos(args.algos, args.ablation, default=preset.algos if preset else None)
+    if args.controls:
+        algos += [c for c in list_controls() if c not in algos]
+    seeds = parse_seeds(args.seeds, preset.seeds if preset else DEFAULTS.seeds)
     params = load_params(args.params, algos)
     flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig) if f.name not in SKIP}
-    cfg = base_config(args.config, **flags)
+    cfg = base_config(args.config, preset=preset.path if preset else None, **flags)
     baseline = run_baseline(args.baseline, args.ablation, algos)
     check_reachable(cfg.tracking_uri)
     if not args.no_report:  # a foreign folder where the report would go: one line now, not after training

@@ -23,7 +23,7 @@ from typing import Any
 
 from algorithms import list_objectives, objective_groups, resolve_names
 from algorithms.registry import default_config
-from bench.config import TrainConfig
+from bench.config import TrainConfig, config_file
 from bench.engines.lifecycle import has_checkpoint
 from bench.folders import experiment_dir, under
 from bench.inputs import read_yaml, typed_overrides
@@ -57,8 +57,10 @@ DEFAULTS = RunDefaults()
 
 
 # ------------------------------------------------------------------ resolving what to run
-def resolve_algos(algos: str | list[str] | None, ablation: str | list[str] | None = None) -> list[str]:
-    """Registered names and groups (``@tepo``, or a group root via ``ablation``) -> objective names, in order.
+def resolve_algos(algos: str | list[str] | None, ablation: str | list[str] | None = None,
+                  default: tuple[str, ...] | None = None) -> list[str]:
+    """Registered names and groups (``@tepo``, or a group root via ``ablation``) -> objective names, in order; neither
+    given: ``default`` (a preset's), else ``RunDefaults.algos``.
 
     Unknown names raise ValueError with the registered names (from the registry)."""
     names: list[str] = []
@@ -74,7 +76,7 @@ def resolve_algos(algos: str | list[str] | None, ablation: str | list[str] | Non
                 raise ValueError(f"no ablation group {r!r}; groups: {', '.join(groups) or 'none'}")
             names += [n for n in groups[r] if n not in names]
     if not names:
-        names = list(DEFAULTS.algos)
+        names = resolve_names(list(default or DEFAULTS.algos))
     return names
 
 
@@ -148,15 +150,13 @@ class Pair:
     outcome: str = ""                # reused | finished | failed: ... | stopped early
 
 
-def base_config(config: str | Path | None = None, **flags: Any) -> TrainConfig:
-    """RunDefaults.train < ``config`` YAML < ``flags`` (None values are ignored); not validated here."""
+def base_config(config: str | Path | None = None, *, preset: str | Path | None = None, **flags: Any) -> TrainConfig:
+    """RunDefaults.train < ``preset`` YAML (bench/presets.py) < ``config`` YAML < ``flags`` (None values are ignored);
+    not validated here."""
     d: dict[str, Any] = dict(DEFAULTS.train)
-    if config:
-        data = read_yaml(config, "--config")
-        data = {} if data is None else data
-        if not isinstance(data, dict):
-            raise ValueError(f"{config}: a config file must be a YAML mapping of field: value")
-        d.update(data)
+    for path, what in ((preset, "--preset"), (config, "--config")):
+        if path:
+            d.update(config_file(path, what))
     d.update({k: v for k, v in flags.items() if v is not None})
     return TrainConfig.from_dict(d)
 

@@ -320,3 +320,13 @@ def store(client, run_id: str, d: RunDerived, comparison: str | None = None) -> 
     if comparison:
         tags.append(RunTag(f"{DERIVED_PREFIX}comparison", comparison))
     log_batch(client, run_id, metrics=metrics, tags=tags)
+
+
+def relative_change(series: Series, window: int = 5) -> float | None:
+    """mean(last ``window`` values) / mean(first ``window`` values) − 1 (e.g. the entropy's change over training: −0.2
+    = fell by a fifth); ``None`` with fewer than 2 × ``window`` values or a first mean of 0."""
+    vals = [v for _, v in _clean(series)]
+    if len(vals) < 2 * window:
+        return None
+    first, last = float(np.mean(vals[:window])), float(np.mean(vals[-window:]))
+    return last / first - 1 if abs(first) > 1e-12 else None

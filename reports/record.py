@@ -50,6 +50,7 @@ DERIVED_PREFIX = "pobench.derived."  # + a derived metric's name: why it has no 
 MODEL = "pobench.model"
 TASK = "pobench.task"
 CONTROL = "pobench.control"          # none | random-reward
+CONTROL_OF = "pobench.control_of"    # a positive control's run: the objective it is worse than by construction
 ENGINE = "pobench.engine"            # absent for the native loop; trl | verl
 ENGINE_DISTRIBUTED = "pobench.engine_distributed"  # TRL engine: accelerate's distributed type
 ENGINE_PROCESSES = "pobench.engine_processes"      # TRL engine: number of processes

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reports import checks, sections
+from reports.claims import claim_verdicts, claims_table, entropy_series
+from reports.controls import control_bases, control_results, controls_note, controls_table
 from reports.derived import KEY_ACC, DerivedSettings, RunDerived, default_target, derive, store
 from reports.figures import CROWDED, FigureOptions
 from reports.load import Comparison, load_comparison
@@ -144,8 +146,12 @@ def analyse(cmp: Comparison, *, baseline: str | None = None, recorded_baseline: 
     if at0:
         notes.append(f"{len(at0)}/{len(cmp.runs)} runs meet the convergence target already at step 0 (before any "
                      f"update), so time to convergence does not separate them; fix a target with --target-acc.")
-    paired = sections.paired_rows(groups, base)
-    finals = {o: [d.final_acc for _, d in rs if d.final_acc is not None] for o, rs in groups.items()}
+    bases = control_bases(cmp.runs)  # positive controls: their own section and Holm family, not the ranking's
+    results = control_results(sections.finals(groups), bases, base)
+    notes.insert(0, controls_note(results, units))
+    real = {o: rs for o, rs in groups.items() if o not in bases}
+    paired = sections.paired_rows(real, base)
+    finals = {o: [d.final_acc for _, d in rs if d.final_acc is not None] for o, rs in real.items()}
     ranking = checks.ranking_note(finals, sections.stats.mean_ci)
     if ranking:
         best, others = checks.unresolved(finals, sections.stats.mean_ci)
@@ -165,9 +171,14 @@ def analyse(cmp: Comparison, *, baseline: str | None = None, recorded_baseline: 
     notes += [f"Probe: {w}." for w in probe_warnings]
     runs_tab, runs_stab = sections.runs_tables(cmp, derived, units)
     target_text = f"≥ {target_how}" if target is not None else f"none: {target_how}"
-    tabs = [probe_tab, sections.accuracy_table(groups, units), sections.aggregates_table(groups, units),
+    tabs = [*([controls_table(results, units)] if results else []), probe_tab,
+            sections.accuracy_table(groups, units), sections.aggregates_table(groups, units),
             sections.paired_table(paired, base, units), sections.convergence_table(conv, target_text, interval, base),
             sections.stability_table(groups, settings), runs_tab, runs_stab]
+    verdicts = claim_verdicts(groups, entropy_series(cmp.runs),
+                              {o: {s: d.ttc_step_interp for s, d in rs} for o, rs in groups.items()})
+    if verdicts:
+        tabs.append(claims_table(verdicts, units, "training steps"))
     if evals:
         from reports.evals import benchmark_table
 
@@ -349,8 +360,8 @@ def _markdown(a: Analysis, figs: dict, s: DerivedSettings, options: ReportOption
     ]
     if a.notes:
         lines.append("**Notes.** " + " ".join(a.notes) + "\n")
-    lines += [tab(n) for n in ("distinguishability", "accuracy", "aggregates", "paired_test", "convergence",
-                               "stability") if n in a.tables]
+    lines += [tab(n) for n in ("controls", "distinguishability", "accuracy", "aggregates", "paired_test", "convergence",
+                               "stability", "claims") if n in a.tables]
     if "benchmarks" in a.tables:
         lines.append(tab("benchmarks"))
     lines.append("## Figures\n")

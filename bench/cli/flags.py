@@ -119,4 +119,5 @@ def report_options(args: argparse.Namespace):
 def add_preset_flag(p: argparse.ArgumentParser) -> None:
     """``--preset NAME`` (`bench run`, `bench tune`): a named configuration under ``--config`` and the flags."""
     p.add_argument("--preset", metavar="NAME", help="a named configuration the --config file and flags build on: "
-                   + "; ".join(f"{n} = {pr.description}" for n, pr in PRESETS.items()) + " (bench/presets.py)")
+                   + "; ".join(f"{n} = {pr.description}" for n, pr in PRESETS.items()).replace("%", "%%")
+                   + " (bench/presets.py)")

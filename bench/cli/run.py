@@ -43,9 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="add an objective and all its registered ablations (e.g. `--ablation tepo`)")
     p.add_argument("--seeds", help=f"comma-separated seeds (default: the --preset's, else "
                    f"{','.join(map(str, DEFAULTS.seeds))})")
-    p.add_argument("--controls", action="store_true", help="add the registered positive controls (objectives worse "
-                   f"than their base by construction: {', '.join(list_controls())}); the report says whether the "
-                   "comparison detected each, which shows whether it could detect a difference at all")
+    p.add_argument("--controls", action=argparse.BooleanOptionalAction, default=None, help="add the registered "
+                   f"positive controls (objectives worse than their base by construction: {', '.join(list_controls())})"
+                   "; the report says whether the comparison detected each, which shows whether it could detect a "
+                   f"difference of that size at all (default: {'on' if DEFAULTS.controls else 'off'})")
     p.add_argument("--params", metavar="FILE", help="YAML of objective-config overrides (e.g. written by `bench "
                    "tune`): {field: value}, optionally under `objective_overrides:`, or {objective: {field: value}}")
     p.add_argument("--workers", type=int, metavar="N", help="pairs trained at once, each in its own process with one "
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     make_executor(args.executor, workers=args.workers, ray_address=args.ray_address)  # bad flags: one line, nothing run
     preset = get_preset(args.preset) if args.preset else None
     algos = resolve_algos(args.algos, args.ablation, default=preset.algos if preset else None)
-    if args.controls:
+    if DEFAULTS.controls if args.controls is None else args.controls:
         algos += [c for c in list_controls() if c not in algos]
     seeds = parse_seeds(args.seeds, preset.seeds if preset else DEFAULTS.seeds)
     params = load_params(args.params, algos)

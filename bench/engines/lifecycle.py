@@ -33,6 +33,7 @@ import torch
 from filelock import FileLock, Timeout
 from mlflow.exceptions import MlflowException
 
+from algorithms import get_spec
 from bench import identity, resume, stop
 from bench.config import TrainConfig
 from bench.engines.base import RunStopped, TrainingDiverged
@@ -51,6 +52,7 @@ from reports.record import (
     COMPARISON,
     CONFIG_HASH,
     CONTROL,
+    CONTROL_OF,
     FAILURE,
     KIND,
     MODEL,
@@ -98,6 +100,7 @@ def run_tags_and_params(cfg: TrainConfig, objective, tags: dict[str, str] | None
     written_by = version_tags()  # pobench.version, pobench.git_commit (+ mlflow.source.git.commit, git_dirty)
     out = {KIND: "train", OBJECTIVE: cfg.algo, SEED: str(cfg.seed), CONFIG_HASH: cfg.comparison_hash(), **written_by,
            MODEL: cfg.model, TASK: cfg.task, CONTROL: cfg.control or "none",
+           **({CONTROL_OF: base} if (base := get_spec(cfg.algo).control_of) else {}),
            **({COMPARISON: cfg.comparison} if cfg.comparison else {}), **(tags or {}),
            **({PLUGINS: plugins} if (plugins := record(cfg.plugins)) else {}),
            **{k: str(v) for k, v in cfg.tags.items()}}

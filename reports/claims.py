@@ -60,7 +60,8 @@ CLAIMS: dict[str, PaperClaims] = {"tepo": PaperClaims(
     "tepo", "arXiv 2604.12736 (abstract)", ("grpo", "dapo"), (
         Claim("convergence", "50% faster convergence", "reduces convergence time by 50% compared with GRPO/DAPO",
               "time to convergence ratio"),
-        Claim("entropy", "less entropy collapse", "avoids the entropy collapse of undifferentiated entropy regularisation",
+        Claim("entropy", "less entropy collapse",
+              "avoids the entropy collapse of undifferentiated entropy regularisation",
               "entropy change, difference"),
         Claim("drawdown", "more stable training", "markedly enhances training stability",
               "drawdown, reference − TEPO"),

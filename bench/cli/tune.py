@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from bench import preflight, tune
-from bench.cli.flags import add_config_flags, config_from_args
+from bench.cli.flags import add_config_flags, add_preset_flag, config_from_args
 from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.config import TrainConfig
 from bench.engines import RunStopped
@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--storage", help="SQLAlchemy URL of the Optuna storage, e.g. postgresql://user@host/db "
                                      f"(default {tune.default_storage_url()})")
     p.add_argument("--config", help="base TrainConfig YAML every trial starts from (the flags below override it)")
+    add_preset_flag(p)
     p.add_argument("--pruner", default="median", help="median | percentile:P | hyperband | none (default median)")
     p.add_argument("--pruner-warmup", type=int, default=1, help="reports of a trial before it may be pruned")
     p.add_argument("--pruner-startup", type=int, default=2, help="finished trials before pruning starts")
@@ -69,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _base_config(args: argparse.Namespace) -> TrainConfig:
-    """``--config`` file < TrainConfig flags; validated with the objective's default config."""
+    """``--preset`` < ``--config`` file < TrainConfig flags; validated with the objective's default config."""
     return config_from_args(args, algo=args.algo)
 
 

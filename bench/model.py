@@ -15,7 +15,9 @@ from pathlib import Path
 import torch
 
 ASSETS = Path(__file__).resolve().parent / "assets"
-BUILTIN_MODELS = {"builtin:tiny-arith": ASSETS / "tiny-arith"}
+# tiny-arith: the warm-start recipe's 500 steps (docs/MODEL.md); tiny-arith-425: its first 425 steps, the uncertain
+# starting policy of the `headroom` preset (docs/TESTBED.md): the same weights as `bench warmstart --steps 425`
+BUILTIN_MODELS = {"builtin:tiny-arith": ASSETS / "tiny-arith", "builtin:tiny-arith-425": ASSETS / "tiny-arith-425"}
 
 PLAIN_TEMPLATE = "Q: {question}\nA:"
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
@@ -73,8 +75,9 @@ def resolve_model_path(name_or_path: str) -> str:
             raise ValueError(f"unknown built-in model {name_or_path!r}; valid: {', '.join(BUILTIN_MODELS)}")
         path = BUILTIN_MODELS[name_or_path]
         if not (path / "config.json").exists():
+            steps = path.name.rpartition("-")[2] if path.name != "tiny-arith" else "500"
             raise FileNotFoundError(f"the shipped checkpoint of {name_or_path} is missing at {path}; "
-                                    "rebuild it with `bench warmstart --out bench/assets/tiny-arith`")
+                                    f"rebuild it with `bench warmstart --steps {steps} --out {path}`")
         return str(path)
     if name_or_path.startswith(("/", "./", "../", "~")) and not Path(name_or_path).expanduser().exists():
         raise FileNotFoundError(f"model folder {name_or_path!r} does not exist")

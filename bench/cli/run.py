@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--controls", action=argparse.BooleanOptionalAction, default=None, help="add the registered "
                    f"positive controls (objectives worse than their base by construction: {', '.join(list_controls())})"
                    "; the report says whether the comparison detected each, which shows whether it could detect a "
-                   f"difference of that size at all (default: {'on' if DEFAULTS.controls else 'off'})")
+                   "difference of that size at all (default: on for bench run's own or the --preset's objectives; "
+                   "off when --algos / --ablation name them)")
     p.add_argument("--params", metavar="FILE", help="YAML of objective-config overrides (e.g. written by `bench "
                    "tune`): {field: value}, optionally under `objective_overrides:`, or {objective: {field: value}}")
     p.add_argument("--workers", type=int, metavar="N", help="pairs trained at once, each in its own process with one "
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     make_executor(args.executor, workers=args.workers, ray_address=args.ray_address)  # bad flags: one line, nothing run
     preset = get_preset(args.preset) if args.preset else None
     algos = resolve_algos(args.algos, args.ablation, default=preset.algos if preset else None)
-    if DEFAULTS.controls if args.controls is None else args.controls:
+    if args.controls or (args.controls is None and DEFAULTS.controls and not (args.algos or args.ablation)):
         algos += [c for c in list_controls() if c not in algos]
     seeds = parse_seeds(args.seeds, preset.seeds if preset else DEFAULTS.seeds)
     params = load_params(args.params, algos)

@@ -37,8 +37,9 @@ class RunDefaults:
 
     algos: tuple[str, ...] = ("grpo", "dapo", "tepo")
     seeds: tuple[int, ...] = (0, 1, 2)
-    # the registered positive controls (algorithms: ctrl-reversed, ctrl-shuffled) join every comparison unless
-    # --no-controls: its report then says whether it could detect a difference of their size (reports/controls.py)
+    # the registered positive controls (algorithms: ctrl-reversed, ctrl-shuffled) join the default objectives (and a
+    # preset's) unless --no-controls, and any objectives with --controls: the report then says whether the comparison
+    # could detect a difference of their size (reports/controls.py)
     controls: bool = True
     # pairs trained at once, each in its own process with one torch thread (executors.py); 0 = one per CPU core
     # this process may use (one on a GPU), never more than the pairs to train; 1 = one after another, in-process

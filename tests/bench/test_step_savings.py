@@ -133,4 +133,7 @@ def test_skipped_rows_metrics_follow_the_policy_across_minibatches(rollout, exac
     assert outs[False]["train/abs_log_ratio"] > 1e-3  # the policy moved
     for key in ("train/abs_log_ratio", "train/abs_seq_log_ratio", "objective/ratio_mean", "objective/clip_frac_low",
                 "objective/clip_frac_high", "objective/entropy", "train/loss", "train/grad_norm"):
-        torch.testing.assert_close(outs[True][key], outs[False][key], atol=2e-5, rtol=1e-4, msg=key)
+        # float32 rounding of the two summation orders, carried through 6 AdamW steps at lr 1e-2, reaches ~1e-4 of
+        # the gradient norm on some CPUs (9.6e-5 measured on one); metrics of the wrong policy differ by 1e-2 and more
+        torch.testing.assert_close(outs[True][key], outs[False][key], atol=2e-5, rtol=5e-4,
+                                   msg=lambda m, key=key: f"{key}: {m}")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reports.metric_keys import domain
 from reports.stats import mean_ci
 
 MINUS = "\u2212"
@@ -27,7 +28,8 @@ MINUS = "\u2212"
 
 @dataclass(frozen=True)
 class Units:
-    """How accuracies are shown: percent (``69.7``, points for differences) or fractions (``0.697``)."""
+    """How accuracies are shown, in tables, notes, figures and curves.csv alike: percent (``69.7``, points for
+    differences) or fractions (``0.697``). Which metrics are accuracies: ``reports.metric_keys.domain``."""
 
     percent: bool = True
 
@@ -46,6 +48,16 @@ class Units:
     @property
     def diff_unit(self) -> str:
         return "points" if self.percent else "fraction"
+
+    def factor(self, key: str) -> float:
+        """What a logged value of metric ``key`` is multiplied by to be shown: the accuracy scale for an accuracy, 1
+        for every other metric (shown as logged)."""
+        return self.scale if domain(key).accuracy else 1.0
+
+    def unit_of(self, key: str) -> str:
+        """The unit metric ``key`` is shown in: ``%`` / ``fraction`` for an accuracy, else "as logged" (its unit is
+        in docs/METRICS.md)."""
+        return self.unit if domain(key).accuracy else "as logged"
 
     def acc(self, x: float | None) -> str:
         return fmt(None if x is None else x * self.scale, self.acc_digits)

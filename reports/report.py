@@ -167,7 +167,7 @@ def analyse(cmp: Comparison, *, baseline: str | None = None, recorded_baseline: 
     target_text = f"≥ {target_how}" if target is not None else f"none: {target_how}"
     tabs = [probe_tab, sections.accuracy_table(groups, units), sections.aggregates_table(groups, units),
             sections.paired_table(paired, base, units), sections.convergence_table(conv, target_text, interval, base),
-            sections.stability_table(groups, settings), runs_tab, runs_stab]
+            sections.stability_table(groups, settings, units), runs_tab, runs_stab]
     if evals:
         from reports.evals import benchmark_table
 

@@ -207,6 +207,7 @@ class Table:
     csv_rows: list[list] = field(default_factory=list)
     bold: set[tuple[int, int]] = field(default_factory=set)
     groups: list[str] = field(default_factory=list)  # a group label per column ("" = none): a header row above
+    breaks: tuple[int, ...] = ()  # columns that begin a new stacked LaTeX block when the table is wider than a page
 
     def emphasise(self, column: int, values: Sequence[float | None], direction: str) -> None:
         """Bold the best value(s) of ``column`` (``values`` in row order)."""
@@ -228,12 +229,15 @@ class Table:
 
     def latex(self) -> str:
         """booktabs, caption above; ``table*`` when wider than a column of a two-column page, and the columns split
-        into stacked blocks (each repeating the first column) where one row would be wider than the page."""
+        into stacked blocks (each repeating the first column) where one row would be wider than the page: at the
+        columns of ``breaks`` (related columns kept together), and wherever a block would still be too wide."""
         widths = [max([_printed_width(line) for line in _header_lines(c, self.rows, j)]
                       + [_printed_width(r[j]) for r in self.rows]) + COLSEP_PT for j, c in enumerate(self.columns)]
+        wide = sum(widths) > PAGE_PT
         blocks, current = [], [0]
         for j in range(1, len(self.columns)):
-            if len(current) > 1 and sum(widths[k] for k in current) + widths[j] > PAGE_PT:
+            if len(current) > 1 and (sum(widths[k] for k in current) + widths[j] > PAGE_PT
+                                     or (wide and j in self.breaks)):
                 blocks.append(current)
                 current = [0]
             current.append(j)

@@ -130,18 +130,20 @@ def paired_table(prs: list[dict], baseline: str | None, units: Units) -> Table:
 def power_note(groups: Groups, best: str, others: list[str], units: Units) -> str:
     """What the seeds could detect between ``best`` and each of ``others`` (the objectives no ranking separates from
     it) and how many seeds their observed differences would need: paired t-test over common seeds, alpha 0.05
-    two-sided, 80% power, the observed SD of the per-seed differences taken as the truth."""
+    two-sided, 80% power, the observed SD of the per-seed differences taken as the truth. Each difference is written
+    out as "other − best", the way round of the paired table (objective − baseline) when ``best`` is the baseline."""
     fin = finals(groups)
     parts, unsized = [], {}
     for o in others:
         common = sorted(set(fin[best]) & set(fin[o]))
-        pw = stats.power([fin[best][s] - fin[o][s] for s in common])
+        pw = stats.power([fin[o][s] - fin[best][s] for s in common])
+        diff = f"{o} − {best} = {units.diff(pw.mean_diff)}"
         if pw.detectable is None:
-            unsized.setdefault(f"{pw.why}; observed difference {units.diff(pw.mean_diff)} {units.diff_unit}"
+            unsized.setdefault(f"{pw.why}; observed difference {diff} {units.diff_unit}"
                                if pw.mean_diff is not None else pw.why, []).append(o)
             continue
-        parts.append(f"{o} (observed {units.diff(pw.mean_diff)}, detectable with {pw.n} seeds "
-                     f"{units.acc(pw.detectable)}, seeds needed {pw.seeds_text()})")
+        parts.append(f"{o} (observed {diff}, detectable with {pw.n} seeds {units.acc(pw.detectable)}, seeds needed "
+                     f"{pw.seeds_text()})")
     text = ""
     if parts:
         text = (f"To separate {best} from each at 80% power (paired t-test, α = 0.05, observed seed SD of the "

@@ -266,7 +266,7 @@ def stability_table(groups: Groups, s: DerivedSettings, units: Units) -> Table:
                f"Mean ± 95% CI over seeds.")
     t = Table("stability", "Stability", caption,
               ["objective", "n", *[t for _, t in ONSETS], *[t for _, t, _ in STAB]], rows, csv_cols, csv_rows)
-    t.breaks = (len(ONSETS) + 3,)  # wider than a page: the onsets and the drawdown, then the rest
+    t.breaks = (t.columns.index(STAB[1][1]),)  # wider than a page: the onsets and the drawdown, then the rest
     return t
 
 

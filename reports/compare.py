@@ -2,17 +2,20 @@
 
 Each comparison is analysed exactly as `bench report` analyses it (``reports.report.analyse``: its own baseline
 rule, convergence target and statistics); every per-objective table of the report is then laid out with one column
-group per comparison, rows matched by objective. ``compare_config`` lists what differs between their configurations
-(the runs' MLflow params, except those that differ between the runs of one comparison, and the engine). Written into
+group per comparison, rows matched by objective. ``compare_config`` lists the settings whose resolved values differ
+(the runs' MLflow params and the engine; a setting a run did not record counts as its default; an objective's own
+fields only for the objectives both comparisons ran). Written into
 ``<out_root>/<experiment of the first>/compare-<A>-<B>/`` (``compare.md`` and each table as .md / .tex / .csv),
 swapped in like a report folder.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reports.record import ENGINE as ENGINE_TAG
 from reports.report import Analysis, ReportOptions
 from reports.tables import Table
 
@@ -20,6 +23,7 @@ SIDE_BY_SIDE = ("accuracy", "aggregates", "paired_test", "convergence", "stabili
 PER_RUN_PARAMS = {"algo", "seed", "run_name", "comparison", "output_dir", "resume", "objective_overrides",
                   "tracking_uri", "experiment", "tags", "control"}
 ABSENT = "–"  # an objective a comparison does not have
+UNRECORDED = "not recorded"  # a setting neither a run nor a known default gives
 
 
 @dataclass
@@ -70,33 +74,109 @@ def side_by_side(name: str, labels: list[str], tables: list[Table | None]) -> Ta
                  bold, groups)
 
 
-def config_table(labels: list[str], analyses: list[Analysis]) -> Table:
-    """What differs between the comparisons' configurations (and their objectives, seeds and runs)."""
-    params = []
+OBJECTIVE_FIELD = "objective."  # the prefix of an objective's own config fields among a run's params
+
+
+def _resolved(runs, keys: set[str], defaults: Callable[[str], Mapping[str, str]] | None
+              ) -> dict[str, set[tuple[str, bool]]]:
+    """key -> the set of (value, recorded) the runs resolve it to: the value a run logged, else its objective's
+    default (``defaults(objective)``: the params a run of that objective records with every default; ``recorded``
+    False), else (UNRECORDED, False)."""
+    out: dict[str, set[tuple[str, bool]]] = {}
+    for r in runs:
+        default = defaults(r.objective) if defaults is not None and keys - set(r.params) else {}
+        for k in keys:
+            out.setdefault(k, set()).add((r.params[k], True) if k in r.params else (default.get(k, UNRECORDED), False))
+    return out
+
+
+def _cell(values: set[tuple[str, bool]]) -> str:
+    """A comparison's value of a setting: one value ("(default)" when no run recorded it), or the values its runs
+    differ in."""
+    shown = sorted({v for v, _ in values})
+    if len(shown) > 1:
+        return "varies between its runs: " + ", ".join(shown)
+    return shown[0] + ("" if any(rec for _, rec in values) or shown[0] == UNRECORDED else " (default)")
+
+
+def config_table(labels: list[str], analyses: list[Analysis],
+                 defaults: Callable[[str], Mapping[str, str]] | None = None) -> Table:
+    """What differs between the comparisons' configurations, by resolved value: a setting a run did not record (a
+    field added to pobench since) counts as its default (``defaults(objective)``, see :func:`_resolved`), and a row is
+    listed only where the values differ. Run-level settings are compared over all runs; an objective's own fields
+    (``objective.*``) only for the objectives (variants) both comparisons ran, since an objective one of them lacks
+    is a different objective set (the ``objectives`` row), not a changed setting."""
+    def run_level(k: str) -> bool:
+        return k.split(".")[0] not in PER_RUN_PARAMS and not k.startswith(OBJECTIVE_FIELD)
+
+    # ("tags.x": a run's tags flattened into its params, per run)
+    keys = {k for a in analyses for r in a.comparison.runs for k in r.params if run_level(k)}
+    settings = []
     for a in analyses:
-        runs = a.comparison.runs
-        shared = {k: v for k, v in runs[0].params.items()  # ("tags.x": a run's tags flattened into its params)
-                  if k.split(".")[0] not in PER_RUN_PARAMS and all(r.params.get(k) == v for r in runs)}
-        shared["engine"] = runs[0].tags.get("pobench.engine", shared.get("engine", "native"))
-        params.append(shared)
-    keys = sorted(set().union(*params))
-    differ = [k for k in keys if len({p.get(k, ABSENT) for p in params}) > 1]
-    rows = [["objectives", *[", ".join(a.comparison.objectives) for a in analyses]],
+        res = _resolved(a.comparison.runs, keys, defaults)
+        res["engine"] = {(r.tags.get(ENGINE_TAG) or r.params.get("engine", "native"), True) for r in a.comparison.runs}
+        settings.append(res)
+    unknown: list[str] = []
+
+    def differ(k: str, sides: list[set[tuple[str, bool]]]) -> bool:
+        """Whether the comparisons resolve ``k`` to different values (one known to none of them: noted, not
+        compared)."""
+        values = [frozenset(v for v, _ in side) for side in sides]
+        if len(set(values)) == 1:
+            return False
+        if any(UNRECORDED in v for v in values):
+            unknown.append(k)
+            return False
+        return True
+
+    rows = []
+    for k in sorted(set().union(*settings)):
+        sides = [s[k] for s in settings]
+        if differ(k, sides):
+            rows.append([k, *[_cell(side) for side in sides]])
+    # an objective's own fields, per variant every comparison ran; equal changes joined: "objective.kl_coef (grpo,
+    # dapo)"
+    common = [o for o in analyses[0].comparison.objectives if all(o in a.comparison.objectives for a in analyses)]
+    by_change: dict[tuple, list[str]] = {}
+    for o in common:
+        runs = [[r for r in a.comparison.runs if r.variant == o] for a in analyses]
+        fields = {k for rs in runs for r in rs for k in r.params if k.startswith(OBJECTIVE_FIELD)}
+        per = [_resolved(rs, fields, defaults) for rs in runs]
+        for k in sorted(fields):
+            sides = [p[k] for p in per]
+            if differ(f"{k} ({o})", sides):
+                by_change.setdefault((k, *[_cell(side) for side in sides]), []).append(o)
+    rows += [[f"{k} ({', '.join(objs)})", *cells] for (k, *cells), objs in by_change.items()]
+    only = {o: [lab for lab, a in zip(labels, analyses) if o in a.comparison.objectives]
+            for a in analyses for o in a.comparison.objectives if o not in common}
+    head = [["objectives", *[", ".join(a.comparison.objectives) for a in analyses]],
             ["seeds", *[", ".join(map(str, sorted({r.seed for r in a.comparison.runs}))) for a in analyses]],
             ["experiment", *[a.comparison.experiment for a in analyses]],
-            ["baseline", *[a.baseline or ABSENT for a in analyses]],
-            *[[k, *[p.get(k, ABSENT) for p in params]] for k in differ]]
-    caption = (f"What differs: the objectives, seeds, experiment and baseline of each comparison, then every "
-               f"configuration field whose value differs ({len(differ)} of the {len(keys)} recorded; fields that "
-               f"differ between the runs of one comparison, such as the seed, are left out).")
-    return Table("compare_config", "What differs between the comparisons", caption, ["field", *labels], rows,
-                 ["field", *labels], rows)
+            ["baseline", *[a.baseline or ABSENT for a in analyses]]]
+    caption = (f"What differs: the objectives, seeds, experiment and baseline of each comparison, then every setting "
+               f"whose resolved value differs ({len(rows)}): the value its runs recorded, or \"(default)\" where "
+               f"none did (a field pobench added since); \"varies between its runs\" where the runs of one "
+               f"comparison differ. Per-run fields (the seed, the run name, ...) are left out. An objective's own "
+               f"fields (objective.*) are compared for the objectives both comparisons ran "
+               f"({', '.join(common) or 'none'}), and listed with them.")
+    if only:
+        caption += (" Objectives in only some of the comparisons (" + "; ".join(
+            f"{o}: {', '.join(labs)}" for o, labs in only.items()) + ") make a different objective set: their "
+                    "fields are not compared, nor listed as changed settings.")
+    if unknown:
+        caption += (" Recorded by only some comparisons, with no default known here, so not compared: "
+                    + ", ".join(unknown) + ".")
+    return Table("compare_config", "What differs between the comparisons", caption, ["field", *labels], head + rows,
+                 ["field", *labels], head + rows)
 
 
 def compare_comparisons(specs: list[tuple[str, str]], tracking_uri: str | None = None, *,
                         out_root: str | Path = "reports/out", baseline: str | None = None,
                         target_acc: float | None = None, options: ReportOptions | None = None,
-                        client=None) -> CompareResult:
+                        defaults: Callable[[str], Mapping[str, str]] | None = None, client=None) -> CompareResult:
+    """Analyse each comparison as its report does and write the side-by-side tables; ``defaults(objective)``: the
+    params a run of that objective records with every default (``bench compare`` passes pobench's own), so a setting
+    a run did not record is compared by its default (:func:`config_table`)."""
     from reports.evals import load_evals
     from reports.load import load_comparison
     from reports.paths import contained, make_owned, new_temp_folder, remove_owned, replace_owned, safe_component
@@ -123,7 +203,7 @@ def compare_comparisons(specs: list[tuple[str, str]], tracking_uri: str | None =
         labels.append(cid if len({e for e, _ in specs}) == 1 else f"{exp}:{cid}")
     if baseline is not None and not any(a.baseline == baseline for a in analyses):
         raise ValueError(f"--baseline {baseline!r} is in none of the comparisons")
-    tables = {"compare_config": config_table(labels, analyses)}
+    tables = {"compare_config": config_table(labels, analyses, defaults)}
     for name in SIDE_BY_SIDE:
         t = side_by_side(name, labels, [a.tables.get(name) for a in analyses])
         if t is not None:

@@ -1,7 +1,10 @@
 """Every plotted series of a comparison as one tidy table (``curves.csv``, and ``curves.parquet`` when pyarrow is
 installed), so a figure can be redrawn or restyled from the file alone.
 
-One row per (run, metric, step): ``comparison, objective, seed, run_id, step, elapsed_s, tokens, metric, value``.
+One row per (run, metric, step): ``comparison, objective, seed, run_id, step, elapsed_s, tokens, metric, value, unit``.
+``value`` is what the figures plot: an accuracy (``reports.metric_keys.domain``) in the report's unit (``unit`` =
+``%`` by default, ``fraction`` with ``--fractions``: ``reports.tables.Units``), every other metric as logged (``unit``
+= ``as logged``; docs/METRICS.md gives it).
 ``objective`` is the label the report groups by (the variant); ``elapsed_s`` is the run's training wall-clock at that
 step (``time/elapsed_s``; 0 at step 0, empty where the run logged none); ``tokens`` the completion tokens the run has
 sampled up to that step (cumulative ``rollout/gen_tokens``; 0 at step 0, empty where a step is missing).
@@ -15,9 +18,10 @@ from pathlib import Path
 
 from reports import metric_keys as K
 from reports.derived import KEY_ELAPSED
+from reports.tables import Units
 
 KEY_TOKENS = K.GEN_TOKENS
-COLUMNS = ["comparison", "objective", "seed", "run_id", "step", "elapsed_s", "tokens", "metric", "value"]
+COLUMNS = ["comparison", "objective", "seed", "run_id", "step", "elapsed_s", "tokens", "metric", "value", "unit"]
 
 
 def elapsed_at(run, step: int) -> float | None:
@@ -43,29 +47,33 @@ def tokens_at(run, step: int) -> float | None:
     return cumulative_tokens(run).get(step)
 
 
-def curve_rows(cmp, keys: Iterable[str]) -> list[list]:
-    """The rows of :data:`COLUMNS` for every run of the comparison and every key it logged."""
+def curve_rows(cmp, keys: Iterable[str], units: Units | None = None) -> list[list]:
+    """The rows of :data:`COLUMNS` for every run of the comparison and every key it logged (accuracies in
+    ``units``, percent by default)."""
+    units = units or Units()
     rows = []
     for r in cmp.runs:
         tokens = cumulative_tokens(r)
         elapsed = {0: 0.0, **{int(s): float(v) for s, v in r.series.get(KEY_ELAPSED, [])}}
         for key in keys:
+            f, unit = units.factor(key), units.unit_of(key)
             for step, value in r.series.get(key, []):
                 rows.append([cmp.comparison_id, r.variant, r.seed, r.run_id, int(step), elapsed.get(int(step)),
-                             tokens.get(int(step)), key, float(value)])
+                             tokens.get(int(step)), key, float(value) if f == 1 else round(float(value) * f, 10),
+                             unit])  # (rounded: 62.25, not 62.25000000000001)
     return rows
 
 
-def curves_frame(cmp, keys: Iterable[str]):
+def curves_frame(cmp, keys: Iterable[str], units: Units | None = None):
     """The curves as a pandas DataFrame (one row per run, metric and step)."""
     import pandas as pd
 
-    return pd.DataFrame(curve_rows(cmp, list(keys)), columns=COLUMNS)
+    return pd.DataFrame(curve_rows(cmp, list(keys), units), columns=COLUMNS)
 
 
-def write_curves(cmp, keys: Iterable[str], out_dir: Path) -> list[Path]:
+def write_curves(cmp, keys: Iterable[str], out_dir: Path, units: Units | None = None) -> list[Path]:
     """``curves.csv`` (and ``curves.parquet`` when pyarrow is installed) in ``out_dir``."""
-    df = curves_frame(cmp, keys)
+    df = curves_frame(cmp, keys, units)
     paths = [out_dir / "curves.csv"]
     df.to_csv(paths[0], index=False)
     try:

@@ -18,6 +18,11 @@ Definitions (also in ``docs/REPORTS.md``):
   improvement the baseline actually achieves. No run meets it at step 0, the baseline's mean curve reaches it; when the
   baseline does not improve (B <= a0) there is no target;
 - entropy collapse: first step at which the mean rollout entropy falls below ``frac`` x its first logged value;
+- entropy blow-up: first step at which the mean rollout entropy rises above ``k`` x its first logged value (the
+  other way a run falls apart: a policy that loses its skill samples near-random tokens, so its entropy rises; the
+  default k = 2 mirrors the collapse's 1/2);
+- accuracy collapse: first evaluation step at which the held-out accuracy falls below ``frac`` x its step-0 value
+  (default: half of what the policy could do before training);
 - entropy slope: least-squares slope of the mean rollout entropy against the step (nats per step);
 - accuracy drawdown: the largest fall of the held-out accuracy below an earlier peak, ``max_j (max_{i<=j} a_i - a_j)``;
 - gradient-norm spikes: steps whose gradient norm exceeds ``k`` x the median of the previous ``window`` steps (only
@@ -56,6 +61,8 @@ class DerivedSettings:
     smooth_window: int = 3          # evaluations in the trailing mean of the held-out accuracy
     target_frac: float = 0.5        # default target = step-0 acc. + target_frac x the baseline's improvement over it
     collapse_frac: float = 0.5      # entropy collapse: below collapse_frac x initial entropy
+    blowup_k: float = 2.0           # entropy blow-up: above blowup_k x initial entropy (the collapse's 1/2 mirrored)
+    acc_collapse_frac: float = 0.5  # accuracy collapse: held-out accuracy below acc_collapse_frac x its step-0 value
     spike_k: float = 3.0            # gradient spike: above spike_k x running median
     spike_window: int = 20          # steps in the running median
     spike_min_history: int = 5      # earlier steps needed before spikes are counted
@@ -145,6 +152,31 @@ def entropy_collapse_step(entropy: Series, frac: float = 0.5) -> int | None:
     return None
 
 
+def entropy_blowup_step(entropy: Series, k: float = 2.0) -> int | None:
+    """First step at which entropy > ``k`` x the first logged entropy; ``None`` if it never does."""
+    pts = _clean(entropy)
+    if not pts:
+        return None
+    threshold = k * pts[0][1]
+    for s, v in pts[1:]:
+        if v > threshold:
+            return s
+    return None
+
+
+def accuracy_collapse_step(acc: Series, frac: float = 0.5) -> int | None:
+    """First evaluation step after step 0 at which the accuracy < ``frac`` x its step-0 value; ``None`` if it never
+    is, or without a step-0 evaluation (nothing to fall from)."""
+    pts = _clean(acc)
+    if not pts or pts[0][0] != 0:
+        return None
+    threshold = frac * pts[0][1]
+    for s, v in pts[1:]:
+        if v < threshold:
+            return s
+    return None
+
+
 def slope(series: Series) -> float | None:
     """Least-squares slope of value against step; ``None`` with fewer than two distinct steps."""
     pts = _clean(series)
@@ -209,6 +241,8 @@ class RunDerived:
     ttc_seconds_interp: float | None
     ttc_gap: int | None            # steps between the two evaluations the interpolated crossing lies between
     entropy_collapse_step: int | None
+    entropy_blowup_step: int | None
+    acc_collapse_step: int | None  # None too without a step-0 evaluation (initial_acc None)
     entropy_slope: float | None
     acc_drawdown: float | None
     grad_spikes: int | None
@@ -278,6 +312,8 @@ def derive(series: Mapping[str, Series], target: float | None,
         ttc_seconds_interp=seconds_at(series.get(KEY_ELAPSED, []), cross[0]) if cross else None,
         ttc_gap=cross[1] if cross else None,
         entropy_collapse_step=entropy_collapse_step(series.get(KEY_ENTROPY, []), settings.collapse_frac),
+        entropy_blowup_step=entropy_blowup_step(series.get(KEY_ENTROPY, []), settings.blowup_k),
+        acc_collapse_step=accuracy_collapse_step(acc, settings.acc_collapse_frac),
         entropy_slope=slope(series.get(KEY_ENTROPY, [])),
         acc_drawdown=max_drawdown(acc),
         grad_spikes=len(spikes) if _clean(series.get(KEY_GRAD, [])) else None,
@@ -290,13 +326,14 @@ def derive(series: Mapping[str, Series], target: float | None,
 
 # derived numbers stored back into each run as metrics `derived/<name>` (NaN + a tag when the value does not exist)
 STORED = ("initial_acc", "final_acc", "best_acc", "target_acc", "ttc_step", "ttc_seconds", "ttc_step_interp",
-          "ttc_seconds_interp", "entropy_collapse_step", "entropy_slope", "acc_drawdown", "grad_spikes", "kl_max",
-          "reward_var", "zero_adv_frac")
+          "ttc_seconds_interp", "entropy_collapse_step", "entropy_blowup_step", "acc_collapse_step", "entropy_slope",
+          "acc_drawdown", "grad_spikes", "kl_max", "reward_var", "zero_adv_frac")
 
 
 def store(client, run_id: str, d: RunDerived, comparison: str | None = None) -> None:
     """Write the derived numbers into the run: metrics ``derived/<name>``; a missing value is logged as NaN and
-    explained by the tag ``pobench.derived.<name>`` ("no target" / "not reached" / "not collapsed" / "no data")."""
+    explained by the tag ``pobench.derived.<name>`` ("no target" / "not reached" / "not collapsed" / "not blown up" /
+    "no data")."""
     import time
 
     from mlflow.entities import Metric, RunTag
@@ -314,6 +351,10 @@ def store(client, run_id: str, d: RunDerived, comparison: str | None = None) -> 
             why = ("no target" if d.target_acc is None else "not reached") if v is None else "reached"
         elif name == "entropy_collapse_step":
             why = "not collapsed" if v is None else "collapsed"
+        elif name == "entropy_blowup_step":
+            why = "not blown up" if v is None else "blown up"
+        elif name == "acc_collapse_step":
+            why = ("no data" if d.initial_acc is None else "not collapsed") if v is None else "collapsed"
         else:
             why = "no data" if v is None else "ok"
         tags.append(RunTag(f"{DERIVED_PREFIX}{name}", why))

@@ -5,9 +5,18 @@ tests/reports/test_metric_keys.py keeps equal to this module. A name with ``{...
 
 The ``objective/*`` metrics are each objective's own (``algorithms/``, documented in the same file); only the one
 another engine maps onto is named here (``POLICY_LOSS``). ``derived/*`` are named by ``reports.derived.DERIVED``.
+
+Each metric also states, once, the values it can take (:data:`DOMAINS`, :data:`TEMPLATE_DOMAINS`,
+:data:`OBJECTIVE_DOMAINS`; :func:`domain` reads them): bounds the reports' bands stay within (reports/figures.py), and
+whether it is an accuracy, which the reports show in their accuracy unit (percent, or fractions with ``--fractions``:
+``reports.tables.Units``). tests/reports/test_metric_keys.py checks that every key here and every ``objective/`` key
+of docs/METRICS.md has one.
 """
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
 
 # ------------------------------------------------------------------ rollout/: the completions of a step's update
 REWARD_MEAN = "rollout/reward_mean"
@@ -84,6 +93,76 @@ SUMMARY_POI = "summary/{objective}/prob_improvement"       # probability of impr
 #: metrics whose value depends on the machine's speed or load (every other one is identical for the same seed and
 #: config)
 TIMING_PREFIXES = ("time/", "sys/", TOKENS_PER_S, THROUGHPUT)
+
+
+
+@dataclass(frozen=True)
+class Domain:
+    """The values a metric can take (``low`` / ``high``; None: unbounded on that side) and whether it is an accuracy:
+    a share of problems or completions the verifier judges correct, shown in the reports' accuracy unit."""
+
+    low: float | None = None
+    high: float | None = None
+    accuracy: bool = False
+
+
+ANY = Domain()
+NON_NEGATIVE = Domain(0.0)                   # counts, lengths, entropies, norms, times, k3 KL estimates, ratios
+SHARE = Domain(0.0, 1.0)                     # a fraction or a rate (and a 0/1 flag, whose seed mean is one)
+ACCURACY = Domain(0.0, 1.0, accuracy=True)   # a fraction judged correct: percent in the reports by default
+
+DOMAINS: dict[str, Domain] = {
+    REWARD_MEAN: ANY, REWARD_STD: NON_NEGATIVE, ROLLOUT_ACCURACY: ACCURACY, ENTROPY_MEAN: NON_NEGATIVE,
+    ENTROPY_P10: NON_NEGATIVE, ENTROPY_P50: NON_NEGATIVE, ENTROPY_P90: NON_NEGATIVE, ZERO_ADV_FRAC: SHARE,
+    LENGTH_MEAN: NON_NEGATIVE, LENGTH_MAX: NON_NEGATIVE, TRUNCATION_RATE: SHARE, REFILL_COMPLETIONS: NON_NEGATIVE,
+    REFILL_ACCURACY: ACCURACY, REFILL_ZERO_ADV_FRAC: SHARE, TOKENS_PER_S: NON_NEGATIVE, GEN_TOKENS: NON_NEGATIVE,
+    SAMPLING_ROUNDS: NON_NEGATIVE, KEPT_GROUPS: NON_NEGATIVE, GREEDY_REWARD_MEAN: ANY,
+    POLICY_LOSS: ANY,
+    LOSS: ANY, GRAD_NORM: NON_NEGATIVE, LR: NON_NEGATIVE, KL_REF: NON_NEGATIVE, SKIPPED: SHARE,
+    ABS_LOG_RATIO: NON_NEGATIVE, ABS_LOG_RATIO_MAX: NON_NEGATIVE, ABS_SEQ_LOG_RATIO: NON_NEGATIVE,
+    EVAL_ACCURACY: ACCURACY, EVAL_ACCURACY_SAMPLED: ACCURACY,
+    ROLLOUT_S: NON_NEGATIVE, SCORING_S: NON_NEGATIVE, UPDATE_S: NON_NEGATIVE, STEP_S: NON_NEGATIVE,
+    ELAPSED_S: NON_NEGATIVE, EVAL_S: NON_NEGATIVE,
+    TOTAL_NUM_TOKENS: NON_NEGATIVE, THROUGHPUT: NON_NEGATIVE,
+    TUNE_INTERMEDIATE: ANY, TUNE_OBJECTIVE: ANY, TUNE_VALUE: ANY, TUNE_BEST_VALUE: ANY,
+}
+
+#: the names with a ``{...}`` field, most specific first (``eval/<task>/problems`` before ``eval/<task>/<metric>``)
+TEMPLATE_DOMAINS: dict[str, Domain] = {
+    EVAL_TASK_PROBLEMS: NON_NEGATIVE, EVAL_TASK_LM_EVAL: ACCURACY,
+    EVAL_TASK: ACCURACY,                     # greedy_acc, pass_at_k, maj_at_k and their _ci_low / _ci_high
+    EVAL_TASK_SECONDS: NON_NEGATIVE, TUNE_COUNT: NON_NEGATIVE,
+    SUMMARY_FINAL_ACC: ACCURACY, SUMMARY_GAIN: Domain(-1.0, 1.0, accuracy=True), SUMMARY_P_HOLM: SHARE,
+    SUMMARY_POI: SHARE,
+}
+
+#: the objectives' own metrics (algorithms/; docs/METRICS.md, "objective/"), named here only for their values
+OBJECTIVE_DOMAINS: dict[str, Domain] = {
+    "objective/kl_term": ANY, "objective/entropy": NON_NEGATIVE,
+    "objective/clip_frac_low": SHARE, "objective/clip_frac_high": SHARE,
+    "objective/ratio_mean": NON_NEGATIVE, "objective/ratio_max": NON_NEGATIVE,
+    "objective/masked_frac": SHARE, "objective/detached_frac": SHARE, "objective/selected_frac": SHARE,
+    "objective/cov_selected": NON_NEGATIVE, "objective/dual_clip_frac": SHARE, "objective/vespo_weight_mean": ANY,
+    "objective/mismatch_kl_k3": NON_NEGATIVE, "objective/mismatch_kl_k1": ANY,
+    "objective/is_weight_mean": NON_NEGATIVE, "objective/is_weight_min": NON_NEGATIVE,
+    "objective/is_weight_max": NON_NEGATIVE, "objective/is_cut_frac": SHARE,
+    "objective/off_policy_masked_frac": SHARE, "objective/truncated_masked_frac": SHARE,
+}
+
+
+def _pattern(template: str) -> re.Pattern:
+    """A template name as a regular expression: a ``{field}`` is any text without a slash (a task: any text)."""
+    parts = re.split(r"(\{\w+\})", template)
+    return re.compile("".join((".+?" if p == "{task}" else "[^/]+") if re.fullmatch(r"\{\w+\}", p) else re.escape(p)
+                              for p in parts))
+
+
+def domain(key: str) -> Domain:
+    """The values metric ``key`` can take (:class:`Domain`); :data:`ANY` for a name none of the tables declares."""
+    found = DOMAINS.get(key) or OBJECTIVE_DOMAINS.get(key)
+    if found is not None:
+        return found
+    return next((d for t, d in TEMPLATE_DOMAINS.items() if _pattern(t).fullmatch(key)), ANY)
 
 
 def eval_key(task: str, metric: str) -> str:

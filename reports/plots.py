@@ -15,9 +15,9 @@ from reports.curves import KEY_TOKENS, elapsed_at, tokens_at
 from reports.derived import KEY_ACC
 
 # (key, file name, metric, y label, title); accuracy against time and tokens, the fractions and the convergence bars
-# are drawn by their own functions
+# are drawn by their own functions; an accuracy's label gets its unit (figures.axis_label)
 STEP_FIGURES = [
-    ("accuracy_vs_step", "accuracy_vs_step", KEY_ACC, "held-out accuracy (greedy)", "Held-out accuracy vs step"),
+    ("accuracy_vs_step", "accuracy_vs_step", KEY_ACC, "greedy held-out accuracy", "Held-out accuracy vs step"),
     ("train_accuracy", "train_accuracy_vs_step", K.ROLLOUT_ACCURACY, "verifier accuracy of rollouts",
      "Training accuracy vs step (verifier, first round)"),
     ("reward", "reward_vs_step", K.REWARD_MEAN, "mean shaped reward",
@@ -75,7 +75,7 @@ def draw_all(cmp, conv, target: float | None, target_why: str, interval: str, ou
     else:
         out["accuracy_vs_time"] = figures.versus_figure(
             cmp.runs, KEY_ACC, elapsed_at, "training wall-clock seconds (evaluation excluded)",
-            "held-out accuracy (greedy)", "Held-out accuracy vs wall-clock time", out_dir, "accuracy_vs_time", order,
+            "greedy held-out accuracy", "Held-out accuracy vs wall-clock time", out_dir, "accuracy_vs_time", order,
             opts)
     lacking = [r.name for r in cmp.runs if tokens_at(r, max((s for s, _ in r.series.get(KEY_ACC, [])), default=0))
                is None]
@@ -84,7 +84,7 @@ def draw_all(cmp, conv, target: float | None, target_why: str, interval: str, ou
                                      f"({', '.join(lacking[:3])}{', ...' if len(lacking) > 3 else ''})")
     else:
         out["accuracy_vs_tokens"] = figures.versus_figure(
-            cmp.runs, KEY_ACC, tokens_at, "completion tokens sampled (cumulative)", "held-out accuracy (greedy)",
+            cmp.runs, KEY_ACC, tokens_at, "completion tokens sampled (cumulative)", "greedy held-out accuracy",
             "Held-out accuracy vs generated tokens", out_dir, "accuracy_vs_tokens", order, opts)
     out["fractions"] = (figures.fractions_figure(cmp.runs, out_dir, order, opts)
                         or "no clip / mask / selection fraction varies in any run")

@@ -45,7 +45,7 @@ class ReportOptions:
 
     @property
     def figure_options(self) -> FigureOptions:
-        return FigureOptions(titles=self.titles, band=self.band)
+        return FigureOptions(titles=self.titles, band=self.band, units=self.units)
 
 
 @dataclass
@@ -174,7 +174,7 @@ def analyse(cmp: Comparison, *, baseline: str | None = None, recorded_baseline: 
     tabs = [*([controls_table(results, units)] if results else []), probe_tab,
             sections.accuracy_table(groups, units), sections.aggregates_table(groups, units),
             sections.paired_table(paired, base, units), sections.convergence_table(conv, target_text, interval, base),
-            sections.stability_table(groups, settings), runs_tab, runs_stab]
+            sections.stability_table(groups, settings, units), runs_tab, runs_stab]
     verdicts = claim_verdicts(groups, entropy_series(cmp.runs),
                               {o: {s: d.ttc_step_interp for s, d in rs} for o, rs in groups.items()})
     if verdicts:
@@ -258,7 +258,7 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
                                                          options.figure_options, extra, a.baseline)
         for v in figs.values():
             files += v.paths if not isinstance(v, str) else []
-        files += curves.write_curves(cmp, plots.plotted_keys(extra), tmp)
+        files += curves.write_curves(cmp, plots.plotted_keys(extra), tmp, options.units)
         (tmp / "report.md").write_text(_markdown(a, figs, settings, options, bool(figures_too)))
         files.append(tmp / "report.md")
         replace_owned(tmp, dest, out_root)
@@ -335,7 +335,8 @@ def _markdown(a: Analysis, figs: dict, s: DerivedSettings, options: ReportOption
             return ""
         name = next(x.name for x in v.paths if x.suffix == ".png")
         stem = name[:-4]
-        return f"![{alt}]({name}) ([PDF]({stem}.pdf), [SVG]({stem}.svg))\n"
+        cut = f"; {v.note}, where the 95% interval passes it" if v.note else ""
+        return f"![{alt}]({name}) ([PDF]({stem}.pdf), [SVG]({stem}.svg){cut})\n"
 
     def tab(name: str) -> str:
         t = a.tables[name]
@@ -344,8 +345,14 @@ def _markdown(a: Analysis, figs: dict, s: DerivedSettings, options: ReportOption
 
     target = (f"smoothed held-out accuracy ≥ {a.target_how}" if a.target is not None
               else f"none ({a.target_how})")
-    band = ("95% Student-t confidence interval of the seed mean" if options.band == "ci"
+    band = ("95% Student-t confidence interval of the seed mean, cut where it passes the values the quantity can take "
+            f"(0 for a KL, a count, a length; 0 and {'100%' if options.units.percent else '1'} for an accuracy: "
+            "`docs/REPORTS.md`), which the figure's legend then says (\"band cut at 0\")" if options.band == "ci"
             else "min-max over seeds")
+    unit = ("Accuracies in % and their differences in points" if options.units.percent
+            else "Accuracies and their differences as fractions")
+    unit += (" in tables, notes, figures and curves.csv (the tables' CSV files hold fractions, as MLflow; "
+             "docs/REPORTS.md)")
     if len(cmp.objectives) > CROWDED:
         band += (f" (with more than {CROWDED} objectives drawn only in the per-objective panels figures, `*_panels`, "
                  f"where the baseline's mean is the grey line)")
@@ -354,9 +361,9 @@ def _markdown(a: Analysis, figs: dict, s: DerivedSettings, options: ReportOption
         f"{len(cmp.runs)} finished runs: objectives {', '.join(cmp.objectives)}; seeds {', '.join(map(str, seeds))}. "
         f"Identical conditions (config hash `{cmp.config_hash}`){': ' + setup if setup else ''}. "
         f"Baseline: {a.baseline} ({a.baseline_how}). Convergence target: {target} "
-        f"(smoothed = trailing mean of {s.smooth_window} evaluations; {a.interval}). Accuracies in "
-        f"{options.units.unit}. Read from MLflow at `{cmp.tracking_uri}`. Lines in figures: seed mean; bands: "
-        f"{band}. Every plotted series: [curves.csv](curves.csv). Definitions: `docs/REPORTS.md`.\n",
+        f"(smoothed = trailing mean of {s.smooth_window} evaluations; {a.interval}). {unit}. "
+        f"Read from MLflow at `{cmp.tracking_uri}`. Lines in figures: seed mean; bands: {band}. Every plotted "
+        f"series: [curves.csv](curves.csv). Definitions: `docs/REPORTS.md`.\n",
     ]
     if a.notes:
         lines.append("**Notes.** " + " ".join(a.notes) + "\n")

@@ -130,18 +130,20 @@ def paired_table(prs: list[dict], baseline: str | None, units: Units) -> Table:
 def power_note(groups: Groups, best: str, others: list[str], units: Units) -> str:
     """What the seeds could detect between ``best`` and each of ``others`` (the objectives no ranking separates from
     it) and how many seeds their observed differences would need: paired t-test over common seeds, alpha 0.05
-    two-sided, 80% power, the observed SD of the per-seed differences taken as the truth."""
+    two-sided, 80% power, the observed SD of the per-seed differences taken as the truth. Each difference is written
+    out as "other − best", the way round of the paired table (objective − baseline) when ``best`` is the baseline."""
     fin = finals(groups)
     parts, unsized = [], {}
     for o in others:
         common = sorted(set(fin[best]) & set(fin[o]))
-        pw = stats.power([fin[best][s] - fin[o][s] for s in common])
+        pw = stats.power([fin[o][s] - fin[best][s] for s in common])
+        diff = f"{o} − {best} = {units.diff(pw.mean_diff)}"
         if pw.detectable is None:
-            unsized.setdefault(f"{pw.why}; observed difference {units.diff(pw.mean_diff)} {units.diff_unit}"
+            unsized.setdefault(f"{pw.why}; observed difference {diff} {units.diff_unit}"
                                if pw.mean_diff is not None else pw.why, []).append(o)
             continue
-        parts.append(f"{o} (observed {units.diff(pw.mean_diff)}, detectable with {pw.n} seeds "
-                     f"{units.acc(pw.detectable)}, seeds needed {pw.seeds_text()})")
+        parts.append(f"{o} (observed {diff}, detectable with {pw.n} seeds {units.acc(pw.detectable)}, seeds needed "
+                     f"{pw.seeds_text()})")
     text = ""
     if parts:
         text = (f"To separate {best} from each at 80% power (paired t-test, α = 0.05, observed seed SD of the "
@@ -208,44 +210,69 @@ def convergence_table(conv: list[dict], target_text: str, interval: str, baselin
     return t
 
 
-STAB = [("entropy_slope", "entropy slope /step", 5), ("acc_drawdown", "acc. drawdown", 3),
+# the stability table: when each way a run can fall apart began (attribute, column), then summaries over the steps
+# (attribute, column, digits; None: an accuracy difference, in the report's units)
+ONSETS = [("entropy_collapse_step", "entropy collapse"), ("entropy_blowup_step", "entropy blow-up"),
+          ("acc_collapse_step", "acc. collapse")]
+STAB = [("acc_drawdown", "acc. drawdown", None), ("entropy_slope", "entropy slope /step", 5),
         ("grad_spikes", "grad-norm spikes", 1), ("kl_max", "max KL", 4), ("reward_var", "reward var.", 4),
         ("zero_adv_frac", "zero-adv. frac.", 3)]
 
 
-def stability_table(groups: Groups, s: DerivedSettings) -> Table:
+def onset_cell(steps: list, n: int) -> str:
+    """When a failure began over ``n`` seeds (``steps``: the step of each seed where it happened): "none (0/3)", the
+    mean step ± 95% CI when every seed had it ("7.0 ± 1.2 (3/3)"), else each seed's step ("2/3 seeds: step 5, 7")."""
+    if not steps:
+        return f"none (0/{n})"
+    if len(steps) == n:
+        return fmt_mean_ci(steps, 1) + f" ({n}/{n})"
+    return f"{len(steps)}/{n} seeds: step " + ", ".join(str(c) for c in steps)
+
+
+def stability_table(groups: Groups, s: DerivedSettings, units: Units) -> Table:
     rows, csv_rows = [], []
     for obj, rs in groups.items():
         ds = [d for _, d in rs]
-        col = _vals(ds, "entropy_collapse_step")
-        if not col:
-            cell = f"none (0/{len(ds)})"
-        elif len(col) == len(ds):
-            cell = fmt_mean_ci(col, 1) + f" ({len(ds)}/{len(ds)})"
-        else:
-            cell = f"{len(col)}/{len(ds)} seeds: step " + ", ".join(str(c) for c in col)
-        row, crow = [obj, str(len(ds)), cell], [obj, len(ds), len(col), *stats.mean_ci(col)]
+        row, crow = [obj, str(len(ds))], [obj, len(ds)]
+        for attr, _ in ONSETS:
+            steps = _vals(ds, attr)
+            row.append(onset_cell(steps, len(ds)))
+            crow += [len(steps), *stats.mean_ci(steps)]
         for attr, _, digits in STAB:
             v = _vals(ds, attr)
-            row.append(fmt_mean_ci(v, digits) if len(v) == len(ds) else f"n/a ({len(ds) - len(v)} seeds lack data)")
-            crow.extend(stats.mean_ci(v) if len(v) == len(ds) else (None, None))
+            ci = stats.mean_ci(v) if len(v) == len(ds) else (None, None)
+            if len(v) < len(ds):
+                row.append(f"n/a ({len(ds) - len(v)} seeds lack data)")
+            else:
+                row.append(units.acc_ci(*ci) if digits is None else pm(*ci, digits))
+            crow.extend(ci)
         rows.append(row)
         csv_rows.append(crow)
-    csv_cols = ["objective", "n", "collapsed", "collapse_step_mean", "collapse_step_ci95"]
+    csv_cols = ["objective", "n"]
+    for attr, _ in ONSETS:
+        name = attr.removesuffix("_step")
+        csv_cols += [f"{name}_seeds", f"{attr}_mean", f"{attr}_ci95"]
     for attr, _, _ in STAB:
         csv_cols += [f"{attr}_mean", f"{attr}_ci95"]
-    return Table("stability", "Stability", f"Entropy collapse: first step with mean rollout entropy < "
-                 f"{s.collapse_frac} × its initial value. Slope: least-squares entropy change per step. Drawdown: "
-                 f"largest fall of held-out accuracy below an earlier peak (fraction). Spikes: steps with gradient "
-                 f"norm > {s.spike_k} × the median of the previous {s.spike_window}. Max KL to the reference policy; "
-                 f"variance of the per-step mean reward across steps; mean fraction of groups with all-equal rewards. "
-                 f"Mean ± 95% CI over seeds.",
-                 ["objective", "n", "entropy collapse", *[t for _, t, _ in STAB]], rows, csv_cols, csv_rows)
+    caption = (f"When a run began to fall apart, either way: entropy collapse (first step with mean rollout entropy "
+               f"< {s.collapse_frac:g} × its initial value), entropy blow-up (first step with mean rollout entropy > "
+               f"{s.blowup_k:g} × its initial value: a policy that lost its skill samples near-random tokens), "
+               f"accuracy collapse (first evaluation with held-out accuracy < {s.acc_collapse_frac:g} × its step-0 "
+               f"value); each as the mean step ± 95% CI (k/n: the seeds where it happened), or the step of each seed "
+               f"where only some had it. Drawdown: largest fall of held-out accuracy below an earlier peak "
+               f"({units.diff_unit}). Slope: least-squares entropy change per step. Spikes: steps with gradient norm "
+               f"> {s.spike_k:g} × the median of the previous {s.spike_window}. Max KL to the reference policy; "
+               f"variance of the per-step mean reward across steps; mean fraction of groups with all-equal rewards. "
+               f"Mean ± 95% CI over seeds.")
+    t = Table("stability", "Stability", caption,
+              ["objective", "n", *[t for _, t in ONSETS], *[t for _, t, _ in STAB]], rows, csv_cols, csv_rows)
+    t.breaks = (t.columns.index(STAB[1][1]),)  # wider than a page: the onsets and the drawdown, then the rest
+    return t
 
 
 RUN_COLS = ["initial_acc", "final_acc", "best_acc", "ttc_step", "ttc_step_interp", "ttc_seconds_interp",
-            "ttc_seconds", "entropy_collapse_step", "entropy_slope", "acc_drawdown", "grad_spikes", "kl_max",
-            "reward_var", "zero_adv_frac"]
+            "ttc_seconds"]
+STAB_COLS = [a for a, _ in ONSETS] + [a for a, _, _ in STAB]
 
 
 def runs_tables(cmp, derived: dict[str, RunDerived], units: Units) -> tuple[Table, Table]:
@@ -255,6 +282,7 @@ def runs_tables(cmp, derived: dict[str, RunDerived], units: Units) -> tuple[Tabl
     for r in cmp.runs:
         d = derived[r.run_id]
         vals = [getattr(d, c) for c in RUN_COLS]
+        stab_vals = [getattr(d, c) for c in STAB_COLS]
         n_problems = r.params.get("eval_problems", "")
         lo, hi = checks.final_acc_interval(d.final_acc, int(n_problems) if n_problems.isdigit() else None)
         no_ttc = "no target" if d.target_acc is None else "not reached"
@@ -263,12 +291,11 @@ def runs_tables(cmp, derived: dict[str, RunDerived], units: Units) -> tuple[Tabl
                          no_ttc if d.ttc_step is None else str(d.ttc_step),
                          no_ttc if d.ttc_step_interp is None else fmt(d.ttc_step_interp, 1),
                          no_ttc if d.ttc_seconds_interp is None else fmt(d.ttc_seconds_interp, 1)])
-        stab_rows.append([r.variant, str(r.seed),
-                          "none" if d.entropy_collapse_step is None else str(d.entropy_collapse_step),
-                          fmt(d.entropy_slope, 5), fmt(d.acc_drawdown, 3), fmt(d.grad_spikes), fmt(d.kl_max, 4),
-                          fmt(d.reward_var, 4), fmt(d.zero_adv_frac, 3)])
-        csv_rows.append([r.run_id, r.name, r.variant, r.seed, *vals, lo, hi])
-        stab_csv.append([r.run_id, r.variant, r.seed, *vals[7:]])
+        onsets = ["none" if getattr(d, a) is None else str(getattr(d, a)) for a, _ in ONSETS]
+        stab_rows.append([r.variant, str(r.seed), *onsets, units.acc(d.acc_drawdown), fmt(d.entropy_slope, 5),
+                          fmt(d.grad_spikes), fmt(d.kl_max, 4), fmt(d.reward_var, 4), fmt(d.zero_adv_frac, 3)])
+        csv_rows.append([r.run_id, r.name, r.variant, r.seed, *vals, *stab_vals, lo, hi])
+        stab_csv.append([r.run_id, r.variant, r.seed, *stab_vals])
     runs = Table("runs", "Per-run accuracy and convergence",
                  f"The per-objective tables are means over these per-run values. Accuracy in {units.unit}; final 95%: "
                  "Wilson interval of the run's final held-out accuracy as a proportion of its eval_problems problems "
@@ -276,12 +303,13 @@ def runs_tables(cmp, derived: dict[str, RunDerived], units: Units) -> tuple[Tabl
                  "target, and the step and seconds interpolated between evaluations.",
                  ["objective", "seed", "step 0", "final", "final 95%", "best", "ttc eval step", "ttc step",
                   "ttc s"], acc_rows,
-                 ["run_id", "run", "objective", "seed", *RUN_COLS, "final_acc_ci95_low", "final_acc_ci95_high"],
-                 csv_rows)
+                 ["run_id", "run", "objective", "seed", *RUN_COLS, *STAB_COLS, "final_acc_ci95_low",
+                  "final_acc_ci95_high"], csv_rows)
     stab = Table("runs_stability", "Per-run stability",
-                 "Per-run values behind the stability table (definitions there).",
-                 ["objective", "seed", "entropy collapse", *[t for _, t, _ in STAB]], stab_rows,
-                 ["run_id", "objective", "seed", *RUN_COLS[7:]], stab_csv)
+                 f"Per-run values behind the stability table (definitions there; the step where each failure began, "
+                 f"none: it did not; drawdown in {units.diff_unit}).",
+                 ["objective", "seed", *[t for _, t in ONSETS], *[t for _, t, _ in STAB]], stab_rows,
+                 ["run_id", "objective", "seed", *STAB_COLS], stab_csv)
     return runs, stab
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reports.metric_keys import domain
 from reports.stats import mean_ci
 
 MINUS = "\u2212"
@@ -27,7 +28,8 @@ MINUS = "\u2212"
 
 @dataclass(frozen=True)
 class Units:
-    """How accuracies are shown: percent (``69.7``, points for differences) or fractions (``0.697``)."""
+    """How accuracies are shown, in tables, notes, figures and curves.csv alike: percent (``69.7``, points for
+    differences) or fractions (``0.697``). Which metrics are accuracies: ``reports.metric_keys.domain``."""
 
     percent: bool = True
 
@@ -46,6 +48,16 @@ class Units:
     @property
     def diff_unit(self) -> str:
         return "points" if self.percent else "fraction"
+
+    def factor(self, key: str) -> float:
+        """What a logged value of metric ``key`` is multiplied by to be shown: the accuracy scale for an accuracy, 1
+        for every other metric (shown as logged)."""
+        return self.scale if domain(key).accuracy else 1.0
+
+    def unit_of(self, key: str) -> str:
+        """The unit metric ``key`` is shown in: ``%`` / ``fraction`` for an accuracy, else "as logged" (its unit is
+        in docs/METRICS.md)."""
+        return self.unit if domain(key).accuracy else "as logged"
 
     def acc(self, x: float | None) -> str:
         return fmt(None if x is None else x * self.scale, self.acc_digits)
@@ -195,6 +207,7 @@ class Table:
     csv_rows: list[list] = field(default_factory=list)
     bold: set[tuple[int, int]] = field(default_factory=set)
     groups: list[str] = field(default_factory=list)  # a group label per column ("" = none): a header row above
+    breaks: tuple[int, ...] = ()  # columns that begin a new stacked LaTeX block when the table is wider than a page
 
     def emphasise(self, column: int, values: Sequence[float | None], direction: str) -> None:
         """Bold the best value(s) of ``column`` (``values`` in row order)."""
@@ -216,12 +229,15 @@ class Table:
 
     def latex(self) -> str:
         """booktabs, caption above; ``table*`` when wider than a column of a two-column page, and the columns split
-        into stacked blocks (each repeating the first column) where one row would be wider than the page."""
+        into stacked blocks (each repeating the first column) where one row would be wider than the page: at the
+        columns of ``breaks`` (related columns kept together), and wherever a block would still be too wide."""
         widths = [max([_printed_width(line) for line in _header_lines(c, self.rows, j)]
                       + [_printed_width(r[j]) for r in self.rows]) + COLSEP_PT for j, c in enumerate(self.columns)]
+        wide = sum(widths) > PAGE_PT
         blocks, current = [], [0]
         for j in range(1, len(self.columns)):
-            if len(current) > 1 and sum(widths[k] for k in current) + widths[j] > PAGE_PT:
+            if len(current) > 1 and (sum(widths[k] for k in current) + widths[j] > PAGE_PT
+                                     or (wide and j in self.breaks)):
                 blocks.append(current)
                 current = [0]
             current.append(j)

@@ -10,13 +10,16 @@ written into ``<out-root>/<experiment>/compare-<A>-<B>/``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 
 from mlflow.exceptions import MlflowException
 
+from algorithms.registry import default_config
 from bench.cli.flags import add_units_flag
 from bench.cli.interrupt import Stopped, rerun
-from bench.config import TRACKING_URI_DEFAULT
-from bench.tracking import check_reachable
+from bench.config import TRACKING_URI_DEFAULT, TrainConfig
+from bench.tracking import check_reachable, flatten
 from reports.compare import compare_comparisons, parse_spec
 from reports.report import ReportOptions
 
@@ -38,13 +41,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+@functools.cache
+def default_params(objective: str) -> dict[str, str]:
+    """The params a run of ``objective`` records with every default, spelled as bench/engines/lifecycle.py's
+    ``run_tags_and_params`` writes them: TrainConfig's fields and the objective's config (``objective.*``; none for an
+    objective not registered in this process). What `bench compare` counts a setting a run did not record as."""
+    try:
+        config = dataclasses.asdict(default_config(objective))
+    except ValueError:
+        config = {}
+    return {**flatten(TrainConfig().to_dict()), **flatten({"objective": config})}
+
+
 def run(args: argparse.Namespace) -> int:
     specs = [parse_spec(s, args.experiment) for s in args.comparisons]
     uri = check_reachable(args.tracking_uri)
     options = ReportOptions(percent=not args.fractions)
     try:
         res = compare_comparisons(specs, uri, out_root=args.out_root, baseline=args.baseline,
-                                  target_acc=args.target_acc, options=options)
+                                  target_acc=args.target_acc, options=options, defaults=default_params)
     except MlflowException as e:
         raise ValueError(f"MLflow at {uri}: {e.message}") from None
     except KeyboardInterrupt:  # (it reads MLflow and writes its tables at the end)

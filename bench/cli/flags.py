@@ -105,7 +105,8 @@ def add_style_flags(p: argparse.ArgumentParser) -> None:
 
 def add_units_flag(p: argparse.ArgumentParser) -> None:
     """``--fractions`` (also `bench compare`)."""
-    p.add_argument("--fractions", action="store_true", help="accuracies as fractions (0.697) instead of percent (69.7)")
+    p.add_argument("--fractions", action="store_true", help="accuracies as fractions (0.697) instead of percent "
+                   "(69.7), in tables, notes, figures and curves.csv")
 
 
 def report_options(args: argparse.Namespace):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import shutil
 import subprocess
+import types
 
 import pytest
 from mlflow import MlflowClient
@@ -92,3 +93,66 @@ def test_parse_spec(spec, want):
     from reports.compare import parse_spec
 
     assert parse_spec(spec, "pobench") == want
+
+
+def test_what_differs_lists_only_settings_whose_resolved_values_differ(handmade, local_uri, tmp_path):
+    """cA ran grpo, dapo, tepo and cB grpo, dapo. Before, a field one side's objectives have and the other's lack
+    (ratio_level: grpo's and dapo's, not tepo's) or one that differs between the objectives of one side (clip_low:
+    tepo's is not grpo's) read "–" against a value, as if changed. Now an objective's fields are compared per
+    objective both ran, a setting a run did not record counts as its default, and only real changes are listed."""
+    from bench.cli.compare import default_params
+
+    client = MlflowClient(local_uri)
+    exp_id = get_or_create_experiment(client, local_uri, "cmp3")
+
+    def log(comparison, objectives, edit):
+        for o in objectives:
+            for s in (0, 1):
+                rid = handmade.log_run(client, exp_id, o, s, comparison, config_hash=f"h{comparison}")
+                params = {k: v for k, v in default_params(o).items() if k.startswith("objective.")}
+                params.update({"shared_prefix": "True", "eval_every": "5", "inputs.model": "f407a9"})
+                edit(o, params)
+                for k, v in params.items():
+                    client.log_param(rid, k, v)
+
+    def older(o, params):  # cB: an older record, and one real change
+        del params["shared_prefix"], params["inputs.model"]       # not recorded: shared_prefix's default is True
+        params.pop("objective.overlong_buffer_frac", None)        # (dapo: its default, as cA recorded it)
+        if o == "grpo":
+            params["objective.kl_coef"] = "0.1"                   # changed: 0.04 in cA
+
+    log("cA", ("grpo", "dapo", "tepo"), lambda o, p: p.update({"warmup_steps": "5"}))
+    log("cB", ("grpo", "dapo"), older)
+    out = tmp_path / "out"
+    assert main(["compare", "cA", "cB", "--experiment", "cmp3", "--tracking-uri", local_uri,
+                 "--out-root", str(out)]) == 0
+    folder = out / "cmp3" / "compare-cA-cB"
+    with open(folder / "compare_config.csv") as f:
+        cfg = {r["field"]: r for r in csv.DictReader(f)}
+    changed = [k for k in cfg if k not in ("objectives", "seeds", "experiment", "baseline")]
+    assert sorted(changed) == ["objective.kl_coef (grpo)", "warmup_steps"], changed
+    assert (cfg["objective.kl_coef (grpo)"]["cA"], cfg["objective.kl_coef (grpo)"]["cB"]) == ("0.04", "0.1")
+    assert (cfg["warmup_steps"]["cA"], cfg["warmup_steps"]["cB"]) == ("5", "0 (default)")
+    assert not any("–" in (r["cA"], r["cB"]) for r in cfg.values())
+    caption = (folder / "compare_config.md").read_text()
+    assert "(grpo, dapo)" in caption and "tepo: cA) make a different objective set" in caption
+    assert "no default known here, so not compared: inputs.model." in caption
+
+
+def test_what_differs_without_known_defaults_compares_what_both_recorded(handmade, local_uri):
+    """The table alone (no defaults given): a setting one side did not record is noted, not shown as changed."""
+    from reports.compare import config_table
+
+    def analysis(params_of):
+        runs = [types.SimpleNamespace(variant=o, objective=o, seed=s, params=params_of(o), tags={})
+                for o in ("grpo", "dapo") for s in (0, 1)]
+        cmp = types.SimpleNamespace(runs=runs, objectives=["grpo", "dapo"], experiment="e")
+        return types.SimpleNamespace(comparison=cmp, baseline="grpo")
+
+    a = analysis(lambda o: {"lr": "3e-05", "objective.clip_high": "0.2" if o == "grpo" else "0.28"})
+    b = analysis(lambda o: {"lr": "1e-05", "objective.clip_high": "0.2"} if o == "grpo" else {"lr": "1e-05"})
+    t = config_table(["a", "b"], [a, b])
+    rows = {r[0]: r[1:] for r in t.rows}
+    assert rows["lr"] == ["3e-05", "1e-05"] and "objective.clip_high (dapo)" not in rows
+    assert not [k for k in rows if k.startswith("objective.")]
+    assert "not compared: objective.clip_high (dapo)." in t.caption

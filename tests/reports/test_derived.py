@@ -68,6 +68,33 @@ def test_entropy_collapse_at_step_k():
     assert D.entropy_collapse_step([], 0.5) is None
 
 
+def test_entropy_blowup_at_step_k():
+    """The other way a run falls apart: the entropy rises (a policy that lost its skill samples near-random tokens)."""
+    ent = [(s, 0.4 * (1.1 ** (s - 1))) for s in range(1, 30)]  # doubles after log(2)/log(1.1) = 7.27 steps
+    assert D.entropy_blowup_step(ent, 2.0) == 9                   # 0.4 x 1.1^8 = 0.857 > 0.8; step 8: 0.779
+    assert D.entropy_blowup_step(ent, 3.0) == 13
+    assert D.entropy_blowup_step([(1, 0.4), (2, 0.8)], 2.0) is None            # exactly 2x is not above it
+    assert D.entropy_blowup_step([(s, 2.0 * 0.9 ** s) for s in range(30)], 2.0) is None   # a collapse is not one
+    assert D.entropy_collapse_step(ent, 0.5) is None                           # nor is a blow-up a collapse
+    assert D.entropy_blowup_step([], 2.0) is None
+
+
+def test_accuracy_collapse_against_step_0():
+    """A pilot run fell from 61% to 0.2%: the first evaluation below half its step-0 accuracy."""
+    acc = [(0, 0.61), (2, 0.63), (4, 0.40), (6, 0.30), (8, 0.002)]
+    assert D.accuracy_collapse_step(acc, 0.5) == 6               # 0.30 < 0.305; 0.40 is not
+    assert D.accuracy_collapse_step(acc, 0.7) == 4
+    assert D.accuracy_collapse_step([(0, 0.61), (2, 0.305)], 0.5) is None      # exactly half is not below it
+    assert D.accuracy_collapse_step([(2, 0.61), (4, 0.0)], 0.5) is None        # no step 0: nothing to fall from
+    assert D.accuracy_collapse_step(acc[:3], 0.5) is None
+    d = D.derive({D.KEY_ACC: acc, D.KEY_ENTROPY: [(1, 0.3), (3, 0.35), (5, 0.9), (7, 2.5)]}, target=None)
+    assert (d.acc_collapse_step, d.entropy_blowup_step, d.entropy_collapse_step) == (6, 5, None)
+    assert d.acc_drawdown == pytest.approx(0.628)
+    d = D.derive({D.KEY_ACC: acc, D.KEY_ENTROPY: [(1, 0.3), (3, 0.61)]}, target=None,
+                 settings=D.DerivedSettings(blowup_k=3.0, acc_collapse_frac=0.01))
+    assert (d.acc_collapse_step, d.entropy_blowup_step) == (8, None)
+
+
 def test_entropy_slope_and_drawdown():
     assert D.slope([(s, 3.0 - 0.25 * s) for s in range(10)]) == pytest.approx(-0.25)
     assert D.slope([(0, 1.0)]) is None
@@ -104,6 +131,7 @@ def test_derive_all_fields():
     assert D.derive({D.KEY_ACC: [(5, 0.5)]}, target=0.4).initial_acc is None   # no step-0 evaluation
     assert d.ttc_step == 10 and d.ttc_seconds == 20.0   # smoothed: 0.1, 0.3, 0.55
     assert d.entropy_collapse_step == 7                  # 1 - 0.56 = 0.44 < 0.5 * 0.92
+    assert d.entropy_blowup_step is None and d.acc_collapse_step is None
     assert d.entropy_slope == pytest.approx(-0.08)
     assert d.grad_spikes == 0 and d.kl_max == pytest.approx(0.1)
     assert d.reward_var == pytest.approx(math.fsum((0.1 * s - 0.55) ** 2 for s in range(1, 11)) / 9)

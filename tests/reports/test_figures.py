@@ -15,6 +15,8 @@ import pytest
 from scipy import stats
 
 from reports import figures as F
+from reports.report import ReportOptions
+from reports.tables import Units
 
 
 def test_every_series_of_a_figure_gets_its_own_colour_marker_and_dash():
@@ -28,31 +30,54 @@ def test_every_series_of_a_figure_gets_its_own_colour_marker_and_dash():
 
 def test_seed_band_is_the_t_interval_or_the_range():
     seeds = [[(0, 0.2), (5, 0.5)], [(0, 0.3), (5, 0.7)], [(0, 0.25), (5, 0.4)]]
-    steps, mean, lo, hi, n = F.seed_band(seeds)
+    steps, mean, lo, hi, n, cut = F.seed_band(seeds)
     v = np.array([0.5, 0.7, 0.4])
     h = stats.t.ppf(0.975, 2) * v.std(ddof=1) / np.sqrt(3)
-    assert list(steps) == [0, 5] and list(n) == [3, 3]
+    assert list(steps) == [0, 5] and list(n) == [3, 3] and cut == ()
     assert (lo[1], hi[1]) == (pytest.approx(v.mean() - h), pytest.approx(v.mean() + h))
-    _, _, lo, hi, _ = F.seed_band(seeds, "minmax")
-    assert (lo[1], hi[1]) == (0.4, 0.7)
-    _, mean, lo, hi, n = F.seed_band([[(0, 0.2), (5, 0.5)], [(0, 0.4)]])   # one seed at step 5: no band there
-    assert n[1] == 1 and lo[1] == hi[1] == mean[1] == 0.5
+    b = F.seed_band(seeds, "minmax")
+    assert (b.low[1], b.high[1]) == (0.4, 0.7)
+    b = F.seed_band([[(0, 0.2), (5, 0.5)], [(0, 0.4)]])   # one seed at step 5: no band there
+    assert b.n[1] == 1 and b.low[1] == b.high[1] == b.mean[1] == 0.5
     with pytest.raises(ValueError, match="band"):
         F.FigureOptions(band="sd")
 
 
-def test_a_band_is_clipped_to_the_values_the_metric_can_take():
+def test_a_band_is_cut_at_the_values_the_metric_can_take_and_says_so():
     """Two seeds at accuracy 0.0 and 0.25: the t band (12.7 × s/√2) spans about -1.5 .. 1.7; an accuracy band is
-    drawn within [0, 1], an entropy band from 0, an unbounded metric (the loss) as computed; the mean is not moved."""
+    drawn within [0, 100%] (in percent, the default unit; [0, 1] as fractions), an entropy band from 0, an unbounded
+    metric (the loss) as computed; the mean is not moved; ``cut`` names the bounds that cut it."""
     seeds = [[(1, 0.0)], [(1, 0.25)]]
     h = stats.t.ppf(0.975, 1) * np.std([0.0, 0.25], ddof=1) / np.sqrt(2)
-    _, mean, lo, hi, _ = F.seed_band(seeds, key="eval/accuracy")
-    assert (lo[0], hi[0], mean[0]) == (0.0, 1.0, 0.125)
-    _, _, lo, hi, _ = F.seed_band(seeds, key="rollout/entropy_mean")
-    assert lo[0] == 0.0 and hi[0] == pytest.approx(0.125 + h)
-    _, _, lo, hi, _ = F.seed_band(seeds, key="train/loss")
-    assert (lo[0], hi[0]) == (pytest.approx(0.125 - h), pytest.approx(0.125 + h))
-    assert F.value_range("eval/gsm8k/pass_at_4") == (0.0, 1.0) == F.value_range("rollout/zero_adv_frac")
+    b = F.seed_band(seeds, key="eval/accuracy")
+    assert (b.low[0], b.high[0], b.mean[0], b.cut) == (0.0, 100.0, 12.5, (0.0, 100.0))
+    assert F.cut_note(b.cut, "eval/accuracy") == "band cut at 0% and 100%"
+    b = F.seed_band(seeds, key="eval/accuracy", units=Units(percent=False))
+    assert (b.low[0], b.high[0], b.mean[0], b.cut) == (0.0, 1.0, 0.125, (0.0, 1.0))
+    assert F.cut_note(b.cut, "eval/accuracy", Units(percent=False)) == "band cut at 0 and 1"
+    b = F.seed_band(seeds, key="rollout/entropy_mean")
+    assert b.low[0] == 0.0 and b.high[0] == pytest.approx(0.125 + h) and b.cut == (0.0,)
+    b = F.seed_band(seeds, key="train/loss")
+    assert (b.low[0], b.high[0], b.cut) == (pytest.approx(0.125 - h), pytest.approx(0.125 + h), ())
+    assert F.cut_note((), "train/loss") == ""
+    assert F.bounds("eval/gsm8k/pass_at_4") == (0.0, 100.0) and F.bounds("rollout/zero_adv_frac") == (0.0, 1.0)
+    # a band that stays inside is not cut, and its figure's legend says nothing
+    assert F.seed_band([[(1, 0.5)], [(1, 0.52)]], key="eval/accuracy").cut == ()
+
+
+@pytest.mark.parametrize("key", ["train/kl_ref", "rollout/refill_completions", "rollout/length_mean",
+                                 "objective/clip_frac_high", "train/grad_norm", "time/step_s",
+                                 "rollout/entropy_mean", "perf/throughput", "objective/mismatch_kl_k3"])
+def test_no_band_below_zero_for_a_non_negative_quantity(key, tmp_path):
+    """The default comparison's KL (dapo: 0.07 at one seed, about 0 at the others) and refill counts drew t bands
+    down to −0.2 and −100; every non-negative quantity's band now stops at 0, and its figure's legend says so."""
+    runs = [types.SimpleNamespace(variant="dapo", seed=s, series={key: [(1, v), (2, v / 2)]})
+            for s, v in enumerate((0.2, 0.003, 0.001))]
+    b = F.seed_band([r.series[key] for r in runs], key=key)
+    assert b.low.min() == 0.0 and b.cut == (0.0,)
+    d = F.series_figure(runs, key, key, "t", tmp_path, "f", ["dapo"])
+    assert min(d.series["dapo"]["low"]) == 0.0 and d.note == "band cut at 0"
+    assert d.series["dapo"]["mean"][0] == pytest.approx(0.204 / 3)               # the mean is not moved
 
 
 def _runs(n_objectives: int, seeds=(0, 1, 2), spread: float = 0.3):
@@ -123,7 +148,7 @@ def test_report_figures_curves_csv_reproduces_every_series(handmade, local_uri, 
                        store_derived=False)
     df = pd.read_csv(rep.out_dir / "curves.csv")
     assert list(df.columns) == ["comparison", "objective", "seed", "run_id", "step", "elapsed_s", "tokens", "metric",
-                                "value"]
+                                "value", "unit"]
     assert (rep.out_dir / "curves.parquet").exists()
     assert pd.read_parquet(rep.out_dir / "curves.parquet").shape == df.shape
 
@@ -150,6 +175,63 @@ def test_report_figures_curves_csv_reproduces_every_series(handmade, local_uri, 
     # tokens: the cumulative sum of rollout/gen_tokens; seconds: time/elapsed_s at the step
     one = df[(df.metric == "eval/accuracy") & (df.objective == "tepo") & (df.seed == 2) & (df.step == 10)].iloc[0]
     assert one.tokens == sum(100.0 * st + 14 for st in range(1, 11)) and one.elapsed_s == pytest.approx(17.2)
+    # accuracies in percent, as the tables (the figures plot what curves.csv holds); every other metric as logged
+    assert one.value == pytest.approx(100 * dict(handmade.series("tepo", 2)["eval/accuracy"])[10]) and one.unit == "%"
+    assert set(df[df.metric == "train/kl_ref"].unit) == {"as logged"}
+    assert df[df.metric == "train/kl_ref"].value.max() == pytest.approx(0.001 * 20 * 3)
+    # with --fractions: fractions in curves.csv too
+    frac = build_report("curves", tracking_uri=local_uri, out_root=tmp_path / "frac", log_artifacts=False,
+                        store_derived=False, figures_too=False, options=ReportOptions(percent=False))
+    df2 = pd.read_csv(frac.out_dir / "curves.csv")
+    acc, acc2 = (d[d.metric == "eval/accuracy"] for d in (df, df2))
+    assert set(acc2.unit) == {"fraction"} and list(acc2.value * 100) == pytest.approx(list(acc.value))
+
+
+def _shown(monkeypatch) -> list[dict]:
+    """What each figure drawn from now on shows: its axes' y labels and its legends' titles (read before saving)."""
+    seen, save = [], F.save
+
+    def keep(fig, out_dir, name):
+        legends = [ax.get_legend() for ax in fig.axes] + list(fig.legends)
+        seen.append({"ylabels": [ax.get_ylabel() for ax in fig.axes],
+                     "legend_titles": [leg.get_title().get_text() for leg in legends if leg is not None],
+                     "texts": [t.get_text() for t in fig.texts]})
+        return save(fig, out_dir, name)
+
+    monkeypatch.setattr(F, "save", keep)
+    return seen
+
+
+def test_accuracy_figures_in_the_tables_unit_with_the_unit_on_the_axis(monkeypatch, tmp_path):
+    runs, order = _runs(2), ["obj0", "obj1"]
+    seen = _shown(monkeypatch)
+    d = F.series_figure(runs, "eval/accuracy", "greedy held-out accuracy", "T", tmp_path, "pct", order)
+    assert 20 <= min(d.series["obj0"]["mean"]) and max(d.series["obj1"]["mean"]) <= 100   # 0.2 .. 0.53 as percent
+    frac = F.series_figure(runs, "eval/accuracy", "greedy held-out accuracy", "T", tmp_path, "frac", order,
+                           F.FigureOptions(units=Units(percent=False)))
+    assert frac.series["obj0"]["mean"] == pytest.approx([m / 100 for m in d.series["obj0"]["mean"]])
+    v = F.versus_figure(runs, "eval/accuracy", lambda r, s: 3.0 * s, "seconds", "greedy held-out accuracy", "T",
+                        tmp_path, "vs", order)
+    assert v.series["obj0"]["mean"] == d.series["obj0"]["mean"]
+    assert [s["ylabels"][0] for s in seen] == ["greedy held-out accuracy (%)", "greedy held-out accuracy (fraction)",
+                                               "greedy held-out accuracy (%)"]
+    F.series_figure([types.SimpleNamespace(variant="obj0", seed=s, series={"train/kl_ref": [(1, 0.1 + s)]})
+                     for s in (0, 1)], "train/kl_ref", "KL", "T", tmp_path, "kl", order)
+    assert seen[-1]["ylabels"] == ["KL"]                                  # not an accuracy: as logged, no unit
+
+
+def test_a_cut_band_is_said_in_the_legend_or_under_the_panels(monkeypatch, tmp_path):
+    seen = _shown(monkeypatch)
+    runs = [types.SimpleNamespace(variant=o, seed=s, series={"train/kl_ref": [(1, v), (2, v)]})
+            for o in ("a", "b") for s, v in enumerate((0.2, 0.001, 0.002))]
+    d = F.series_figure(runs, "train/kl_ref", "KL", "T", tmp_path, "kl", ["a", "b"])
+    assert d.note == "band cut at 0" and seen[-1]["legend_titles"] == ["band cut at 0"]
+    p = F.panels_figure(runs, "train/kl_ref", "KL", "T", tmp_path, "klp", ["a", "b"], reference="a")
+    assert p.note == "band cut at 0" and "band cut at 0" in seen[-1]["texts"]
+    inside = [types.SimpleNamespace(variant="a", seed=s, series={"train/kl_ref": [(1, 0.2 + 0.01 * s)]})
+              for s in (0, 1, 2)]
+    d = F.series_figure(inside, "train/kl_ref", "KL", "T", tmp_path, "in", ["a"])
+    assert d.note == "" and seen[-1]["legend_titles"] == [""]
 
 
 def test_no_figure_for_a_quantity_without_data_and_no_inf_without_a_target(handmade, local_uri, tmp_path):

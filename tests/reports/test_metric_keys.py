@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from reports import metric_keys
 from reports.derived import STORED
 
@@ -48,3 +50,23 @@ def test_every_constant_is_namespaced_and_unique():
     assert len(values) == len(set(values))
     assert all(v.startswith((*OWNED, "objective/")) for v in values)
     assert metric_keys.eval_key("gsm8k", "pass@4") == "eval/gsm8k/pass_at_4"
+
+
+def test_every_key_states_the_values_it_can_take():
+    """A key without a declared domain fails here (its band would not stay within its values, an accuracy would not
+    be shown in percent); so does a documented objective/ key without one, or a domain for an undocumented one."""
+    declared = set(metric_keys.DOMAINS) | set(metric_keys.TEMPLATE_DOMAINS)
+    assert set(metric_keys.names().values()) == declared
+    doc_objective = {k for k in documented(DOC.read_text()) if k.startswith("objective/")}
+    assert doc_objective - {metric_keys.POLICY_LOSS} == set(metric_keys.OBJECTIVE_DOMAINS)
+
+
+@pytest.mark.parametrize("key,want", [
+    ("eval/accuracy", metric_keys.ACCURACY), ("rollout/accuracy", metric_keys.ACCURACY),
+    ("eval/gsm8k/pass_at_8", metric_keys.ACCURACY), ("eval/gsm8k/maj_at_8_ci_low", metric_keys.ACCURACY),
+    ("eval/gsm8k/problems", metric_keys.NON_NEGATIVE), ("time/eval_gsm8k_seconds", metric_keys.NON_NEGATIVE),
+    ("train/kl_ref", metric_keys.NON_NEGATIVE), ("rollout/refill_completions", metric_keys.NON_NEGATIVE),
+    ("objective/clip_frac_low", metric_keys.SHARE), ("objective/policy_loss", metric_keys.ANY),
+    ("train/loss", metric_keys.ANY), ("some/unknown_key", metric_keys.ANY)])
+def test_domain_of_a_key_and_of_a_template(key, want):
+    assert metric_keys.domain(key) == want

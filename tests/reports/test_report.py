@@ -255,3 +255,56 @@ def test_runs_written_by_another_pobench_commit_are_named(handmade, local_uri, t
     name = f"{tags.get('pobench.variant') or tags['pobench.objective']} seed {tags['pobench.seed']}"
     assert f"at commit 0123456789: {name}" in note and "at commit 1111111111: " in note
     assert note in (tmp_path / "out" / "commits" / "c1" / "report.md").read_text()
+
+
+def test_stability_sees_a_run_fall_apart_either_way(handmade, local_uri, tmp_path):
+    """A pilot's runs fell apart (held-out accuracy 61% -> 0.2%) while their entropy ROSE, and the stability table said
+    "entropy collapse: none". Here dapo falls apart at seeds 0 and 1 (seed 2 is fine): the table counts the seeds
+    where the entropy blew up and the accuracy collapsed and says when; drawdown in points; runs.csv, the per-run
+    table and the derived metrics in MLflow hold each run's step."""
+    client = MlflowClient(tracking_uri=local_uri)
+    exp = client.create_experiment("apart", artifact_location=str(tmp_path / "art"))
+    for o in ("grpo", "dapo"):
+        for s in (0, 1, 2):
+            ser = handmade.series(o, s)
+            ser["rollout/entropy_mean"] = [(st, 0.3 + 0.001 * st) for st in range(1, 21)]
+            if o == "dapo" and s < 2:
+                start = 6 + 6 * s                                   # falls apart from step 6 (seed 0), 12 (seed 1)
+                ser["eval/accuracy"] = [(st, 0.61 if st < start else 0.002) for st, _ in ser["eval/accuracy"]]
+                ser["rollout/entropy_mean"] = [(st, 0.3 if st < start else 0.3 + 0.2 * (st - start + 1))
+                                               for st in range(1, 21)]
+            handmade.log_run(client, exp, o, s, "c1", series=ser)
+    rep = build_report("apart", tracking_uri=local_uri, out_root=tmp_path / "out", log_artifacts=False,
+                       figures_too=False)
+    stab = {r["objective"]: r for r in _csv(rep.out_dir / "stability.csv")}
+    # blow-up: first step with entropy > 2 x 0.3, i.e. 0.3 + 0.2 k > 0.6 at k = 2: steps 7 and 13
+    assert (stab["dapo"]["entropy_blowup_seeds"], stab["dapo"]["acc_collapse_seeds"]) == ("2", "2")
+    assert (stab["grpo"]["entropy_blowup_seeds"], stab["grpo"]["acc_collapse_seeds"]) == ("0", "0")
+    assert stab["dapo"]["entropy_collapse_seeds"] == "0"
+    row = next(r for r in rep.tables["stability"].rows if r[0] == "dapo")
+    cols = rep.tables["stability"].columns
+    assert row[cols.index("entropy blow-up")] == "2/3 seeds: step 7, 13"
+    assert row[cols.index("acc. collapse")] == "2/3 seeds: step 10, 15"    # the first evaluation after (every 5)
+    assert row[cols.index("entropy collapse")] == "none (0/3)"
+    grpo = next(r for r in rep.tables["stability"].rows if r[0] == "grpo")
+    assert grpo[cols.index("entropy blow-up")] == "none (0/3)"
+    # the drawdown in points, as every accuracy of the report (0.61 - 0.002 = 60.8 points at seeds 0 and 1)
+    dd = [rep.derived[r.run_id].acc_drawdown for r in rep.comparison.runs if r.variant == "dapo"]
+    half = stats.t.ppf(0.975, 2) * np.std(dd, ddof=1) / math.sqrt(3)
+    assert row[cols.index("acc. drawdown")] == f"{100 * np.mean(dd):.1f} ± {100 * half:.1f}"
+    caption = rep.tables["stability"].caption
+    assert "> 2 × its initial value" in caption and "< 0.5 × its step-0 value" in caption and "(points)" in caption
+    per_run = {(r["objective"], int(r["seed"])): r for r in _csv(rep.out_dir / "runs.csv")}
+    assert per_run[("dapo", 0)]["entropy_blowup_step"] == "7" and per_run[("dapo", 1)]["acc_collapse_step"] == "15"
+    assert per_run[("dapo", 2)]["entropy_blowup_step"] == "" and per_run[("grpo", 0)]["acc_collapse_step"] == ""
+    md = (rep.out_dir / "runs_stability.md").read_text()
+    assert "| dapo | 0 | none | 7 | 10 | 60.8 |" in md
+    for r in rep.comparison.runs:
+        run = client.get_run(r.run_id).data
+        if r.variant == "dapo" and r.seed == 1:
+            assert run.metrics["derived/entropy_blowup_step"] == 13 and run.metrics["derived/acc_collapse_step"] == 15
+            assert run.tags["pobench.derived.entropy_blowup_step"] == "blown up"
+        if r.variant == "grpo":
+            assert math.isnan(run.metrics["derived/entropy_blowup_step"])
+            assert run.tags["pobench.derived.entropy_blowup_step"] == "not blown up"
+            assert run.tags["pobench.derived.acc_collapse_step"] == "not collapsed"

@@ -100,3 +100,37 @@ def test_final_accuracy_interval_is_wilson_and_correct_at_zero():
     lo, hi = checks.final_acc_interval(0.0, 5)
     assert lo == 0.0 and hi == pytest.approx(0.4345, abs=1e-4)
     assert checks.final_acc_interval(0.5, None) == (None, None)
+
+
+def test_a_difference_reads_the_same_way_in_the_notes_and_the_paired_table(handmade, local_uri, tmp_path):
+    """The default comparison's paired table said dapo's diff was −0.4 (dapo − grpo) while the note said "dapo
+    (observed +0.4" (grpo − dapo). Every difference is now objective − baseline, or written out "X − Y"."""
+    import re
+
+    _log(local_uri, "signs", ("grpo", "dapo"), (0, 1), handmade, lambda o, s, series: None)   # grpo learns faster
+    rep = build_report("signs", tracking_uri=local_uri, out_root=tmp_path / "out", log_artifacts=False,
+                       figures_too=False, store_derived=False)
+    (row,) = rep.tables["paired_test"].rows
+    diff = row[rep.tables["paired_test"].columns.index("diff")]
+    assert row[:2] == ["dapo", "grpo"] and diff.startswith("\u2212")                   # dapo − grpo < 0
+    (note,) = [n for n in rep.notes if "To separate grpo" in n]
+    assert re.search(r"dapo \(observed dapo − grpo = (\S+),", note).group(1) == diff
+    md = (rep.out_dir / "report.md").read_text()
+    assert f"dapo − grpo = {diff}" in md and f"| dapo | grpo | 2 | {diff} |" in md
+
+
+def test_the_power_note_names_each_difference():
+    """Against the best objective (here not the baseline): each difference written out as other − best."""
+    from reports.derived import derive
+    from reports.sections import paired_rows, paired_table, power_note
+    from reports.tables import Units
+
+    def run(final):
+        return derive({"eval/accuracy": [(0, 0.5), (10, final)]}, None)
+
+    groups = {"grpo": [(s, run(v)) for s, v in enumerate((0.60, 0.62, 0.61))],
+              "tepo": [(s, run(v)) for s, v in enumerate((0.66, 0.65, 0.69))]}
+    note = power_note(groups, "tepo", ["grpo"], Units())
+    assert "grpo (observed grpo − tepo = \u22125.7," in note
+    (row,) = paired_table(paired_rows(groups, "grpo"), "grpo", Units()).rows
+    assert row[:2] == ["tepo", "grpo"] and row[3] == "+5.7"                            # tepo − grpo

@@ -51,14 +51,18 @@ EVAL_TASK_METRICS = ("greedy_acc", "pass_at_1", "pass_at_{k}", "maj_at_{k}")
 EVAL_TASK_PROBLEMS = "eval/{task}/problems"
 EVAL_TASK_LM_EVAL = "eval/{task}/lm_eval_acc"
 
-# ------------------------------------------------------------------ time/: wall clock (seconds)
+# ------------------------------------------------------------------ time/: wall clock and CPU time (seconds)
 ROLLOUT_S = "time/rollout_s"
 SCORING_S = "time/scoring_s"
 UPDATE_S = "time/update_s"
 STEP_S = "time/step_s"
 ELAPSED_S = "time/elapsed_s"
+CPU_S = "time/cpu_s"        # cumulative CPU seconds of the training process's steps (load-independent cost axis)
 EVAL_S = "time/eval_s"
 EVAL_TASK_SECONDS = "time/eval_{task}_seconds"
+
+# ------------------------------------------------------------------ sys/: the machine while the run trained
+LOAD_AVG_1M = "sys/load_avg_1m"   # the machine's 1-minute load average after each step (labels wall-clock numbers)
 
 # ------------------------------------------------------------------ perf/: throughput, as verl defines it
 TOTAL_NUM_TOKENS = "perf/total_num_tokens"
@@ -77,8 +81,9 @@ SUMMARY_GAIN = "summary/{objective}/gain"                  # mean paired differe
 SUMMARY_P_HOLM = "summary/{objective}/p_holm"              # Holm-corrected paired t-test p-value vs the baseline
 SUMMARY_POI = "summary/{objective}/prob_improvement"       # probability of improvement over the baseline
 
-#: metrics whose value depends on the machine's speed (every other one is identical for the same seed and config)
-TIMING_PREFIXES = ("time/", TOKENS_PER_S, THROUGHPUT)
+#: metrics whose value depends on the machine's speed or load (every other one is identical for the same seed and
+#: config)
+TIMING_PREFIXES = ("time/", "sys/", TOKENS_PER_S, THROUGHPUT)
 
 
 def eval_key(task: str, metric: str) -> str:

@@ -7,7 +7,8 @@ the TRL trainer; verl's own are renamed onto the same keys: bench/engines/verl/l
 - ``UpdateStats``: what the update's micro-batches add up to: the objective's metrics and ``train/loss`` weighted as
   the gradient accumulation weighs them (``Objective.loss_weight``), ``train/kl_ref``, how far the policy moved from
   the sampling policy (``train/abs_log_ratio*``) and ``train/grad_norm``;
-- ``throughput``: ``perf/*``, verl's throughput definition.
+- ``throughput``: ``perf/*``, verl's throughput definition;
+- ``machine_load``: ``sys/load_avg_1m``, the load the machine was under (what a wall-clock number is read against).
 
 Names: reports/metric_keys.py; meanings: docs/METRICS.md.
 """
@@ -15,6 +16,7 @@ Names: reports/metric_keys.py; meanings: docs/METRICS.md.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -104,3 +106,12 @@ class UpdateStats:
         out[K.ABS_LOG_RATIO_MAX] = self.drift_max
         out[K.ABS_SEQ_LOG_RATIO] = s.get(_SEQ, 0.0) / max(s.get(_SEQS, 0.0), 1.0)
         return out
+
+
+def machine_load() -> dict[str, float]:
+    """``sys/load_avg_1m``: the machine's 1-minute load average now (processes running or waiting for a core, this
+    run's included; read it against the machine's core count); nothing where the system has none (Unix only)."""
+    try:
+        return {K.LOAD_AVG_1M: float(os.getloadavg()[0])}
+    except (AttributeError, OSError):
+        return {}

@@ -232,7 +232,7 @@ def test_torchrun_two_processes_write_one_mlflow_run(tmp_path):
     assert run.data.tags["pobench.kind"] == "train"
     for key in ("objective/masked_frac", "objective/policy_loss", "train/loss", "train/kl_ref", "train/grad_norm",
                 "rollout/accuracy", "rollout/reward_mean", "rollout/entropy_mean", "rollout/gen_tokens",
-                "time/elapsed_s", "perf/total_num_tokens", "perf/throughput"):
+                "time/elapsed_s", "time/cpu_s", "sys/load_avg_1m", "perf/total_num_tokens", "perf/throughput"):
         steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
         assert steps == [1, 2], (key, steps)
     assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/accuracy")] == [0, 2]
@@ -325,4 +325,6 @@ def test_trl_run_resumes_after_sigkill_like_a_native_one(tmp_path, monkeypatch, 
         assert [s for s, _ in h] == [1, 2, 3, 4, 5, 6], key
         assert [v for _, v in h] == pytest.approx([v for _, v in history(ref_run.info.run_id, key)], rel=1e-5), key
     assert [s for s, _ in history(run.info.run_id, "eval/accuracy")] == [0, 2, 4, 6]
+    cpu = history(run.info.run_id, "time/cpu_s")  # continued from the checkpoint across the kill, not from 0
+    assert [s for s, _ in cpu] == [1, 2, 3, 4, 5, 6] and all(a < b for (_, a), (_, b) in zip(cpu, cpu[1:])), cpu
     assert history(run.info.run_id, "eval/accuracy") == history(ref_run.info.run_id, "eval/accuracy")

@@ -17,11 +17,12 @@ from mlflow import MlflowClient
 
 from bench.compare import DEFAULTS, base_config
 from bench.workers import resolve_workers
+from reports import metric_keys as K
 from tests.conftest import fresh_store
 
 ROOT = Path(__file__).resolve().parents[2]
-# wall-clock measurements: the only metrics allowed to differ
-TIMING = ("time/", "rollout/tokens_per_s", "perf/throughput")
+# measurements of the machine (wall clock, CPU time, load): the only metrics allowed to differ
+TIMING = K.TIMING_PREFIXES
 
 
 @pytest.fixture(scope="module")

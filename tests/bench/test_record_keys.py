@@ -39,6 +39,7 @@ COMMON_METRICS = {
     "rollout/gen_tokens", "rollout/kept_groups", "rollout/length_max", "rollout/length_mean", "rollout/reward_mean",
     "rollout/reward_std",
     "rollout/sampling_rounds", "rollout/tokens_per_s", "rollout/truncation_rate", "rollout/zero_adv_frac",
+    "sys/load_avg_1m", "time/cpu_s",
     "time/elapsed_s", "time/eval_s", "time/rollout_s", "time/scoring_s", "time/step_s", "time/update_s",
     "train/abs_log_ratio", "train/abs_log_ratio_max", "train/abs_seq_log_ratio", "train/grad_norm", "train/kl_ref",
     "train/loss", "train/lr",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from mlflow import MlflowClient
 
 from bench import identity
 from bench.cli import main
+from reports import metric_keys as K
 from tests.conftest import fresh_store
 
 TINY = ["--prompts-per-step", "2", "--group-size", "2", "--minibatches", "1", "--max-new-tokens", "8",
@@ -73,6 +75,34 @@ def test_fewer_steps_refused_larger_steps_resume_and_are_recorded(bench_train, t
     assert run.data.tags["pobench.steps_extended"] == "2,3"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "rollout/reward_mean")] == [1, 2, 3]
     assert yaml.safe_load((folder / "config.yaml").read_text())["steps"] == 3
+
+
+def test_cpu_seconds_are_logged_increasing_and_continued_by_a_resume(bench_train, tmp_path):
+    """time/cpu_s (the load-independent cost axis): logged at every step, increasing, kept in the checkpoint, and
+    continued from the checkpoint's count by a resume (not restarted from 0); the machine's load is logged beside."""
+    common = ["--algo", "grpo", "--experiment", "cpu"]
+    assert bench_train(*common, "--steps", "2") == 0
+    (folder,) = run_folders(tmp_path / "runs" / "cpu")
+    client = MlflowClient(bench_train.uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("cpu").experiment_id])
+
+    def series(key: str) -> list[tuple[int, float]]:
+        return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+
+    cpu = series(K.CPU_S)
+    assert [s for s, _ in cpu] == [1, 2] and 0 < cpu[0][1] < cpu[1][1]
+    state_file = folder / "ckpt-0000002" / "state.json"
+    state = json.loads(state_file.read_text())
+    assert state["cpu_s"] == pytest.approx(cpu[1][1])
+    # a count the checkpoint holds and no restarted one can reach: the resumed step must continue from it
+    state["cpu_s"] = 1000.0
+    state_file.write_text(json.dumps(state))
+    assert bench_train(*common, "--steps", "3", "--resume") == 0
+    resumed = series(K.CPU_S)
+    assert [s for s, _ in resumed] == [1, 2, 3] and resumed[:2] == cpu
+    assert 1000.0 < resumed[2][1] < 1000.0 + 10 * cpu[1][1]   # one more step's CPU time on top of the checkpoint's
+    load = series(K.LOAD_AVG_1M)
+    assert [s for s, _ in load] == [1, 2, 3] and all(v >= 0 for _, v in load)
 
 
 def test_rewritten_data_is_named_on_resume(bench_train, tmp_path, capsys):

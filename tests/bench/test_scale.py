@@ -17,11 +17,12 @@ from bench.engines import train
 from bench.engines.native.scale import Reference, enable_activation_checkpointing, prepare_policy
 from bench.model import build_char_tokenizer, load_policy, tiny_config
 from bench.rollout.scoring import score
+from reports import metric_keys as K
 from tests.conftest import fresh_store
 
 PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
 COMPS = [[20, 21, 22, 23], [24], [25, 26, 27, 28, 29, 1]]
-TIME_KEYS = ("time/", "rollout/tokens_per_s", "perf/throughput")
+TIME_KEYS = K.TIMING_PREFIXES
 
 
 def _random_tiny(seed: int = 0):

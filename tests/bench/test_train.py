@@ -19,9 +19,10 @@ from algorithms import list_objectives
 from bench.config import TrainConfig
 from bench.engines import TrainingDiverged, train
 from bench.model import resolve_model_path
+from reports import metric_keys as K
 from tests.conftest import fresh_store
 
-TIME_KEYS = ("time/", "rollout/tokens_per_s", "perf/throughput")
+TIME_KEYS = K.TIMING_PREFIXES
 
 
 def tiny(tmp_path: Path, uri: str, **kw) -> TrainConfig:

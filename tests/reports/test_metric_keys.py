@@ -11,7 +11,7 @@ from reports.derived import STORED
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "METRICS.md"
 # every name of these namespaces is a constant
-OWNED = ("rollout/", "train/", "eval/", "time/", "perf/", "tune/", "summary/")
+OWNED = ("rollout/", "train/", "eval/", "time/", "sys/", "perf/", "tune/", "summary/")
 
 
 def documented(text: str) -> set[str]:

@@ -3,7 +3,8 @@
     for each step:  sample prompts -> G completions each -> rewards (the task's verifier)
                     -> the objective's hooks: reward shaping, group filtering (DAPO refills), advantages
                     -> old / reference log-probs -> μ epochs x minibatches of gradient-accumulated updates
-                    -> metrics, held-out evaluation, checkpoint (then the metrics go to MLflow)
+                    -> metrics (wall-clock and CPU seconds, the machine's load), held-out evaluation, checkpoint
+                       (then the metrics go to MLflow)
 
 Objectives differ only in `algorithms/`: this file never branches on an objective's name. The run's folder, MLflow
 record, interruption and end are bench/engines/lifecycle.py's, as for every engine.
@@ -29,7 +30,7 @@ from bench.engines.lifecycle import end_unresumable, finish_run, open_run, recor
 from bench.engines.native import checkpoint
 from bench.engines.native.scale import Reference, is_peft, merged_for_export, prepare_policy, trainable_parameters
 from bench.engines.native.step import collect_rollouts, roll_samples, step_tokens, update
-from bench.engines.stats import throughput
+from bench.engines.stats import machine_load, throughput
 from bench.evaluate import eval_metrics, held_out_result
 from bench.model import load_policy, warn_unknown_characters
 from bench.rollout import make_sampler
@@ -94,6 +95,9 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
             raise checkpoint.NoneResumable(f"{e}{end_unresumable(cfg, run_dir, e)}") from None
         sampler.update_weights(model)
     start_step, elapsed = (state["step"], state["elapsed"]) if state is not None else (0, 0.0)
+    # CPU seconds of the training steps, continued like elapsed (None: a checkpoint written before time/cpu_s existed
+    # holds none, so the resumed run logs none rather than a count restarted from 0)
+    cpu_s = state.get("cpu_s") if state is not None else 0.0
 
     def evaluate_now(step: int, given: dict[str, float] | None = None) -> dict[str, float]:
         m = dict(given) if given is not None else eval_metrics(held_out_result(cfg, sampler, tok, eval_task,
@@ -107,7 +111,8 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
         nonlocal saved, full
         try:
             checkpoint.save(run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler,
-                            state={"run_id": logger.run_id, "elapsed": elapsed, "pending": logger.pending},
+                            state={"run_id": logger.run_id, "elapsed": elapsed, "cpu_s": cpu_s,
+                                   "pending": logger.pending},
                             keep=cfg.keep_checkpoints)
         except checkpoint.DiskFull:
             full = True  # (no second try on the way out)
@@ -152,15 +157,18 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
                 except StopTraining:
                     stopped_early = True
             for step in range(start_step + 1, cfg.steps + 1 if not stopped_early else start_step + 1):
-                t_step = time.perf_counter()
+                t_step, c_step = time.perf_counter(), time.process_time()
                 groups, roll = collect_rollouts(cfg, objective, sampler, tok, data, step)
                 t_rollout = time.perf_counter() - t_step
                 upd = update(cfg, objective, model, ref_model, optimizer, sampler, groups, step)
                 advance_lr(scheduler)
-                step_s = time.perf_counter() - t_step
+                step_s, step_cpu = time.perf_counter() - t_step, time.process_time() - c_step
                 elapsed += step_s
                 metrics = {**roll, **upd, K.LR: scheduler.get_last_lr()[0], K.ROLLOUT_S: t_rollout,
-                           K.STEP_S: step_s, K.ELAPSED_S: elapsed}
+                           K.STEP_S: step_s, K.ELAPSED_S: elapsed, **machine_load()}
+                if cpu_s is not None:  # this process's CPU time (all its threads) in the step: not the machine's load
+                    cpu_s += step_cpu
+                    metrics[K.CPU_S] = cpu_s
                 metrics[K.UPDATE_S] = step_s - t_rollout - metrics.get(K.SCORING_S, 0.0)
                 metrics.update(throughput(step_tokens(groups), step_s, devices=1))  # (one process, one device)
                 logger.log(metrics, step)

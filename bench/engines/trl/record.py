@@ -63,13 +63,15 @@ def _callback_class():
 
         def on_save(self, args, state, control, **kwargs):
             """After TRL wrote checkpoint-<global step>: pobench's checkpoint of this step (run id, the metrics not
-            yet in MLflow, elapsed time, TRL's folder), then the metrics go to MLflow, as the native loop does."""
+            yet in MLflow, elapsed time and CPU seconds, TRL's folder), then the metrics go to MLflow, as the native
+            loop does."""
             if self.logger is None or state.global_step % self.k:
                 return
             trl_dir = Path(args.output_dir).resolve() / f"checkpoint-{state.global_step}"
             checkpoint.save_state(self.run_dir, state.global_step // self.k, {
                 "run_id": self.logger.run_id, "pending": self.logger.pending, "elapsed": self.trainer.pobench_elapsed,
-                "trl_checkpoint": str(trl_dir), "engine": "trl"}, keep=self.cfg.keep_checkpoints)
+                "cpu_s": self.trainer.pobench_cpu_s, "trl_checkpoint": str(trl_dir), "engine": "trl"},
+                keep=self.cfg.keep_checkpoints)
             self.logger.flush()
 
         def on_log(self, args, state, control, logs=None, **kwargs):

@@ -112,6 +112,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     with recorded(logger):  # (at once: no code between the open run and its guard)
         if resumed is not None:
             trainer.pobench_elapsed = resumed["elapsed"]
+            trainer.pobench_cpu_s = resumed.get("cpu_s")  # (None in a checkpoint from before time/cpu_s)
         record = _callback_class()(cfg, logger, tok, eval_set, hooks, run_dir=run_dir,
                                    start_step=resumed["step"] if resumed is not None else 0)
         record.trainer = trainer

@@ -12,7 +12,7 @@ from algorithms import PolicyBatch
 from bench.config import TrainConfig
 from bench.data import derive_seed
 from bench.engines.native.loop import lr_lambda
-from bench.engines.stats import UpdateStats, entropy_summary, rollout_summary, throughput
+from bench.engines.stats import UpdateStats, entropy_summary, machine_load, rollout_summary, throughput
 from reports import metric_keys as K
 
 
@@ -53,7 +53,9 @@ def _trainer_class():
             self._pb_entropies: list[torch.Tensor] = []  # rollout entropies (on-policy: the first update's)
             self._pb_entropy_pending = False
             self._pb_step_start = time.perf_counter()
+            self._pb_step_cpu = time.process_time()
             self.pobench_elapsed = 0.0
+            self.pobench_cpu_s: float | None = 0.0  # None: resumed from a checkpoint without it (not logged)
             self.pobench_samples: list[dict[str, Any]] = []
 
         # --- learning-rate schedule: the native loop's, per pobench step (M·μ optimizer steps)
@@ -84,7 +86,7 @@ def _trainer_class():
         def _generate_and_score_completions(self, inputs):
             if not self.model.training:
                 return super()._generate_and_score_completions(inputs)
-            self._pb_step_start = time.perf_counter()
+            self._pb_step_start, self._pb_step_cpu = time.perf_counter(), time.process_time()
             self._pb_reward.clear()
             self._pb_capture = []
             try:
@@ -216,10 +218,17 @@ def _trainer_class():
                 ent = ent[ent != -1e9]
             out.update(entropy_summary(ent))
             out.update(self._pb_step_metrics)
-            step_s = time.perf_counter() - self._pb_step_start
+            step_s, step_cpu = time.perf_counter() - self._pb_step_start, time.process_time() - self._pb_step_cpu
             self.pobench_elapsed += step_s
             out[K.STEP_S] = step_s
             out[K.ELAPSED_S] = self.pobench_elapsed
+            out.update(machine_load())
+            if acc.num_processes > 1:  # the CPU time of every process of the step
+                step_cpu = float(acc.reduce(torch.tensor([step_cpu], dtype=torch.float64, device=acc.device),
+                                            reduction="sum")[0])
+            if self.pobench_cpu_s is not None:
+                self.pobench_cpu_s += step_cpu
+                out[K.CPU_S] = self.pobench_cpu_s
             out[K.UPDATE_S] = step_s - out.get(K.ROLLOUT_S, 0.0)
             out.update(throughput(out.get(K.TOTAL_NUM_TOKENS, 0.0), step_s, acc.num_processes))
             self._pb_stats = UpdateStats()

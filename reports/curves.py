@@ -1,11 +1,13 @@
 """Every plotted series of a comparison as one tidy table (``curves.csv``, and ``curves.parquet`` when pyarrow is
 installed), so a figure can be redrawn or restyled from the file alone.
 
-One row per (run, metric, step): ``comparison, objective, seed, run_id, step, elapsed_s, tokens, metric, value``.
-``objective`` is the label the report groups by (the variant); ``elapsed_s`` is the run's training wall-clock at that
-step (``time/elapsed_s``; 0 at step 0, empty where the run logged none); ``tokens`` the completion tokens the run has
-sampled up to that step (cumulative ``rollout/gen_tokens``; 0 at step 0, empty where a step is missing).
-The figures plot the seed mean of ``value`` per (objective, step) — against ``step``, ``elapsed_s`` or ``tokens``.
+One row per (run, metric, step): ``comparison, objective, seed, run_id, step, elapsed_s, cpu_s, tokens, metric,
+value``. ``objective`` is the label the report groups by (the variant); ``elapsed_s`` is the run's training
+wall-clock at that step (``time/elapsed_s``; 0 at step 0, empty where the run logged none); ``cpu_s`` the training
+process's CPU seconds there (``time/cpu_s``, the same way); ``tokens`` the completion tokens the run has sampled up to
+that step (cumulative ``rollout/gen_tokens``; 0 at step 0, empty where a step is missing).
+The figures plot the seed mean of ``value`` per (objective, step) — against ``step``, ``elapsed_s``, ``cpu_s`` or
+``tokens``.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from reports import metric_keys as K
-from reports.derived import KEY_ELAPSED
+from reports.derived import KEY_CPU, KEY_ELAPSED, cumulative
 
 KEY_TOKENS = K.GEN_TOKENS
-COLUMNS = ["comparison", "objective", "seed", "run_id", "step", "elapsed_s", "tokens", "metric", "value"]
+COLUMNS = ["comparison", "objective", "seed", "run_id", "step", "elapsed_s", "cpu_s", "tokens", "metric", "value"]
 
 
 def elapsed_at(run, step: int) -> float | None:
@@ -27,15 +29,16 @@ def elapsed_at(run, step: int) -> float | None:
     return dict(run.series.get(KEY_ELAPSED, [])).get(step)
 
 
+def cpu_at(run, step: int) -> float | None:
+    """The training process's CPU seconds of ``run`` at ``step`` (0 at step 0; None when it logged none there)."""
+    if step == 0:
+        return 0.0
+    return dict(run.series.get(KEY_CPU, [])).get(step)
+
+
 def cumulative_tokens(run) -> dict[int, float]:
     """Step -> completion tokens ``run`` sampled in steps 1..step, for step 0 up to the first step it did not log."""
-    by_step = dict(run.series.get(KEY_TOKENS, []))
-    out, total, step = {0: 0.0}, 0.0, 1
-    while step in by_step:
-        total += float(by_step[step])
-        out[step] = total
-        step += 1
-    return out
+    return dict(cumulative(run.series.get(KEY_TOKENS, [])))
 
 
 def tokens_at(run, step: int) -> float | None:
@@ -49,10 +52,11 @@ def curve_rows(cmp, keys: Iterable[str]) -> list[list]:
     for r in cmp.runs:
         tokens = cumulative_tokens(r)
         elapsed = {0: 0.0, **{int(s): float(v) for s, v in r.series.get(KEY_ELAPSED, [])}}
+        cpu = {0: 0.0, **{int(s): float(v) for s, v in r.series.get(KEY_CPU, [])}}
         for key in keys:
             for step, value in r.series.get(key, []):
                 rows.append([cmp.comparison_id, r.variant, r.seed, r.run_id, int(step), elapsed.get(int(step)),
-                             tokens.get(int(step)), key, float(value)])
+                             cpu.get(int(step)), tokens.get(int(step)), key, float(value)])
     return rows
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from matplotlib.ticker import EngFormatter, MaxNLocator
+from matplotlib.ticker import EngFormatter, LogLocator, MaxNLocator, NullFormatter
 
 
 def pyplot():
@@ -343,46 +343,106 @@ def fractions_figure(runs, out_dir: Path, order: Sequence[str], opts: FigureOpti
     return drawn
 
 
+TTC_PANELS = (("steps", "training steps"), ("tokens", "completion tokens sampled"),
+              ("cpu_s", "CPU seconds (training process)"))
+
+
 def ttc_figure(conv_rows: list[dict], target: float, interval: str, out_dir: Path, order: Sequence[str],
                opts: FigureOptions | None = None, name: str = "time_to_convergence") -> Drawn:
-    """Bars of mean time to convergence (steps and seconds, interpolated between evaluations) with 95% CI, colour and
-    hatch by position; objectives where a seed never reached the target get no bar, only "not reached (k/n)"."""
+    """Bars of the time to convergence (interpolated between evaluations) in steps, sampled tokens and CPU seconds:
+    geometric mean over seeds with its asymmetric 95% interval (``reports.stats.positive_ci``: above 0, never cut at
+    the axis), colour and hatch by position; an objective where a seed never reached the target gets no bar, only
+    "not reached (k/n)", one whose runs did not log the quantity "not logged". No wall-clock panel: it would show the
+    machine's load (runs.csv has each run's, with the load)."""
     opts = opts or FigureOptions()
     drawn = Drawn([])
-    with styled(1, 2, figsize=(SIZE[0] * 1.6, SIZE[1])) as (fig, axes):
-        for ax, (unit, label) in zip(axes, (("steps", "training steps"), ("seconds", "wall-clock seconds"))):
+    with styled(1, len(TTC_PANELS), figsize=(SIZE[0] * 2.2, SIZE[1])) as (fig, axes):
+        for ax, (unit, label) in zip(axes, TTC_PANELS):
             xs = np.arange(len(conv_rows))
-            top = max([r[f"{unit}_mean"] + (r[f"{unit}_ci"] or 0) for r in conv_rows
-                       if r[f"{unit}_mean"] is not None] or [1.0])
+            est = [r[unit] for r in conv_rows]
+            top = max([e.high if e.has_interval else e.value for e in est if e is not None and e.value is not None]
+                      or [1.0])
             top = top if top > 0 else 1.0
-            for x, r in zip(xs, conv_rows):
-                m, h = r[f"{unit}_mean"], r[f"{unit}_ci"]
-                st = style(order.index(r["objective"]))
-                if m is not None:
-                    ax.bar(x, m, color=st["color"], width=0.6, hatch=HATCHES[order.index(r["objective"])
-                                                                           % len(HATCHES)],
-                           edgecolor="white", linewidth=0, yerr=h if h is not None else None, capsize=3,
+            for x, r, e in zip(xs, conv_rows, est):
+                i = order.index(r["objective"])
+                st = style(i)
+                if e is not None and e.value is not None:
+                    lo, hi = (e.low, e.high) if e.has_interval else (e.value, e.value)
+                    ax.bar(x, e.value, color=st["color"], width=0.6, hatch=HATCHES[i % len(HATCHES)],
+                           edgecolor="white", linewidth=0,
+                           yerr=[[e.value - lo], [hi - e.value]] if e.has_interval else None, capsize=3,
                            error_kw={"linewidth": 0.8})
-                    ax.text(x, m + (h or 0) + 0.02 * top, fmt_num(m), ha="center", va="bottom", fontsize=6.5)
-                    drawn.series[f"{unit}:{r['objective']}"] = {"x": [float(x)], "mean": [float(m)],
-                                                                "low": [float(m - (h or 0))],
-                                                                "high": [float(m + (h or 0))], "n": [r["n"]]}
+                    ax.text(x, hi + 0.02 * top, fmt_num(e.value), ha="center", va="bottom", fontsize=6.5)
+                    drawn.series[f"{unit}:{r['objective']}"] = {"x": [float(x)], "mean": [float(e.value)],
+                                                                "low": [float(lo)], "high": [float(hi)],
+                                                                "n": [r["n"]]}
                 else:
-                    ax.text(x, 0.05 * top, f"not reached\n({r['n'] - r['reached']}/{r['n']} seeds)", ha="center",
-                            va="bottom", fontsize=6.5, color=st["color"], rotation=90 if len(conv_rows) > 6 else 0)
+                    text = (f"not reached\n({r['n'] - r['reached']}/{r['n']} seeds)" if e is None
+                            else "not logged" if e.why.startswith("not logged") else "n/a")
+                    ax.text(x, 0.05 * top, text, ha="center", va="bottom", fontsize=6.5, color=st["color"],
+                            rotation=90 if len(conv_rows) > 6 else 0)
             ax.set_xticks(xs, [r["objective"] for r in conv_rows], rotation=35 if len(conv_rows) > 3 else 0,
                           ha="right" if len(conv_rows) > 3 else "center")
             ax.set_xlim(-0.6, len(conv_rows) - 0.4)
             ax.set_ylim(0, top * 1.2)
+            ax.yaxis.set_major_formatter(EngFormatter(sep=""))
             ax.set_ylabel(label)
             ax.grid(axis="x", visible=False)
         if opts.titles:
-            fig.suptitle(f"Time to reach held-out accuracy {100 * target:.1f}% (smoothed, {interval}); mean ± 95% CI "
-                         f"over seeds", fontsize=9)
+            fig.suptitle(f"Time to reach held-out accuracy {100 * target:.1f}% (smoothed, {interval}); geometric mean "
+                         f"over seeds, 95% t interval of the logs", fontsize=9)
         fig.tight_layout()
         drawn.paths = save(fig, out_dir, name)
     return drawn
 
 
+def compute_fit_figure(fits: dict, out_dir: Path, order: Sequence[str], opts: FigureOptions | None = None,
+                       name: str = "compute_fit") -> Drawn:
+    """Held-out accuracy against the completion tokens sampled (log x): every seed's evaluations after step 0 as
+    points and the objective's fitted sigmoid (``reports.fit``) as a line, in the objective's style; its ceiling A as
+    a dotted line (up to ``CROWDED`` objectives). An objective without a fit shows its points only, the legend says
+    why."""
+    opts = opts or FigureOptions()
+    drawn = Drawn([])
+    with styled(figsize=(SIZE[0] * 1.25, SIZE[1] * 1.1)) as (fig, ax):
+        lo = min((c for f in fits.values() for c, _ in f.points), default=1.0)
+        hi = max((c for f in fits.values() for c, _ in f.points), default=10.0)
+        grid = np.geomspace(lo, hi, 200)
+        for obj, f in fits.items():
+            if not f.points:
+                continue
+            i = order.index(obj)
+            st = style(i)
+            c = np.array([p[0] for p in f.points])
+            r = np.array([p[1] for p in f.points])
+            ax.scatter(c, r, s=10, marker=st["marker"], facecolors="none", edgecolors=st["color"], linewidths=0.7,
+                       alpha=0.8)
+            drawn.series[f"points:{obj}"] = {"x": c.tolist(), "mean": r.tolist(), "low": r.tolist(),
+                                             "high": r.tolist(), "n": [f.seeds] * len(c)}
+            label = f"{obj}: no fit" if f.curve is None else f"{obj}: A={f.curve.a:.2f}, B={f.curve.b:.2f}"
+            ax.plot([], [], color=st["color"], marker=st["marker"], markerfacecolor="none", label=label,
+                    linestyle="none" if f.curve is None else st["linestyle"])  # (the legend's key: points and line)
+            if f.curve is None:
+                continue
+            y = f.curve(grid)
+            ax.plot(grid, y, color=st["color"], linestyle=st["linestyle"])  # (no markers: the points are the data)
+            if len(fits) <= CROWDED:
+                ax.axhline(f.curve.a, color=st["color"], linestyle=":", linewidth=0.7, alpha=0.8)
+            drawn.series[f"fit:{obj}"] = {"x": grid.tolist(), "mean": y.tolist(), "low": y.tolist(),
+                                          "high": y.tolist(), "n": [f.seeds] * len(grid)}
+        ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("completion tokens sampled (cumulative, log scale)")
+        ax.set_ylabel("held-out accuracy (greedy)")
+        _finish(fig, ax, "Accuracy vs sampled tokens: sigmoid fit per objective (ScaleRL); dotted: ceiling A", opts)
+        drawn.paths = save(fig, out_dir, name)
+    return drawn
+
+
 def fmt_num(x: float) -> str:
-    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}"
+    """A bar's label: 0.069, 12.3, 456, 15.3k, 2.4M."""
+    if abs(x) >= 1e4:
+        return EngFormatter(places=1, sep="")(x)
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 1 else f"{x:.2g}"

@@ -344,53 +344,56 @@ def fractions_figure(runs, out_dir: Path, order: Sequence[str], opts: FigureOpti
 
 
 TTC_PANELS = (("steps", "training steps"), ("tokens", "completion tokens sampled"),
-              ("cpu_s", "CPU seconds (training process)"))
+              ("cpu_s", "CPU seconds of the training process"))
 
 
 def ttc_figure(conv_rows: list[dict], target: float, interval: str, out_dir: Path, order: Sequence[str],
                opts: FigureOptions | None = None, name: str = "time_to_convergence") -> Drawn:
-    """Bars of the time to convergence (interpolated between evaluations) in steps, sampled tokens and CPU seconds:
-    geometric mean over seeds with its asymmetric 95% interval (``reports.stats.positive_ci``: above 0, never cut at
-    the axis), colour and hatch by position; an objective where a seed never reached the target gets no bar, only
+    """The time to convergence (interpolated between evaluations) in steps, sampled tokens and CPU seconds, one panel
+    each on a log axis: the geometric mean over seeds (a marker in the objective's style) with its asymmetric 95%
+    interval as whiskers (``reports.stats.positive_ci``: symmetric on the log axis, never below 0, never cut), and
+    each seed's value as a small open marker beside it. An objective where a seed never reached the target shows
     "not reached (k/n)", one whose runs did not log the quantity "not logged". No wall-clock panel: it would show the
     machine's load (runs.csv has each run's, with the load)."""
+    from matplotlib.ticker import FuncFormatter
+
     opts = opts or FigureOptions()
     drawn = Drawn([])
     with styled(1, len(TTC_PANELS), figsize=(SIZE[0] * 2.2, SIZE[1])) as (fig, axes):
         for ax, (unit, label) in zip(axes, TTC_PANELS):
             xs = np.arange(len(conv_rows))
-            est = [r[unit] for r in conv_rows]
-            top = max([e.high if e.has_interval else e.value for e in est if e is not None and e.value is not None]
-                      or [1.0])
-            top = top if top > 0 else 1.0
-            for x, r, e in zip(xs, conv_rows, est):
+            ax.set_yscale("log")
+            for x, r in zip(xs, conv_rows):
+                e = r[unit]
                 i = order.index(r["objective"])
                 st = style(i)
-                if e is not None and e.value is not None:
-                    lo, hi = (e.low, e.high) if e.has_interval else (e.value, e.value)
-                    ax.bar(x, e.value, color=st["color"], width=0.6, hatch=HATCHES[i % len(HATCHES)],
-                           edgecolor="white", linewidth=0,
-                           yerr=[[e.value - lo], [hi - e.value]] if e.has_interval else None, capsize=3,
-                           error_kw={"linewidth": 0.8})
-                    ax.text(x, hi + 0.02 * top, fmt_num(e.value), ha="center", va="bottom", fontsize=6.5)
-                    drawn.series[f"{unit}:{r['objective']}"] = {"x": [float(x)], "mean": [float(e.value)],
-                                                                "low": [float(lo)], "high": [float(hi)],
-                                                                "n": [r["n"]]}
-                else:
+                if e is None or e.value is None:
                     text = (f"not reached\n({r['n'] - r['reached']}/{r['n']} seeds)" if e is None
                             else "not logged" if e.why.startswith("not logged") else "n/a")
-                    ax.text(x, 0.05 * top, text, ha="center", va="bottom", fontsize=6.5, color=st["color"],
-                            rotation=90 if len(conv_rows) > 6 else 0)
+                    ax.text(x, 0.04, text, ha="center", va="bottom", fontsize=6.5, color=st["color"],
+                            rotation=90 if len(conv_rows) > 6 else 0, transform=ax.get_xaxis_transform())
+                    continue
+                lo, hi = (e.low, e.high) if e.has_interval else (e.value, e.value)
+                seeds = [v for v in r[f"{unit}_per_seed"] if v is not None and v > 0]
+                ax.plot([x + 0.18] * len(seeds), seeds, linestyle="none", marker=st["marker"], markersize=3,
+                        markerfacecolor="none", markeredgecolor=st["color"], markeredgewidth=0.6)
+                ax.errorbar(x, e.value, yerr=[[e.value - lo], [hi - e.value]] if e.has_interval else None,
+                            color=st["color"], marker=st["marker"], markersize=5, capsize=3, elinewidth=0.9,
+                            linestyle="none")
+                ax.annotate(fmt_num(e.value), (x, e.value), xytext=(-5, 0), textcoords="offset points",
+                            ha="right", va="center", fontsize=6.5)
+                drawn.series[f"{unit}:{r['objective']}"] = {"x": [float(x)], "mean": [float(e.value)],
+                                                            "low": [float(lo)], "high": [float(hi)], "n": [r["n"]]}
             ax.set_xticks(xs, [r["objective"] for r in conv_rows], rotation=35 if len(conv_rows) > 3 else 0,
                           ha="right" if len(conv_rows) > 3 else "center")
             ax.set_xlim(-0.6, len(conv_rows) - 0.4)
-            ax.set_ylim(0, top * 1.2)
-            ax.yaxis.set_major_formatter(EngFormatter(sep=""))
-            ax.set_ylabel(label)
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_num(v)))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            ax.set_ylabel(f"{label} (log scale)")
             ax.grid(axis="x", visible=False)
         if opts.titles:
-            fig.suptitle(f"Time to reach held-out accuracy {100 * target:.1f}% (smoothed, {interval}); geometric mean "
-                         f"over seeds, 95% t interval of the logs", fontsize=9)
+            fig.suptitle(f"Time to reach {100 * target:.1f}% held-out accuracy (smoothed; {interval}): geometric mean "
+                         f"over seeds with its 95% t interval on the log scale; open markers: seeds", fontsize=9)
         fig.tight_layout()
         drawn.paths = save(fig, out_dir, name)
     return drawn
@@ -442,7 +445,7 @@ def compute_fit_figure(fits: dict, out_dir: Path, order: Sequence[str], opts: Fi
 
 
 def fmt_num(x: float) -> str:
-    """A bar's label: 0.069, 12.3, 456, 15.3k, 2.4M."""
+    """A figure's number: 0.0007, 0.069, 12.3, 456, 15.3k, 2.4M."""
     if abs(x) >= 1e4:
-        return EngFormatter(places=1, sep="")(x)
-    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 1 else f"{x:.2g}"
+        return EngFormatter(places=1, sep="")(x).replace(".0", "")
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}".replace(".0", "") if abs(x) >= 1 else f"{x:.2g}"

@@ -78,6 +78,7 @@ class ComputeFit:
     b_ci: tuple[float, float] | None = None
     c_mid_ci: tuple[float, float] | None = None
     fitted: int = 0                                  # bootstrap resamples fitted (of N_RESAMPLES)
+    efficiency_identified: bool = True               # False: the rise is a step or before the data (B, C_mid)
     why: str = ""                                    # why there is no fit
     why_ci: str = ""                                 # why there is no interval
     notes: list[str] = field(default_factory=list)   # e.g. C_mid beyond the compute measured
@@ -168,11 +169,17 @@ def fit_objective(objective: str, per_seed: Sequence[Sequence[tuple[float, float
         return _with(base, why="no improvement to fit (the fitted ceiling is below the step-0 accuracy)")
     resid = np.array([r for _, r in points]) - curve([c for c, _ in points])
     notes = []
+    if curve.b >= B_MAX * (1 - 1e-3):
+        notes.append(f"B at bound {B_MAX:g}")
+    if curve.c_mid < min(c for c, _ in points):
+        notes.append("C_mid before data")
+    identified = not notes  # a step, or a rise before the first evaluation: no B or C_mid in the data
     if curve.c_mid > max(c for c, _ in points):
         notes.append("A extrapolated")
     if curve.a >= 1 - 1e-6:
         notes.append("A at bound 1")
-    fit = _with(base, curve=curve, rmse=float(np.sqrt(np.mean(resid ** 2))), notes=notes)
+    fit = _with(base, curve=curve, rmse=float(np.sqrt(np.mean(resid ** 2))), notes=notes,
+                efficiency_identified=identified)
     if len(per_seed) < 2:
         return _with(fit, why_ci="1 seed")
     rng = np.random.default_rng(seed)
@@ -190,6 +197,8 @@ def fit_objective(objective: str, per_seed: Sequence[Sequence[tuple[float, float
     if len(params) < MIN_FITTED * n_resamples:
         return _with(fit, fitted=len(params), why_ci=f"only {len(params)}/{n_resamples} bootstrap resamples fitted")
     a_ci, b_ci, c_mid_ci = bootstrap_intervals(curve, np.array(params), len(per_seed))
+    if not identified:
+        b_ci = c_mid_ci = None
     return _with(fit, fitted=len(params), a_ci=a_ci, b_ci=b_ci, c_mid_ci=c_mid_ci)
 
 
@@ -262,7 +271,11 @@ def verdicts(fits: dict[str, ComputeFit], baseline: str | None, min_seeds: int =
         ceiling = _disjoint(f.a_ci, base.a_ci)
         efficiency = [n for n, a, b in (("B", f.b_ci, base.b_ci), ("C_mid", f.c_mid_ci, base.c_mid_ci))
                       if _disjoint(a, b)]
-        if ceiling and efficiency:
+        unidentified = [f"{o}: {g.notes[0]}" for o, g in ((obj, f), (baseline, base)) if not g.efficiency_identified]
+        if unidentified:
+            what = (("differ in ceiling (A intervals disjoint)" if ceiling else "ceiling (A) not resolved") +
+                    f"; efficiency (B, C_mid) not identified ({'; '.join(unidentified)})")
+        elif ceiling and efficiency:
             what = f"differ in ceiling (A) and in efficiency ({' and '.join(efficiency)})"
         elif ceiling:
             what = "differ in ceiling (A intervals disjoint); efficiency (B, C_mid) not resolved"
@@ -307,7 +320,9 @@ def fit_table(fits: dict[str, ComputeFit], units: Units) -> Table:
                f"seeds. "
                f"Accuracies and RMSE (root mean square residual) in {units.unit}. Notes: A extrapolated = C_mid "
                f"lies beyond the largest compute measured, so the ceiling is not in the data; A at bound 1 = the "
-               f"data show no ceiling below 100%.")
+               f"data show no ceiling below 100%; B at bound {B_MAX:g} (a step) or C_mid before data (the rise lies "
+               f"before the first evaluation) = B and C_mid are not identified: no interval and no efficiency "
+               f"statement.")
     return Table("compute_fit", "Compute-performance fit (sigmoid in sampled tokens)", caption,
                  ["objective", "seeds", "points", "R0", "A [95% CI]", "B [95% CI]", "C_mid tokens [95% CI]", "RMSE",
                   "note"], rows,

@@ -168,9 +168,10 @@ def convergence_rows(groups: Groups, baseline: str | None) -> list[dict]:
     for obj, rs in groups.items():
         ds = [d for _, d in rs]
         reached = len(_vals(ds, "ttc_step_interp"))
-        r = {"objective": obj, "n": len(ds), "reached": reached, "steps_per_seed": [d.ttc_step_interp for d in ds]}
+        r = {"objective": obj, "n": len(ds), "reached": reached}
         for unit, attr, _ in TTC_UNITS:
             vals = _vals(ds, attr)
+            r[f"{unit}_per_seed"] = [getattr(d, attr) for d in ds]
             if reached < len(ds):
                 r[unit] = None
             elif len(vals) < len(ds):
@@ -191,8 +192,9 @@ def convergence_rows(groups: Groups, baseline: str | None) -> list[dict]:
 
 
 def amount(x: float | None, thousands: bool = False) -> str:
-    """A positive amount (tokens, seconds) to 3 significant digits: 0.0689, 16.9, 1234, 15.3k, 2.41M (``thousands``:
-    1.23k from 1,000 on, else from 10,000)."""
+    """A positive amount (steps, tokens, seconds, a ratio of two) to 3 significant digits, so an interval's bound near
+    0 is not printed "0.0": 0.000686, 16.9, 1234, 15.3k, 2.41M (``thousands``: 1.23k from 1,000 on, else from
+    10,000)."""
     if x is None:
         return "n/a"
     for div, suffix in ((1e6, "M"), (1e3, "k")):
@@ -200,10 +202,6 @@ def amount(x: float | None, thousands: bool = False) -> str:
             v = x / div
             return f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}{suffix}"
     return fmt(x, 0) if abs(x) >= 100 else f"{x:#.3g}"
-
-
-def _ttc_text(unit: str, x: float | None) -> str:
-    return fmt(x, 1) if unit == "steps" else fmt(x, 2) if unit.endswith("_ratio") else amount(x)
 
 
 def estimate_cell(e: stats.Estimate | None, text) -> str:
@@ -218,13 +216,12 @@ def convergence_table(conv: list[dict], target_text: str, interval: str, baselin
     for r in conv:
         cells = []
         for unit, _, _ in TTC_UNITS:
-            cells.append(estimate_cell(r[unit], lambda x, u=unit: _ttc_text(u, x)) if r[unit] is not None
-                         else "not reached")
+            cells.append(estimate_cell(r[unit], amount) if r[unit] is not None else "not reached")
         if r["reached"] < r["n"]:
             reached = ", ".join(fmt(s, 1) for s in r["steps_per_seed"] if s is not None)
             cells[0] = (f"not reached by {r['n'] - r['reached']}/{r['n']} seeds" +
                         (f" (others: {reached})" if reached else ""))
-        ratio = [estimate_cell(r[f"{u}_ratio"], lambda x: fmt(x, 2)) if r["objective"] != baseline else "baseline"
+        ratio = [estimate_cell(r[f"{u}_ratio"], amount) if r["objective"] != baseline else "baseline"
                  for u, _, _ in TTC_UNITS]
         rows.append([r["objective"], str(r["n"]), f"{r['reached']}/{r['n']}", *cells, *ratio])
         crow = [r["objective"], r["n"], r["reached"]]

@@ -152,6 +152,23 @@ def test_verdict_against_the_baseline_names_ceiling_efficiency_or_neither():
     assert "no statement (2 seed(s); fewer than 3 seeds" in two[0]
 
 
+def test_a_step_or_a_rise_before_the_first_evaluation_leaves_b_and_c_mid_unidentified():
+    """Already at the plateau at the first evaluation (the rise happened before it), or a jump between two
+    evaluations: A is measured, B and C_mid are not, so they get no interval and no efficiency statement."""
+    early = F.Sigmoid(0.2, 0.7, 3.0, 200.0)                        # half the gain at 200 tokens, first point at 800
+    before = F.fit_objective("before", [curve(early, noise=0.01, seed=s) for s in range(3)], 0.2)
+    assert before.curve.a == pytest.approx(0.7, abs=0.01) and "C_mid before data" in before.notes
+    assert not before.efficiency_identified and before.b_ci is None and before.c_mid_ci is None
+    assert before.a_ci is not None
+    jump = [[(c, 0.2 if c < 10_000 else 0.6) for c in COMPUTE] for _ in range(3)]
+    step = F.fit_objective("step", jump, 0.2)
+    assert step.notes[0] == f"B at bound {F.B_MAX:g}" and not step.efficiency_identified
+    base = F.fit_objective("grpo", [curve(noise=0.01, seed=s) for s in range(3)], 0.2)
+    (text,) = F.verdicts({"grpo": base, "step": step}, "grpo")
+    assert text.startswith("step against grpo: differ in ceiling (A intervals disjoint); efficiency (B, C_mid) not "
+                           f"identified (step: B at bound {F.B_MAX:g})")
+
+
 def test_a_flat_start_is_not_an_error():
     """Accuracy still at R0 for the first evaluations, then rising: fitted (C_mid inside the data)."""
     truth = F.Sigmoid(0.2, 0.6, 6.0, 12000.0)

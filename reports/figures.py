@@ -44,7 +44,6 @@ PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#0
            "#882255", "#999933", "#332288", "#44AA99", "#AA4499", "#DDCC77"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p", "8"]
 LINESTYLES = ["-", "--", ":", "-."]          # 13 markers x 4 dashes: every (marker, dash) pair unique up to 52
-HATCHES = ["", "//", "\\\\", "xx", "..", "oo", "++", "--", "||", "**", "O.", "/o", "\\|"]
 BANDS = ("ci", "minmax")
 LEGEND_INSIDE_MAX = 5                        # more series than this: legend outside the axes
 CROWDED = 5                                  # more series than this: bands only in the panels version of a figure

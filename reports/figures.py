@@ -343,7 +343,7 @@ def fractions_figure(runs, out_dir: Path, order: Sequence[str], opts: FigureOpti
 
 
 TTC_PANELS = (("steps", "training steps"), ("tokens", "completion tokens sampled"),
-              ("cpu_s", "CPU seconds of the training process"))
+              ("cpu_s", "training CPU seconds"))
 
 
 def ttc_figure(conv_rows: list[dict], target: float, interval: str, out_dir: Path, order: Sequence[str],
@@ -391,7 +391,7 @@ def ttc_figure(conv_rows: list[dict], target: float, interval: str, out_dir: Pat
             ax.set_ylabel(f"{label} (log scale)")
             ax.grid(axis="x", visible=False)
         if opts.titles:
-            fig.suptitle(f"Time to reach {100 * target:.1f}% held-out accuracy (smoothed; {interval}): geometric mean "
+            fig.suptitle(f"Time to reach {100 * target:.1f}% held-out accuracy (smoothed; {interval})\ngeometric mean "
                          f"over seeds with its 95% t interval on the log scale; open markers: seeds", fontsize=9)
         fig.tight_layout()
         drawn.paths = save(fig, out_dir, name)

@@ -10,8 +10,10 @@ Definitions (also in ``docs/REPORTS.md``):
   smoothed accuracy reaches the target" never looks ahead);
 - time to convergence: first evaluation step (and the wall-clock ``time/elapsed_s`` at that step) at which the
   smoothed held-out accuracy is >= the target; interpolated: the step where the straight line between that evaluation
-  and the one before it crosses the target (the first evaluation's step when it is already there), and the
-  wall-clock seconds there (``time/elapsed_s`` interpolated linearly between the whole steps around it);
+  and the one before it crosses the target (the first evaluation's step when it is already there), and at that
+  fractional step, each interpolated linearly between the whole steps around it: the completion tokens sampled so far
+  (cumulative ``rollout/gen_tokens``), the training process's CPU seconds (``time/cpu_s``) and the wall-clock seconds
+  (``time/elapsed_s``; they depend on the machine's load, ``load_avg`` = the mean ``sys/load_avg_1m`` of the run);
 - default target: ``a0 + target_frac x (B - a0)``, where a0 is the step-0 (before training) held-out accuracy (the
   highest over the runs; they all start from the same policy, and a greedy evaluation gives them the same value) and
   B the highest point of the reference (baseline) objective's seed-mean smoothed accuracy curve: a fraction of the
@@ -52,6 +54,9 @@ KEY_KL = K.KL_REF
 KEY_REWARD = K.REWARD_MEAN
 KEY_ZERO_ADV = K.ZERO_ADV_FRAC
 KEY_ELAPSED = K.ELAPSED_S
+KEY_CPU = K.CPU_S
+KEY_TOKENS = K.GEN_TOKENS
+KEY_LOAD = K.LOAD_AVG_1M
 
 
 @dataclass(frozen=True)
@@ -133,6 +138,30 @@ def seconds_at_step(elapsed: Series, step: int | None) -> float | None:
     if step == 0:
         return 0.0
     return value_at(elapsed, step)
+
+
+def cumulative(per_step: Series) -> list[tuple[int, float]]:
+    """Running total of a per-step quantity (``rollout/gen_tokens``): [(0, 0), (1, v1), (2, v1 + v2), ...], up to the
+    step before the first one not logged (a total past a missing step would be too small)."""
+    by_step = dict(_clean(per_step))
+    out, total, step = [(0, 0.0)], 0.0, 1
+    while step in by_step:
+        total += by_step[step]
+        out.append((step, total))
+        step += 1
+    return out
+
+
+def at_step(cumul: Series, step: float | None) -> float | None:
+    """A cumulative quantity (0 at step 0: tokens sampled, CPU seconds) at a fractional step, linear between the
+    whole steps around it; ``None`` when either of them is not logged."""
+    if step is None:
+        return None
+    by_step = {0: 0.0, **dict(_clean(cumul))}
+    lo, hi = math.floor(step), math.ceil(step)
+    if lo not in by_step or hi not in by_step:
+        return None
+    return by_step[lo] + (step - lo) * (by_step[hi] - by_step[lo])
 
 
 def best_smoothed(acc: Series, window: int = 3) -> float | None:
@@ -238,7 +267,10 @@ class RunDerived:
     ttc_step: int | None           # first evaluation step at the target
     ttc_seconds: float | None
     ttc_step_interp: float | None  # interpolated between evaluations
-    ttc_seconds_interp: float | None
+    ttc_seconds_interp: float | None  # wall-clock: depends on the machine's load (load_avg)
+    ttc_tokens_interp: float | None   # completion tokens sampled up to the interpolated crossing
+    ttc_cpu_s_interp: float | None    # the training process's CPU seconds there (None: time/cpu_s not logged)
+    load_avg: float | None            # mean sys/load_avg_1m over the run's steps (None: not logged)
     ttc_gap: int | None            # steps between the two evaluations the interpolated crossing lies between
     entropy_collapse_step: int | None
     entropy_blowup_step: int | None
@@ -310,6 +342,9 @@ def derive(series: Mapping[str, Series], target: float | None,
         ttc_seconds=seconds_at_step(series.get(KEY_ELAPSED, []), ttc),
         ttc_step_interp=cross[0] if cross else None,
         ttc_seconds_interp=seconds_at(series.get(KEY_ELAPSED, []), cross[0]) if cross else None,
+        ttc_tokens_interp=at_step(cumulative(series.get(KEY_TOKENS, [])), cross[0]) if cross else None,
+        ttc_cpu_s_interp=at_step(series.get(KEY_CPU, []), cross[0]) if cross else None,
+        load_avg=series_mean(series.get(KEY_LOAD, [])),
         ttc_gap=cross[1] if cross else None,
         entropy_collapse_step=entropy_collapse_step(series.get(KEY_ENTROPY, []), settings.collapse_frac),
         entropy_blowup_step=entropy_blowup_step(series.get(KEY_ENTROPY, []), settings.blowup_k),
@@ -326,14 +361,15 @@ def derive(series: Mapping[str, Series], target: float | None,
 
 # derived numbers stored back into each run as metrics `derived/<name>` (NaN + a tag when the value does not exist)
 STORED = ("initial_acc", "final_acc", "best_acc", "target_acc", "ttc_step", "ttc_seconds", "ttc_step_interp",
-          "ttc_seconds_interp", "entropy_collapse_step", "entropy_blowup_step", "acc_collapse_step", "entropy_slope",
-          "acc_drawdown", "grad_spikes", "kl_max", "reward_var", "zero_adv_frac")
+          "ttc_seconds_interp", "ttc_tokens_interp", "ttc_cpu_s_interp", "load_avg", "entropy_collapse_step",
+          "entropy_blowup_step", "acc_collapse_step", "entropy_slope", "acc_drawdown", "grad_spikes", "kl_max",
+          "reward_var", "zero_adv_frac")
 
 
 def store(client, run_id: str, d: RunDerived, comparison: str | None = None) -> None:
     """Write the derived numbers into the run: metrics ``derived/<name>``; a missing value is logged as NaN and
-    explained by the tag ``pobench.derived.<name>`` ("no target" / "not reached" / "not collapsed" / "not blown up" /
-    "no data")."""
+    explained by the tag ``pobench.derived.<name>`` ("no target" / "not reached" / "not logged" (reached, but the run
+    did not log that quantity there) / "not collapsed" / "not blown up" / "no data")."""
     import time
 
     from mlflow.entities import Metric, RunTag
@@ -348,7 +384,8 @@ def store(client, run_id: str, d: RunDerived, comparison: str | None = None) -> 
         if name == "target_acc":
             why = "no target" if v is None else "ok"
         elif name.startswith("ttc_"):
-            why = ("no target" if d.target_acc is None else "not reached") if v is None else "reached"
+            why = ("reached" if v is not None else "no target" if d.target_acc is None
+                   else "not reached" if d.ttc_step is None else "not logged")
         elif name == "entropy_collapse_step":
             why = "not collapsed" if v is None else "collapsed"
         elif name == "entropy_blowup_step":

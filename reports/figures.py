@@ -51,7 +51,6 @@ PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#0
            "#882255", "#999933", "#332288", "#44AA99", "#AA4499", "#DDCC77"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p", "8"]
 LINESTYLES = ["-", "--", ":", "-."]          # 13 markers x 4 dashes: every (marker, dash) pair unique up to 52
-HATCHES = ["", "//", "\\\\", "xx", "..", "oo", "++", "--", "||", "**", "O.", "/o", "\\|"]
 BANDS = ("ci", "minmax")
 LEGEND_INSIDE_MAX = 5                        # more series than this: legend outside the axes
 CROWDED = 5                                  # more series than this: bands only in the panels version of a figure
@@ -247,7 +246,7 @@ def _record(drawn: Drawn, label: str, b: Band, ok=slice(None), x=None) -> None:
                            "n": [int(v) for v in b.n[ok]]}
 
 
-def _finish(fig, ax, title: str, opts: FigureOptions, note: str) -> None:
+def finish(fig, ax, title: str, opts: FigureOptions, note: str) -> None:
     if opts.titles:
         ax.set_title(title)
     legend(fig, ax, note)
@@ -277,7 +276,7 @@ def series_figure(runs, key: str, ylabel: str, title: str, out_dir: Path, name: 
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel(axis_label(ylabel, key, opts.units))
         drawn.note = cut_note(cut, key, opts.units)
-        _finish(fig, ax, title, opts, drawn.note)
+        finish(fig, ax, title, opts, drawn.note)
         drawn.paths = save(fig, out_dir, name)
     return drawn
 
@@ -350,7 +349,7 @@ def versus_figure(runs, key: str, x_of: Callable[[object, int], float | None], x
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 20k tokens, 1.5k seconds
         ax.set_ylabel(axis_label(ylabel, key, opts.units))
         drawn.note = cut_note(cut, key, opts.units)
-        _finish(fig, ax, title, opts, drawn.note)
+        finish(fig, ax, title, opts, drawn.note)
         drawn.paths = save(fig, out_dir, name)
     return drawn
 
@@ -405,46 +404,8 @@ def fractions_figure(runs, out_dir: Path, order: Sequence[str], opts: FigureOpti
     return drawn
 
 
-def ttc_figure(conv_rows: list[dict], target: float, interval: str, out_dir: Path, order: Sequence[str],
-               opts: FigureOptions | None = None, name: str = "time_to_convergence") -> Drawn:
-    """Bars of mean time to convergence (steps and seconds, interpolated between evaluations) with 95% CI, colour and
-    hatch by position; objectives where a seed never reached the target get no bar, only "not reached (k/n)"."""
-    opts = opts or FigureOptions()
-    drawn = Drawn([])
-    with styled(1, 2, figsize=(SIZE[0] * 1.6, SIZE[1])) as (fig, axes):
-        for ax, (unit, label) in zip(axes, (("steps", "training steps"), ("seconds", "wall-clock seconds"))):
-            xs = np.arange(len(conv_rows))
-            top = max([r[f"{unit}_mean"] + (r[f"{unit}_ci"] or 0) for r in conv_rows
-                       if r[f"{unit}_mean"] is not None] or [1.0])
-            top = top if top > 0 else 1.0
-            for x, r in zip(xs, conv_rows):
-                m, h = r[f"{unit}_mean"], r[f"{unit}_ci"]
-                st = style(order.index(r["objective"]))
-                if m is not None:
-                    ax.bar(x, m, color=st["color"], width=0.6, hatch=HATCHES[order.index(r["objective"])
-                                                                           % len(HATCHES)],
-                           edgecolor="white", linewidth=0, yerr=h if h is not None else None, capsize=3,
-                           error_kw={"linewidth": 0.8})
-                    ax.text(x, m + (h or 0) + 0.02 * top, fmt_num(m), ha="center", va="bottom", fontsize=6.5)
-                    drawn.series[f"{unit}:{r['objective']}"] = {"x": [float(x)], "mean": [float(m)],
-                                                                "low": [float(m - (h or 0))],
-                                                                "high": [float(m + (h or 0))], "n": [r["n"]]}
-                else:
-                    ax.text(x, 0.05 * top, f"not reached\n({r['n'] - r['reached']}/{r['n']} seeds)", ha="center",
-                            va="bottom", fontsize=6.5, color=st["color"], rotation=90 if len(conv_rows) > 6 else 0)
-            ax.set_xticks(xs, [r["objective"] for r in conv_rows], rotation=35 if len(conv_rows) > 3 else 0,
-                          ha="right" if len(conv_rows) > 3 else "center")
-            ax.set_xlim(-0.6, len(conv_rows) - 0.4)
-            ax.set_ylim(0, top * 1.2)
-            ax.set_ylabel(label)
-            ax.grid(axis="x", visible=False)
-        if opts.titles:
-            fig.suptitle(f"Time to reach held-out accuracy {100 * target:.1f}% (smoothed, {interval}); mean ± 95% CI "
-                         f"over seeds", fontsize=9)
-        fig.tight_layout()
-        drawn.paths = save(fig, out_dir, name)
-    return drawn
-
-
 def fmt_num(x: float) -> str:
-    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}"
+    """A figure's number: 0.0007, 0.069, 12.3, 456, 15.3k, 2.4M."""
+    if abs(x) >= 1e4:
+        return EngFormatter(places=1, sep="")(x).replace(".0", "")
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.1f}".replace(".0", "") if abs(x) >= 1 else f"{x:.2g}"

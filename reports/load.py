@@ -32,7 +32,7 @@ SERIES_KEYS = (
     K.GRAD_NORM, K.KL_REF, K.ABS_LOG_RATIO,
     "objective/clip_frac_low", "objective/clip_frac_high", "objective/masked_frac", "objective/detached_frac",
     "objective/selected_frac",
-    K.ELAPSED_S,
+    K.ELAPSED_S, K.CPU_S, K.LOAD_AVG_1M,
 )
 
 

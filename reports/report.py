@@ -64,6 +64,8 @@ class Analysis:
     paired: list[dict]
     tables: dict[str, Table]
     notes: list[str] = field(default_factory=list)
+    fits: dict = field(default_factory=dict)         # objective -> reports.fit.ComputeFit (accuracy vs tokens)
+    fit_verdicts: list[str] = field(default_factory=list)  # each objective against the baseline: A, B, C_mid
 
 
 @dataclass
@@ -171,14 +173,17 @@ def analyse(cmp: Comparison, *, baseline: str | None = None, recorded_baseline: 
     notes += [f"Probe: {w}." for w in probe_warnings]
     runs_tab, runs_stab = sections.runs_tables(cmp, derived, units)
     target_text = f"≥ {target_how}" if target is not None else f"none: {target_how}"
+    from reports import fit
+
+    fits = fit.compute_fits(cmp)
     tabs = [*([controls_table(results, units)] if results else []), probe_tab,
             sections.accuracy_table(groups, units), sections.aggregates_table(groups, units),
             sections.paired_table(paired, base, units), sections.convergence_table(conv, target_text, interval, base),
-            sections.stability_table(groups, settings, units), runs_tab, runs_stab]
+            fit.fit_table(fits, units), sections.stability_table(groups, settings, units), runs_tab, runs_stab]
     verdicts = claim_verdicts(groups, entropy_series(cmp.runs),
-                              {o: {s: d.ttc_step_interp for s, d in rs} for o, rs in groups.items()})
+                              {o: {s: d.ttc_tokens_interp for s, d in rs} for o, rs in groups.items()})
     if verdicts:
-        tabs.append(claims_table(verdicts, units, "training steps"))
+        tabs.append(claims_table(verdicts, units, "sampled completion tokens"))
     if evals:
         from reports.evals import benchmark_table
 
@@ -187,7 +192,7 @@ def analyse(cmp: Comparison, *, baseline: str | None = None, recorded_baseline: 
             tabs.append(bench_tab)
             notes += bench_notes
     return Analysis(cmp, base, base_how, target, target_how, interval, derived, groups, conv, paired,
-                    {t.name: t for t in tabs}, notes)
+                    {t.name: t for t in tabs}, notes, fits, fit.verdicts(fits, base))
 
 
 def comparison_run(client, cmp: Comparison):
@@ -255,7 +260,7 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
         for t in a.tables.values():
             files += t.write(tmp)
         figs = {} if not figures_too else plots.draw_all(cmp, a.conv, a.target, a.target_how, a.interval, tmp,
-                                                         options.figure_options, extra, a.baseline)
+                                                         options.figure_options, extra, a.baseline, a.fits)
         for v in figs.values():
             files += v.paths if not isinstance(v, str) else []
         files += curves.write_curves(cmp, plots.plotted_keys(extra), tmp, options.units)
@@ -368,7 +373,11 @@ def _markdown(a: Analysis, figs: dict, s: DerivedSettings, options: ReportOption
     if a.notes:
         lines.append("**Notes.** " + " ".join(a.notes) + "\n")
     lines += [tab(n) for n in ("controls", "distinguishability", "accuracy", "aggregates", "paired_test", "convergence",
-                               "stability", "claims") if n in a.tables]
+                               "compute_fit") if n in a.tables]
+    if a.fit_verdicts:
+        lines.append("**Compute fit against the baseline** (95% bootstrap intervals disjoint or not): " +
+                     " ".join(a.fit_verdicts) + "\n")
+    lines += [tab(n) for n in ("stability", "claims") if n in a.tables]
     if "benchmarks" in a.tables:
         lines.append(tab("benchmarks"))
     lines.append("## Figures\n")

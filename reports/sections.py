@@ -6,6 +6,7 @@ Each builder takes ``groups`` (objective -> [(seed, RunDerived)] in the comparis
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -153,60 +154,104 @@ def power_note(groups: Groups, best: str, others: list[str], units: Units) -> st
     return text
 
 
+# the units of time to convergence: (key, RunDerived attribute at the interpolated crossing, column title)
+TTC_UNITS = (("steps", "ttc_step_interp", "steps"), ("tokens", "ttc_tokens_interp", "tokens"),
+             ("cpu_s", "ttc_cpu_s_interp", "CPU s"))
+
+
 def convergence_rows(groups: Groups, baseline: str | None) -> list[dict]:
-    """Interpolated time to convergence per objective (mean ± CI when every seed reached the target) and its per-seed
-    ratio to the baseline."""
+    """Interpolated time to convergence per objective in steps, sampled tokens and CPU seconds: each the geometric
+    mean over seeds with its positive 95% interval (``stats.positive_ci``; ``None`` unless every seed reached the
+    target, and an estimate without value naming the seeds that did not log the quantity), and the geometric mean of
+    its per-seed ratios to the baseline; ``load``: the runs' mean machine load (wall-clock seconds are per run only)."""
+    by_seed = {obj: dict(rs) for obj, rs in groups.items()}
+    base = by_seed.get(baseline) if baseline else None
     out = []
     for obj, rs in groups.items():
         ds = [d for _, d in rs]
-        steps, secs = _vals(ds, "ttc_step_interp"), _vals(ds, "ttc_seconds_interp")
-        all_reached = len(steps) == len(ds)
-        sm, sh = stats.mean_ci(steps) if all_reached else (None, None)
-        tm, th = stats.mean_ci(secs) if all_reached and len(secs) == len(ds) else (None, None)
-        out.append({"objective": obj, "n": len(ds), "reached": len(steps), "steps_mean": sm, "steps_ci": sh,
-                    "seconds_mean": tm, "seconds_ci": th, "steps_per_seed": [d.ttc_step_interp for d in ds]})
-    by_seed = {obj: dict(rs) for obj, rs in groups.items()}
-    base = by_seed.get(baseline) if baseline else None
-    for r in out:
-        for unit, attr in (("steps", "ttc_step_interp"), ("seconds", "ttc_seconds_interp")):
+        reached = len(_vals(ds, "ttc_step_interp"))
+        r = {"objective": obj, "n": len(ds), "reached": reached}
+        for unit, attr, _ in TTC_UNITS:
+            vals = _vals(ds, attr)
+            r[f"{unit}_per_seed"] = [getattr(d, attr) for d in ds]
+            if reached < len(ds):
+                r[unit] = None
+            elif len(vals) < len(ds):
+                r[unit] = stats.Estimate(None, why=f"not logged by {len(ds) - len(vals)}/{len(ds)} seeds")
+            else:
+                r[unit] = stats.positive_ci(vals)
             ratios = []
-            for seed, d in by_seed[r["objective"]].items():
+            for seed, d in by_seed[obj].items():
                 b = base.get(seed) if base else None
                 num, den = getattr(d, attr), getattr(b, attr) if b is not None else None
                 if num is not None and den:
                     ratios.append(num / den)
-            full = base is not None and len(ratios) == r["n"]
-            r[f"{unit}_ratio"], r[f"{unit}_ratio_ci"] = stats.mean_ci(ratios) if full else (None, None)
+            r[f"{unit}_ratio"] = stats.positive_ci(ratios) if base is not None and len(ratios) == len(ds) else None
+        loads = _vals(ds, "load_avg")
+        r["load"] = float(np.mean(loads)) if loads else None
+        out.append(r)
     return out
+
+
+def amount(x: float | None, thousands: bool = False) -> str:
+    """A positive amount (steps, tokens, seconds, a ratio of two) to 3 significant digits, so an interval's bound near
+    0 is not printed "0.0": 0.000686, 16.9, 1234, 15.3k, 2.41M (``thousands``: 1.23k from 1,000 on, else from
+    10,000)."""
+    if x is None:
+        return "n/a"
+    for div, suffix in ((1e6, "M"), (1e3, "k")):
+        if abs(x) >= (div if thousands or div > 1e3 else 1e4):
+            v = x / div
+            return f"{v:.{max(0, 2 - math.floor(math.log10(abs(v))))}f}{suffix}"
+    return fmt(x, 0) if abs(x) >= 100 else f"{x:#.3g}"
+
+
+def estimate_cell(e: stats.Estimate | None, text) -> str:
+    """``value [low, high]`` of an estimate (``text`` formats a number); ``n/a (why)`` without a value."""
+    if e is None or e.value is None:
+        return "n/a" + (f" ({e.why})" if e is not None and e.why else "")
+    return text(e.value) + (f" [{text(e.low)}, {text(e.high)}]" if e.has_interval else "")
 
 
 def convergence_table(conv: list[dict], target_text: str, interval: str, baseline: str | None) -> Table:
     rows, csv_rows = [], []
     for r in conv:
-        if r["reached"] == r["n"]:
-            st, se = pm(r["steps_mean"], r["steps_ci"], 1), pm(r["seconds_mean"], r["seconds_ci"], 1)
-        else:
+        cells = []
+        for unit, _, _ in TTC_UNITS:
+            cells.append(estimate_cell(r[unit], amount) if r[unit] is not None else "not reached")
+        if r["reached"] < r["n"]:
             reached = ", ".join(fmt(s, 1) for s in r["steps_per_seed"] if s is not None)
-            st = f"not reached by {r['n'] - r['reached']}/{r['n']} seeds" + (f" (others: {reached})" if reached else "")
-            se = "not reached"
-        ratio = [pm(r[f"{u}_ratio"], r[f"{u}_ratio_ci"], 2) for u in ("steps", "seconds")]
-        rows.append([r["objective"], str(r["n"]), f"{r['reached']}/{r['n']}", st, se, *ratio])
-        csv_rows.append([r["objective"], r["n"], r["reached"], r["steps_mean"], r["steps_ci"], r["seconds_mean"],
-                         r["seconds_ci"], r["steps_ratio"], r["steps_ratio_ci"], r["seconds_ratio"],
-                         r["seconds_ratio_ci"]])
+            cells[0] = (f"not reached by {r['n'] - r['reached']}/{r['n']} seeds" +
+                        (f" (others: {reached})" if reached else ""))
+        ratio = [estimate_cell(r[f"{u}_ratio"], amount) if r["objective"] != baseline else "baseline"
+                 for u, _, _ in TTC_UNITS]
+        rows.append([r["objective"], str(r["n"]), f"{r['reached']}/{r['n']}", *cells, *ratio])
+        crow = [r["objective"], r["n"], r["reached"]]
+        for key in [u for u, _, _ in TTC_UNITS] + [f"{u}_ratio" for u, _, _ in TTC_UNITS]:
+            e = r[key]
+            crow += [e.value, e.low, e.high] if e is not None else [None, None, None]
+        csv_rows.append(crow)
     base = f"ratio to {baseline}" if baseline else "ratio to baseline"
     t = Table("convergence", "Time to convergence",
-              f"Training step (and training wall-clock seconds) at which the smoothed held-out accuracy reaches the "
-              f"target, {target_text}: interpolated linearly between the two evaluations around the crossing "
-              f"({interval}); mean ± 95% CI over seeds, given only when every seed reached it. Ratio = the "
-              f"objective's time / the baseline's time at the same seed, mean ± 95% CI over seeds (given when both "
-              "reached the target at every seed). The first evaluation step at or above the target is in runs.csv "
-              "(ttc_step). Bold: the shortest mean time.",
-              ["objective", "n", "reached", "steps", "seconds", f"steps {base}", f"seconds {base}"], rows,
-              ["objective", "n", "reached", "steps_mean", "steps_ci95", "seconds_mean", "seconds_ci95",
-               "steps_ratio", "steps_ratio_ci95", "seconds_ratio", "seconds_ratio_ci95"], csv_rows)
-    t.emphasise(3, [r["steps_mean"] for r in conv], "min")
-    t.emphasise(4, [r["seconds_mean"] for r in conv], "min")
+              f"Training steps, completion tokens sampled (cumulative rollout/gen_tokens: the same for a seed and "
+              f"configuration on any machine) and CPU seconds of the training process (time/cpu_s: its own steps' "
+              f"CPU time, which other jobs on the machine do not add to) until the smoothed held-out accuracy "
+              f"reaches the target, {target_text}: at the crossing interpolated linearly between the two evaluations "
+              f"around it ({interval}). Geometric mean over seeds [95% interval: the Student-t interval of the mean "
+              f"of the logarithms, exponentiated; asymmetric and above 0], given only when every seed reached the "
+              f"target. Ratio = the objective's time / the baseline's at the same seed: geometric mean of the "
+              f"per-seed ratios [the same interval on the log ratios] (below 1: faster than the baseline). "
+              f"Wall-clock seconds are not compared here: runs that share a machine measure its load as much as "
+              f"the objective; each run's is in runs.csv (ttc_seconds_interp) with the machine's mean load while it "
+              f"trained (load_avg). The first evaluation step at or above the target is in runs.csv (ttc_step). "
+              f"Bold: the shortest time.",
+              ["objective", "n", "reached", *[f"{title} [95% CI]" for _, _, title in TTC_UNITS],
+               *[f"{title} {base}" for _, _, title in TTC_UNITS]], rows,
+              ["objective", "n", "reached",
+               *[f"{u}_{c}" for u, _, _ in TTC_UNITS for c in ("gmean", "low95", "high95")],
+               *[f"{u}_ratio_{c}" for u, _, _ in TTC_UNITS for c in ("gmean", "low95", "high95")]], csv_rows)
+    for j, (unit, _, _) in enumerate(TTC_UNITS, start=3):
+        t.emphasise(j, [r[unit].value if r[unit] is not None else None for r in conv], "min")
     return t
 
 
@@ -273,6 +318,13 @@ def stability_table(groups: Groups, s: DerivedSettings, units: Units) -> Table:
 RUN_COLS = ["initial_acc", "final_acc", "best_acc", "ttc_step", "ttc_step_interp", "ttc_seconds_interp",
             "ttc_seconds"]
 STAB_COLS = [a for a, _ in ONSETS] + [a for a, _, _ in STAB]
+# runs.csv's time to convergence in the load-independent units, and the load the wall-clock seconds ran under
+CONV_COLS = ["ttc_tokens_interp", "ttc_cpu_s_interp", "load_avg"]
+
+
+def _wall_clock(seconds: float | None, load: float | None) -> str:
+    """Wall-clock seconds never without the load they ran under."""
+    return f"{fmt(seconds, 1)} (load {'not logged' if load is None else fmt(load, 1)})"
 
 
 def runs_tables(cmp, derived: dict[str, RunDerived], units: Units) -> tuple[Table, Table]:
@@ -286,24 +338,31 @@ def runs_tables(cmp, derived: dict[str, RunDerived], units: Units) -> tuple[Tabl
         n_problems = r.params.get("eval_problems", "")
         lo, hi = checks.final_acc_interval(d.final_acc, int(n_problems) if n_problems.isdigit() else None)
         no_ttc = "no target" if d.target_acc is None else "not reached"
+        at_ttc = [fmt(d.ttc_step_interp, 1), amount(d.ttc_tokens_interp) if d.ttc_tokens_interp is not None else
+                  "not logged", amount(d.ttc_cpu_s_interp) if d.ttc_cpu_s_interp is not None else "not logged",
+                  _wall_clock(d.ttc_seconds_interp, d.load_avg) if d.ttc_seconds_interp is not None else
+                  "not logged"]
         acc_rows.append([r.variant, str(r.seed), units.acc(d.initial_acc), units.acc(d.final_acc),
                          units.interval(lo, hi), units.acc(d.best_acc),
                          no_ttc if d.ttc_step is None else str(d.ttc_step),
-                         no_ttc if d.ttc_step_interp is None else fmt(d.ttc_step_interp, 1),
-                         no_ttc if d.ttc_seconds_interp is None else fmt(d.ttc_seconds_interp, 1)])
+                         *([no_ttc] * len(at_ttc) if d.ttc_step_interp is None else at_ttc)])
         onsets = ["none" if getattr(d, a) is None else str(getattr(d, a)) for a, _ in ONSETS]
         stab_rows.append([r.variant, str(r.seed), *onsets, units.acc(d.acc_drawdown), fmt(d.entropy_slope, 5),
                           fmt(d.grad_spikes), fmt(d.kl_max, 4), fmt(d.reward_var, 4), fmt(d.zero_adv_frac, 3)])
-        csv_rows.append([r.run_id, r.name, r.variant, r.seed, *vals, *stab_vals, lo, hi])
+        csv_rows.append([r.run_id, r.name, r.variant, r.seed, *vals, *[getattr(d, c) for c in CONV_COLS], *stab_vals,
+                         lo, hi])
         stab_csv.append([r.run_id, r.variant, r.seed, *stab_vals])
     runs = Table("runs", "Per-run accuracy and convergence",
                  f"The per-objective tables are means over these per-run values. Accuracy in {units.unit}; final 95%: "
                  "Wilson interval of the run's final held-out accuracy as a proportion of its eval_problems problems "
                  "(n/a when the run did not log eval_problems). Time to convergence: first evaluation step at the "
-                 "target, and the step and seconds interpolated between evaluations.",
+                 "target; at the crossing interpolated between evaluations: the step, the completion tokens sampled, "
+                 "the training process's CPU seconds, and the wall-clock seconds with the machine's mean 1-minute "
+                 "load average while the run trained (wall-clock seconds measure that load as much as the objective; "
+                 "compare objectives by steps, tokens or CPU seconds).",
                  ["objective", "seed", "step 0", "final", "final 95%", "best", "ttc eval step", "ttc step",
-                  "ttc s"], acc_rows,
-                 ["run_id", "run", "objective", "seed", *RUN_COLS, *STAB_COLS, "final_acc_ci95_low",
+                  "ttc tokens", "ttc CPU s", "ttc wall-clock s (load)"], acc_rows,
+                 ["run_id", "run", "objective", "seed", *RUN_COLS, *CONV_COLS, *STAB_COLS, "final_acc_ci95_low",
                   "final_acc_ci95_high"], csv_rows)
     stab = Table("runs_stability", "Per-run stability",
                  f"Per-run values behind the stability table (definitions there; the step where each failure began, "

@@ -1,6 +1,10 @@
 """Statistics of a comparison over seeds, from scipy and statsmodels.
 
 - ``mean_ci``: mean and 95% Student-t half-width over seeds (``scipy.stats.t``);
+- ``positive_ci``: for a positive quantity (a time to convergence, a ratio of two): the geometric mean over seeds
+  with the 95% Student-t interval of the mean of the logarithms, exponentiated: ``exp(m ± t(0.975, n-1)·s/√n)``
+  with m, s the mean and SD of ``log x``. Asymmetric, always above 0, and it contains the geometric mean (a t interval
+  on the raw values of a skewed positive quantity runs below 0 with few seeds);
 - ``iqm``: interquartile mean, the mean of the middle 50% of the scores (``scipy.stats.trim_mean(x, 0.25)``, as
   rliable's IQM, Agarwal et al. 2021, arXiv 2108.13264); with fewer than 4 scores nothing is trimmed (it is the mean);
 - ``bootstrap_ci``: a stratified-bootstrap percentile interval: every stratum (a benchmark; the seeds of one
@@ -43,6 +47,24 @@ def mean_ci(values: Sequence[float]) -> tuple[float | None, float | None]:
     from scipy import stats
 
     return m, float(stats.t.ppf(0.5 + CONFIDENCE / 2, len(v) - 1) * np.std(v, ddof=1) / math.sqrt(len(v)))
+
+
+def positive_ci(values: Sequence[float]) -> Estimate:
+    """Geometric mean of positive values with the 95% interval ``exp(m ± t(0.975, n-1)·s/√n)`` (m, s: mean and SD of
+    their logarithms), as an :class:`Estimate`; no interval with one value, no value when one is not above 0."""
+    from scipy import stats
+
+    v = np.asarray([float(x) for x in values], dtype=float)
+    if not len(v):
+        return Estimate(None, why="no values")
+    if not np.all(np.isfinite(v)) or np.any(v <= 0):
+        return Estimate(None, why="a value not above 0 (no logarithm)")
+    logs = np.log(v)
+    m = float(logs.mean())
+    if len(v) < 2:
+        return Estimate(math.exp(m), why="1 seed")
+    h = float(stats.t.ppf(0.5 + CONFIDENCE / 2, len(v) - 1) * logs.std(ddof=1) / math.sqrt(len(v)))
+    return Estimate(math.exp(m), math.exp(m - h), math.exp(m + h))
 
 
 def iqm(values, axis: int | None = None):

@@ -16,9 +16,9 @@ from bench.compare.plan import DEFAULTS, base_config, comparison_id, load_params
 from bench.workers import parse_seeds
 from tests.conftest import fresh_store
 
-FIGURES = ["accuracy_vs_step", "accuracy_vs_time", "entropy_vs_step", "reward_vs_step", "clip_masked_fractions",
-           "time_to_convergence"]
-TABLES = ["accuracy", "convergence", "stability", "paired_test", "runs"]
+FIGURES = ["accuracy_vs_step", "accuracy_vs_time", "accuracy_vs_cpu", "entropy_vs_step", "reward_vs_step",
+           "clip_masked_fractions", "time_to_convergence"]
+TABLES = ["accuracy", "convergence", "compute_fit", "stability", "paired_test", "runs"]
 
 
 # ------------------------------------------------------------------ resolving what to run (fast)

@@ -32,6 +32,10 @@ def handmade_series(objective: str, seed: int) -> dict[str, list[tuple[int, floa
     if objective == "tepo":
         out["objective/masked_frac"] = [(s, float(rng.uniform(0.1, 0.3))) for s in steps]
     out["time/elapsed_s"] = [(s, 1.7 * s + 0.1 * seed) for s in steps]
+    out["time/cpu_s"] = [(s, 0.9 * s + 0.05 * s * s + 0.02 * seed) for s in steps]    # not proportional to the step
+    out["sys/load_avg_1m"] = [(s, 1.0 + 0.5 * seed + 0.01 * s) for s in steps]
+    length = {"tepo": 30.0}.get(objective, 20.0)                                     # tepo samples longer answers
+    out["rollout/gen_tokens"] = [(s, 16 * (length + 0.5 * s) + seed) for s in steps]
     return out
 
 

@@ -38,6 +38,34 @@ def test_seconds_at_convergence_uses_elapsed_at_that_step():
     assert D.seconds_at_step(elapsed, None) is None
 
 
+def test_convergence_in_tokens_and_cpu_seconds_is_each_read_at_the_interpolated_crossing():
+    """Accuracy 0.3 at step 5 and 0.7 at step 10 cross 0.5 at step 7.5. There: the cumulative tokens (steps 1..7 and
+    1..8 of 100 + 10 s per step: 980 and 1160) interpolated to 1070; the CPU seconds (0.3 s² per step count) between
+    14.7 and 19.2: 16.95; the wall-clock seconds (2 s per step): 15. Each from its own series, none from another's."""
+    series = {D.KEY_ACC: [(0, 0.1), (5, 0.3), (10, 0.7)],
+              D.KEY_TOKENS: [(s, 100.0 + 10 * s) for s in range(1, 11)],
+              D.KEY_CPU: [(s, 0.3 * s * s) for s in range(1, 11)],
+              D.KEY_ELAPSED: [(s, 2.0 * s) for s in range(1, 11)],
+              D.KEY_LOAD: [(s, 1.5 + (s % 2)) for s in range(1, 11)]}
+    d = D.derive(series, target=0.5, settings=D.DerivedSettings(smooth_window=1))
+    assert d.ttc_step_interp == pytest.approx(7.5) and d.ttc_step == 10
+    assert d.ttc_tokens_interp == pytest.approx(1070.0)
+    assert d.ttc_cpu_s_interp == pytest.approx(16.95)
+    assert d.ttc_seconds_interp == pytest.approx(15.0)
+    assert d.load_avg == pytest.approx(2.0)
+    assert D.cumulative([(1, 5.0), (2, 7.0), (4, 1.0)]) == [(0, 0.0), (1, 5.0), (2, 12.0)]  # stops at a missing step
+    # a quantity not logged at the steps around the crossing is None, never a value read from another step: tokens
+    # with a gap; CPU seconds only up to step 7 (a run resumed from a checkpoint written before time/cpu_s), or none
+    # (a verl run)
+    gap = {**series, D.KEY_TOKENS: [(s, 100.0) for s in range(1, 11) if s != 3],
+           D.KEY_CPU: [(s, 0.3 * s * s) for s in range(1, 8)]}
+    d2 = D.derive(gap, target=0.5, settings=D.DerivedSettings(smooth_window=1))
+    assert d2.ttc_tokens_interp is None and d2.ttc_cpu_s_interp is None and d2.ttc_step_interp == pytest.approx(7.5)
+    del gap[D.KEY_CPU]
+    assert D.derive(gap, target=0.5, settings=D.DerivedSettings(smooth_window=1)).ttc_cpu_s_interp is None
+    assert D.at_step([(1, 4.0), (2, 6.0)], 0.5) == pytest.approx(2.0)   # 0 at step 0
+
+
 def test_default_target_is_a_fraction_of_the_baselines_improvement_over_step0():
     base = [[(0, 0.5), (10, 0.5), (20, 0.8)], [(0, 0.5), (10, 0.7), (20, 0.8)]]  # smoothed w=3: .5,.5,.6 / .5,.6,.6667
     other = [(0, 0.5), (10, 0.9), (20, 0.95)]                                    # a faster objective

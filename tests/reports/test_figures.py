@@ -147,8 +147,8 @@ def test_report_figures_curves_csv_reproduces_every_series(handmade, local_uri, 
     rep = build_report("curves", tracking_uri=local_uri, out_root=tmp_path / "out", log_artifacts=False,
                        store_derived=False)
     df = pd.read_csv(rep.out_dir / "curves.csv")
-    assert list(df.columns) == ["comparison", "objective", "seed", "run_id", "step", "elapsed_s", "tokens", "metric",
-                                "value", "unit"]
+    assert list(df.columns) == ["comparison", "objective", "seed", "run_id", "step", "elapsed_s", "cpu_s", "tokens",
+                                "metric", "value", "unit"]
     assert (rep.out_dir / "curves.parquet").exists()
     assert pd.read_parquet(rep.out_dir / "curves.parquet").shape == df.shape
 
@@ -168,6 +168,7 @@ def test_report_figures_curves_csv_reproduces_every_series(handmade, local_uri, 
 
     check("accuracy_vs_step", "eval/accuracy", "step")
     check("accuracy_vs_time", "eval/accuracy", "elapsed_s")
+    check("accuracy_vs_cpu", "eval/accuracy", "cpu_s")
     check("accuracy_vs_tokens", "eval/accuracy", "tokens")
     check("length", "rollout/length_mean", "step")
     check("kl", "train/kl_ref", "step")
@@ -175,6 +176,7 @@ def test_report_figures_curves_csv_reproduces_every_series(handmade, local_uri, 
     # tokens: the cumulative sum of rollout/gen_tokens; seconds: time/elapsed_s at the step
     one = df[(df.metric == "eval/accuracy") & (df.objective == "tepo") & (df.seed == 2) & (df.step == 10)].iloc[0]
     assert one.tokens == sum(100.0 * st + 14 for st in range(1, 11)) and one.elapsed_s == pytest.approx(17.2)
+    assert one.cpu_s == pytest.approx(0.9 * 10 + 0.05 * 100 + 0.04)
     # accuracies in percent, as the tables (the figures plot what curves.csv holds); every other metric as logged
     assert one.value == pytest.approx(100 * dict(handmade.series("tepo", 2)["eval/accuracy"])[10]) and one.unit == "%"
     assert set(df[df.metric == "train/kl_ref"].unit) == {"as logged"}
@@ -246,7 +248,7 @@ def test_no_figure_for_a_quantity_without_data_and_no_inf_without_a_target(handm
             ser = handmade.series(o, s)
             if o == "grpo":  # the baseline never improves: no default convergence target
                 ser["eval/accuracy"] = [(st, 0.2) for st, _ in ser["eval/accuracy"]]
-            del ser["train/kl_ref"]
+            del ser["train/kl_ref"], ser["rollout/gen_tokens"]
             handmade.log_run(client, exp, o, s, "c1", series=ser)
     rep = build_report("flatbase", tracking_uri=local_uri, out_root=tmp_path / "out", log_artifacts=False)
     assert rep.target_acc is None

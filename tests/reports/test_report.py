@@ -12,9 +12,11 @@ from scipy import stats
 from reports.report import build_report
 from tests.conftest import fresh_store
 
-FIGURES = ["accuracy_vs_step", "accuracy_vs_time", "entropy_vs_step", "reward_vs_step", "clip_masked_fractions",
-           "time_to_convergence", "kl_vs_step", "grad_norm_vs_step"]
-TABLES = ["accuracy", "aggregates", "convergence", "stability", "paired_test", "runs", "runs_stability"]
+FIGURES = ["accuracy_vs_step", "accuracy_vs_time", "accuracy_vs_cpu", "accuracy_vs_tokens", "entropy_vs_step",
+           "reward_vs_step", "clip_masked_fractions", "time_to_convergence", "compute_fit", "kl_vs_step",
+           "grad_norm_vs_step"]
+TABLES = ["accuracy", "aggregates", "convergence", "compute_fit", "stability", "paired_test", "runs",
+          "runs_stability"]
 
 
 def _csv(path: Path) -> list[dict]:
@@ -86,10 +88,10 @@ def test_report_files_and_numbers_equal_recomputed_from_mlflow(handmade, local_u
     assert rep.target_acc == pytest.approx(target) and max(base_curve) > target > a0
     assert f"≥ {100 * target:.2f}% = step-0 accuracy {100 * a0:.2f}% + 0.5 × the improvement of grpo's" in \
         (out / "report.md").read_text()
-    assert "interpolated linearly between the two evaluations around the crossing (evaluations every 5 steps)" in \
-        (out / "convergence.md").read_text()
+    assert "at the crossing interpolated linearly between the two evaluations around it (evaluations every 5 steps)" \
+        in (out / "convergence.md").read_text()
     per_run = {(r["objective"], int(r["seed"])): r for r in _csv(out / "runs.csv")}
-    ttc = {}
+    ttc, tokens, cpu = {}, {}, {}
     for key, acc in accs.items():
         smoothed = sm(acc)
         j = next((j for j, v in enumerate(smoothed) if v >= target - 1e-12), None)
@@ -101,18 +103,42 @@ def test_report_files_and_numbers_equal_recomputed_from_mlflow(handmade, local_u
         ttc[key] = s0 + (target - v0) * (s1 - s0) / (v1 - v0)
         assert s0 < ttc[key] <= s1
         assert float(per_run[key]["ttc_step_interp"]) == pytest.approx(ttc[key])
-        elapsed = dict(_history(client, [r for r in runs if (r.data.tags["pobench.objective"],
-                                                              int(r.data.tags["pobench.seed"])) == key][0].info.run_id,
-                                "time/elapsed_s"))
+        run_id = [r for r in runs if (r.data.tags["pobench.objective"], int(r.data.tags["pobench.seed"])) == key][0]
+        run_id = run_id.info.run_id
         lo = math.floor(ttc[key])
-        want_s = elapsed[lo] + (ttc[key] - lo) * (elapsed[lo + 1] - elapsed[lo])
-        assert float(per_run[key]["ttc_seconds_interp"]) == pytest.approx(want_s)
+
+        def at_crossing(by_step: dict, x: float = ttc[key], lo: int = lo) -> float:   # linear between whole steps
+            return by_step[lo] + (x - lo) * (by_step[lo + 1] - by_step[lo])
+
+        elapsed = dict(_history(client, run_id, "time/elapsed_s"))
+        assert float(per_run[key]["ttc_seconds_interp"]) == pytest.approx(at_crossing(elapsed))
+        cpu[key] = at_crossing(dict(_history(client, run_id, "time/cpu_s")))
+        assert float(per_run[key]["ttc_cpu_s_interp"]) == pytest.approx(cpu[key])
+        per_step = _history(client, run_id, "rollout/gen_tokens")
+        tokens[key] = at_crossing({s: sum(v for t, v in per_step if t <= s) for s in range(lo + 2)})
+        assert float(per_run[key]["ttc_tokens_interp"]) == pytest.approx(tokens[key])
+        assert float(per_run[key]["load_avg"]) == pytest.approx(np.mean([v for _, v in _history(
+            client, run_id, "sys/load_avg_1m")]))
     conv = {r["objective"]: r for r in _csv(out / "convergence.csv")}
-    ratios = [ttc[("tepo", s)] / ttc[("grpo", s)] for s in (0, 1)]   # per seed, then mean ± t CI
-    assert _num(conv["tepo"]["steps_ratio"]) == pytest.approx(np.mean(ratios))
-    assert _num(conv["tepo"]["steps_ratio_ci95"]) == pytest.approx(
-        stats.t.ppf(0.975, 1) * np.std(ratios, ddof=1) / math.sqrt(2))
-    assert _num(conv["grpo"]["steps_ratio"]) == 1.0
+    t1 = stats.t.ppf(0.975, 1)
+    for unit, per_seed in (("steps", ttc), ("tokens", tokens), ("cpu_s", cpu)):
+        # geometric mean over seeds with the t interval of the logs; ratios: per seed, then the same on log ratios
+        for o in ("grpo", "tepo"):
+            logs = np.log([per_seed[(o, s)] for s in (0, 1)])
+            h = t1 * np.std(logs, ddof=1) / math.sqrt(2)
+            got = [_num(conv[o][f"{unit}_{c}"]) for c in ("gmean", "low95", "high95")]
+            assert got == pytest.approx([math.exp(logs.mean()), math.exp(logs.mean() - h), math.exp(logs.mean() + h)])
+            assert 0 < got[1] < got[0] < got[2]
+        log_ratios = np.log([per_seed[("tepo", s)] / per_seed[("grpo", s)] for s in (0, 1)])
+        h = t1 * np.std(log_ratios, ddof=1) / math.sqrt(2)
+        assert [_num(conv["tepo"][f"{unit}_ratio_{c}"]) for c in ("gmean", "low95", "high95")] == pytest.approx(
+            [math.exp(log_ratios.mean()), math.exp(log_ratios.mean() - h), math.exp(log_ratios.mean() + h)])
+        assert _num(conv["grpo"][f"{unit}_ratio_gmean"]) == 1.0
+    # tepo's longer answers: fewer steps, but not as many fewer tokens
+    assert _num(conv["tepo"]["tokens_ratio_gmean"]) > _num(conv["tepo"]["steps_ratio_gmean"])
+    md = (out / "convergence.md").read_text()
+    assert "seconds" not in md.split("\n")[0] and "wall-clock" not in md.split("\n")[0]   # no wall-clock column
+    assert "ttc wall-clock s (load)" in (out / "runs.md").read_text()
     # stored back into each run
     for r in runs:
         m = client.get_run(r.info.run_id).data.metrics
@@ -135,7 +161,8 @@ def test_never_reached_target_is_stated_not_imputed(handmade, local_uri, tmp_pat
                  log_artifacts=False, figures_too=False)
     out = tmp_path / "out" / "never" / "c1"
     conv = {r["objective"]: r for r in _csv(out / "convergence.csv")}
-    assert conv["grpo"]["reached"] == "0" and conv["grpo"]["steps_mean"] == "" and conv["grpo"]["steps_ratio"] == ""
+    assert conv["grpo"]["reached"] == "0" and conv["grpo"]["steps_gmean"] == "" and conv["grpo"]["cpu_s_gmean"] == ""
+    assert conv["grpo"]["steps_ratio_gmean"] == ""
     assert "not reached by 2/2 seeds" in (out / "convergence.md").read_text()
     client = MlflowClient(tracking_uri=local_uri)
     rid = _csv(out / "runs.csv")[0]["run_id"]

@@ -23,6 +23,31 @@ def test_iqm_is_the_mean_of_the_middle_half():
     assert S.iqm([0.2, 0.4, 0.9]) == pytest.approx(0.5)                  # below 4 values nothing is trimmed
 
 
+def test_positive_interval_is_the_t_interval_of_the_logs_above_0_around_the_geometric_mean():
+    """Times to convergence of 2 seeds, 1.2 and 8.6 steps: the raw t interval (12.7 × s/√2) runs far below 0; the
+    log-scale one is exp(mean log ± t·s/√n): above 0, asymmetric, containing the geometric mean √(1.2 × 8.6)."""
+    x = [1.2, 8.6]
+    m, h = S.mean_ci(x)
+    assert m - h < 0                                                     # what the convergence table printed before
+    est = S.positive_ci(x)
+    logs = np.log(x)
+    half = stats.t.ppf(0.975, 1) * np.std(logs, ddof=1) / math.sqrt(2)
+    assert est.value == pytest.approx(math.sqrt(1.2 * 8.6))
+    assert (est.low, est.high) == (pytest.approx(math.exp(logs.mean() - half)), pytest.approx(math.exp(logs.mean()
+                                                                                                       + half)))
+    assert 0 < est.low < est.value < est.high
+    assert est.high - est.value > est.value - est.low                    # asymmetric: longer towards large times
+    rng = np.random.default_rng(3)
+    for n in (2, 3, 5, 10):
+        for _ in range(200):
+            v = rng.lognormal(rng.normal(0, 2), rng.uniform(0.01, 3), size=n)
+            e = S.positive_ci(v)
+            assert 0 < e.low <= e.value <= e.high and e.value == pytest.approx(stats.gmean(v))
+    one = S.positive_ci([4.0])
+    assert one.value == 4.0 and not one.has_interval
+    assert S.positive_ci([3.0, 0.0]).value is None and S.positive_ci([]).value is None   # no logarithm of 0
+
+
 def _exact_quantiles(strata, statistic, qs):
     """Quantiles of the exact bootstrap distribution: every resample of every stratum, equally likely."""
     per = [list(itertools.product(s, repeat=len(s))) for s in strata]

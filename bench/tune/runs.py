@@ -15,6 +15,7 @@ from mlflow.entities import RunTag
 from optuna.trial import TrialState
 
 from bench.tracking import store_client, version_tags
+from bench.tune.outputs import Importance, importances
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import count, default_storage_url, redact
 from reports import metric_keys as K
@@ -154,6 +155,16 @@ class StudyRuns:
         if complete:
             retry_locked(self.client.set_terminated, self.parent_id, "FINISHED")
 
+    def log_summary(self, imp: Importance) -> None:
+        """The importances (``tune/importance/<param>``, step = the complete trials they rest on) on the study's
+        run."""
+        now = int(time.time() * 1000)
+        metrics = [MlMetric(K.TUNE_IMPORTANCE.format(param=k), v, now, imp.n_complete)
+                   for k, v in imp.normalized.items()]
+        latest = self.client.get_run(self.parent_id).data.metrics  # (a rerun logs no repeated point)
+        metrics = [m for m in metrics if latest.get(m.key) != m.value]
+        log_batch(self.client, self.parent_id, metrics=metrics)
+
     def log_artifacts(self, folder: Path) -> None:
         self.client.log_artifacts(self.parent_id, str(folder), artifact_path="tune")
 
@@ -163,8 +174,10 @@ def _version_tags() -> dict[str, str]:
 
 
 def log_outputs(spec: TuneSpec, study: optuna.Study, out: Path) -> None:
-    """Log the output folder of a study (``bench.tune.outputs``) to its MLflow parent run, when it has one."""
+    """Log the output folder of a study (``bench.tune.outputs``) to its MLflow parent run, when it has one, with the
+    parameter importances as metrics."""
     runs = StudyRuns(tracking_uri(spec.base.tracking_uri), spec.base.experiment, spec.study)
     runs.parent_id = study.user_attrs.get("mlflow_parent_run_id", "")
     if runs.parent_id:
         runs.log_artifacts(out)
+        runs.log_summary(importances(study))

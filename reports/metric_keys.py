@@ -84,6 +84,7 @@ TUNE_VALUE = "tune/value"
 TUNE_BEST_VALUE = "tune/best_value"
 TUNE_COUNT = "tune/n_{state}"  # complete, pruned, failed
 TUNE_IMPORTANCE = "tune/importance/{param}"  # fANOVA importance (sums to 1), step = complete trials it rests on
+TUNE_CONFIRM = "tune/confirm_{stat}"  # default, best, diff, diff_low, diff_high, p; step = seeds it rests on
 
 # ------------------------------------------------------------------ summary/: on a comparison's own run (bench report)
 SUMMARY_FINAL_ACC = "summary/{objective}/final_acc_mean"  # seed mean of the final held-out accuracy

@@ -13,9 +13,11 @@ sampled ``objective_overrides`` through ``bench.engines.train`` and scores it by
 ``study``          the study loop: create / join / resume, trials, pruning reports (``run_study``)
 ``runs``           MLflow bookkeeping: parent run per study, nested run per trial (``StudyRuns``)
 ``outputs``        best.yaml, summary and importance tables, plots, leaderboard, ``--show`` (``write_outputs``)
+``confirm``        the best trial against the default on fresh seeds, confirm.md / .csv (``run_confirm``)
 =================  ===================================================================================================
 """
 
+from bench.tune.confirm import ConfirmStopped, ConfirmSummary, check_seeds, run_confirm, summarize, write_confirm
 from bench.tune.metric import TuneMetric, parse_metric, score
 from bench.tune.outputs import Importance, best_params_yaml, importances, leaderboard, print_leaderboard, write_outputs
 from bench.tune.runs import StudyRuns, log_outputs
@@ -26,9 +28,9 @@ from bench.tune.study import open_study, run_study, seed_config
 from bench.tune.workers import StudyStopped, run_workers
 
 __all__ = [
-    "DEFAULT_DIR", "FINISHED", "Importance", "Range", "StudyRuns", "StudyStopped",
-    "TuneMetric", "TuneSpec", "best_params_yaml", "count", "declared_space", "default_storage_url",
+    "DEFAULT_DIR", "FINISHED", "ConfirmStopped", "ConfirmSummary", "Importance", "Range", "StudyRuns", "StudyStopped",
+    "TuneMetric", "TuneSpec", "best_params_yaml", "check_seeds", "count", "declared_space", "default_storage_url",
     "importances", "leaderboard", "log_outputs", "make_pruner", "objective_config", "open_storage", "open_study",
-    "parse_metric", "parse_space", "print_leaderboard", "redact", "resolve_space", "run_study",
-    "run_workers", "score", "seed_config", "write_outputs",
+    "parse_metric", "parse_space", "print_leaderboard", "redact", "resolve_space", "run_confirm", "run_study",
+    "run_workers", "score", "seed_config", "summarize", "write_confirm", "write_outputs",
 ]

@@ -5,7 +5,8 @@ In ``--out`` (default ``.pobench/tune/<study>/``, also logged to the study's MLf
 ``summary.csv`` / ``summary.md`` (one row per trial), ``importance.csv`` / ``importance.md`` (fANOVA parameter
 importances as numbers, or why there are none), ``history.png``, ``importance.png``, ``contour.png`` (Optuna's
 matplotlib plots; a plot that cannot be drawn yet, e.g. importances with fewer than two complete trials, is listed in
-``summary.md`` with the reason). See docs/TUNING.md.
+``summary.md`` with the reason), and ``confirm.md`` / ``confirm.csv`` once the study has a confirm result
+(``bench.tune.confirm``). See docs/TUNING.md.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.folders import study_dir
+from bench.tune.confirm import write_confirm
 from bench.tune.storage import DEFAULT_DIR, default_storage_url, open_storage, redact
 
 # what fANOVA importance can and cannot say: importance.md and docs/TUNING.md
@@ -157,6 +159,7 @@ def write_outputs(study: Any, out: Path) -> dict[str, Path]:
     paths["summary.md"] = out / "summary.md"
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
+    paths.update(write_confirm(study, out))
     return paths
 
 

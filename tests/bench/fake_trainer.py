@@ -90,15 +90,15 @@ def fake_train(cfg, *, on_eval=None, on_step=None, step0_eval=None) -> TrainResu
 
 
 def inject(set_attribute=setattr) -> None:
-    """Make `bench run` train its comparison's pairs and `bench tune` its trials with ``fake_train`` (and
-    ``fake_step0``): in this process (``set_attribute``: e.g. pytest's ``monkeypatch.setattr``, undone after the
-    test) and, through the specs, in their pools' processes."""
+    """Make `bench run` train its comparison's pairs and `bench tune` its trials and confirm runs with
+    ``fake_train`` (and ``fake_step0``): in this process (``set_attribute``: e.g. pytest's ``monkeypatch.setattr``,
+    undone after the test) and, through the specs, in their pools' processes."""
     import dataclasses
 
     from bench import tune
     from bench.cli import run as run_command
 
-    real_comparison, real_workers = run_command.run_comparison, tune.run_workers
+    real_comparison, real_workers, real_confirm = run_command.run_comparison, tune.run_workers, tune.run_confirm
 
     def run_comparison(spec):
         return real_comparison(dataclasses.replace(spec, train_fn=fake_train, step0_fn=fake_step0))
@@ -106,8 +106,12 @@ def inject(set_attribute=setattr) -> None:
     def run_workers(spec, *args, **kwargs):
         return real_workers(dataclasses.replace(spec, train_fn=fake_train), *args, **kwargs)
 
+    def run_confirm(spec, *args, **kwargs):
+        return real_confirm(dataclasses.replace(spec, train_fn=fake_train), *args, **kwargs)
+
     set_attribute(run_command, "run_comparison", run_comparison)  # (the names `bench run` and `bench tune` call)
     set_attribute(tune, "run_workers", run_workers)
+    set_attribute(tune, "run_confirm", run_confirm)
 
 
 def main(argv: list[str]) -> int:

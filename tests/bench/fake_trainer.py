@@ -45,8 +45,10 @@ def fake_step0(cfg, seeds: list[int]) -> dict[int, dict[str, float]]:
     return {s: {K.EVAL_ACCURACY: 0.5 + s / 1000} for s in seeds}
 
 
-def fake_train(cfg, *, on_eval=None, on_step=None, step0_eval=None) -> TrainResult:
-    """``bench.engines.train``'s contract without a model (module doc)."""
+def fake_train(cfg, *, on_eval=None, on_step=None, step0_eval=None, eval_fn=None) -> TrainResult:
+    """``bench.engines.train``'s contract without a model (module doc). ``eval_fn(cfg, step)``: the held-out accuracy
+    at a step (default ``value(cfg, "eval", step)``), for tests that need to know the numbers (bind it with
+    ``functools.partial`` to a module-level function, which reaches a pool's processes)."""
     hooks = Hooks(on_eval, on_step, step0_eval)
     cfg.validate()
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
@@ -61,7 +63,8 @@ def fake_train(cfg, *, on_eval=None, on_step=None, step0_eval=None) -> TrainResu
 
     def evaluate(step: int, given: dict[str, float] | None = None) -> None:
         nonlocal final, stopped
-        final = dict(given) if given is not None else {K.EVAL_ACCURACY: value(cfg, "eval", step)}
+        acc = eval_fn(cfg, step) if eval_fn is not None else value(cfg, "eval", step)
+        final = dict(given) if given is not None else {K.EVAL_ACCURACY: acc}
         logger.log(final, step)
         try:
             hooks.eval(step, {**final, K.ELAPSED_S: elapsed})

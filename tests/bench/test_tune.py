@@ -184,7 +184,8 @@ def test_outputs_and_show(tmp_path, mlflow_server, capsys):
     spec = make_spec(study, storage, mlflow_server, exp, trials=4, steps=2, pruner="none")
     result = tune.run_study(spec, train_fn=fake_train, log=lambda m: None)
     paths = write_outputs(result, tmp_path / "out")
-    assert {"best.yaml", "summary.csv", "summary.md", "history.png", "importance.png", "contour.png"} <= set(paths)
+    assert {"best.yaml", "summary.csv", "summary.md", "history.png", "importance.png", "contour.png",
+            "importance.csv", "importance.md"} <= set(paths)
     best = yaml.safe_load((tmp_path / "out" / "best.yaml").read_text())
     assert best == {"algo": "tepo", "objective_overrides": result.best_params}
     from bench.config import TrainConfig
@@ -195,6 +196,67 @@ def test_outputs_and_show(tmp_path, mlflow_server, capsys):
     assert f"study {study}" in out and "COMPLETE" in out
     assert cli_main(["tune", "--show", "--study", "nope", "--storage", storage]) == 2
     assert study in capsys.readouterr().err  # lists the studies that exist
+
+
+def _scored_study(values, params=("kl_coef", "entropy_threshold", "adv_threshold"), pruned: int = 0):
+    """An in-memory study of ``len(values)`` complete trials (random parameters, the given values) and ``pruned``
+    pruned ones: the importance tables need no training."""
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    study.set_user_attr("metric", "eval/accuracy")
+    it = iter(values)
+
+    def objective(trial):
+        for p in params:
+            trial.suggest_float(p, 1e-3, 1.0)
+        v = next(it, None)
+        if v is None:
+            raise optuna.TrialPruned()
+        return v(trial.params) if callable(v) else v
+
+    study.optimize(objective, n_trials=len(values) + pruned)
+    return study
+
+
+def test_importance_table_is_optunas_fanova_and_sums_to_one(tmp_path):
+    from optuna.importance import FanovaImportanceEvaluator, get_param_importances
+
+    from bench.tune.outputs import write_importance
+
+    def value(p):  # kl_coef matters most, entropy_threshold a little, adv_threshold not at all
+        return 1.0 - abs(p["kl_coef"] - 0.3) + 0.2 * p["entropy_threshold"]
+
+    study = _scored_study([value] * 16, pruned=2)
+    imp = tune.importances(study)
+    optunas = get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=0))  # what importance.png shows
+    assert imp.reason == "" and imp.n_complete == 16
+    assert imp.normalized == pytest.approx(optunas, rel=1e-9) and sum(imp.normalized.values()) == pytest.approx(1.0)
+    assert list(imp.normalized)[0] == "kl_coef"  # highest first
+    assert 0 < sum(imp.variance.values()) <= 1 + 1e-9  # main effects: a share of the variance each
+    write_importance(study, imp, tmp_path)
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "importance.csv").open()))
+    assert {r["parameter"]: float(r["importance"]) for r in rows} == pytest.approx(optunas, rel=1e-9)
+    assert {r["n_complete"] for r in rows} == {"16"}
+    md = (tmp_path / "importance.md").read_text()
+    assert "rests on 16 complete trials of 18" in md
+    assert "it does not say whether the best setting beats the default" in md
+
+
+@pytest.mark.parametrize("values, params, words", [
+    ([0.5], ("kl_coef", "entropy_threshold"), "1 complete trial: importances need at least two"),
+    ([0.1, 0.5, 0.3], ("kl_coef",), "one parameter searched (kl_coef): its importance is 1 by construction"),
+    ([0.4, 0.4, 0.4], ("kl_coef", "entropy_threshold"), "all 3 complete trials have the same value (0.4)"),
+])
+def test_importance_table_says_why_it_cannot_be_computed(tmp_path, values, params, words):
+    from bench.tune.outputs import write_importance
+
+    study = _scored_study(values, params)
+    imp = tune.importances(study)
+    assert imp.normalized == {} and words in imp.reason
+    write_importance(study, imp, tmp_path)
+    assert (tmp_path / "importance.csv").read_text().strip() == "parameter,importance,variance_fraction,n_complete"
+    assert f"Not computed: {words}" in (tmp_path / "importance.md").read_text()
 
 
 def test_resume_with_other_settings_is_refused(tmp_path, mlflow_server):

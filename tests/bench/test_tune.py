@@ -416,7 +416,8 @@ def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server, tiny_
             "--space", "kl_coef=1e-3:1e-1:log,entropy_threshold=0:0.5",
             "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--eval-every", "1",
             "--max-new-tokens", "16", "--experiment", exp, "--output-dir", str(tmp_path / "runs"),
-            "--samples-every", "0", "--model", tiny_model, "--workers", "1"]  # (several: test_tune_workers.py)
+            "--samples-every", "0", "--model", tiny_model, "--workers", "1",  # (several: test_tune_workers.py)
+            "--confirm-seeds", "1"]  # the best trial against the default, one real run each (test_tune_confirm.py)
     assert cli_main(argv) == 0
     s = optuna.load_study(study_name=study, storage=f"sqlite:///{db}")
     assert len(s.trials) == 3 and all(t.state in tune.FINISHED for t in s.trials)
@@ -436,6 +437,13 @@ def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server, tiny_
     assert best["objective_overrides"] == s.best_params
     assert 1e-3 <= best["objective_overrides"]["kl_coef"] <= 1e-1
     assert (out / "history.png").stat().st_size > 0
+    confirm = s.user_attrs["confirm"]  # two real trainings on seed 1, scored from their MLflow record
+    assert [(r["setting"], r["seed"], r["outcome"]) for r in confirm["runs"]] == [("default", 1, "finished"),
+                                                                               ("best", 1, "finished")]
+    for r in confirm["runs"]:
+        history = client.get_metric_history(r["run_id"], "eval/accuracy")
+        assert [m.step for m in history] == [0, 1] and r["value"] == history[-1].value
+    assert "No difference resolved with 1 seed." in (out / "confirm.md").read_text()
     # `bench run` takes it: its --params reader resolves the overrides, and a 1-step comparison runs with them
     from bench.compare.plan import load_params
 
@@ -445,7 +453,8 @@ def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server, tiny_
                      "--experiment", exp, "--tracking-uri", mlflow_server, "--output-dir", str(tmp_path / "run"),
                      "--model", tiny_model, "--no-report", "--no-progress"]) == 0
     ran = _client(mlflow_server).search_runs([parent[0].info.experiment_id], "tags.`pobench.kind` = 'train'")
-    ran = [r for r in ran if "pobench.comparison" in r.data.tags]
+    ran = [r for r in ran if "pobench.comparison" in r.data.tags and "pobench.confirm_of" not in r.data.tags
+           and r.data.tags["pobench.objective"] == "tepo"]  # (not a positive control bench run adds)
     assert len(ran) == 1
     for k, v in best["objective_overrides"].items():
         assert float(ran[0].data.params[f"objective.{k}"]) == pytest.approx(v)

@@ -60,6 +60,10 @@ def test_space_narrows_and_adds():
     assert "entropy_threshold" in space  # untouched declared ranges stay
     # a term switched off in the base config is not searched unless --space names it
     assert "kl_coef" not in tune.resolve_space("tepo", None, {"kl_coef": 0.0})
+    # nor a field the base config fixes (--objective-overrides): the trials would silently replace its value
+    fixed = {"clip_low": 3e-4, "clip_high": 4e-4, "kl_coef": 0.04}
+    assert set(tune.resolve_space("tepo", None, fixed)) == {"adv_threshold", "entropy_threshold"}
+    assert "kl_coef" in tune.resolve_space("tepo", "kl_coef=1e-3:1e-1:log", fixed)
 
 
 @pytest.mark.parametrize("spec, words", [

@@ -29,12 +29,17 @@ SKIP = ("algo", "seed", "run_name", "comparison", "resume")
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="Optuna search over an objective's hyper-parameters",
-                       description="Search an objective's tunable fields with Optuna (see docs/TUNING.md).")
+                       description="Search an objective's tunable fields with Optuna (see docs/TUNING.md). Outputs in "
+                                   "--out: best.yaml, summary.csv / .md, importance.csv / .md (fANOVA: how much each "
+                                   "parameter's variation explains the spread of the trial values; not whether the "
+                                   "best setting beats the default), plots; with --confirm-seeds, confirm.md / .csv "
+                                   "(the best trial against the default on fresh seeds).")
     p.add_argument("--algo", help="objective to tune (`bench list`)")
     p.add_argument("--trials", type=int, default=30, help="finished (complete or pruned) trials the study needs, "
                                                           "counted over every worker (default 30)")
     p.add_argument("--space", help="narrow or add ranges: name=low:high[:log] or name=a|b, comma-separated "
-                                   "(default: the ranges the objective declares)")
+                                   "(default: the ranges the objective declares, minus the fields "
+                                   "--objective-overrides fixes)")
     p.add_argument("--metric", default="eval/accuracy",
                    help="eval/KEY (value at the end, maximised) or steps_to:eval/KEY>=X / seconds_to:eval/KEY>=X "
                         "(time to reach X, minimised); default eval/accuracy")

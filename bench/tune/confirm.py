@@ -99,7 +99,8 @@ def run_confirm(spec: TuneSpec, study: Any, seeds: list[int], workers: int | Non
     cfg = ex.prepare(replace(cfg, algo=spec.algo, tracking_uri=tracking_uri(cfg.tracking_uri),
                              tags={**cfg.tags, CONFIRM_OF: spec.study}))
     h = cfg.comparison_hash()
-    pairs = [new_pair(spec.algo, s, overrides[name], h) for name in SETTINGS for s in seeds]
+    names = [name for name in SETTINGS for _ in seeds]
+    pairs = [new_pair(spec.algo, s, overrides[name], h) for name, s in zip(names, seeds * len(SETTINGS))]
     cid = comparison_id(h, {p.variant: p.overrides for p in pairs}, seeds)
     client = store_client(cfg.tracking_uri)
     exp_id = get_or_create_experiment(client, cfg.tracking_uri, cfg.experiment)
@@ -112,14 +113,14 @@ def run_confirm(spec: TuneSpec, study: Any, seeds: list[int], workers: int | Non
 
     def notify(kind: str, i: int, *payload: Any) -> None:
         if kind == "start":
-            log(f"confirm: {_what(pairs[i])}: {payload[0]}")
+            log(f"confirm: {_what(names[i], pairs[i])}: {payload[0]}")
         elif kind == "msg":
             log(f"confirm: {payload[0]}")
 
     def done(task: Task, r: PairResult) -> None:
         p = pairs[r.index]
         p.outcome, p.run_id = r.outcome, r.run_id or p.run_id
-        log(f"confirm: {_what(p)}: {r.outcome}")
+        log(f"confirm: {_what(names[r.index], p)}: {r.outcome}")
         if r.error:
             print(r.error, file=sys.stderr)
 
@@ -137,7 +138,7 @@ def run_confirm(spec: TuneSpec, study: Any, seeds: list[int], workers: int | Non
         ex.close()
 
     record.update(comparison=cid, experiment=cfg.experiment, runs=[])
-    for p, name in zip(pairs, [n for n in SETTINGS for _ in seeds]):
+    for p, name in zip(pairs, names):
         value, outcome = None, p.outcome
         if outcome.startswith(KEPT) and p.run_id:
             try:
@@ -150,8 +151,8 @@ def run_confirm(spec: TuneSpec, study: Any, seeds: list[int], workers: int | Non
     return record
 
 
-def _what(p: Pair) -> str:
-    return f"{p.variant} seed {p.seed}"
+def _what(name: str, p: Pair) -> str:
+    return f"{name} ({p.variant}) seed {p.seed}"
 
 
 def _failed(i: int) -> Callable[[str, str], PairResult]:

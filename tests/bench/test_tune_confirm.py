@@ -164,7 +164,7 @@ def test_a_stopped_confirm_is_resumed_by_the_same_call(tmp_path):
     lines: list[str] = []
     record = tune.run_confirm(spec, study, [3, 4], log=lines.append)
     assert [r["outcome"] for r in record["runs"]] == ["reused", "finished", "finished", "finished"]
-    assert "confirm: tepo seed 4: resume" in lines and "confirm: tepo seed 3: reused" in lines
+    assert "confirm: default (tepo) seed 4: resume" in lines and "confirm: default (tepo) seed 3: reused" in lines
     assert all(r["value"] is not None for r in record["runs"])
     assert summary_of(record).diff == pytest.approx(0.135)
 

@@ -136,6 +136,9 @@ def write_outputs(study: Any, out: Path) -> dict[str, Path]:
         if name == "contour.png" and len(top) < 2:
             notes.append("contour.png not drawn: it needs two searched parameters and two complete trials")
             continue
+        if name == "importance.png" and imp.reason:  # (Optuna would draw equal bars, or one bar of 1)
+            notes.append(f"importance.png not drawn: {imp.reason}")
+            continue
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -253,14 +253,14 @@ def test_importance_table_is_optunas_fanova_and_sums_to_one(tmp_path):
     ([0.4, 0.4, 0.4], ("kl_coef", "entropy_threshold"), "all 3 complete trials have the same value (0.4)"),
 ])
 def test_importance_table_says_why_it_cannot_be_computed(tmp_path, values, params, words):
-    from bench.tune.outputs import write_importance
-
     study = _scored_study(values, params)
     imp = tune.importances(study)
     assert imp.normalized == {} and words in imp.reason
-    write_importance(study, imp, tmp_path)
+    paths = write_outputs(study, tmp_path)
     assert (tmp_path / "importance.csv").read_text().strip() == "parameter,importance,variance_fraction,n_complete"
     assert f"Not computed: {words}" in (tmp_path / "importance.md").read_text()
+    assert "importance.png" not in paths  # (Optuna would draw equal bars, or one bar of 1)
+    assert f"importance.png not drawn: {words}" in (tmp_path / "summary.md").read_text()
 
 
 def test_resume_with_other_settings_is_refused(tmp_path, mlflow_server):

@@ -94,20 +94,25 @@ def run_confirm(spec: TuneSpec, study: Any, seeds: list[int], workers: int | Non
         study.set_user_attr(ATTR, record)
         return record
 
-    ex = make_executor(executor, workers=workers, ray_address=ray_address)
     cfg = with_plugins(spec.base, [spec.algo])
-    cfg = ex.prepare(replace(cfg, algo=spec.algo, tracking_uri=tracking_uri(cfg.tracking_uri),
-                             tags={**cfg.tags, CONFIRM_OF: spec.study}))
+    cfg = replace(cfg, algo=spec.algo, tracking_uri=tracking_uri(cfg.tracking_uri),
+                  tags={**cfg.tags, CONFIRM_OF: spec.study})
     h = cfg.comparison_hash()
     names = [name for name in SETTINGS for _ in seeds]
     pairs = [new_pair(spec.algo, s, overrides[name], h) for name, s in zip(names, seeds * len(SETTINGS))]
     cid = comparison_id(h, {p.variant: p.overrides for p in pairs}, seeds)
     client = store_client(cfg.tracking_uri)
     exp_id = get_or_create_experiment(client, cfg.tracking_uri, cfg.experiment)
+    # (picks the executor only: run_pair decides reuse / resume / train, under each pair's claim; every run finished
+    # already: they are reused one after another in this process, no pool or Ray started)
+    todo = sum(finished_run(client, exp_id, cfg, p) is None for p in pairs)
+    if todo:
+        ex = make_executor(executor, workers=workers, ray_address=ray_address)
+    else:
+        ex = make_executor("local", workers=1)
+    cfg = ex.prepare(cfg)
     train_fn = spec.train_fn or engines.train
     ctx = PairContext(cfg, cid, study.user_attrs.get("mlflow_parent_run_id", ""), exp_id, False, train_fn)
-    # (sizes the executor only: run_pair decides reuse / resume / train, under each pair's claim)
-    todo = sum(finished_run(client, exp_id, cfg, p) is None for p in pairs)
     if ex.spawns(todo, cfg):
         check_shippable(cfg, [spec.algo])  # a notebook's objective: one line before any worker starts
 
@@ -125,7 +130,7 @@ def run_confirm(spec: TuneSpec, study: Any, seeds: list[int], workers: int | Non
             print(r.error, file=sys.stderr)
 
     try:
-        n = ex.start(max(1, todo), cfg, {"train_fn": train_fn})
+        n = ex.start(max(1, todo), cfg, {"train_fn": train_fn})  # (1 when every run is reused: in this process)
         log(f"confirm: best trial {best.number} against the default on seeds {','.join(map(str, seeds))}: "
             f"{len(pairs)} runs ({len(pairs) - todo} finished already) on {n} worker{'s' if n > 1 else ''}; "
             f"comparison {cid}")

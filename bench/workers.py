@@ -36,23 +36,23 @@ Notify = Callable[..., None]  # notify(kind, index, *payload): "start" | "step" 
 
 
 # ------------------------------------------------------------------ --seeds, --workers
-def parse_seeds(seeds: str | Sequence[int] | None, default: Sequence[int]) -> list[int]:
-    """The seeds of ``--seeds`` (``bench run`` and ``bench tune``): comma-separated integers, in the order given; a
-    repeated seed is dropped (it would train or evaluate the same run twice), an empty list is an error; None gives
-    ``default``."""
+def parse_seeds(seeds: str | Sequence[int] | None, default: Sequence[int], flag: str = "--seeds") -> list[int]:
+    """The seeds of ``--seeds`` (``bench run`` and ``bench tune``; ``flag`` names another flag of seeds in the
+    errors): comma-separated integers, in the order given; a repeated seed is dropped (it would train or evaluate the
+    same run twice), an empty list is an error; None gives ``default``."""
     if seeds is None:
         return list(default)
     if isinstance(seeds, str):
         try:
             seeds = [int(s) for s in seeds.split(",") if s.strip()]
         except ValueError:
-            raise ValueError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
+            raise ValueError(f"{flag} must be comma-separated integers, got {seeds!r}") from None
     out: list[int] = []
     for s in seeds:
-        if check_seed(int(s), "--seeds") not in out:
+        if check_seed(int(s), flag) not in out:
             out.append(int(s))
     if not out:
-        raise ValueError("--seeds is empty")
+        raise ValueError(f"{flag} is empty")
     return out
 
 

@@ -83,6 +83,8 @@ TUNE_OBJECTIVE = "tune/objective"
 TUNE_VALUE = "tune/value"
 TUNE_BEST_VALUE = "tune/best_value"
 TUNE_COUNT = "tune/n_{state}"  # complete, pruned, failed
+TUNE_IMPORTANCE = "tune/importance/{param}"  # fANOVA importance (sums to 1), step = complete trials it rests on
+TUNE_CONFIRM = "tune/confirm_{stat}"  # default, best, diff, diff_low, diff_high, p; step = seeds it rests on
 
 # ------------------------------------------------------------------ summary/: on a comparison's own run (bench report)
 SUMMARY_FINAL_ACC = "summary/{objective}/final_acc_mean"  # seed mean of the final held-out accuracy
@@ -131,7 +133,8 @@ DOMAINS: dict[str, Domain] = {
 TEMPLATE_DOMAINS: dict[str, Domain] = {
     EVAL_TASK_PROBLEMS: NON_NEGATIVE, EVAL_TASK_LM_EVAL: ACCURACY,
     EVAL_TASK: ACCURACY,                     # greedy_acc, pass_at_k, maj_at_k and their _ci_low / _ci_high
-    EVAL_TASK_SECONDS: NON_NEGATIVE, TUNE_COUNT: NON_NEGATIVE,
+    EVAL_TASK_SECONDS: NON_NEGATIVE, TUNE_COUNT: NON_NEGATIVE, TUNE_IMPORTANCE: SHARE,
+    TUNE_CONFIRM: ANY,                       # the study's metric (an accuracy, steps, seconds), its difference, p
     SUMMARY_FINAL_ACC: ACCURACY, SUMMARY_GAIN: Domain(-1.0, 1.0, accuracy=True), SUMMARY_P_HOLM: SHARE,
     SUMMARY_POI: SHARE,
 }

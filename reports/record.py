@@ -71,6 +71,10 @@ FAIL_REASON = "pobench.fail_reason"
 RETRY_OF = "pobench.retry_of"        # a re-queued trial: the number of the trial whose worker died
 BEST_TRIAL = "pobench.best_trial"    # on a tune-study run
 BEST_VALUE = "pobench.best_value"
+CONFIRM = "pobench.confirm"          # on a tune-study run: the confirm's verdict, better | worse | unresolved | default
+CONFIRM_TRIAL = "pobench.confirm_trial"  # ... the trial it confirmed against the default
+CONFIRM_SEEDS = "pobench.confirm_seeds"  # ... and its fresh seeds, comma-separated
+CONFIRM_OF = "pobench.confirm_of"    # a training run of `bench tune --confirm-seeds`: the study it was trained for
 
 
 def member_tag(comparison: str) -> str:

@@ -18,6 +18,7 @@ from bench.engines import RunStopped
 from bench.folders import study_dir
 from bench.inputs import check_seed
 from bench.tracking import check_reachable
+from bench.tune.confirm import summary_of
 from bench.tune.outputs import print_leaderboard, write_outputs
 from bench.tune.outputs import show as show_study
 from bench.workers import parse_seeds
@@ -28,12 +29,17 @@ SKIP = ("algo", "seed", "run_name", "comparison", "resume")
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="Optuna search over an objective's hyper-parameters",
-                       description="Search an objective's tunable fields with Optuna (see docs/TUNING.md).")
+                       description="Search an objective's tunable fields with Optuna (see docs/TUNING.md). Outputs in "
+                                   "--out: best.yaml, summary.csv / .md, importance.csv / .md (fANOVA: how much each "
+                                   "parameter's variation explains the spread of the trial values; not whether the "
+                                   "best setting beats the default), plots; with --confirm-seeds, confirm.md / .csv "
+                                   "(the best trial against the default on fresh seeds).")
     p.add_argument("--algo", help="objective to tune (`bench list`)")
     p.add_argument("--trials", type=int, default=30, help="finished (complete or pruned) trials the study needs, "
                                                           "counted over every worker (default 30)")
     p.add_argument("--space", help="narrow or add ranges: name=low:high[:log] or name=a|b, comma-separated "
-                                   "(default: the ranges the objective declares)")
+                                   "(default: the ranges the objective declares, minus the fields "
+                                   "--objective-overrides fixes)")
     p.add_argument("--metric", default="eval/accuracy",
                    help="eval/KEY (value at the end, maximised) or steps_to:eval/KEY>=X / seconds_to:eval/KEY>=X "
                         "(time to reach X, minimised); default eval/accuracy")
@@ -62,8 +68,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "from every node) (default local)")
     p.add_argument("--ray-address", metavar="ADDR", help="with --executor ray: the cluster to join (auto, HOST:PORT, "
                                                           "ray://HOST:10001) (default: a local Ray instance)")
+    p.add_argument("--confirm-seeds", metavar="SEEDS",
+                   help="after the study: train the objective's default and the best trial's setting once per seed "
+                        "of SEEDS (comma-separated, none of --seeds) under the same base configuration, with the "
+                        "same --workers / --executor, and write confirm.md / confirm.csv: the paired difference best "
+                        "- default with its 95%% t interval, the paired t-test and a verdict that follows the "
+                        "interval; finished runs are reused, so a rerun trains only what is missing")
     p.add_argument("--out", help="output folder (default .pobench/tune/<study>)")
-    p.add_argument("--show", action="store_true", help="print the leaderboard of --study and write its outputs")
+    p.add_argument("--show", action="store_true", help="print the leaderboard of --study and write its outputs "
+                                                       "(importances, and the confirm's result when it has one)")
 
     add_config_flags(p, skip=SKIP)  # --steps, --prompts-per-step, --tracking-uri, ... as in `bench train`
     p.set_defaults(func=main)
@@ -97,11 +110,23 @@ def spec_from_args(args: argparse.Namespace) -> tune.TuneSpec:
     return spec
 
 
+def confirm_seeds_from_args(args: argparse.Namespace, spec: tune.TuneSpec) -> list[int]:
+    """``--confirm-seeds``: none of the study's ``--seeds`` (refused with one line, before anything is created)."""
+    if args.confirm_seeds is None:
+        return []
+    seeds = parse_seeds(args.confirm_seeds, default=(), flag="--confirm-seeds")
+    tune.check_seeds(spec.seeds, seeds)
+    return seeds
+
+
 def main(args: argparse.Namespace) -> int:
     if args.show:
+        if args.confirm_seeds is not None:
+            raise ValueError("--show only writes what a study holds; --confirm-seeds trains runs: drop one of them")
         return show(args)
 
     spec = spec_from_args(args)
+    confirm_seeds = confirm_seeds_from_args(args, spec)
     check_reachable(spec.base.tracking_uri)
     for warning in preflight.check_inputs(spec.base):  # every source read, answers and prompt lengths counted
         print(f"bench tune: warning: {warning}", file=sys.stderr)
@@ -114,11 +139,36 @@ def main(args: argparse.Namespace) -> int:
         print(f"bench tune: stopped: {e}", file=sys.stderr)
         return 1
     out = Path(args.out) if args.out else study_dir(tune.DEFAULT_DIR, spec.study)
-    paths = write_outputs(study, out)
+    paths = write_outputs(study, out)  # (before the confirm: a stopped confirm leaves the study's outputs written)
     print_leaderboard(study)
+    failed = 0
+    if confirm_seeds:
+        try:
+            record = tune.run_confirm(spec, study, confirm_seeds, args.workers, args.executor, args.ray_address)
+        except tune.ConfirmStopped as e:  # finished runs are reused by the rerun, checkpointed ones resumed
+            raise Stopped(f"{e.finished} of {e.total} confirm runs of study {e.study!r} finished (the study's "
+                          f"outputs are in {out})", rerun_to_resume()) from None
+        paths.update(tune.write_confirm(study, out))
+        failed = _print_confirm(record)
     tune.log_outputs(spec, study, out)
     print(f"outputs in {out}: {', '.join(sorted(p.name for p in paths.values()))}")
+    if failed:
+        print(f"bench tune: {failed} confirm run(s) failed (confirm.md names them); rerun the command to train them",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def _print_confirm(record: dict | None) -> int:
+    """The confirm's verdict in one line; returns the number of its runs without a value."""
+    if not record or record.get("same"):
+        return 0
+    s = summary_of(record)
+    interval = "n/a" if s.low is None else f"[{s.low:+.4g}, {s.high:+.4g}]"
+    diff = "n/a" if s.diff is None else f"{s.diff:+.4g}"
+    print(f"confirm of trial {record['trial']} on seeds {','.join(map(str, record['seeds']))}: best - default = "
+          f"{diff}, 95% interval {interval}. {s.sentence}")
+    return sum(r["value"] is None for r in record["runs"])
 
 
 def show(args: argparse.Namespace) -> int:

@@ -154,6 +154,13 @@ class Pair:
     outcome: str = ""                # reused | finished | failed: ... | stopped early
 
 
+def new_pair(algo: str, seed: int, overrides: dict[str, Any], config_hash: str) -> Pair:
+    """The pair of ``algo`` with ``overrides`` on ``seed`` under a config of hash ``config_hash``: its variant label
+    and its run name (also the name of its run folder and of its claim)."""
+    v = variant_label(algo, overrides)
+    return Pair(algo, seed, overrides, v, run_name=f"{v}-s{seed}-{config_hash[:6]}")
+
+
 def base_config(config: str | Path | None = None, *, preset: str | Path | None = None, **flags: Any) -> TrainConfig:
     """RunDefaults.train < ``preset`` YAML (bench/presets.py) < ``config`` YAML < ``flags`` (None values are ignored);
     not validated here."""
@@ -175,9 +182,8 @@ def plan(cfg: TrainConfig, algos: list[str], seeds: list[int], params: dict[str,
     pairs = []
     for a in algos:
         ov = params.get(a, {})
-        v = variant_label(a, ov)
         for s in seeds:
-            p = Pair(a, s, ov, v, run_name=f"{v}-s{s}-{h[:6]}")
+            p = new_pair(a, s, ov, h)
             if exp is not None and not force:
                 done = finished_run(client, exp.experiment_id, cfg, p)
                 if done is not None:

@@ -12,12 +12,14 @@ sampled ``objective_overrides`` through ``bench.engines.train`` and scores it by
 ``spec``           what one worker needs (``TuneSpec``)
 ``study``          the study loop: create / join / resume, trials, pruning reports (``run_study``)
 ``runs``           MLflow bookkeeping: parent run per study, nested run per trial (``StudyRuns``)
-``outputs``        best.yaml, summary.csv / .md, plots, leaderboard, ``--show`` (``write_outputs``)
+``outputs``        best.yaml, summary and importance tables, plots, leaderboard, ``--show`` (``write_outputs``)
+``confirm``        the best trial against the default on fresh seeds, confirm.md / .csv (``run_confirm``)
 =================  ===================================================================================================
 """
 
+from bench.tune.confirm import ConfirmStopped, ConfirmSummary, check_seeds, run_confirm, summarize, write_confirm
 from bench.tune.metric import TuneMetric, parse_metric, score
-from bench.tune.outputs import best_params_yaml, leaderboard, print_leaderboard, write_outputs
+from bench.tune.outputs import Importance, best_params_yaml, importances, leaderboard, print_leaderboard, write_outputs
 from bench.tune.runs import StudyRuns, log_outputs
 from bench.tune.space import Range, declared_space, objective_config, parse_space, resolve_space
 from bench.tune.spec import TuneSpec
@@ -26,8 +28,9 @@ from bench.tune.study import open_study, run_study, seed_config
 from bench.tune.workers import StudyStopped, run_workers
 
 __all__ = [
-    "DEFAULT_DIR", "FINISHED", "Range", "StudyRuns", "StudyStopped", "TuneMetric", "TuneSpec", "best_params_yaml",
-    "count", "declared_space", "default_storage_url", "leaderboard", "log_outputs", "make_pruner", "objective_config",
-    "open_storage", "open_study", "parse_metric", "parse_space", "print_leaderboard", "redact", "resolve_space",
-    "run_study", "run_workers", "score", "seed_config", "write_outputs",
+    "DEFAULT_DIR", "FINISHED", "ConfirmStopped", "ConfirmSummary", "Importance", "Range", "StudyRuns", "StudyStopped",
+    "TuneMetric", "TuneSpec", "best_params_yaml", "check_seeds", "count", "declared_space", "default_storage_url",
+    "importances", "leaderboard", "log_outputs", "make_pruner", "objective_config", "open_storage", "open_study",
+    "parse_metric", "parse_space", "print_leaderboard", "redact", "resolve_space", "run_confirm", "run_study",
+    "run_workers", "score", "seed_config", "summarize", "write_confirm", "write_outputs",
 ]

@@ -2,9 +2,11 @@
 
 In ``--out`` (default ``.pobench/tune/<study>/``, also logged to the study's MLflow parent run by
 ``bench.tune.runs.log_outputs``): ``best.yaml`` (``{algo, objective_overrides}``, accepted by ``bench run --params``),
-``summary.csv`` / ``summary.md`` (one row per trial), ``history.png``, ``importance.png``, ``contour.png`` (Optuna's
+``summary.csv`` / ``summary.md`` (one row per trial), ``importance.csv`` / ``importance.md`` (fANOVA parameter
+importances as numbers, or why there are none), ``history.png``, ``importance.png``, ``contour.png`` (Optuna's
 matplotlib plots; a plot that cannot be drawn yet, e.g. importances with fewer than two complete trials, is listed in
-``summary.md`` with the reason). See docs/TUNING.md.
+``summary.md`` with the reason), and ``confirm.md`` / ``confirm.csv`` once the study has a confirm result
+(``bench.tune.confirm``). See docs/TUNING.md.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import csv
 import sys
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,18 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.folders import study_dir
+from bench.tune.confirm import write_confirm
 from bench.tune.storage import DEFAULT_DIR, default_storage_url, open_storage, redact
+
+# what fANOVA importance can and cannot say: importance.md and docs/TUNING.md
+IMPORTANCE_MEANING = (
+    "fANOVA fits a random forest to the complete trials' values as a function of their parameters and splits the "
+    "variance of its prediction over the searched ranges: `variance fraction` is the share of that variance a "
+    "parameter explains alone (its main effect; the rest of 1 is interactions), `importance` the same numbers scaled "
+    "to sum to 1 (what importance.png shows). It says how much each parameter's variation explains the variation of "
+    "the score among the trials sampled; it does not say whether the best setting beats the default (the confirm "
+    "step, `--confirm-seeds`, measures that on fresh seeds), and with few trials or noisy trial values (few seeds) "
+    "the forest may credit noise to a parameter.")
 
 
 def show(study_name: str | None, storage_url: str | None = None, out: Path | None = None) -> Path:
@@ -105,6 +119,8 @@ def write_outputs(study: Any, out: Path) -> dict[str, Path]:
         w.writeheader()
         w.writerows(rows)
     paths["summary.csv"] = out / "summary.csv"
+    imp = importances(study)
+    paths.update(write_importance(study, imp, out))
     try:
         (out / "best.yaml").write_text(best_params_yaml(study))
         paths["best.yaml"] = out / "best.yaml"
@@ -112,13 +128,16 @@ def write_outputs(study: Any, out: Path) -> dict[str, Path]:
         notes.append(f"best.yaml not written: {e}")
     from optuna.visualization import matplotlib as ovm  # (matplotlib: only when a study's outputs are drawn)
 
-    top = _top_params(study)
+    top = _top_params(study, imp)
     plots = {"history.png": lambda: ovm.plot_optimization_history(study),
              "importance.png": lambda: ovm.plot_param_importances(study, evaluator=_evaluator()),
              "contour.png": lambda: ovm.plot_contour(study, params=top)}
     for name, make in plots.items():
         if name == "contour.png" and len(top) < 2:
             notes.append("contour.png not drawn: it needs two searched parameters and two complete trials")
+            continue
+        if name == "importance.png" and imp.reason:  # (Optuna would draw equal bars, or one bar of 1)
+            notes.append(f"importance.png not drawn: {imp.reason}")
             continue
         try:
             with warnings.catch_warnings():
@@ -143,7 +162,74 @@ def write_outputs(study: Any, out: Path) -> dict[str, Path]:
     paths["summary.md"] = out / "summary.md"
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
+    paths.update(write_confirm(study, out))
     return paths
+
+
+@dataclass(frozen=True)
+class Importance:
+    """The fANOVA parameter importances of a study's complete trials (``_evaluator``, as importance.png): each
+    parameter's share of the variance of the trial values as the forest models them (``variance``: main effects;
+    ``normalized``: the same scaled to sum to 1, Optuna's ``get_param_importances``), highest first; ``reason`` says
+    why there are none."""
+
+    n_complete: int
+    normalized: dict[str, float] = field(default_factory=dict)
+    variance: dict[str, float] = field(default_factory=dict)
+    reason: str = ""
+
+
+def importances(study: Any) -> Importance:
+    """fANOVA importances of the complete trials, or the reason they cannot be computed (fewer than two complete
+    trials, one parameter, every value equal)."""
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    n = len(complete)
+    names = sorted({k for t in complete for k in t.params})
+    if n < 2:
+        return Importance(n, reason=f"{n} complete trial{'' if n == 1 else 's'}: importances need at least two")
+    if len(names) < 2:
+        return Importance(n, reason=f"one parameter searched ({', '.join(names) or 'none'}): its importance is 1 by "
+                                    "construction, which says nothing about how much it matters")
+    if len({t.value for t in complete}) == 1:
+        return Importance(n, reason=f"all {n} complete trials have the same value ({complete[0].value:.6g}): there "
+                                    "is no variation for a parameter to explain")
+    from optuna.importance import get_param_importances
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (normalize=False is marked experimental)
+            raw = get_param_importances(study, evaluator=_evaluator(), normalize=False)
+    except (ValueError, RuntimeError, ZeroDivisionError) as e:
+        return Importance(n, reason=f"fANOVA failed: {e}")
+    raw = {k: float(v) for k, v in raw.items()}
+    total = sum(raw.values())
+    if total <= 0:
+        return Importance(n, reason="fANOVA credits none of the variation to any parameter alone")
+    ranked = sorted(raw, key=lambda k: -raw[k])
+    # (Optuna's normalize=True divides by the same sum: the numbers importance.png shows)
+    return Importance(n, {k: raw[k] / total for k in ranked}, {k: raw[k] for k in ranked})
+
+
+def write_importance(study: Any, imp: Importance, out: Path) -> dict[str, Path]:
+    """``importance.csv`` (one row per parameter; only the header when there are none) and ``importance.md`` (the
+    table, the trials it rests on and what it means, or why there is none)."""
+    with open(out / "importance.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["parameter", "importance", "variance_fraction", "n_complete"])
+        w.writerows([k, repr(v), repr(imp.variance[k]), imp.n_complete] for k, v in imp.normalized.items())
+    n_all = len(study.get_trials(deepcopy=False))
+    md = [f"# Parameter importance (fANOVA): study `{study.study_name}`", "",
+          f"Metric `{study.user_attrs.get('metric', '?')}` ({study.direction.name.lower()}); rests on "
+          f"{imp.n_complete} complete trial{'' if imp.n_complete == 1 else 's'} of {n_all}.", ""]
+    if imp.reason:
+        md += [f"Not computed: {imp.reason}.", ""]
+    else:
+        md += ["| parameter | importance | variance fraction |", "|---|---|---|"]
+        md += [f"| {k} | {v:.3f} | {imp.variance[k]:.3f} |" for k, v in imp.normalized.items()]
+        md += [f"| (interactions) | | {max(0.0, 1 - sum(imp.variance.values())):.3f} |", ""]
+    md += [IMPORTANCE_MEANING, ""]
+    (out / "importance.md").write_text("\n".join(md))
+    return {"importance.csv": out / "importance.csv", "importance.md": out / "importance.md"}
 
 
 def _evaluator() -> Any:
@@ -154,15 +240,9 @@ def _evaluator() -> Any:
     return FanovaImportanceEvaluator(seed=0)
 
 
-def _top_params(study: Any) -> list[str]:
+def _top_params(study: Any, imp: Importance) -> list[str]:
     """The two most important parameters (fANOVA) for a readable contour; [] when a contour cannot be drawn."""
     names = sorted({k for t in study.get_trials(deepcopy=False) for k in t.params})
-    if len(names) < 2 or len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) < 2:
+    if len(names) < 2 or imp.n_complete < 2:
         return []
-    from optuna.importance import get_param_importances
-
-    try:
-        ranked = list(get_param_importances(study, evaluator=_evaluator()))
-    except (ValueError, RuntimeError, ZeroDivisionError):
-        ranked = []
-    return list(dict.fromkeys(ranked + names))[:2]
+    return list(dict.fromkeys(list(imp.normalized) + names))[:2]

@@ -15,12 +15,18 @@ from mlflow.entities import RunTag
 from optuna.trial import TrialState
 
 from bench.tracking import store_client, version_tags
+from bench.tune.confirm import ATTR as CONFIRM_ATTR
+from bench.tune.confirm import summary_of
+from bench.tune.outputs import Importance, importances
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import count, default_storage_url, redact
 from reports import metric_keys as K
 from reports.record import (
     BEST_TRIAL,
     BEST_VALUE,
+    CONFIRM,
+    CONFIRM_SEEDS,
+    CONFIRM_TRIAL,
     FAIL_REASON,
     KIND,
     OBJECTIVE,
@@ -154,6 +160,27 @@ class StudyRuns:
         if complete:
             retry_locked(self.client.set_terminated, self.parent_id, "FINISHED")
 
+    def log_summary(self, imp: Importance, confirm: dict[str, Any] | None) -> None:
+        """The importances (``tune/importance/<param>``, step = the complete trials they rest on) and the confirm
+        (``tune/confirm_*``, step = the seeds it rests on; tags: verdict, trial, seeds) on the study's run."""
+        now = int(time.time() * 1000)
+        metrics = [MlMetric(K.TUNE_IMPORTANCE.format(param=k), v, now, imp.n_complete)
+                   for k, v in imp.normalized.items()]
+        tags = {}
+        if confirm:
+            summary = summary_of(confirm)
+            tags = {CONFIRM: "default" if summary is None else summary.verdict, CONFIRM_TRIAL: str(confirm["trial"]),
+                    CONFIRM_SEEDS: ",".join(map(str, confirm["seeds"]))}
+            if summary is not None and summary.seeds:
+                stats = {"default": sum(summary.default.values()) / len(summary.seeds),
+                         "best": sum(summary.best.values()) / len(summary.seeds), "diff": summary.diff,
+                         "diff_low": summary.low, "diff_high": summary.high, "p": summary.p}
+                metrics += [MlMetric(K.TUNE_CONFIRM.format(stat=k), float(v), now, len(summary.seeds))
+                            for k, v in stats.items() if v is not None]
+        latest = self.client.get_run(self.parent_id).data.metrics  # (a rerun logs no repeated point)
+        metrics = [m for m in metrics if latest.get(m.key) != m.value]
+        log_batch(self.client, self.parent_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()])
+
     def log_artifacts(self, folder: Path) -> None:
         self.client.log_artifacts(self.parent_id, str(folder), artifact_path="tune")
 
@@ -163,8 +190,10 @@ def _version_tags() -> dict[str, str]:
 
 
 def log_outputs(spec: TuneSpec, study: optuna.Study, out: Path) -> None:
-    """Log the output folder of a study (``bench.tune.outputs``) to its MLflow parent run, when it has one."""
+    """Log the output folder of a study (``bench.tune.outputs``) to its MLflow parent run, when it has one, with the
+    parameter importances and the confirm's result as metrics and tags."""
     runs = StudyRuns(tracking_uri(spec.base.tracking_uri), spec.base.experiment, spec.study)
     runs.parent_id = study.user_attrs.get("mlflow_parent_run_id", "")
     if runs.parent_id:
         runs.log_artifacts(out)
+        runs.log_summary(importances(study), study.user_attrs.get(CONFIRM_ATTR))

@@ -94,7 +94,7 @@ def parse_space(spec: str | None) -> dict[str, Range]:
             raise ValueError(f"--space {name}={low:g}:{high:g}: inverted range (low > high)")
         if low == high:
             raise ValueError(f"--space {name}={low:g}:{high:g}: empty range (low == high); fix the value with "
-                             f"--set objective_overrides instead of searching it")
+                             f"--objective-overrides '{{\"{name}\": {low:g}}}' instead of searching it")
         if log and low <= 0:
             raise ValueError(f"--space {name}={low:g}:{high:g}:log: a log range needs low > 0")
         space[name] = Range(low, high, log)
@@ -108,13 +108,13 @@ def _scalar(text: str) -> Any:
 def resolve_space(algo: str, spec: str | None = None, overrides: dict[str, Any] | None = None) -> dict[str, Range]:
     """Declared ranges of ``algo``, narrowed / extended by ``spec``; every name checked against the objective.
 
-    ``overrides``: the base config's fixed ``objective_overrides`` (a term switched off there is not searched unless
-    ``spec`` names it).
+    ``overrides``: the base config's fixed ``objective_overrides``: a field they set, and a term they switch off, is
+    not searched unless ``spec`` names it (a trial's sampled value would silently replace the fixed one).
     """
     overrides = dict(overrides or {})
     cfg = objective_config(algo, **overrides)
     fields_by_name = {f.name: f for f in dataclasses.fields(cfg)}
-    space = declared_space(algo, overrides)
+    space = {n: r for n, r in declared_space(algo, overrides).items() if n not in overrides}
     for name, rng in parse_space(spec).items():
         if name not in fields_by_name:
             hint = did_you_mean(name, fields_by_name)

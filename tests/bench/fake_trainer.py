@@ -45,8 +45,10 @@ def fake_step0(cfg, seeds: list[int]) -> dict[int, dict[str, float]]:
     return {s: {K.EVAL_ACCURACY: 0.5 + s / 1000} for s in seeds}
 
 
-def fake_train(cfg, *, on_eval=None, on_step=None, step0_eval=None) -> TrainResult:
-    """``bench.engines.train``'s contract without a model (module doc)."""
+def fake_train(cfg, *, on_eval=None, on_step=None, step0_eval=None, eval_fn=None) -> TrainResult:
+    """``bench.engines.train``'s contract without a model (module doc). ``eval_fn(cfg, step)``: the held-out accuracy
+    at a step (default ``value(cfg, "eval", step)``), for tests that need to know the numbers (bind it with
+    ``functools.partial`` to a module-level function, which reaches a pool's processes)."""
     hooks = Hooks(on_eval, on_step, step0_eval)
     cfg.validate()
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
@@ -61,7 +63,8 @@ def fake_train(cfg, *, on_eval=None, on_step=None, step0_eval=None) -> TrainResu
 
     def evaluate(step: int, given: dict[str, float] | None = None) -> None:
         nonlocal final, stopped
-        final = dict(given) if given is not None else {K.EVAL_ACCURACY: value(cfg, "eval", step)}
+        acc = eval_fn(cfg, step) if eval_fn is not None else value(cfg, "eval", step)
+        final = dict(given) if given is not None else {K.EVAL_ACCURACY: acc}
         logger.log(final, step)
         try:
             hooks.eval(step, {**final, K.ELAPSED_S: elapsed})
@@ -90,15 +93,15 @@ def fake_train(cfg, *, on_eval=None, on_step=None, step0_eval=None) -> TrainResu
 
 
 def inject(set_attribute=setattr) -> None:
-    """Make `bench run` train its comparison's pairs and `bench tune` its trials with ``fake_train`` (and
-    ``fake_step0``): in this process (``set_attribute``: e.g. pytest's ``monkeypatch.setattr``, undone after the
-    test) and, through the specs, in their pools' processes."""
+    """Make `bench run` train its comparison's pairs and `bench tune` its trials and confirm runs with
+    ``fake_train`` (and ``fake_step0``): in this process (``set_attribute``: e.g. pytest's ``monkeypatch.setattr``,
+    undone after the test) and, through the specs, in their pools' processes."""
     import dataclasses
 
     from bench import tune
     from bench.cli import run as run_command
 
-    real_comparison, real_workers = run_command.run_comparison, tune.run_workers
+    real_comparison, real_workers, real_confirm = run_command.run_comparison, tune.run_workers, tune.run_confirm
 
     def run_comparison(spec):
         return real_comparison(dataclasses.replace(spec, train_fn=fake_train, step0_fn=fake_step0))
@@ -106,8 +109,12 @@ def inject(set_attribute=setattr) -> None:
     def run_workers(spec, *args, **kwargs):
         return real_workers(dataclasses.replace(spec, train_fn=fake_train), *args, **kwargs)
 
+    def run_confirm(spec, *args, **kwargs):
+        return real_confirm(dataclasses.replace(spec, train_fn=fake_train), *args, **kwargs)
+
     set_attribute(run_command, "run_comparison", run_comparison)  # (the names `bench run` and `bench tune` call)
     set_attribute(tune, "run_workers", run_workers)
+    set_attribute(tune, "run_confirm", run_confirm)
 
 
 def main(argv: list[str]) -> int:

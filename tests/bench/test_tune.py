@@ -60,6 +60,10 @@ def test_space_narrows_and_adds():
     assert "entropy_threshold" in space  # untouched declared ranges stay
     # a term switched off in the base config is not searched unless --space names it
     assert "kl_coef" not in tune.resolve_space("tepo", None, {"kl_coef": 0.0})
+    # nor a field the base config fixes (--objective-overrides): the trials would silently replace its value
+    fixed = {"clip_low": 3e-4, "clip_high": 4e-4, "kl_coef": 0.04}
+    assert set(tune.resolve_space("tepo", None, fixed)) == {"adv_threshold", "entropy_threshold"}
+    assert "kl_coef" in tune.resolve_space("tepo", "kl_coef=1e-3:1e-1:log", fixed)
 
 
 @pytest.mark.parametrize("spec, words", [
@@ -184,7 +188,8 @@ def test_outputs_and_show(tmp_path, mlflow_server, capsys):
     spec = make_spec(study, storage, mlflow_server, exp, trials=4, steps=2, pruner="none")
     result = tune.run_study(spec, train_fn=fake_train, log=lambda m: None)
     paths = write_outputs(result, tmp_path / "out")
-    assert {"best.yaml", "summary.csv", "summary.md", "history.png", "importance.png", "contour.png"} <= set(paths)
+    assert {"best.yaml", "summary.csv", "summary.md", "history.png", "importance.png", "contour.png",
+            "importance.csv", "importance.md"} <= set(paths)
     best = yaml.safe_load((tmp_path / "out" / "best.yaml").read_text())
     assert best == {"algo": "tepo", "objective_overrides": result.best_params}
     from bench.config import TrainConfig
@@ -195,6 +200,67 @@ def test_outputs_and_show(tmp_path, mlflow_server, capsys):
     assert f"study {study}" in out and "COMPLETE" in out
     assert cli_main(["tune", "--show", "--study", "nope", "--storage", storage]) == 2
     assert study in capsys.readouterr().err  # lists the studies that exist
+
+
+def _scored_study(values, params=("kl_coef", "entropy_threshold", "adv_threshold"), pruned: int = 0):
+    """An in-memory study of ``len(values)`` complete trials (random parameters, the given values) and ``pruned``
+    pruned ones: the importance tables need no training."""
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    study.set_user_attr("metric", "eval/accuracy")
+    it = iter(values)
+
+    def objective(trial):
+        for p in params:
+            trial.suggest_float(p, 1e-3, 1.0)
+        v = next(it, None)
+        if v is None:
+            raise optuna.TrialPruned()
+        return v(trial.params) if callable(v) else v
+
+    study.optimize(objective, n_trials=len(values) + pruned)
+    return study
+
+
+def test_importance_table_is_optunas_fanova_and_sums_to_one(tmp_path):
+    from optuna.importance import FanovaImportanceEvaluator, get_param_importances
+
+    from bench.tune.outputs import write_importance
+
+    def value(p):  # kl_coef matters most, entropy_threshold a little, adv_threshold not at all
+        return 1.0 - abs(p["kl_coef"] - 0.3) + 0.2 * p["entropy_threshold"]
+
+    study = _scored_study([value] * 16, pruned=2)
+    imp = tune.importances(study)
+    optunas = get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=0))  # what importance.png shows
+    assert imp.reason == "" and imp.n_complete == 16
+    assert imp.normalized == pytest.approx(optunas, rel=1e-9) and sum(imp.normalized.values()) == pytest.approx(1.0)
+    assert list(imp.normalized)[0] == "kl_coef"  # highest first
+    assert 0 < sum(imp.variance.values()) <= 1 + 1e-9  # main effects: a share of the variance each
+    write_importance(study, imp, tmp_path)
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "importance.csv").open()))
+    assert {r["parameter"]: float(r["importance"]) for r in rows} == pytest.approx(optunas, rel=1e-9)
+    assert {r["n_complete"] for r in rows} == {"16"}
+    md = (tmp_path / "importance.md").read_text()
+    assert "rests on 16 complete trials of 18" in md
+    assert "it does not say whether the best setting beats the default" in md
+
+
+@pytest.mark.parametrize("values, params, words", [
+    ([0.5], ("kl_coef", "entropy_threshold"), "1 complete trial: importances need at least two"),
+    ([0.1, 0.5, 0.3], ("kl_coef",), "one parameter searched (kl_coef): its importance is 1 by construction"),
+    ([0.4, 0.4, 0.4], ("kl_coef", "entropy_threshold"), "all 3 complete trials have the same value (0.4)"),
+])
+def test_importance_table_says_why_it_cannot_be_computed(tmp_path, values, params, words):
+    study = _scored_study(values, params)
+    imp = tune.importances(study)
+    assert imp.normalized == {} and words in imp.reason
+    paths = write_outputs(study, tmp_path)
+    assert (tmp_path / "importance.csv").read_text().strip() == "parameter,importance,variance_fraction,n_complete"
+    assert f"Not computed: {words}" in (tmp_path / "importance.md").read_text()
+    assert "importance.png" not in paths  # (Optuna would draw equal bars, or one bar of 1)
+    assert f"importance.png not drawn: {words}" in (tmp_path / "summary.md").read_text()
 
 
 def test_resume_with_other_settings_is_refused(tmp_path, mlflow_server):
@@ -354,7 +420,8 @@ def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server, tiny_
             "--space", "kl_coef=1e-3:1e-1:log,entropy_threshold=0:0.5",
             "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--eval-every", "1",
             "--max-new-tokens", "16", "--experiment", exp, "--output-dir", str(tmp_path / "runs"),
-            "--samples-every", "0", "--model", tiny_model, "--workers", "1"]  # (several: test_tune_workers.py)
+            "--samples-every", "0", "--model", tiny_model, "--workers", "1",  # (several: test_tune_workers.py)
+            "--confirm-seeds", "1"]  # the best trial against the default, one real run each (test_tune_confirm.py)
     assert cli_main(argv) == 0
     s = optuna.load_study(study_name=study, storage=f"sqlite:///{db}")
     assert len(s.trials) == 3 and all(t.state in tune.FINISHED for t in s.trials)
@@ -374,6 +441,13 @@ def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server, tiny_
     assert best["objective_overrides"] == s.best_params
     assert 1e-3 <= best["objective_overrides"]["kl_coef"] <= 1e-1
     assert (out / "history.png").stat().st_size > 0
+    confirm = s.user_attrs["confirm"]  # two real trainings on seed 1, scored from their MLflow record
+    assert [(r["setting"], r["seed"], r["outcome"]) for r in confirm["runs"]] == [("default", 1, "finished"),
+                                                                               ("best", 1, "finished")]
+    for r in confirm["runs"]:
+        history = client.get_metric_history(r["run_id"], "eval/accuracy")
+        assert [m.step for m in history] == [0, 1] and r["value"] == history[-1].value
+    assert "No difference resolved with 1 seed." in (out / "confirm.md").read_text()
     # `bench run` takes it: its --params reader resolves the overrides, and a 1-step comparison runs with them
     from bench.compare.plan import load_params
 
@@ -383,7 +457,8 @@ def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server, tiny_
                      "--experiment", exp, "--tracking-uri", mlflow_server, "--output-dir", str(tmp_path / "run"),
                      "--model", tiny_model, "--no-report", "--no-progress"]) == 0
     ran = _client(mlflow_server).search_runs([parent[0].info.experiment_id], "tags.`pobench.kind` = 'train'")
-    ran = [r for r in ran if "pobench.comparison" in r.data.tags]
+    ran = [r for r in ran if "pobench.comparison" in r.data.tags and "pobench.confirm_of" not in r.data.tags
+           and r.data.tags["pobench.objective"] == "tepo"]  # (not a positive control bench run adds)
     assert len(ran) == 1
     for k, v in best["objective_overrides"].items():
         assert float(ran[0].data.params[f"objective.{k}"]) == pytest.approx(v)

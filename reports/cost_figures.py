@@ -37,10 +37,10 @@ def ttc_figure(conv_rows: list[dict], target: float, interval: str, out_dir: Pat
                 i = order.index(r["objective"])
                 st = style(i)
                 if e is None or e.value is None:
-                    text = (f"not reached\n({r['n'] - r['reached']}/{r['n']} seeds)" if e is None
-                            else "not logged" if e.why.startswith("not logged") else "n/a")
+                    text = (f"not\nreached\n({r['n'] - r['reached']}/{r['n']})" if e is None
+                            else "not\nlogged" if e.why.startswith("not logged") else "n/a")
                     ax.text(x, 0.04, text, ha="center", va="bottom", fontsize=6.5, color=st["color"],
-                            rotation=90 if len(conv_rows) > 6 else 0, transform=ax.get_xaxis_transform())
+                            rotation=90 if len(conv_rows) > 8 else 0, transform=ax.get_xaxis_transform())
                     continue
                 lo, hi = (e.low, e.high) if e.has_interval else (e.value, e.value)
                 seeds = [v for v in r[f"{unit}_per_seed"] if v is not None and v > 0]
@@ -55,7 +55,9 @@ def ttc_figure(conv_rows: list[dict], target: float, interval: str, out_dir: Pat
                                                             "low": [float(lo)], "high": [float(hi)], "n": [r["n"]]}
             ax.set_xticks(xs, [r["objective"] for r in conv_rows], rotation=35 if len(conv_rows) > 3 else 0,
                           ha="right" if len(conv_rows) > 3 else "center")
-            ax.set_xlim(-0.6, len(conv_rows) - 0.4)
+            ax.set_xlim(-0.95, len(conv_rows) - 0.4)  # (room for the first value label)
+            # ticks at 1, 2, 5 x 10^k: a log axis spanning less than a decade still gets labelled ticks
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_num(v)))
             ax.yaxis.set_minor_formatter(NullFormatter())
             ax.set_ylabel(f"{label} (log scale)")
@@ -64,7 +66,7 @@ def ttc_figure(conv_rows: list[dict], target: float, interval: str, out_dir: Pat
             target_text = f"{opts.units.acc(target)}{'%' if opts.units.percent else ''}"
             fig.suptitle(f"Time to reach {target_text} held-out accuracy (smoothed; {interval})\ngeometric mean "
                          f"over seeds with its 95% t interval on the log scale; open markers: seeds", fontsize=9)
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0, 1, 0.88) if opts.titles else None)
         drawn.paths = save(fig, out_dir, name)
     return drawn
 

@@ -24,10 +24,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from evaluators.hints import COMPONENT_CHARS, MAX_COMPONENT, is_component
+
 #: the marker file of a folder pobench created and may delete or replace
 MARKER = ".pobench-owned"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._+=@-]+")
-MAX_LEN = 96
+_UNSAFE = re.compile(f"[^{COMPONENT_CHARS}]+")
+MAX_LEN = MAX_COMPONENT
 
 
 class UnsafePath(ValueError):
@@ -40,15 +42,10 @@ def safe_component(name: object, what: str = "name") -> str:
     names stay different. ``what`` names the flag in the error for an empty or non-string name."""
     if not isinstance(name, str) or not name.strip():
         raise UnsafePath(f"{what} {name!r}: expected a non-empty name")
-    if _UNSAFE.fullmatch(name) is None and _is_plain(name):
+    if is_component(name):  # (evaluators.hints: the one rule, which the registries apply to registered names)
         return name
     slug = _UNSAFE.sub("_", name).strip("._-")[: MAX_LEN - 9] or "x"
     return f"{slug}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
-
-
-def _is_plain(name: str) -> bool:
-    return (not _UNSAFE.search(name) and not name.startswith(".") and len(name) <= MAX_LEN
-            and name not in (".", ".."))
 
 
 def contained(root: str | Path, *parts: str) -> Path:

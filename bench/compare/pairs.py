@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from bench.compare.plan import Pair, finished_run, pair_config, run_dir
-from bench.compare.store import locks_dir, pair_lock
+from bench.compare.store import lock_file, pair_lock
 from bench.config import TrainConfig
 from bench.data import derive_seed, eval_problems
 from bench.engines import TrainingDiverged, TrainResult
@@ -97,7 +97,7 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
     p, ctx = job.pair, job.ctx
     cfg = ctx.cfg
     what = f"{p.variant} seed {p.seed}"
-    lock = locks_dir(cfg.output_dir, cfg.experiment) / f"{p.run_name}.lock"
+    lock = lock_file(cfg.output_dir, cfg.experiment, p.run_name)
     try:
         with pair_lock(lock, what, on_wait=lambda msg: notify("msg", job.index, msg)) as free:
             client = store_client(cfg.tracking_uri)

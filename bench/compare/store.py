@@ -28,13 +28,19 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from bench.folders import experiment_dir
+from bench.folders import experiment_dir, under
 
-__all__ = ["locks_dir", "pair_lock"]
+__all__ = ["lock_file", "locks_dir", "pair_lock"]
 
 
 def locks_dir(output_dir: str | Path, experiment: str) -> Path:
     return experiment_dir(output_dir, experiment) / ".locks"
+
+
+def lock_file(output_dir: str | Path, experiment: str, name: str) -> Path:
+    """``<output_dir>/<experiment>/.locks/<name>.lock``: ``name`` (a pair's run name, made of an objective name)
+    through the one containment helper, so the lock file stays in ``.locks`` whatever the name."""
+    return under(locks_dir(output_dir, experiment), f"{name}.lock", "lock name")
 
 
 @contextlib.contextmanager

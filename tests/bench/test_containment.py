@@ -227,3 +227,66 @@ def test_bench_train_never_writes_into_or_marks_an_unmarked_folder(scratch, benc
     assert rc == 2, err[-3000:]
     assert len(errors(err)) == 1 and str(target.relative_to(work)) in err, err
     assert snapshot(root) == before and not (target / MARKER).exists()
+
+
+# ------------------------------------------------------------------ issue 29: names from plugins become paths
+UNSAFE_NAMES = ["../../x", "/abs/x", "../evil", "a/b", "a b", ".hidden", "", "x" * 97]
+
+
+@pytest.fixture
+def registries():
+    """The objective and task registries as they were, after the test."""
+    from algorithms import registry as objectives
+    from evaluators import benchmarks as tasks
+
+    kept = [(d, dict(d)) for d in (objectives._REGISTRY, tasks._GENERATED, tasks._REGISTERED_BY)]
+    yield
+    for d, before in kept:
+        d.clear()
+        d.update(before)
+
+
+@pytest.mark.parametrize("name", UNSAFE_NAMES)
+def test_a_name_that_is_not_one_path_component_is_refused_at_registration(name, registries):
+    """Objective and task names become run names, folders, lock files and MLflow keys: one that is not already one
+    safe path component is refused when it is registered (one line), so it never reaches a path."""
+    from algorithms import list_objectives, register
+    from evaluators import list_benchmarks, register_task
+    from evaluators.arith import ArithTask
+
+    with pytest.raises(ValueError, match="one path component") as e:
+        register(name, base="grpo", description="escapes")
+    assert "\n" not in str(e.value) and name not in list_objectives()
+    with pytest.raises(ValueError, match="one path component"):
+        register_task(lambda **_: ArithTask(), name=name)
+    assert name not in list_benchmarks()
+
+
+def test_a_plugin_objective_named_to_escape_is_refused_before_any_file_is_written(scratch, bench_here, registries):
+    """An objective registered as ``../../../../../x`` made `bench run` create its pair's lock file outside the
+    working folder (bench/compare/pairs.py built it from the raw name): the plugin is refused in one line."""
+    root, work = scratch
+    (work / "escape.py").write_text("from algorithms import register\n"
+                                    "register('../../../../../x', base='grpo', description='escapes')\n")
+    before = snapshot(root)
+    rc, _, err = bench_here(["run", "--plugin", "escape.py", "--algos", "../../../../../x", "--seeds", "0",
+                             "--workers", "1", "--no-progress", "--no-report", "--eval-every", "0", *TINY], work)
+    outside_unchanged(root, work, before)
+    assert rc == 2, err[-3000:]
+    assert len(errors(err)) == 1 and "escape.py" in err and "../../../../../x" in err, err
+    assert not (work / ".pobench").exists()
+
+
+def test_summary_keys_of_any_objective_label_are_mlflow_keys():
+    """The comparison run's ``summary/<objective>/...`` keys: a label read back from a store (a variant, a name of
+    another version) never makes a key MLflow refuses (``../evil`` ended `bench run` in a traceback)."""
+    from mlflow.utils.validation import _validate_metric_name
+
+    from reports import metric_keys as K
+    from reports.sections import summary_key
+
+    keys = {label: summary_key(K.SUMMARY_GAIN, label) for label in ("../evil", "grpo+3f2a1b", "a/../b", ".x", "tepo")}
+    for key in keys.values():
+        _validate_metric_name(key)
+    assert keys["tepo"] == "summary/tepo/gain" and keys["grpo+3f2a1b"] == "summary/grpo_3f2a1b/gain"  # as before
+    assert len(set(keys.values())) == len(keys)

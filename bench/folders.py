@@ -29,6 +29,12 @@ def under(root: str | Path, name: object, what: str) -> Path:
     return Path(root) / component
 
 
+def lock_file(folder: str | Path, name: str) -> Path:
+    """``<folder>/.locks/<name>.lock``, ``name`` (made of user or plugin names: a run, a study, an objective)
+    through the one containment helper, so a lock file stays in ``.locks`` whatever the name."""
+    return under(Path(folder) / ".locks", f"{name}.lock", "lock name")
+
+
 def experiment_dir(output_dir: str | Path, experiment: str) -> Path:
     """``output_dir / experiment`` (`bench run`: the pairs' run folders and ``.locks``), the name made safe."""
     return under(output_dir, experiment, "--experiment")

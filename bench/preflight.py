@@ -45,14 +45,17 @@ def load_side(task_name: str, data: str | None, split: str, flag: str, *, diffic
     source = identity.task_source(task_name, data, difficulty)
     try:
         return task.load(split=split, data=data, limit=limit, skip_bad_rows=skip_bad_rows)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # (a file or folder that cannot be read: its own OSError, one line too)
         if source is not None and looks_like_hub_id(source):
             why = " (HF_HUB_OFFLINE is set)" if identity.offline() else ""
             raise ValueError(f"{flag}: the {split} split of {task_name} ({source}) could not be read from the Hugging "
                              f"Face hub{why}; pass a local JSONL / JSON / parquet file or folder with {flag} PATH"
                              ) from None
-        msg = str(e)
-        raise type(e)(msg if msg.startswith(flag) else f"{flag}: {msg}") from None
+        msg = f"{e.filename}: cannot be read ({e.strerror})" if isinstance(e, OSError) and e.filename else str(e)
+        msg = msg if msg.startswith(flag) else f"{flag}: {msg}"
+        # (the same kind of error with the flag in front; ValueError where the kind takes more than a message,
+        # e.g. a UnicodeDecodeError, which it once rebuilt with one argument: a TypeError in place of the line)
+        raise (FileNotFoundError if isinstance(e, FileNotFoundError) else ValueError)(msg) from None
 
 
 def answer_check(task, problems: list, what: str) -> str | None:

@@ -97,3 +97,33 @@ def test_params_written_for_another_objective(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["run", "--algos", "dapo", "--params", str(best), "--no-progress"]) == 2
     assert "its `algo:` line" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ issue 29: a data file's error names file:line
+def _undecodable(path: Path) -> Path:
+    """A data file whose third line holds bytes that are not UTF-8 (a Latin-1 "é")."""
+    good = json.dumps({"question": "Ann has 2 pens and gets 3 more. How many?", "answer": "#### 5"}).encode()
+    path.write_bytes(good + b"\n" + good + b"\n" + b'{"question": "caf\xe9 costs 3", "answer": "#### 3"}\n')
+    return path
+
+
+@pytest.mark.parametrize("suffix, where", [(".jsonl", ":3"), (".json", ":3"), (".parquet", "")])
+def test_a_data_file_that_cannot_be_read_is_one_line_naming_file_and_line(suffix, where, tmp_path, monkeypatch,
+                                                                         capsys):
+    """Non-UTF-8 bytes in a data file crashed the error message itself (bench/preflight.py rebuilt the
+    UnicodeDecodeError with one argument: a TypeError traceback); a file that is no parquet gave pyarrow's error. Now
+    one line naming ``file:line`` (where the file has lines) and the flag, exit 2, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    bad = _undecodable(tmp_path / f"bad{suffix}")
+    assert cli.main(["train", "--task", "gsm8k", "--data", str(bad), "--eval-data", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("bench train: error: --data: ") and f"{bad}{where}" in err, err
+    assert sorted(os.listdir(tmp_path)) == [bad.name]  # no store, no run folder
+
+
+def test_skip_bad_rows_skips_an_undecodable_line(tmp_path):
+    from evaluators.sources import read_file
+
+    rows = read_file(_undecodable(tmp_path / "d.jsonl"), skip_bad_rows=True)
+    assert len(rows.rows) == 2 and len(rows.skipped) == 1 and rows.skipped[0].startswith(f"{tmp_path}/d.jsonl:3:")

@@ -17,6 +17,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from bench import faults
 from bench.compare.plan import Pair, finished_run, pair_config, run_dir
 from bench.compare.store import lock_file, pair_lock
 from bench.config import TrainConfig
@@ -127,7 +128,8 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
     except TrainingDiverged as e:
         return PairResult(job.index, f"failed: {e}", "train", error=traceback.format_exc())
     except Exception as e:  # noqa: BLE001  (reported with the pair named; the other pairs go on)
-        return PairResult(job.index, f"failed: {type(e).__name__}: {e}", "train", error=traceback.format_exc())
+        said = faults.describe(e, store=cfg.tracking_uri) or f"{type(e).__name__}: {e}"  # a store's fault: its line
+        return PairResult(job.index, f"failed: {said}", "train", error=traceback.format_exc())
 
 
 def step0_task(notify: Notify, step0_fn: Callable[[TrainConfig, list[int]], dict[int, dict[str, float]]],

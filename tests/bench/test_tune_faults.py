@@ -70,3 +70,34 @@ def test_the_optuna_postgresql_storage_lost_mid_study_is_one_line_and_ends_the_s
     assert lines[0].startswith("bench tune: stopped: the Optuna storage ") and "127.0.0.1" in lines[0], lines[0]
     assert "RUNNING" not in statuses(uri, "tx"), statuses(uri, "tx")
     assert statuses(uri, "tx", "tune-study") == ["FAILED"]
+
+
+def _create_storages(folder: str, rounds: int, barrier) -> list[str]:
+    """A process that opens a fresh storage ``folder/o<i>.db`` for each round, at the same moment as the others."""
+    from bench.tune.storage import open_storage
+
+    failures = []
+    for i in range(rounds):
+        barrier.wait()
+        try:
+            open_storage(f"sqlite:///{folder}/o{i}.db")
+        except ValueError as e:
+            failures.append(str(e))
+    return failures
+
+
+@pytest.mark.slow
+def test_bench_tunes_started_at_once_on_a_fresh_sqlite_storage_create_it_once(tmp_path):
+    """Issue 29: three `bench tune` started at once on a fresh SQLite storage raced on creating its tables (`UNIQUE
+    constraint failed: alembic_version.version_num`, one line but the command failed). The first connection is made
+    under the storage's lock file (as the MLflow store's), so exactly one process creates the tables. Three spawned
+    processes, ten fresh storages each opened by all three at the same moment."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Manager().Barrier(3)
+    with ProcessPoolExecutor(3, mp_context=ctx) as pool:
+        done = [pool.submit(_create_storages, str(tmp_path), 10, barrier) for _ in range(3)]
+        failures = [f for d in done for f in d.result(timeout=300)]
+    assert not failures, failures[:3]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from algorithms import default_config
 from bench import identity
 from evaluators import get_task
 from evaluators.sources import looks_like_hub_id
@@ -102,11 +103,24 @@ def prompt_check(cfg, problems: list, what: str) -> str | None:
             "cut short")
 
 
+def range_warning(algo: str, overrides: dict) -> str | None:
+    """One warning naming the fields of objective ``algo`` (with ``overrides``) whose values lie outside the ranges
+    it declares (``param(search=...)``); None when there are none. A warning, not a refusal: a value outside the
+    search range can be a deliberate ablation, but a threshold there may keep its term from ever acting."""
+    outside = default_config(algo, **dict(overrides)).outside_ranges()
+    if not outside:
+        return None
+    fields = ", ".join(f"{n}={v:g} (declared range [{lo:g}, {hi:g}])" for n, (v, lo, hi) in outside.items())
+    verb = "is outside the range" if len(outside) == 1 else "are outside the ranges"
+    return (f"objective {algo}: {fields} {verb} it declares (bench list --details): a threshold there may keep its "
+            "term from ever acting (TEPO's KL mask); check the value")
+
+
 def check_inputs(cfg) -> list[str]:
     """Resolve and read every input of ``cfg`` before any model loads (module doc). Returns the warnings; raises
     ValueError / FileNotFoundError (one line naming the flag) for what would make the run fail or meaningless."""
     check_model(cfg.model, cfg.revision)
-    warnings = []
+    warnings = [w for w in [range_warning(cfg.algo, cfg.objective_overrides)] if w]
     sides = (("training", cfg.task, cfg.data, "train", "--data", None),
              ("held-out", cfg.eval_task or cfg.task, cfg.eval_data, "test", "--eval-data", cfg.eval_problems))
     for what, task_name, data, split, flag, limit in sides:

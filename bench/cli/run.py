@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     if not engine.capabilities.parallel_pairs and (args.executor == "ray" or (args.workers or 0) > 1):
         raise ValueError(f"--engine {engine.name} runs one pair at a time from this process (each job takes the "
                          "cluster it is given): drop --executor ray / --workers above 1")
-    for warning in preflight.check_inputs(cfg):  # every source read, answers and prompt lengths counted
+    ranges = [preflight.range_warning(a, params.get(a, {})) for a in algos]  # values outside declared ranges
+    for warning in dict.fromkeys([*filter(None, ranges), *preflight.check_inputs(cfg)]):  # every source read, ...
         print(f"bench run: warning: {warning}", file=sys.stderr)
 
     spec = ComparisonSpec(cfg, algos, seeds, params, force=args.force, workers=args.workers, executor=args.executor,

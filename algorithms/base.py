@@ -109,6 +109,13 @@ class ObjectiveConfig:
 
         return {n: tuple(m["search"]) for n, m in meta.items() if m.get("search") and active(n)}
 
+    def outside_ranges(self) -> dict[str, tuple]:
+        """The active fields (``search_space``) whose value lies outside the range the objective declares for them:
+        name -> (value, low, high). A threshold there may keep its term from ever acting (TEPO's KL mask with τ_A
+        above every advantage): the command line warns (bench/preflight.py)."""
+        return {n: (getattr(self, n), lo, hi) for n, (lo, hi, *_) in self.search_space().items()
+                if not lo <= getattr(self, n) <= hi}
+
 
 #: why an objective that selects tokens across the micro-batch cannot skip a sequence (``zero_advantage_terms``)
 SELECTS_ACROSS_BATCH = "selects tokens across the micro-batch (Â = 0 tokens change the selection)"

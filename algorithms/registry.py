@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from evaluators.hints import did_you_mean
+from evaluators.hints import check_registered_name, did_you_mean
 
 from .base import Objective, ObjectiveConfig
 
@@ -58,6 +58,7 @@ def register(name: str, objective_class: type[Objective] | None = None, *, descr
     positive control, worse than that registered objective by construction (the description states the mechanism)."""
     if module is None:
         module = sys._getframe(1).f_globals.get("__name__", "")
+    check_registered_name(name, "objective")  # it becomes folders, lock files and MLflow keys
     if name in _REGISTRY:
         raise ValueError(f"objective {name!r} is already registered")
     if base is not None:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import types
 import typing
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import yaml
 
@@ -188,6 +190,9 @@ def check_seed(value: Any, flag: str) -> int:
     return value
 
 
+FILE_STORE_ENV = "MLFLOW_ALLOW_FILE_STORE"  # MLflow's switch that lets it use its file store (a plain path)
+
+
 def check_tracking_scheme(uri: str) -> str:
     """``uri`` when MLflow has a tracking store for its scheme (plugins included); ValueError listing them
     otherwise (MLflow's own error is a traceback from deep inside the first call)."""
@@ -197,8 +202,14 @@ def check_tracking_scheme(uri: str) -> str:
     known = _tracking_schemes()
     if scheme not in known:
         shown = ", ".join(f"{s}://" for s in sorted(known) if s)
-        raise ValueError(f"tracking URI {uri!r}: unknown scheme {scheme!r}; MLflow stores: {shown} or a local "
-                         "folder (fix --tracking-uri / MLFLOW_TRACKING_URI)")
+        raise ValueError(f"tracking URI {uri!r}: unknown scheme {scheme!r}; MLflow stores: {shown} (fix "
+                         "--tracking-uri / MLFLOW_TRACKING_URI)")
+    if scheme in ("", "file") and os.environ.get(FILE_STORE_ENV, "").strip().lower() not in ("1", "true", "yes"):
+        folder = urlparse(uri).path if scheme == "file" else uri  # (a plain path: MLflow's file store)
+        raise ValueError(f"tracking URI {uri!r}: a plain path (or file:) is MLflow's file store, which MLflow refuses "
+                         f"unless {FILE_STORE_ENV}=true (it is no longer developed); give a database, e.g. "
+                         f"--tracking-uri sqlite:///{folder.rstrip('/') or '.'}/mlflow.db, or set "
+                         f"{FILE_STORE_ENV}=true to use the file store")
     return uri
 
 

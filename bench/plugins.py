@@ -8,24 +8,30 @@ the command's process, and in every worker that trains (a spawned process, a Ray
 verl worker), each of which is given the same list. A ``.py`` file is imported under a name derived from its path
 (``pobench_plugin_<stem>_<hash>``), the same in every process, so objects defined there pickle between them.
 
-Identity: ``identity(specs)`` (each plugin's file name and a digest of its source) enters
-``TrainConfig.comparison_hash``, so a changed plugin trains again; ``record(specs)`` is what a run's
-``pobench.plugins`` tag holds. ``with_plugins(cfg, objectives)`` adds to a config the plugins that the objectives and
-tasks it uses came from when they were registered by a module the config does not name yet (an import in a
-notebook), and ``check_shippable`` refuses, before any worker starts, an objective or task registered in
-``__main__`` (a notebook cell), which no worker can import.
+Identity: ``identity(specs)`` (each plugin's file name and a digest of its source and of the source of every module
+it imports from outside installed packages: :func:`local_imports`) enters ``TrainConfig.comparison_hash``, so a
+changed plugin, or a changed module of the user's it imports, trains again; ``record(specs)`` is what a run's
+``pobench.plugins`` tag holds. Imports by a name computed at run time cannot be known from the source: each is a
+warning (``Plugin.unknown``), printed once by the command line. ``with_plugins(cfg, objectives)`` adds to a config
+the plugins that the objectives and tasks it uses came from when they were registered by a module the config does
+not name yet (an import in a notebook), and ``check_shippable`` refuses, before any worker starts, an objective or
+task registered in ``__main__`` (a notebook cell), which no worker can import.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
 import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
 import json
 import os
+import site
 import sys
+import sysconfig
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +44,8 @@ ENTRY_POINT_GROUP = "pobench.plugins"
 #: JSON list of plugins for processes that get no argument from pobench (verl's workers: bench/engines/verl)
 PLUGINS_ENV = "POBENCH_PLUGINS"
 BUILTIN_MODULES = ("algorithms", "evaluators")
+#: pobench's own packages: their code is the run's pobench version and commit (tags), not a plugin's identity
+POBENCH_PACKAGES = ("algorithms", "evaluators", "reports", "bench")
 MAIN_MODULES = ("__main__", "__mp_main__")
 
 
@@ -50,11 +58,18 @@ class Plugin:
     path: str
     digest: str
     entry_point: bool = False
+    imports: tuple[str, ...] = ()   # the local modules its digest covers besides its own source
+    unknown: tuple[str, ...] = ()   # where it imports by a computed name (``file:line``): not in its digest
 
     @property
     def label(self) -> str:
-        """``<file name>@<digest>``: what a run records."""
+        """``<file name>@<digest>``: what the comparison hash takes."""
         return f"{Path(self.path).name if self.path else self.module}@{self.digest}"
+
+    @property
+    def recorded(self) -> str:
+        """``<file name>@<digest>`` plus ``+<module>`` for each local module the digest covers: what a run records."""
+        return self.label + "".join(f"+{m}" for m in self.imports)
 
 
 _LOADED: dict[str, Plugin] = {}     # key: the absolute file path of a file plugin, else the module name
@@ -95,35 +110,154 @@ def _source_of(module) -> str:
     return file
 
 
+# ------------------------------------------------------------------ what a plugin's code is
+@functools.lru_cache(maxsize=1)
+def _installed_roots() -> tuple[Path, ...]:
+    """The folders of installed code: the standard library, site-packages, the interpreter's prefixes."""
+    paths = sysconfig.get_paths()
+    roots = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots |= {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *site.getsitepackages(),
+              site.getusersitepackages()}
+    return tuple(Path(r).resolve() for r in roots if r)
+
+
+def _local_unit(top: str) -> Path | None:
+    """The source of top-level module ``top`` when it is the user's own code (a ``.py`` file, or its package folder):
+    not installed, not pobench's, not built in; None otherwise. Found without importing anything."""
+    if top in POBENCH_PACKAGES or top in sys.builtin_module_names:
+        return None
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):  # (a module in sys.modules without a spec: __main__)
+        return None
+    if found is None:
+        return None
+    if found.submodule_search_locations:  # a package (a namespace package: its first folder)
+        unit = Path(next(iter(found.submodule_search_locations)))
+    elif found.origin and found.origin.endswith(".py"):
+        unit = Path(found.origin)
+    else:  # built in, frozen, an extension module
+        return None
+    unit = unit.resolve()
+    return None if any(r == unit or r in unit.parents for r in _installed_roots()) else unit
+
+
+def _imported_names(tree: ast.AST, where: Path, unknown: list[str]) -> list[str]:
+    """Every module a source imports, at its top or inside a function, by ``import`` / ``from`` statements and by
+    ``importlib.import_module`` / ``__import__`` with a literal name; a computed name goes to ``unknown``."""
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+        elif isinstance(node, ast.Call) and node.args and (
+                (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__"))):
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                names.append(first.value)
+            else:
+                unknown.append(f"{where}:{node.lineno}")
+    return names
+
+
+def _py_files(unit: Path) -> list[Path]:
+    return sorted(unit.rglob("*.py")) if unit.is_dir() else [unit]
+
+
+def local_imports(source: str | Path, also: Sequence[str] = ()) -> tuple[dict[str, Path], list[str]]:
+    """The user's own modules a plugin's code runs (module doc): top-level module name -> its file or package
+    folder, followed through what those import in turn; ``also``: modules seen imported while it loaded (a computed
+    name among them). Returns them with the places that import by a computed name (``file:line``)."""
+    own = Path(source).resolve()
+    found: dict[str, Path] = {}
+    unknown: list[str] = []
+    tops = dict.fromkeys(n.split(".")[0] for n in also)
+    queue = [own, *[u for u in map(_local_unit, tops) if u is not None]]
+    scanned: set[Path] = set()
+    while queue:
+        unit = queue.pop()
+        if unit in scanned:
+            continue
+        scanned.add(unit)
+        if unit != own and not (own.is_dir() and own in unit.parents):
+            found[unit.stem if unit.is_file() else unit.name] = unit
+        for f in _py_files(unit):
+            try:
+                tree = ast.parse(f.read_bytes(), str(f))
+            except (OSError, SyntaxError, ValueError):
+                continue
+            for name in _imported_names(tree, f, unknown):
+                dep = _local_unit(name.split(".")[0])
+                if dep is not None:
+                    queue.append(dep)
+    return dict(sorted(found.items())), unknown
+
+
+def plugin_digest(source: str | Path, also: Sequence[str] = ()) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """(digest, the local modules it covers, the computed-name imports) of a plugin's code: its own source digest
+    when it imports nothing of the user's (the digest runs stored before this covered), else a digest of that and of
+    each local module's name and source digest (by content, not path)."""
+    own = source_digest(source)
+    deps, unknown = local_imports(source, also)
+    if not deps:
+        return own, (), tuple(unknown)
+    h = hashlib.sha256(own.encode())
+    for name, unit in deps.items():
+        h.update(f"\0{name}\0{source_digest(unit)}".encode())
+    return h.hexdigest()[:12], tuple(deps), tuple(unknown)
+
+
+def _new_modules(before: set[str]) -> list[str]:
+    return [m for m in list(sys.modules) if m not in before]
+
+
 def _import_file(spec: str) -> Plugin:
     path = Path(spec).expanduser().resolve()
     if not path.is_file():
         raise ValueError(f"plugin {spec}: no such file")
     name = file_module_name(path)
+    before = set(sys.modules)
     if name not in sys.modules:
         loader_spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[name] = module
         try:
             loader_spec.loader.exec_module(module)
-        except Exception as e:
+        except BaseException as e:
             del sys.modules[name]
-            raise ValueError(f"plugin {spec} failed to load: {type(e).__name__}: {e}") from e
-    return Plugin(spec, name, str(path), source_digest(path))
+            raise _failed(spec, e) from e
+    digest, imports, unknown = plugin_digest(path, [m for m in _new_modules(before) if m != name])
+    return Plugin(spec, name, str(path), digest, imports=imports, unknown=unknown)
+
+
+def _failed(spec: str, e: BaseException) -> BaseException:
+    """A plugin that raised while imported: one line naming it (a ``sys.exit`` in it included, which would otherwise
+    end the command silently with the plugin's code); an interrupt stays an interrupt."""
+    if isinstance(e, KeyboardInterrupt):
+        return e
+    if isinstance(e, SystemExit):
+        return ValueError(f"plugin {spec} failed to load: it called sys.exit({e.code!r}) while imported")
+    return ValueError(f"plugin {spec} failed to load: {type(e).__name__}: {e}")
 
 
 def _import_module(spec: str, entry_point: bool = False) -> Plugin:
+    before = set(sys.modules)
     try:
         module = importlib.import_module(spec)
     except ModuleNotFoundError as e:
         if e.name and spec.startswith(e.name):
             raise ValueError(f"plugin {spec!r}: no module named {e.name!r} (give an importable module or a .py "
                              "file)") from None
-        raise ValueError(f"plugin {spec} failed to load: {type(e).__name__}: {e}") from e
-    except Exception as e:
-        raise ValueError(f"plugin {spec} failed to load: {type(e).__name__}: {e}") from e
+        raise _failed(spec, e) from e
+    except BaseException as e:
+        raise _failed(spec, e) from e
     source = _source_of(module)
-    return Plugin(spec, module.__name__, source, source_digest(source) if source else "none", entry_point)
+    if not source:
+        return Plugin(spec, module.__name__, source, "none", entry_point)
+    digest, imports, unknown = plugin_digest(source, _new_modules(before))
+    return Plugin(spec, module.__name__, source, digest, entry_point, imports, unknown)
 
 
 def load_entry_points() -> list[Plugin]:
@@ -186,7 +320,7 @@ def identity(specs: Sequence[str]) -> list[str]:
 
 def record(specs: Sequence[str]) -> str:
     """The ``pobench.plugins`` tag of a run: ``<file>@<digest>`` of each plugin named and each installed one."""
-    return ",".join(p.label for p in [*load_plugins(specs), *_ENTRY_POINTS])
+    return ",".join(p.recorded for p in [*load_plugins(specs), *_ENTRY_POINTS])
 
 
 # ------------------------------------------------------------------ where objectives and tasks come from

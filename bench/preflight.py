@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from algorithms import default_config
 from bench import identity
 from evaluators import get_task
 from evaluators.sources import looks_like_hub_id
@@ -45,14 +46,17 @@ def load_side(task_name: str, data: str | None, split: str, flag: str, *, diffic
     source = identity.task_source(task_name, data, difficulty)
     try:
         return task.load(split=split, data=data, limit=limit, skip_bad_rows=skip_bad_rows)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # (a file or folder that cannot be read: its own OSError, one line too)
         if source is not None and looks_like_hub_id(source):
             why = " (HF_HUB_OFFLINE is set)" if identity.offline() else ""
             raise ValueError(f"{flag}: the {split} split of {task_name} ({source}) could not be read from the Hugging "
                              f"Face hub{why}; pass a local JSONL / JSON / parquet file or folder with {flag} PATH"
                              ) from None
-        msg = str(e)
-        raise type(e)(msg if msg.startswith(flag) else f"{flag}: {msg}") from None
+        msg = f"{e.filename}: cannot be read ({e.strerror})" if isinstance(e, OSError) and e.filename else str(e)
+        msg = msg if msg.startswith(flag) else f"{flag}: {msg}"
+        # (the same kind of error with the flag in front; ValueError where the kind takes more than a message,
+        # e.g. a UnicodeDecodeError, which it once rebuilt with one argument: a TypeError in place of the line)
+        raise (FileNotFoundError if isinstance(e, FileNotFoundError) else ValueError)(msg) from None
 
 
 def answer_check(task, problems: list, what: str) -> str | None:
@@ -99,11 +103,24 @@ def prompt_check(cfg, problems: list, what: str) -> str | None:
             "cut short")
 
 
+def range_warning(algo: str, overrides: dict) -> str | None:
+    """One warning naming the fields of objective ``algo`` (with ``overrides``) whose values lie outside the ranges
+    it declares (``param(search=...)``); None when there are none. A warning, not a refusal: a value outside the
+    search range can be a deliberate ablation, but a threshold there may keep its term from ever acting."""
+    outside = default_config(algo, **dict(overrides)).outside_ranges()
+    if not outside:
+        return None
+    fields = ", ".join(f"{n}={v:g} (declared range [{lo:g}, {hi:g}])" for n, (v, lo, hi) in outside.items())
+    verb = "is outside the range" if len(outside) == 1 else "are outside the ranges"
+    return (f"objective {algo}: {fields} {verb} it declares (bench list --details): a threshold there may keep its "
+            "term from ever acting (TEPO's KL mask); check the value")
+
+
 def check_inputs(cfg) -> list[str]:
     """Resolve and read every input of ``cfg`` before any model loads (module doc). Returns the warnings; raises
     ValueError / FileNotFoundError (one line naming the flag) for what would make the run fail or meaningless."""
     check_model(cfg.model, cfg.revision)
-    warnings = []
+    warnings = [w for w in [range_warning(cfg.algo, cfg.objective_overrides)] if w]
     sides = (("training", cfg.task, cfg.data, "train", "--data", None),
              ("held-out", cfg.eval_task or cfg.task, cfg.eval_data, "test", "--eval-data", cfg.eval_problems))
     for what, task_name, data, split, flag, limit in sides:

@@ -27,7 +27,7 @@ from mlflow.entities import Metric, RunStatus
 from mlflow.exceptions import MlflowException
 
 import bench
-from bench import stop
+from bench import faults, stop
 from bench.inputs import check_tracking_scheme
 from reports import record
 from reports.record import GIT_COMMIT, GIT_DIRTY, SOURCE_GIT_COMMIT, VERSION, get_or_create_experiment, open_client
@@ -82,10 +82,12 @@ def timeout_s() -> float:
 def check_reachable(uri: str | None) -> str:
     """Resolve the tracking URI and, for an MLflow server (http/https), check that it answers within
     ``$POBENCH_MLFLOW_TIMEOUT`` seconds (default 5): one ValueError line naming the URI otherwise, before any model
-    is loaded. (MLflow's own client retries a refused connection for about four minutes before it gives up.) Local
-    stores (sqlite, file) need no check. Returns the resolved URI."""
+    is loaded. (MLflow's own client retries a refused connection for about four minutes before it gives up.) A local
+    SQLite store is checked without writing it (``bench.faults.check_store``). Returns the resolved URI."""
     resolved = check_tracking_scheme(record.tracking_uri(uri))  # foo://bar: one line, not MLflow's traceback
+    faults.note(store=resolved)  # (what a fault of the store met later names)
     if not resolved.startswith(("http://", "https://")):
+        faults.check_store(resolved)  # read-only, not SQLite, truncated, another schema revision: one line now
         return resolved
     timeout = timeout_s()
     try:

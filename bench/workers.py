@@ -73,10 +73,21 @@ def resolve_workers(workers: int | None, n_todo: int, cfg: TrainConfig, default:
 
 
 # ------------------------------------------------------------------ a worker process
+class _StoreErrorsRaised(logging.Filter):
+    """Drops MLflow's ERROR records of a database error it then raises (``SQLAlchemy database error. The following
+    exception is caught``, with its traceback): the command reports the raised error in its one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR
+
+
 def quiet_libraries() -> None:
     """No per-file progress bars from transformers / hub downloads in our output (our own displays remain)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    db_log = logging.getLogger("mlflow.store.db.utils")  # MLflow logs each database error it raises with its
+    if not any(isinstance(f, _StoreErrorsRaised) for f in db_log.filters):  # traceback: the error is raised to us
+        db_log.addFilter(_StoreErrorsRaised())
     try:
         from transformers.utils import logging as hf_logging  # (loaded lazily: transformers takes seconds to import)
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from evaluators.hints import check_registered_name
 from evaluators.sources import BadRowError, SourceRows, read_source
 from evaluators.tasks import Problem, Task
 from evaluators.verify import (
@@ -258,6 +259,7 @@ def register_task(task: Task | Callable[..., Task], name: str | None = None, opt
         name = getattr(task, "name", None)
         if not isinstance(name, str) or not name:
             raise ValueError("register_task: give the task's name (a factory has none)")
+    check_registered_name(name, "task")  # it becomes folders and MLflow keys
     if name in _BY_NAME or name in _GENERATED:
         raise ValueError(f"task {name!r} is already registered")
     if isinstance(task, type) or not hasattr(task, "reward"):  # a class or function that makes the task

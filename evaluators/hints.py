@@ -1,4 +1,6 @@
-"""'did you mean' suggestions for a name that is not among the known ones (objectives, benchmarks, config fields).
+"""Names: 'did you mean' suggestions for a name that is not among the known ones (objectives, benchmarks, config
+fields), and the one rule for a name that becomes a path component (:func:`is_component`, which
+``reports.paths.safe_component`` applies to every user-given name and the registries to every registered one).
 
 Standard library only, so every package can use it (``algorithms`` imports nothing else from ``evaluators``).
 """
@@ -6,7 +8,29 @@ Standard library only, so every package can use it (``algorithms`` imports nothi
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable
+
+#: the characters of a name that is one path component as it is (also valid in MLflow keys once ``+=@`` are mapped)
+COMPONENT_CHARS = "A-Za-z0-9._+=@-"
+_OUTSIDE = re.compile(f"[^{COMPONENT_CHARS}]")
+MAX_COMPONENT = 96
+
+
+def is_component(name: object) -> bool:
+    """True when ``name`` is ONE safe path component as it is: letters, digits and ``._+=@-`` only, not starting with
+    a dot (so never ``.`` / ``..``, a hidden file or a separator), 1 to 96 characters."""
+    return (isinstance(name, str) and 0 < len(name) <= MAX_COMPONENT and not name.startswith(".")
+            and _OUTSIDE.search(name) is None)
+
+
+def check_registered_name(name: object, kind: str) -> None:
+    """Refuse (ValueError, one line) a registered ``kind`` name (objective, task) that is not one safe path
+    component: it becomes run names, folders, lock files and MLflow keys, so it is refused where it is registered."""
+    if not is_component(name):
+        raise ValueError(f"{kind} name {name!r} cannot be registered: a name must be one path component (1 to "
+                         f"{MAX_COMPONENT} of the characters {COMPONENT_CHARS}, not starting with a dot), since it "
+                         "names folders, lock files and MLflow keys; rename it")
 
 
 def did_you_mean(word: str, options: Iterable[str], *, cutoff: float = 0.6, quote: bool = True) -> str:

@@ -32,29 +32,65 @@ class SourceRows:
     """``where: why`` of each row skipped because of ``skip_bad_rows``."""
 
 
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:  # permission denied, a FIFO's end gone, an I/O error: the file named, one line
+        raise BadRowError(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
+def _decode(path: Path, data: bytes) -> str:
+    """The text of a whole data file (UTF-8, a byte-order mark dropped), or BadRowError naming its first line that
+    is not UTF-8."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise BadRowError(f"{path}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x}); save the file as UTF-8"
+                          ) from None
+
+
+def _row(raw: bytes) -> dict:
+    """One JSONL line as a row; ValueError saying why it is none (not UTF-8, not JSON, not an object)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"not UTF-8 text (byte 0x{raw[e.start]:02x}); save the file as UTF-8") from None
+    row = json.loads(line)
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+    return row
+
+
 def read_jsonl(path: Path, skip_bad_rows: bool = False) -> SourceRows:
     rows, where, skipped = [], [], []
-    with open(path, encoding="utf-8-sig") as f:  # -sig: a UTF-8 byte-order mark (common on Windows) is dropped
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                if not isinstance(row, dict):
-                    raise ValueError(f"expected a JSON object, got {type(row).__name__}")
-            except ValueError as e:
-                msg = f"{path}:{lineno}: malformed JSONL row ({e})"
-                if not skip_bad_rows:
-                    raise BadRowError(msg + "; fix the line or pass --skip-bad-rows to skip such rows") from None
-                skipped.append(msg)
-                continue
-            rows.append(row)
-            where.append(f"{path}:{lineno}")
+    data = _read_bytes(path)
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark (common on Windows) is dropped
+        data = data[3:]
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            row = _row(raw)
+        except ValueError as e:
+            msg = f"{path}:{lineno}: malformed JSONL row ({e})"
+            if not skip_bad_rows:
+                raise BadRowError(msg + "; fix the line or pass --skip-bad-rows to skip such rows") from None
+            skipped.append(msg)
+            continue
+        rows.append(row)
+        where.append(f"{path}:{lineno}")
     return SourceRows(rows, where, str(path), skipped)
 
 
 def read_json(path: Path, skip_bad_rows: bool = False) -> SourceRows:
-    text = Path(path).read_text(encoding="utf-8-sig")
+    data = _read_bytes(path)
+    try:
+        text = _decode(path, data)
+    except BadRowError:
+        if b"\n{" in data.strip():  # JSON lines saved as .json: the bad line is a row (--skip-bad-rows)
+            return read_jsonl(path, skip_bad_rows)
+        raise
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -87,7 +123,11 @@ def read_json(path: Path, skip_bad_rows: bool = False) -> SourceRows:
 def read_parquet(path: Path) -> SourceRows:
     import pandas as pd
 
-    frame = pd.read_parquet(path)
+    try:
+        frame = pd.read_parquet(path)
+    except Exception as e:  # not parquet, truncated, unreadable: pyarrow's error in one line, the file named
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise BadRowError(f"{path}: cannot be read as parquet ({type(e).__name__}: {first})") from None
     rows = [{k: _plain(v) for k, v in r.items()} for r in frame.to_dict(orient="records")]
     return SourceRows(rows, [f"{path}[{i}]" for i in range(len(rows))], str(path))
 

@@ -10,13 +10,16 @@ becomes a readable slug plus a short hash of the original, so two different name
 pobench deletes or replaces only folders it created: each one gets a marker file (:data:`MARKER`) when it is made
 (:func:`make_owned`). :func:`remove_owned` and :func:`replace_owned` refuse, with one line naming the folder, anything
 in the way that has no marker. :func:`replace_owned` swaps a finished temporary folder in for the old one, so a
-reader never sees a half-written folder and a failure leaves the old one in place.
+reader never sees a half-written folder and a failure leaves the old one in place. The process writing a temporary
+folder holds its marker locked; the next writer of the same folder removes the temporary folders whose lock is free
+(a killed writer's), never one being written (:func:`remove_stale_temps`).
 
 This module lives on the ``reports`` side because both ``bench`` and ``reports`` need it (imports point one way).
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -24,10 +27,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from evaluators.hints import COMPONENT_CHARS, MAX_COMPONENT, is_component
+
 #: the marker file of a folder pobench created and may delete or replace
 MARKER = ".pobench-owned"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._+=@-]+")
-MAX_LEN = 96
+_UNSAFE = re.compile(f"[^{COMPONENT_CHARS}]+")
+MAX_LEN = MAX_COMPONENT
 
 
 class UnsafePath(ValueError):
@@ -40,15 +45,10 @@ def safe_component(name: object, what: str = "name") -> str:
     names stay different. ``what`` names the flag in the error for an empty or non-string name."""
     if not isinstance(name, str) or not name.strip():
         raise UnsafePath(f"{what} {name!r}: expected a non-empty name")
-    if _UNSAFE.fullmatch(name) is None and _is_plain(name):
+    if is_component(name):  # (evaluators.hints: the one rule, which the registries apply to registered names)
         return name
     slug = _UNSAFE.sub("_", name).strip("._-")[: MAX_LEN - 9] or "x"
     return f"{slug}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
-
-
-def _is_plain(name: str) -> bool:
-    return (not _UNSAFE.search(name) and not name.startswith(".") and len(name) <= MAX_LEN
-            and name not in (".", ".."))
 
 
 def contained(root: str | Path, *parts: str) -> Path:
@@ -90,19 +90,81 @@ def remove_owned(folder: str | Path, root: str | Path) -> bool:
         return False
     if folder.is_symlink() or not folder.is_dir() or not is_owned(folder):
         raise _refuse(folder, "deleting")
+    _let_go(folder)
     shutil.rmtree(folder)
     return True
 
 
+#: the temporary folders this process writes, each with its marker held locked (fcntl): a folder whose marker is not
+#: locked was left by a process that ended (killed mid-write) and is removed by the next writer of the same folder
+_WRITING: dict[str, int] = {}
+
+
 def new_temp_folder(dest: str | Path) -> Path:
-    """A marked temporary folder beside ``dest`` (same file system, so :func:`replace_owned` can rename it)."""
+    """A marked temporary folder beside ``dest`` (same file system, so :func:`replace_owned` can rename it), held by
+    this process until it is swapped in or removed; those a killed writer left beside ``dest`` go first
+    (:func:`remove_stale_temps`)."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(dest)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     umask = os.umask(0o022)
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private (0700); the folder it becomes is an ordinary one
-    return make_owned(tmp)
+    make_owned(tmp)
+    fd = os.open(tmp / MARKER, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # (released by the kernel if this process dies: the folder is then stale)
+    _WRITING[str(tmp)] = fd
+    return tmp
+
+
+def _let_go(tmp: Path) -> None:
+    fd = _WRITING.pop(str(tmp), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def remove_stale_temps(dest: str | Path) -> list[Path]:
+    """Remove the temporary folders a killed writer of ``dest`` left beside it: ``.<name>.tmp-*`` that pobench
+    marked and whose marker no process holds locked, and ``.<name>.old-<pid>-*`` (an old ``dest`` moved aside while
+    being replaced) of a process that no longer runs. Never one being written. Returns those removed."""
+    dest = Path(dest)
+    removed = []
+    for p in sorted(dest.parent.glob(f".{dest.name}.tmp-*")) + sorted(dest.parent.glob(f".{dest.name}.old-*")):
+        if p.is_symlink() or not p.is_dir() or not is_owned(p) or str(p) in _WRITING:
+            continue
+        if ".old-" in p.name:
+            pid = p.name.rsplit(".old-", 1)[1].split("-")[0]
+            if not pid.isdigit() or _alive(int(pid)):
+                continue
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+            continue
+        try:
+            fd = os.open(p / MARKER, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # its writer is alive
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
 
 
 def replace_owned(tmp: str | Path, dest: str | Path, root: str | Path) -> Path:
@@ -141,4 +203,5 @@ def replace_owned(tmp: str | Path, dest: str | Path, root: str | Path) -> Path:
     finally:
         for old in olds:
             shutil.rmtree(old, ignore_errors=True)
+        _let_go(tmp)
     return dest

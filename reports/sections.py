@@ -372,15 +372,21 @@ def runs_tables(cmp, derived: dict[str, RunDerived], units: Units) -> tuple[Tabl
     return runs, stab
 
 
+def summary_key(template: str, objective: str) -> str:
+    """``template`` (``summary/{objective}/...``) for one objective label, written with the characters MLflow takes
+    in a key: ``+`` of a variant and anything else becomes ``_``, and a leading dot too, so no label (one read back
+    from a store included) makes a key that names another path (``summary/../x``)."""
+    name = re.sub(r"[^\w\-.]", "_", objective)
+    return template.format(objective="_" + name[1:] if name.startswith(".") else name)
+
+
 def summary_metrics(groups: Groups, paired: list[dict]) -> dict[str, float]:
     """The headline numbers a comparison's own MLflow run carries (``summary/<objective>/...``): each objective's
     seed-mean final accuracy and, against the baseline, the mean paired gain, its Holm p-value and the probability of
-    improvement. Objective names are written with MLflow's allowed characters (``+`` of a variant becomes ``_``)."""
-    def key(template: str, obj: str) -> str:
-        return template.format(objective=re.sub(r"[^\w\-. :/]", "_", obj))
-
-    out = {key(K.SUMMARY_FINAL_ACC, o): float(np.mean(list(v.values()))) for o, v in finals(groups).items() if v}
+    improvement. Objective names are written with MLflow's allowed characters (:func:`summary_key`)."""
+    out = {summary_key(K.SUMMARY_FINAL_ACC, o): float(np.mean(list(v.values())))
+           for o, v in finals(groups).items() if v}
     for r in paired:
         values = {K.SUMMARY_GAIN: r["test"].mean_diff, K.SUMMARY_P_HOLM: r.get("p_holm"), K.SUMMARY_POI: r["poi"].value}
-        out.update({key(t, r["objective"]): float(v) for t, v in values.items() if v is not None and v == v})
+        out.update({summary_key(t, r["objective"]): float(v) for t, v in values.items() if v is not None and v == v})
     return out

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import typing
 
 from bench.config import TrainConfig, config_file
 from bench.inputs import read_yaml, yaml_flag
-from bench.plugins import load_plugins, normalized
+from bench.plugins import load_entry_points, load_plugins, normalized
 from bench.presets import PRESETS, get_preset
 
 
@@ -63,7 +64,12 @@ def load_cli_plugins(args: argparse.Namespace) -> None:
             raise ValueError(f"{config}: plugins must be a list of module names or .py files")
         specs += listed or []
     specs += getattr(args, "plugins", None) or []
-    load_plugins(specs)
+    for plugin in [*load_plugins(specs), *load_entry_points()]:
+        if plugin.unknown:  # what it imports by a computed name is not in its identity
+            print(f"bench {args.command}: warning: plugin {plugin.spec} imports modules by a name computed at run "
+                  f"time ({', '.join(plugin.unknown)}): their code is not in its identity (the comparison hash), so a "
+                  "change there may reuse runs; import them by name, or pass --force after changing them",
+                  file=sys.stderr)
     if hasattr(args, "plugins"):
         args.plugins = normalized(specs) or None
 

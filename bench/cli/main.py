@@ -10,7 +10,7 @@ import signal
 import sys
 
 import bench
-from bench import stop
+from bench import faults, stop
 from bench.cli import compare as compare_cmd
 from bench.cli import eval as eval_cmd
 from bench.cli import interrupt
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    quiet_libraries()
+    quiet_libraries()  # (MLflow's own tracebacks of the store's errors among them: the fault's line says it)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -56,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # a command that keeps nothing: rerun it
         print(interrupt.line(args.command), file=sys.stderr)
         return interrupt.exit_code()
+    except Exception as e:  # a fault of the MLflow store, the Optuna storage or the file system met during the work
+        line = faults.describe(e)
+        if line is None:  # anything else is a bug: its traceback
+            raise
+        print(f"bench {args.command}: stopped: {line}", file=sys.stderr)
+        return 1
 
 
 def entry() -> None:

@@ -8,6 +8,7 @@ import argparse
 
 from mlflow.exceptions import MlflowException
 
+from bench import faults
 from bench.cli.flags import add_plugin_flag, add_report_flags, report_options
 from bench.cli.interrupt import Stopped, finished, rerun
 from bench.config import TRACKING_URI_DEFAULT
@@ -32,11 +33,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except MlflowException as e:  # unreachable server, bad URI: one line naming the cause
+        if faults.describe(e) is not None:
+            raise  # a fault of the store: its line (bench/cli/main.py)
         raise ValueError(f"MLflow at {args.tracking_uri or 'the default tracking URI'}: {e.message}") from None
 
 
 def _run(args: argparse.Namespace) -> int:
     uri = check_reachable(resolve_tracking_uri(args.tracking_uri))
+    faults.check_output_folder(args.out_root, "--out-root")  # a file in its place, read-only: one line now
     if args.comparison is None:  # say which one is reported when there is a choice
         client = _client(uri)
         comps = list_comparisons(client, get_experiment(client, args.experiment).experiment_id)

@@ -12,7 +12,7 @@ import dataclasses
 import sys
 
 from algorithms import list_controls
-from bench import engines, preflight
+from bench import engines, faults, preflight
 from bench.cli.flags import add_config_flags, add_preset_flag, add_report_flags, report_options
 from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.compare import (
@@ -83,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = base_config(args.config, preset=preset.path if preset else None, **flags)
     baseline = run_baseline(args.baseline, args.ablation, algos)
     check_reachable(cfg.tracking_uri)
+    faults.check_output_folder(cfg.output_dir, "--output-dir")  # a file in its place, read-only: one line now
     if not args.no_report:  # a foreign folder where the report would go: one line now, not after training
+        faults.check_output_folder(args.out_root, "--out-root")
         report_folder(args.out_root, cfg.experiment)
     for a in algos:  # what the engine cannot train: one line now, not one failed pair after another
         engines.check(dataclasses.replace(cfg, algo=a, objective_overrides=dict(params.get(a, {}))))
@@ -91,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     if not engine.capabilities.parallel_pairs and (args.executor == "ray" or (args.workers or 0) > 1):
         raise ValueError(f"--engine {engine.name} runs one pair at a time from this process (each job takes the "
                          "cluster it is given): drop --executor ray / --workers above 1")
-    for warning in preflight.check_inputs(cfg):  # every source read, answers and prompt lengths counted
+    ranges = [preflight.range_warning(a, params.get(a, {})) for a in algos]  # values outside declared ranges
+    for warning in dict.fromkeys([*filter(None, ranges), *preflight.check_inputs(cfg)]):  # every source read, ...
         print(f"bench run: warning: {warning}", file=sys.stderr)
 
     spec = ComparisonSpec(cfg, algos, seeds, params, force=args.force, workers=args.workers, executor=args.executor,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import engines, preflight, resume
+from bench import engines, faults, preflight, resume
 from bench.cli.flags import add_config_flags, config_from_args
 from bench.cli.interrupt import Stopped, rerun
 from bench.cli.progress import TrainProgress
@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = resume.train_folder(cfg)  # <output_dir>/<experiment>/<algo>-s<seed>-<configuration key>
     resume.preflight(cfg, root)  # --resume: the run's own configuration, or one line naming what differs
     check_reachable(cfg.tracking_uri)  # an unreachable server: one line now, not minutes later after the model loads
+    faults.check_output_folder(root, "--output-dir")  # a file in its place, a read-only file system: one line now
     engines.check(cfg)
     for warning in preflight.check_inputs(cfg):  # every source read, answers and prompt lengths counted
         print(f"bench train: warning: {warning}", file=sys.stderr)

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench import preflight, tune
+from bench import faults, preflight, tune
 from bench.cli.flags import add_config_flags, add_preset_flag, config_from_args
 from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.config import TrainConfig
@@ -128,6 +128,8 @@ def main(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     confirm_seeds = confirm_seeds_from_args(args, spec)
     check_reachable(spec.base.tracking_uri)
+    faults.check_output_folder(spec.base.output_dir, "--output-dir")  # a file in its place, read-only: one line now
+    faults.note(storage=tune.redact(spec.storage or tune.default_storage_url()))
     for warning in preflight.check_inputs(spec.base):  # every source read, answers and prompt lengths counted
         print(f"bench tune: warning: {warning}", file=sys.stderr)
     try:

@@ -22,7 +22,7 @@ from bench.compare.distinguish import warn_before_run
 from bench.compare.executors import Task, WorkerDied, make_executor
 from bench.compare.pairs import PairContext, PairJob, PairResult, TrainFn, initial_evals, run_pair, step0_task
 from bench.compare.plan import DEFAULTS, Pair, plan, run_dir
-from bench.compare.store import locks_dir, pair_lock
+from bench.compare.store import lock_file, pair_lock
 from bench.config import TrainConfig
 from bench.engines.lifecycle import RunFolderBusy, folder_held, folder_in_use, has_checkpoint
 from bench.folders import check_removable, experiment_dir, remove_run_folder
@@ -101,7 +101,7 @@ class ComparisonResult:
 def comparison_run(client, exp_id: str, cid: str, cfg: TrainConfig, algos: list[str], seeds: list[int]) -> str:
     """The comparison's own MLflow run (``pobench.kind=comparison``): found, or created with its config; one per
     comparison, also when two `bench run` of it start at once."""
-    with pair_lock(locks_dir(cfg.output_dir, cfg.experiment) / f"comparison-{cid}.lock", f"comparison {cid}"):
+    with pair_lock(lock_file(cfg.output_dir, cfg.experiment, f"comparison-{cid}"), f"comparison {cid}"):
         found = client.search_runs([exp_id], filter_string=(
             f"tags.`pobench.kind` = 'comparison' and tags.`pobench.comparison` = '{cid}'"), max_results=1)
         if found:

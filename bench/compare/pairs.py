@@ -17,8 +17,9 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from bench import faults
 from bench.compare.plan import Pair, finished_run, pair_config, run_dir
-from bench.compare.store import locks_dir, pair_lock
+from bench.compare.store import lock_file, pair_lock
 from bench.config import TrainConfig
 from bench.data import derive_seed, eval_problems
 from bench.engines import TrainingDiverged, TrainResult
@@ -97,7 +98,7 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
     p, ctx = job.pair, job.ctx
     cfg = ctx.cfg
     what = f"{p.variant} seed {p.seed}"
-    lock = locks_dir(cfg.output_dir, cfg.experiment) / f"{p.run_name}.lock"
+    lock = lock_file(cfg.output_dir, cfg.experiment, p.run_name)
     try:
         with pair_lock(lock, what, on_wait=lambda msg: notify("msg", job.index, msg)) as free:
             client = store_client(cfg.tracking_uri)
@@ -127,7 +128,8 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
     except TrainingDiverged as e:
         return PairResult(job.index, f"failed: {e}", "train", error=traceback.format_exc())
     except Exception as e:  # noqa: BLE001  (reported with the pair named; the other pairs go on)
-        return PairResult(job.index, f"failed: {type(e).__name__}: {e}", "train", error=traceback.format_exc())
+        said = faults.describe(e, store=cfg.tracking_uri) or f"{type(e).__name__}: {e}"  # a store's fault: its line
+        return PairResult(job.index, f"failed: {said}", "train", error=traceback.format_exc())
 
 
 def step0_task(notify: Notify, step0_fn: Callable[[TrainConfig, list[int]], dict[int, dict[str, float]]],

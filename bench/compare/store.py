@@ -29,12 +29,15 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from bench.folders import experiment_dir
+from bench.folders import lock_file as _lock_file
 
-__all__ = ["locks_dir", "pair_lock"]
+__all__ = ["lock_file", "pair_lock"]
 
 
-def locks_dir(output_dir: str | Path, experiment: str) -> Path:
-    return experiment_dir(output_dir, experiment) / ".locks"
+def lock_file(output_dir: str | Path, experiment: str, name: str) -> Path:
+    """``<output_dir>/<experiment>/.locks/<name>.lock``: ``name`` (a pair's run name, made of an objective name)
+    through the one containment helper, so the lock file stays in ``.locks`` whatever the name."""
+    return _lock_file(experiment_dir(output_dir, experiment), name)
 
 
 @contextlib.contextmanager

@@ -34,7 +34,7 @@ from filelock import FileLock, Timeout
 from mlflow.exceptions import MlflowException
 
 from algorithms import get_spec
-from bench import identity, resume, stop
+from bench import faults, identity, resume, stop
 from bench.config import TrainConfig
 from bench.engines.base import RunStopped, TrainingDiverged
 from bench.engines.native import checkpoint
@@ -77,6 +77,7 @@ def run_folder(cfg: TrainConfig) -> tuple[str, Path, Path | None]:
     if last is not None or (cfg.resume and read_run_record(run_dir) is not None):
         resume.check(cfg, run_dir)  # only the run's own configuration continues it (a larger --steps may)
     claim_run_folder(run_dir)
+    faults.check_writable(run_dir, "--run-name / --output-dir")  # before its MLflow run exists
     return cfg.run_label(), run_dir, last
 
 
@@ -325,13 +326,16 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def is_fault(e: BaseException) -> bool:
-    """A fault outside the run that a resume gets past: the MLflow server gone, a full disk or file-size limit."""
-    return isinstance(e, (StoreUnreachable, checkpoint.DiskFull)) or checkpoint.is_full(e)
+    """A fault outside the run that a resume gets past: the MLflow server gone, a full disk or file-size limit, a
+    fault of the file system or the store (read-only, something in the way: ``bench.faults.describe``)."""
+    return isinstance(e, (StoreUnreachable, checkpoint.DiskFull)) or checkpoint.is_full(e) \
+        or (isinstance(e, Exception) and faults.describe(e) is not None)
 
 
 def stopped(e: BaseException, logger: RunLogger | None, run_dir: Path | None, ended: bool) -> RunStopped:
     """The one line of a run a fault stopped: the cause, the checkpoint kept, how its MLflow run was ended."""
-    cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    cause = (None if isinstance(e, (StoreUnreachable, checkpoint.DiskFull)) else faults.describe(e)) \
+        or (str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
     parts = [cause]
     last = checkpoint.latest(run_dir) if run_dir is not None else None
     if last is not None:
@@ -360,8 +364,9 @@ def recorded(logger: RunLogger | None, on_error: Callable[[], None] | None = Non
                 try:
                     on_error()
                 except Exception as why:  # noqa: BLE001  (the run is still ended; what was kept before stays)
-                    print(f"bench: warning: the last step could not be kept: {str(why).strip()[:300]}",
-                          file=sys.stderr)
+                    if str(why) != str(e):  # (the same cause again is the line the command ends with)
+                        print(f"bench: warning: the last step could not be kept: {str(why).strip()[:300]}",
+                              file=sys.stderr)
             ended = end_run(logger, e) if logger is not None else True
             if is_fault(e):
                 raise stopped(e, logger, logger.run_dir if logger is not None else None, ended) from None

@@ -28,6 +28,7 @@ from reports.record import (
     CONFIRM_SEEDS,
     CONFIRM_TRIAL,
     FAIL_REASON,
+    FAILURE,
     KIND,
     OBJECTIVE,
     RETRY_OF,
@@ -41,6 +42,10 @@ from reports.record import (
     tracking_uri,
 )
 
+#: why a trial's runs were ended FAILED: its worker's heartbeat stopped; its worker's process was found gone
+STALE_REASON = "worker heartbeat lost"
+DEAD_REASON = "its worker process ended during the trial (killed: its trial lock was free); the trial is queued again"
+
 
 class StudyRuns:
     """MLflow bookkeeping of one study: a parent run and one nested run per trial.
@@ -51,6 +56,7 @@ class StudyRuns:
     def __init__(self, uri: str, experiment: str, study: str) -> None:
         # (each call whole: a trial stopped by a signal never leaves a write of the store half-done, holding its lock)
         self.client, self.study, self.parent_id, self.uri = store_client(uri), study, "", uri
+        self.open_trials: set[str] = set()  # the trial runs this process started and has not ended
         self.experiment_id = get_or_create_experiment(self.client, uri, experiment)  # safe against other workers
 
     def create_parent(self, study: optuna.Study, spec: TuneSpec) -> None:
@@ -92,6 +98,7 @@ class StudyRuns:
             tags[RETRY_OF] = str(origin)
         run = self.client.create_run(self.experiment_id, run_name=f"{spec.study}-t{trial.number}", tags=tags)
         rid = run.info.run_id
+        self.open_trials.add(rid)
         for k, v in params.items():
             self.client.log_param(rid, k, v)
         self.client.log_param(rid, "seeds", ",".join(map(str, spec.seeds)))
@@ -118,18 +125,44 @@ class StudyRuns:
         retry_locked(log_batch, self.client, run_id, metrics=batch, tags=[RunTag(k, v) for k, v in tags.items()])
         status = {"COMPLETE": "FINISHED", "PRUNED": "KILLED"}.get(state, "FAILED")
         retry_locked(self.client.set_terminated, run_id, status)
+        self.open_trials.discard(run_id)
 
     def close_stale_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        """A trial whose worker died: mark its run, and the training run left open under it, FAILED."""
+        """A trial whose worker died (its lock free, or its heartbeat lost): mark its run, and the training run left
+        open under it, FAILED."""
+        self.fail_trial(trial, STALE_REASON)
+
+    def fail_trial(self, trial: optuna.trial.FrozenTrial, reason: str) -> None:
+        """The runs of a trial whose worker is gone end FAILED with ``reason``."""
         rid = trial.user_attrs.get("mlflow_run_id")
-        if not rid:
-            return
+        if rid:
+            self._fail_tree(rid, reason)
+
+    def _fail_tree(self, rid: str, reason: str) -> None:
+        """The trial run ``rid`` and the training runs under it that are still RUNNING end FAILED with ``reason``."""
         children = self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{rid}'")
         for run in [self.client.get_run(rid), *children]:
             if run.info.status == "RUNNING":
-                retry_locked(self.client.set_tag, run.info.run_id, TRIAL_STATE, "FAIL")
-                retry_locked(self.client.set_tag, run.info.run_id, FAIL_REASON, "worker heartbeat lost")
+                for key in (TRIAL_STATE, FAIL_REASON, FAILURE):
+                    retry_locked(self.client.set_tag, run.info.run_id, key, "FAIL" if key == TRIAL_STATE else reason)
                 retry_locked(self.client.set_terminated, run.info.run_id, "FAILED")
+        self.open_trials.discard(rid)
+
+    def fail_open(self, reason: str) -> str:
+        """The study cannot go on (its storage lost): the trial runs this process left open, the training runs under
+        them and the study's run end FAILED with ``reason`` (``pobench.failure``). Returns what the command's line says
+        of them; a store that fails too is said, not raised."""
+        try:
+            for rid in list(self.open_trials):
+                self._fail_tree(rid, reason)
+            if self.parent_id:
+                retry_locked(self.client.set_tag, self.parent_id, FAILURE, reason[:5000])
+                retry_locked(self.client.set_terminated, self.parent_id, "FAILED")
+                return f"the study's MLflow run {self.parent_id} was ended FAILED"
+            return "no MLflow run was open"
+        except Exception as e:  # the MLflow store failing too: the line says so
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            return f"the study's MLflow run {self.parent_id} could not be ended ({first[:200]})"
 
     def log_progress(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
         if trial.value is not None:

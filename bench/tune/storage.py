@@ -15,6 +15,7 @@ import optuna
 from optuna.trial import TrialState
 
 from reports.dburl import INSTALL_HINT, with_driver
+from reports.record import store_lock
 
 DEFAULT_DIR = Path(".pobench/tune")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -69,7 +70,9 @@ def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_re
             on_stale(study, trial)
 
     try:
-        with warnings.catch_warnings():
+        # (a fresh SQLite file: its tables are created by exactly one process, under <db>.lock, as MLflow's store is;
+        # several `bench tune` started at once raced on it: "table studies already exists")
+        with warnings.catch_warnings(), store_lock(url):
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat,
                                               grace_period=grace or 4 * heartbeat,

@@ -5,25 +5,42 @@ One trial trains the same base ``TrainConfig`` once per seed with the sampled ``
 metric to Optuna (sign-flipped for the ``*_to`` metrics, so that "lower is better" holds for both the study and its
 curves) at step ``seed_index * (steps + 1) + train_step``: all trials use the same seed list, so the pruner compares
 like with like. Several workers may run one study against one storage (``bench.tune.storage``); a rerun resumes it.
+
+A worker holds a lock file while it runs a trial (:func:`trial_lock`, released by the kernel when its process dies)
+and records its host in the trial: a study opened again finds at once the RUNNING trials of this host whose lock is
+free, whose process is gone (a SIGKILL, the memory killer), and fails and re-queues them and ends their MLflow runs
+FAILED (:func:`fail_dead_trials`), instead of waiting for their heartbeat to go stale. A fault of the storage itself
+(the PostgreSQL server gone) ends the study: the runs this process left open and the study's run end FAILED and
+the command says so in one line (:class:`~bench.engines.base.RunStopped`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
+import hashlib
 import logging
+import os
+import socket
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.exc
+from filelock import FileLock, Timeout
 from optuna.trial import TrialState
 
 from bench import engines, stop
 from bench.config import TrainConfig
 from bench.engines import StopTraining, TrainingDiverged
+from bench.engines.base import RunStopped
+from bench.folders import lock_file
 from bench.tune.metric import TuneMetric, score
-from bench.tune.runs import StudyRuns
+from bench.tune.runs import DEAD_REASON, StudyRuns
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url, make_pruner, open_storage, redact
 from reports import metric_keys as K
@@ -64,12 +81,105 @@ def _check_fingerprint(study: optuna.Study, spec: TuneSpec) -> None:
                          f"same settings to resume it, or pick another --study name")
 
 
+#: what a fault of the Optuna storage raises (Optuna wraps some of SQLAlchemy's errors, not all)
+STORAGE_ERRORS = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlchemyError)
+HOST = "host"  # the trial's user attribute naming the host its worker runs on
+
+
 class _QuietWhileStopping(logging.Filter):
     """Optuna logs a trial that Ctrl-C / SIGTERM stopped as a failure, with its traceback; once a stop signal came
-    (``bench.stop``) the trial is queued again and the command says so in one line, so those records are dropped."""
+    (``bench.stop``) the trial is queued again and the command says so in one line, so those records are dropped; so
+    are those of a trial that failed because the storage did (the command's line names that)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return stop.received() is None
+        failed = record.exc_info[1] if record.exc_info else None
+        return stop.received() is None and storage_fault(failed) is None
+
+
+def storage_fault(error: BaseException | None) -> BaseException | None:
+    """The fault of the storage behind ``error`` (itself, or one it was raised from or while handling: Optuna
+    raises an ``UnboundLocalError`` of its own while handling a lost connection), else None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, STORAGE_ERRORS):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def trial_lock(spec: TuneSpec, number: int) -> Path:
+    """The lock file a worker holds while it runs trial ``number``: ``<output_dir>/.locks/tune-<study>-<8 hex of the
+    storage and study>-t<N>.lock`` (beside the trials' run folder locks; the hex keeps two storages' studies of one
+    name apart)."""
+    key = hashlib.sha256(f"{redact(spec.storage or default_storage_url())}\0{spec.study}".encode()).hexdigest()[:8]
+    return lock_file(spec.base.output_dir, f"tune-{spec.study}-{key}-t{number}")
+
+
+@contextlib.contextmanager
+def running_trial(spec: TuneSpec, trial: optuna.Trial) -> Iterator[None]:
+    """Hold trial ``trial``'s lock while it runs (its host recorded in the trial once held); removed at its end."""
+    path = trial_lock(spec, trial.number)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path))
+    lock.acquire(timeout=30)  # (a trial number is run once: nobody else holds it)
+    try:
+        trial.set_user_attr(HOST, socket.gethostname())
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        lock.release()
+
+
+def fail_dead_trials(study: optuna.Study, spec: TuneSpec, runs: StudyRuns) -> list[int]:
+    """Fail the RUNNING trials of this host whose worker process is gone (their lock free), end their MLflow runs
+    FAILED and re-queue their parameters (the storage's stale-trial callback, ``--max-retry``); returns their
+    numbers. Trials of other hosts, or without a lock (started by an earlier version), are left to the heartbeat."""
+    storage, host, failed = study._storage, socket.gethostname(), []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        path = trial_lock(spec, trial.number)
+        if trial.user_attrs.get(HOST) != host or not path.exists():
+            continue
+        try:
+            inode = path.stat().st_ino
+        except FileNotFoundError:  # its worker ended it just now
+            continue
+        lock = FileLock(str(path))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:  # its worker is alive
+            continue
+        try:
+            if os.stat(path).st_ino != inode:  # ended and removed meanwhile (the acquire made a new file)
+                path.unlink(missing_ok=True)
+                continue
+            try:
+                if not storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL):
+                    continue
+            except optuna.exceptions.UpdateFinishedTrialError:  # another process failed it first
+                continue
+            dead = copy.deepcopy(storage.get_trial(trial._trial_id))
+            runs.fail_trial(dead, DEAD_REASON)
+            callback = storage.get_heartbeat_stale_trial_callback()
+            if callback is not None:  # re-queued with its parameters (a second close of its runs finds them ended)
+                callback(study, dead)
+            path.unlink(missing_ok=True)
+            failed.append(trial.number)
+        finally:
+            lock.release()
+    return failed
+
+
+def storage_lost(spec: TuneSpec, runs: StudyRuns, error: BaseException) -> RunStopped:
+    """The one line of a study stopped by its storage (the runs this process left open and the study's run end
+    FAILED first)."""
+    cause = error.__cause__ or error  # (Optuna's StorageInternalError says only "an exception is raised")
+    first = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:300]
+    url = redact(spec.storage or default_storage_url())
+    said = runs.fail_open(f"the Optuna storage {url} failed: {first}")
+    return RunStopped(f"the Optuna storage {url} failed ({type(cause).__name__}: {first}); the study stopped, its "
+                      f"finished trials are kept in the storage and {said}; once the storage answers again, rerun "
+                      "the same command to resume the study")
 
 
 def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
@@ -86,9 +196,20 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
         optimize_log.addFilter(_QuietWhileStopping())
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study, runs = open_study(spec)  # an unreachable storage fails here, before any training
-    train_fn = train_fn or spec.train_fn or engines.train
+    try:
+        return _run_trials(spec, study, runs, train_fn or spec.train_fn or engines.train, log, worker)
+    except Exception as e:  # the storage lost mid-study: one line, no run left RUNNING
+        fault = storage_fault(e)
+        if fault is None:
+            raise
+        raise storage_lost(spec, runs, fault) from None
 
-    optuna.storages.fail_stale_trials(study)  # re-queue trials of workers that died since the last run
+
+def _run_trials(spec: TuneSpec, study: optuna.Study, runs: StudyRuns, train_fn: Callable[..., Any],
+                log: Callable[[str], None], worker: str | None) -> optuna.Study:
+    """``run_study``'s trials once the study is open."""
+    fail_dead_trials(study, spec, runs)  # re-queue trials of workers killed just now (their lock free)
+    optuna.storages.fail_stale_trials(study)  # and of workers that died elsewhere since (their heartbeat stale)
     log(f"study {spec.study!r} at {redact(spec.storage or default_storage_url())}: "
         f"{count(study, *FINISHED)}/{spec.trials} trials finished; MLflow parent run {runs.parent_id}")
 
@@ -96,6 +217,10 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
         if worker is not None:  # which worker of a `bench tune --workers N` ran it (Optuna user attribute)
             trial.set_user_attr("worker", worker)
         params = {name: rng.suggest(trial, name) for name, rng in spec.space.items()}
+        with running_trial(spec, trial):  # a rerun at once knows from its free lock that this process is gone
+            return trial_body(trial, params)
+
+    def trial_body(trial: optuna.Trial, params: dict[str, Any]) -> float:
         run_id = runs.start_trial(trial, params, spec)
 
         def report(value: float, step: int) -> bool:
@@ -138,6 +263,7 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
 
     while not _done(study, spec):
         study.optimize(objective, callbacks=[after], catch=(TrainingDiverged,), gc_after_trial=True)
+        fail_dead_trials(study, spec, runs)
         optuna.storages.fail_stale_trials(study)  # a dead worker's trial found at the end is re-queued and run
     runs.finish_parent(study, spec, complete=_done(study, spec))
     return study

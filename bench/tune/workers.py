@@ -33,7 +33,7 @@ from bench.plugins import check_shippable, with_plugins
 from bench.tracking import store_client
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url, redact
-from bench.tune.study import open_study, run_study
+from bench.tune.study import fail_dead_trials, open_study, run_study
 from bench.workers import (
     absolute_tracking_uri,
     busy,
@@ -125,6 +125,7 @@ def _run_workers(spec: TuneSpec, workers: int, n: int, executor: str, ray_addres
             spec.base, tracking_uri=absolute_tracking_uri(spec.base.tracking_uri),
             output_dir=os.path.abspath(spec.base.output_dir)))
     study, runs = open_study(spec)  # created (with its MLflow parent run) once, before the workers join it
+    fail_dead_trials(study, spec, runs)  # trials of a process killed just now: queued again for these workers
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)

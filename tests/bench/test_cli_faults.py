@@ -160,3 +160,24 @@ def test_a_stop_while_the_report_is_built_says_no_report_was_written(tmp_path, s
     assert main(argv) == 143
     assert _lines(capsys.readouterr().err) == [f"bench report: stopped by SIGTERM; kept nothing: no report written; "
                                                f"rerun: bench {shlex.join(argv)}"]
+
+
+def test_a_killed_bench_report_leaves_no_temporary_folder_after_the_next(tmp_path, store, bench_here):
+    """Issue 29: every SIGKILLed `bench report` left its hidden temporary folder (``.<comparison>.tmp-*``) beside the
+    report, and no later run removed it. The writer holds a lock on its temporary folder's marker; the next report of
+    that comparison removes the ones whose lock is free (their writer is gone), never one being written."""
+    proc = _report(tmp_path, store)
+    exp = tmp_path / "out" / "cmp"
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(exp.glob(".*.tmp-*")) and proc.poll() is None:
+        time.sleep(0.02)
+    if proc.poll() is not None:
+        pytest.skip("the report was written before its temporary folder was seen")
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert list(exp.glob(".*.tmp-*")), "the kill left no temporary folder to test with"
+    rc, _, err = bench_here(["report", "--experiment", "cmp", "--tracking-uri", store, "--out-root",
+                             str(tmp_path / "out")], tmp_path)
+    assert rc == 0, err[-3000:]
+    assert not list(exp.glob(".*.tmp-*")) and not list(exp.glob(".*.old-*")), sorted(p.name for p in exp.iterdir())
+    assert (exp / "c1" / "report.md").is_file()

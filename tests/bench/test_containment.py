@@ -144,7 +144,7 @@ def test_bench_run_force_refuses_a_foreign_folder_before_any_record(scratch, ben
 
 
 def _legacy_run(folder: Path) -> Path:
-    """A run folder as an earlier pobench left it: no marker."""
+    """A run folder as a pobench before the marker left it: no marker."""
     (folder / "ckpt-0000002").mkdir(parents=True)
     (folder / "ckpt-0000002" / "state.json").write_text("{}")
     (folder / "ckpt-0000002" / "model.pt").write_bytes(b"x")
@@ -153,34 +153,140 @@ def _legacy_run(folder: Path) -> Path:
     return folder
 
 
-def test_force_deletes_marked_and_earlier_versions_run_folders_only(tmp_path):
+def test_force_deletes_marked_and_empty_run_folders_only(tmp_path):
     root = tmp_path / "exp"
     marked = claim_run_folder(root / "new")
     (marked / "config.yaml").write_text("x")
     assert remove_run_folder(marked, root) and not marked.exists()
+    empty = root / "empty"
+    empty.mkdir()
+    assert remove_run_folder(empty, root) and not empty.exists()
+    # unmarked: an earlier version's run folder (checkpoint, config.yaml) or a user's folder with a config.yaml
     legacy = _legacy_run(root / "old")
-    assert remove_run_folder(legacy, root) and not legacy.exists()
-    only_config = root / "crashed"  # an earlier version's run that died before its first checkpoint
-    only_config.mkdir()
-    (only_config / "config.yaml").write_text("algo: grpo\nsteps: 3\n")
-    assert remove_run_folder(only_config, root)
-    mixed = _legacy_run(root / "mixed")
-    (mixed / "important.txt").write_text("notes")
-    with pytest.raises(UnsafePath, match="not deleting it"):
-        remove_run_folder(mixed, root)
     notes = root / "notes"
     notes.mkdir()
-    (notes / "config.yaml").write_text("my: own settings\n")  # a config.yaml that is not a TrainConfig
-    with pytest.raises(UnsafePath):
-        remove_run_folder(notes, root)
-    assert (mixed / "important.txt").exists() and (notes / "config.yaml").exists()
+    (notes / "config.yaml").write_text("algo: grpo\nsteps: 3\n")
+    for folder in (legacy, notes):
+        before = snapshot(folder)
+        with pytest.raises(UnsafePath, match="not deleting it"):
+            remove_run_folder(folder, root)
+        assert snapshot(folder) == before
     assert remove_run_folder(root / "absent", root) is False
 
 
-def test_earlier_versions_run_folder_is_adopted_on_resume(tmp_path):
+def test_an_unmarked_folder_is_never_claimed(tmp_path):
+    """Neither an earlier version's run folder nor a symlink is written into or marked."""
     legacy = _legacy_run(tmp_path / "grpo-s0")
-    assert claim_run_folder(legacy) == legacy and (legacy / MARKER).is_file()
+    with pytest.raises(UnsafePath, match="not writing into it"):
+        claim_run_folder(legacy)
+    assert not (legacy / MARKER).exists()
     link = tmp_path / "link"
     link.symlink_to(tmp_path.parent)
     with pytest.raises(UnsafePath):
         claim_run_folder(link)
+    assert claim_run_folder(tmp_path / "fresh") == tmp_path / "fresh" and (tmp_path / "fresh" / MARKER).is_file()
+
+
+# ------------------------------------------------------------------ issue 29: no "adopted" folder (bench/folders.py)
+def _looks_like_an_old_run(folder: Path) -> Path:
+    """A folder of the user's that only looks like a run folder of an earlier pobench: a commented ``config.yaml``
+    whose keys are all TrainConfig fields, and the user's own work in ``final/``."""
+    (folder / "final").mkdir(parents=True)
+    (folder / "final" / "thesis.tex").write_text("\\chapter{Results}\n")
+    (folder / "config.yaml").write_text("# my settings for the thesis runs\nalgo: grpo\nsteps: 3\n")
+    return folder
+
+
+def test_bench_run_force_never_deletes_an_unmarked_folder_that_looks_like_an_old_run(scratch, bench_here):
+    """`bench run --force` deleted ``final/thesis.tex`` through a pair's folder that pobench never marked: it is
+    refused in one line naming the folder, and every file in it stays."""
+    from bench.compare.plan import base_config, plan, run_dir
+
+    root, work = scratch
+    cfg = base_config(None, steps=1, prompts_per_step=2, group_size=2, max_new_tokens=8, samples_every=0,
+                      checkpoint_every=1, eval_problems=4, eval_every=0)
+    _, (pair,) = plan(cfg, ["grpo"], [0], {"grpo": {}})
+    target = _looks_like_an_old_run(work / run_dir(cfg, pair))
+    before, kept = snapshot(root), snapshot(target)
+    rc, _, err = bench_here(["run", "--force", "--algos", "grpo", "--seeds", "0", "--workers", "1", "--no-progress",
+                             "--no-report", "--eval-every", "0", *TINY], work)
+    assert rc == 2, err[-3000:]
+    assert len(errors(err)) == 1 and str(target.relative_to(work)) in err and MARKER in err, err
+    assert snapshot(target) == kept  # thesis.tex and config.yaml kept, no marker written
+    outside_unchanged(root, work, before)
+
+
+def test_bench_train_never_writes_into_or_marks_an_unmarked_folder(scratch, bench_here):
+    """`bench train --run-name` overwrote a commented ``config.yaml`` and marked the folder as pobench's (so a later
+    `--force` could delete it): refused in one line, nothing written."""
+    root, work = scratch
+    target = _looks_like_an_old_run(work / "e" / "mine")
+    before = snapshot(root)
+    rc, _, err = bench_here(["train", "--run-name", "mine", "--experiment", "e", "--output-dir", ".",
+                             "--eval-every", "0", *TINY], work)
+    assert rc == 2, err[-3000:]
+    assert len(errors(err)) == 1 and str(target.relative_to(work)) in err, err
+    assert snapshot(root) == before and not (target / MARKER).exists()
+
+
+# ------------------------------------------------------------------ issue 29: names from plugins become paths
+UNSAFE_NAMES = ["../../x", "/abs/x", "../evil", "a/b", "a b", ".hidden", "", "x" * 97]
+
+
+@pytest.fixture
+def registries():
+    """The objective and task registries as they were, after the test."""
+    from algorithms import registry as objectives
+    from evaluators import benchmarks as tasks
+
+    kept = [(d, dict(d)) for d in (objectives._REGISTRY, tasks._GENERATED, tasks._REGISTERED_BY)]
+    yield
+    for d, before in kept:
+        d.clear()
+        d.update(before)
+
+
+@pytest.mark.parametrize("name", UNSAFE_NAMES)
+def test_a_name_that_is_not_one_path_component_is_refused_at_registration(name, registries):
+    """Objective and task names become run names, folders, lock files and MLflow keys: one that is not already one
+    safe path component is refused when it is registered (one line), so it never reaches a path."""
+    from algorithms import list_objectives, register
+    from evaluators import list_benchmarks, register_task
+    from evaluators.arith import ArithTask
+
+    with pytest.raises(ValueError, match="one path component") as e:
+        register(name, base="grpo", description="escapes")
+    assert "\n" not in str(e.value) and name not in list_objectives()
+    with pytest.raises(ValueError, match="one path component"):
+        register_task(lambda **_: ArithTask(), name=name)
+    assert name not in list_benchmarks()
+
+
+def test_a_plugin_objective_named_to_escape_is_refused_before_any_file_is_written(scratch, bench_here, registries):
+    """An objective registered as ``../../../../../x`` made `bench run` create its pair's lock file outside the
+    working folder (bench/compare/pairs.py built it from the raw name): the plugin is refused in one line."""
+    root, work = scratch
+    (work / "escape.py").write_text("from algorithms import register\n"
+                                    "register('../../../../../x', base='grpo', description='escapes')\n")
+    before = snapshot(root)
+    rc, _, err = bench_here(["run", "--plugin", "escape.py", "--algos", "../../../../../x", "--seeds", "0",
+                             "--workers", "1", "--no-progress", "--no-report", "--eval-every", "0", *TINY], work)
+    outside_unchanged(root, work, before)
+    assert rc == 2, err[-3000:]
+    assert len(errors(err)) == 1 and "escape.py" in err and "../../../../../x" in err, err
+    assert not (work / ".pobench").exists()
+
+
+def test_summary_keys_of_any_objective_label_are_mlflow_keys():
+    """The comparison run's ``summary/<objective>/...`` keys: a label read back from a store (a variant, a name of
+    another version) never makes a key MLflow refuses (``../evil`` ended `bench run` in a traceback)."""
+    from mlflow.utils.validation import _validate_metric_name
+
+    from reports import metric_keys as K
+    from reports.sections import summary_key
+
+    keys = {label: summary_key(K.SUMMARY_GAIN, label) for label in ("../evil", "grpo+3f2a1b", "a/../b", ".x", "tepo")}
+    for key in keys.values():
+        _validate_metric_name(key)
+    assert keys["tepo"] == "summary/tepo/gain" and keys["grpo+3f2a1b"] == "summary/grpo_3f2a1b/gain"  # as before
+    assert len(set(keys.values())) == len(keys)

@@ -90,6 +90,61 @@ def test_the_comparison_hash_changes_with_the_plugin_source_not_its_path(tmp_pat
     assert TrainConfig(plugins=[]).comparison_hash() == TrainConfig().comparison_hash()  # hashes of earlier runs
 
 
+def test_a_plugin_s_identity_covers_the_local_modules_it_imports(tmp_path):
+    """Issue 29: a plugin's identity was its own file's digest only, so a module it imports changing a setting (here
+    the KL coefficient its objective registers with) reused the old runs under the new meaning. Its identity now
+    covers the source of every module it imports from outside installed packages, at import time or later inside a
+    function; the same source elsewhere keeps it, and a plugin without such imports keeps the digest it had (each
+    hash in a fresh process, as a new command computes it)."""
+    lib = tmp_path / "lib"
+    (lib / "helpers").mkdir(parents=True)
+    (lib / "settings.py").write_text("KL = 0.0\n")
+    (lib / "helpers" / "__init__.py").write_text("")
+    (lib / "helpers" / "deep.py").write_text("SCALE = 1.0\n")
+    plugin = tmp_path / "plug.py"
+    plugin.write_text("import json\nimport torch\nimport settings\nfrom algorithms import register\n"
+                      "register('grpo-set', base='grpo', description='x', kl_coef=settings.KL)\n"
+                      "def later():\n    from helpers.deep import SCALE\n    return SCALE\n")
+    alone = tmp_path / "alone.py"
+    alone.write_text("import json\nX = 1\n")
+    code = f"""
+        import json
+        from bench.config import TrainConfig
+        from bench.plugins import record
+        print(json.dumps([TrainConfig(plugins=[{str(plugin)!r}]).comparison_hash(), record([{str(plugin)!r}]),
+                          record([{str(alone)!r}])]))
+    """
+
+    def identity() -> list[str]:
+        done = _python(code, tmp_path, PYTHONPATH=f"{ROOT}:{lib}")
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.splitlines()[-1])
+
+    first = identity()
+    from bench.plugins import source_digest
+
+    assert first[2] == f"alone.py@{source_digest(alone)}"  # no local import: the digest runs were stored under
+    (lib / "settings.py").write_text("KL = 0.1\n")
+    changed_setting = identity()
+    (lib / "settings.py").write_text("KL = 0.0\n")
+    (lib / "helpers" / "deep.py").write_text("SCALE = 2.0\n")
+    changed_lazy = identity()
+    (lib / "helpers" / "deep.py").write_text("SCALE = 1.0\n")
+    assert changed_setting[0] != first[0] and changed_lazy[0] != first[0]          # the comparison hash
+    assert changed_setting[1] != first[1] and changed_lazy[1] != first[1]          # the run's pobench.plugins tag
+    assert identity() == first                                                      # the same source: the same runs
+
+
+def test_a_plugin_importing_by_a_computed_name_is_warned_about(tmp_path, capsys):
+    """What a plugin imports by a name computed at run time cannot be known from its source: `bench` says so in one
+    line (the modules it imported while loading are covered all the same)."""
+    (tmp_path / "dyn.py").write_text("import importlib\nNAME = 'json'\nmod = importlib.import_module(NAME)\n")
+    assert main(["list", "--plugin", str(tmp_path / "dyn.py")]) == 0
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if "warning" in ln]
+    assert len(lines) == 1 and "computed at run time" in lines[0] and "dyn.py:3" in lines[0], err
+
+
 def test_the_example_plugins_register_an_objective_and_a_task_with_its_own_verifier(capsys):
     load_plugins([OBJECTIVES, TASK])
     assert get_objective("grpo-nokl").config.kl_coef == 0.0 and get_objective("grpo").config.kl_coef > 0
@@ -156,6 +211,17 @@ def test_a_plugin_that_cannot_load_is_one_line_and_nothing_runs(tmp_path, capsys
         assert len(err.strip().splitlines()) == 1
     assert main(["run", "--algos", "sign-pg-typo", "--tracking-uri", uri, "--no-progress"]) == 2
     assert not (tmp_path / "m.db").exists()
+
+
+def test_a_plugin_that_calls_sys_exit_while_imported_is_one_line_not_a_silent_exit(tmp_path):
+    """Issue 29: a plugin calling ``sys.exit(3)`` at import ended `bench` silently with 3, the code documented as
+    "diverged": it is the plugin's failure to load, one line and exit 2 (a real process, as a user runs it)."""
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    done = subprocess.run([sys.executable, "-m", "bench.cli", "list", "--plugin", "exits.py"], cwd=tmp_path,
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    (line,) = done.stderr.strip().splitlines()
+    assert "plugin exits.py failed to load: it called sys.exit(3) while imported" in line, done.stderr
 
 
 def test_a_notebook_objective_gets_one_line_and_an_imported_module_reaches_the_workers(tmp_path):

@@ -97,3 +97,70 @@ def test_params_written_for_another_objective(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["run", "--algos", "dapo", "--params", str(best), "--no-progress"]) == 2
     assert "its `algo:` line" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ issue 29: a data file's error names file:line
+def _undecodable(path: Path) -> Path:
+    """A data file whose third line holds bytes that are not UTF-8 (a Latin-1 "é")."""
+    good = json.dumps({"question": "Ann has 2 pens and gets 3 more. How many?", "answer": "#### 5"}).encode()
+    path.write_bytes(good + b"\n" + good + b"\n" + b'{"question": "caf\xe9 costs 3", "answer": "#### 3"}\n')
+    return path
+
+
+@pytest.mark.parametrize("suffix, where", [(".jsonl", ":3"), (".json", ":3"), (".parquet", "")])
+def test_a_data_file_that_cannot_be_read_is_one_line_naming_file_and_line(suffix, where, tmp_path, monkeypatch,
+                                                                         capsys):
+    """Non-UTF-8 bytes in a data file crashed the error message itself (bench/preflight.py rebuilt the
+    UnicodeDecodeError with one argument: a TypeError traceback); a file that is no parquet gave pyarrow's error. Now
+    one line naming ``file:line`` (where the file has lines) and the flag, exit 2, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    bad = _undecodable(tmp_path / f"bad{suffix}")
+    assert cli.main(["train", "--task", "gsm8k", "--data", str(bad), "--eval-data", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("bench train: error: --data: ") and f"{bad}{where}" in err, err
+    assert sorted(os.listdir(tmp_path)) == [bad.name]  # no store, no run folder
+
+
+def test_skip_bad_rows_skips_an_undecodable_line(tmp_path):
+    from evaluators.sources import read_file
+
+    rows = read_file(_undecodable(tmp_path / "d.jsonl"), skip_bad_rows=True)
+    assert len(rows.rows) == 2 and len(rows.skipped) == 1 and rows.skipped[0].startswith(f"{tmp_path}/d.jsonl:3:")
+
+
+# ------------------------------------------------------------------ issue 29: values outside an objective's ranges
+def test_tepo_thresholds_outside_their_declared_ranges_are_one_warning_before_training(tmp_path, monkeypatch,
+                                                                                       capsys):
+    """TEPO's KL-mask thresholds beyond the ranges TEPO declares (τ_A = 5 above every standardised advantage of a
+    small group, τ_H = 3 nats) keep the mask from ever firing: they were accepted without a word. Now one warning
+    line names the objective, each field, its value and its declared range, before any model loads (a warning, not a
+    refusal: a value outside the search range can be a deliberate ablation). No objective's defaults warn."""
+    from algorithms import default_config, list_objectives
+
+    cfg = TrainConfig(algo="tepo", objective_overrides={"adv_threshold": 5.0, "entropy_threshold": 3.0})
+    (line,) = [w for w in preflight.check_inputs(cfg) if "declares" in w]
+    assert line.startswith("objective tepo: adv_threshold=5 (declared range [0, 1]), entropy_threshold=3 (declared "
+                           "range [0, 0.5]) are outside"), line
+    assert not [n for n in list_objectives() if default_config(n).outside_ranges()]
+    assert not [w for w in preflight.check_inputs(TrainConfig(algo="tepo", objective_overrides={"kl_coef": 0.0,
+                                                                                                "adv_threshold": 5.0}))
+                if "declares" in w]  # the mask is off: its threshold acts on nothing
+
+
+@pytest.mark.slow
+def test_bench_run_warns_of_params_outside_an_objective_s_ranges(tmp_path, bench_here, monkeypatch):
+    """The same through `bench run --params` (the fake trainer: the warning comes before any pair trains)."""
+    from tests.bench import fake_trainer
+    from tests.conftest import fresh_store
+
+    fake_trainer.inject(monkeypatch.setattr)
+    fresh_store(tmp_path)
+    (tmp_path / "p.yaml").write_text("tepo: {adv_threshold: 5.0}\n")
+    rc, _, err = bench_here(["run", "--algos", "grpo,tepo", "--params", "p.yaml", "--seeds", "0", "--workers", "1",
+                             "--no-progress", "--no-report", "--steps", "1", "--eval-every", "0"], tmp_path)
+    assert rc == 0, err[-3000:]
+    warned = [ln for ln in err.splitlines() if "declares" in ln]
+    assert warned == ["bench run: warning: objective tepo: adv_threshold=5 (declared range [0, 1]) is outside the "
+                      "range it declares (bench list --details): a threshold there may keep its term from ever acting "
+                      "(TEPO's KL mask); check the value"], err

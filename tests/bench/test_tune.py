@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 from bench import tune
 from bench.cli import main as cli_main
 from bench.tune.outputs import write_outputs
+from bench.tune.runs import DEAD_REASON
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("tune_worker.py")
@@ -387,7 +388,8 @@ def test_killed_worker_is_resumed_and_its_trial_retried(tmp_path, mlflow_server)
     assert sum(st in tune.FINISHED for st in states.values()) == n
     runs = {r.data.tags["pobench.trial"]: r for r in _runs(mlflow_server, exp, "tune-trial", study)}
     dead = runs[str(victim.number)]
-    assert dead.info.status == "FAILED" and dead.data.tags["pobench.fail_reason"] == "worker heartbeat lost"
+    # (on this host its free trial lock tells the worker is gone, before the heartbeat does: bench/tune/study.py)
+    assert dead.info.status == "FAILED" and dead.data.tags["pobench.fail_reason"] == DEAD_REASON
     assert runs[str(retries[0].number)].data.tags["pobench.retry_of"] == str(victim.number)
 
 

@@ -165,7 +165,7 @@ def _commit(run_dir: Path, step: int, state: dict[str, Any], fill: Callable[[Pat
     ones, oldest first."""
     final = run_dir / f"{PREFIX}{step:07d}"
     tmp = run_dir / f"{PREFIX}{step:07d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    clear_leftover(tmp)
     try:
         tmp.mkdir(parents=True)
         files = fill(tmp)
@@ -199,6 +199,16 @@ def _engine_dir(ckpt: Path, run_dir: Path) -> Path | None:
         return None
     path, root = Path(named).resolve(), run_dir.resolve()
     return path if root in path.parents else None
+
+
+def clear_leftover(tmp: Path) -> None:
+    """Remove the temporary folder an interrupted write left at ``tmp`` (pobench's own: it writes folders there).
+    Anything else at that name is not pobench's and stays: FileExistsError naming it (one line at the command
+    line); a folder that cannot be removed: the OSError naming the file."""
+    if tmp.is_dir() and not tmp.is_symlink():
+        shutil.rmtree(tmp)
+    elif tmp.exists() or tmp.is_symlink():
+        raise FileExistsError(errno.EEXIST, "a file where pobench writes its temporary folder", str(tmp))
 
 
 def save(run_dir: str | Path, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -237,7 +247,8 @@ def save_final(run_dir: str | Path, write: Callable[[Path], None]) -> Path:
     older one). Returns ``<run>/final``."""
     run_dir = Path(run_dir)
     dest, tmp, old = run_dir / "final", run_dir / FINAL_TMP, run_dir / ".final.old"
-    shutil.rmtree(tmp, ignore_errors=True)
+    clear_leftover(tmp)
+    clear_leftover(old)
     try:
         tmp.mkdir(parents=True)
         write(tmp)

@@ -1,0 +1,224 @@
+"""Faults of the MLflow store, the Optuna storage and the file system, each as ONE line: the cause, the path or URI,
+and what to do (docs/RELIABILITY.md). Two halves, one wording:
+
+- before any work, what can be known is checked and refused as bad input (ValueError: exit 2): :func:`check_store`
+  (a local SQLite store that is not a file, not SQLite, truncated, of another MLflow schema revision, or read-only:
+  the file or the folder SQLite writes its journal in; ``bench.tracking.check_reachable`` calls it for every
+  command), :func:`check_output_folder` (``--output-dir`` / ``--out-root`` naming a file, or on a read-only file
+  system) and :func:`check_writable` (a run folder);
+- a fault met during the work is turned into its line by :func:`describe` (``bench/cli/main.py``, every command:
+  exit 1), whatever raised it: an ``OSError`` of the file system, SQLite / SQLAlchemy errors of the MLflow store
+  (directly or inside an ``MlflowException``), Optuna's storage errors. What was computed stays: a training run's
+  own faults are ended by its lifecycle first (``RunStopped``); this is what reaches the command line.
+
+Nothing here writes: the store is opened read-only (``mode=ro``) to read its schema revision.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+from pathlib import Path
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+class StoreFault(ValueError):
+    """A store or folder that cannot be used, found before any work (one line; exit 2)."""
+
+
+#: the store and storage this command uses (``note``: the tracking URI its check resolved, the Optuna storage), which
+#: its fault line names: the exceptions of SQLite and SQLAlchemy do not say which database they came from
+_USED: dict[str, str] = {}
+
+
+def note(*, store: str | None = None, storage: str | None = None) -> None:
+    """Record the MLflow store / Optuna storage (password hidden) the command uses, for :func:`describe`."""
+    _USED.update({k: v for k, v in (("store", store), ("storage", storage)) if v})
+
+
+# ------------------------------------------------------------------ before any work
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a local SQLite URI (None for any other store, or an in-memory one)."""
+    if not uri.startswith("sqlite:"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    db = make_url(uri).database
+    return Path(db) if db and db != ":memory:" else None
+
+
+def _existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _why_not_writable(path: Path) -> str | None:
+    """Why ``path`` (an existing file or folder) cannot be written, or None when it can."""
+    if os.access(path, os.W_OK | (os.X_OK if path.is_dir() else 0)):
+        return None
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return "a read-only file system"
+    except OSError:
+        pass
+    return "no write permission (read-only for this user)"
+
+
+def check_store(uri: str) -> None:
+    """Refuse (StoreFault, one line) a local SQLite store that cannot be used, before any work: see the module doc.
+    A store that does not exist yet is fine (it is created); other stores are checked by their server."""
+    db = sqlite_file(uri)
+    if db is None:
+        return
+    if db.exists() and not db.is_file():
+        raise StoreFault(f"the MLflow store {db} ({uri}) is not a file; give --tracking-uri sqlite:///<a file>")
+    folder = _existing(db.parent)
+    if not folder.is_dir():
+        raise StoreFault(f"the MLflow store {db}: {folder} is a file, not a folder; give another --tracking-uri")
+    for what, path in (("", db), (f"its folder {folder}: ", folder)):
+        why = _why_not_writable(path) if path.exists() else None
+        if why:
+            raise StoreFault(f"the MLflow store {db} is read-only ({what}{why}; SQLite writes the file and a journal "
+                             "beside it): make both writable, or give --tracking-uri sqlite:///<a writable path>")
+    if db.exists() and db.stat().st_size:
+        _check_sqlite(db, uri)
+
+
+def _check_sqlite(db: Path, uri: str) -> None:
+    with open(db, "rb") as f:
+        header = f.read(100)
+    away = ("move it away (pobench does not write into it) to start a new store there, or give another "
+            "--tracking-uri")
+    if not header.startswith(SQLITE_MAGIC):
+        raise StoreFault(f"the MLflow store {db} is not an SQLite database (its first bytes are {header[:16]!r}); "
+                         + away)
+    page = int.from_bytes(header[16:18], "big")
+    page = 65536 if page == 1 else page
+    pages, counter, valid_for = (int.from_bytes(header[i:i + 4], "big") for i in (28, 24, 92))
+    if pages and counter == valid_for and db.stat().st_size < pages * page:
+        raise StoreFault(f"the MLflow store {db} is damaged: truncated ({db.stat().st_size} bytes of the "
+                         f"{pages * page} its header declares); restore it from a backup, or " + away)
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=20)
+        try:
+            row = con.execute("select version_num from alembic_version").fetchone()
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        if "no such table" in str(e):
+            raise StoreFault(f"the MLflow store {db} is an SQLite database but not MLflow's (no alembic_version "
+                             "table); " + away) from None
+        if "locked" in str(e):
+            return  # (another process writes it now: MLflow waits for it)
+        raise StoreFault(f"the MLflow store {db} is damaged ({e}); restore it from a backup, or " + away) from None
+    if row is not None:
+        schema_revision(db, uri, row[0])
+
+
+def schema_revision(db: Path | str, uri: str, found: str) -> None:
+    """Refuse a store whose schema revision is not the installed MLflow's: a newer MLflow's (unknown here: upgrade
+    MLflow; MLflow's own advice, ``mlflow db upgrade``, cannot go back) or an older one's (``mlflow db upgrade``)."""
+    import mlflow
+    from alembic.script import ScriptDirectory
+    from mlflow.store.db.utils import _get_alembic_config
+
+    script = ScriptDirectory.from_config(_get_alembic_config(db_url=""))
+    head = script.get_current_head()
+    if found == head:
+        return
+    try:
+        known = script.get_revision(found) is not None
+    except Exception:  # alembic: "No such revision"
+        known = False
+    if not known:
+        raise StoreFault(f"the MLflow store {db} was written by a newer MLflow (its schema revision {found} is "
+                         f"unknown to MLflow {mlflow.__version__} installed here): upgrade MLflow (pip install -U "
+                         "mlflow) to use it, or give another --tracking-uri")
+    raise StoreFault(f"the MLflow store {db} was written by an older MLflow (schema revision {found}; MLflow "
+                     f"{mlflow.__version__} expects {head}): back it up, then run `mlflow db upgrade {uri}`, or give "
+                     "another --tracking-uri")
+
+
+def check_output_folder(path: str | Path, flag: str) -> None:
+    """Refuse (StoreFault, one line naming ``flag``) a folder pobench will write into when a file stands at it or
+    above it, or it cannot be written (checked on its nearest existing folder)."""
+    existing = _existing(Path(path))
+    if not existing.is_dir():
+        where = "" if existing == Path(os.path.abspath(path)) else f" ({existing} is a file)"
+        raise StoreFault(f"{flag} {path}: not a folder{where}; give a folder (it is created when missing)")
+    why = _why_not_writable(existing)
+    if why:
+        raise StoreFault(f"{flag} {path}: cannot be written ({existing}: {why}); give a writable folder")
+
+
+def check_writable(folder: str | Path, what: str) -> None:
+    """Refuse (StoreFault) an existing ``folder`` that cannot be written (``what`` says what to choose instead)."""
+    why = _why_not_writable(Path(folder)) if Path(folder).is_dir() else None
+    if why:
+        raise StoreFault(f"{folder} cannot be written ({why}); make it writable, or choose another {what}")
+
+
+# ------------------------------------------------------------------ during the work
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+_IN_THE_WAY = (errno.ENOTDIR, errno.EEXIST, errno.EISDIR)
+
+
+def _chain(error: BaseException | None):
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def describe(error: BaseException, store: str | None = None, storage: str | None = None) -> str | None:
+    """The one line of a fault of the MLflow store (``store``: its URI; default: the one :func:`note` recorded), the
+    Optuna storage (``storage``, password hidden) or the file system behind ``error``; None when ``error`` is none
+    of those (a bug: its traceback is shown)."""
+    store, storage = store or _USED.get("store"), storage or _USED.get("storage")
+    for e in _chain(error):
+        text = str(e)
+        if isinstance(e, OSError) and e.errno in (*_NO_SPACE, *_READ_ONLY, *_IN_THE_WAY) and e.filename is not None:
+            return _os_line(e)
+        db = f"the MLflow store {store}" if store else "the MLflow store"
+        if "readonly database" in text or "read-only database" in text:
+            return (f"{db} became read-only (attempt to write a readonly database): make the file and its folder "
+                    "writable, then rerun")
+        if "database disk image is malformed" in text or "file is not a database" in text:
+            return f"{db} is damaged ({_first(text)}); restore it from a backup, or move it away and rerun"
+        if "unable to open database file" in text:
+            return f"{db} cannot be opened (unable to open database file): check its folder exists and is writable"
+        if "Detected out-of-date database schema" in text and store:
+            try:
+                found = text.split("found version ")[1].split(",")[0]
+                schema_revision(sqlite_file(store) or store, store, found)
+            except StoreFault as fault:
+                return str(fault)
+            except (IndexError, ImportError):
+                pass
+        if type(e).__name__ == "StorageInternalError":  # (Optuna's: its own text says only that one was raised)
+            cause = e.__cause__ or e
+            return (f"the Optuna storage {storage or ''} failed ({type(cause).__name__}: {_first(str(cause))}); the "
+                    "finished trials are kept in it: once it answers again, rerun the same command")
+    return None
+
+
+def _first(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0][:300]
+
+
+def _os_line(e: OSError) -> str:
+    path = e.filename
+    why = e.strerror or os.strerror(e.errno)
+    if e.errno in _NO_SPACE:
+        return f"no space left on device while writing {path} ({why}): free space"
+    if e.errno in _READ_ONLY:
+        kind = "a read-only file system" if e.errno == errno.EROFS else "no permission"
+        return f"{path} cannot be written ({why}: {kind}); make it writable, or choose another folder"
+    return f"{path}: {why} (something not pobench's is in the way); move it away"

@@ -1,0 +1,204 @@
+"""Faults of the MLflow store and the file system, as issue 29's new user met them in `bench train`, `bench run` and
+`bench report`: a read-only `mlflow.db` or working folder, a truncated or non-SQLite `mlflow.db`, a store of another
+MLflow schema revision, a plain path as tracking URI, a run folder that cannot be written, a leftover temporary
+checkpoint, `--output-dir` / `--out-root` naming a file. Each is one line naming the cause, the path or URI and what
+to do, with the documented exit code (2 when found before any work, 1 when met during it), and no traceback.
+
+Real files, a real SQLite store (a comparison trained by the fake trainer, tests/bench/fake_trainer.py) and real
+processes where the fault is a read-only file system: a read-only bind mount in a private mount namespace
+(``unshare -m``) when the tests run as root (whom permissions do not stop), ``chmod`` otherwise."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import fresh_store
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKE_CLI = [sys.executable, str(ROOT / "tests" / "bench" / "fake_trainer.py")]
+TINY = ["--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8", "--samples-every",
+        "0", "--checkpoint-every", "1", "--eval-problems", "4"]
+RUN = ["run", "--algos", "grpo", "--seeds", "0", "--workers", "1", "--no-progress", "--eval-every", "1", *TINY]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    return {**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory) -> Path:
+    """A working folder with a finished comparison (`bench run`, fake trainer) in its default store ``mlflow.db``."""
+    work = tmp_path_factory.mktemp("compared")
+    fresh_store(work)
+    done = subprocess.run([*FAKE_CLI, *RUN, "--no-report"], cwd=work, env=_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return work
+
+
+@pytest.fixture
+def work(compared, tmp_path) -> Path:
+    folder = tmp_path / "w"
+    shutil.copytree(compared, folder)
+    return folder
+
+
+def bench(work: Path, argv: list[str], read_only: list[str] = ()) -> tuple[int, list[str]]:
+    """``bench ARGV`` (the fake trainer injected) as a process in ``work``, the paths ``read_only`` made read-only
+    for it; returns its exit code and its stderr lines (MLflow's INFO lines left out)."""
+    command = [*FAKE_CLI, *argv]
+    if read_only and os.geteuid() == 0:
+        if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"]).returncode != 0:
+            pytest.skip("running as root without a private mount namespace (unshare -m): no read-only file system")
+        mounts = " && ".join(f"mount --bind {p} {p} && mount -o remount,bind,ro {p}" for p in read_only)
+        command = ["unshare", "-m", "sh", "-c", f"{mounts} && cd {work} && exec \"$@\"", "sh", *command]
+    elif read_only:
+        for p in read_only:
+            (work / p).chmod(0o555 if (work / p).is_dir() else 0o444)
+    done = subprocess.run(command, cwd=work, env=_env(), capture_output=True, text=True, timeout=600)
+    return done.returncode, [ln for ln in done.stderr.splitlines() if ln.strip() and " INFO mlflow" not in ln]
+
+
+def one_line(lines: list[str], *parts: str) -> str:
+    assert len(lines) == 1 and "Traceback" not in lines[0], "\n".join(lines[-40:])
+    for part in parts:
+        assert part in lines[0], lines[0]
+    return lines[0]
+
+
+def running(work: Path) -> list[str]:
+    db = sqlite3.connect(f"file:{work / 'mlflow.db'}?mode=ro", uri=True)
+    return [r[0] for r in db.execute("select run_uuid from runs where status = 'RUNNING'")]
+
+
+COMMANDS = {"train": ["train", "--eval-every", "0", *TINY], "run": [*RUN[:4], "1", *RUN[5:]], "report": ["report"]}
+
+
+# ------------------------------------------------------------------ the store
+@pytest.mark.slow
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_a_read_only_store_is_one_line_before_any_work(work, command):
+    """MLflow's `attempt to write a readonly database`, with its logged tracebacks, after the model loaded."""
+    rc, lines = bench(work, COMMANDS[command], read_only=["mlflow.db"])
+    assert rc == 2, lines[-40:]
+    one_line(lines, f"bench {command}: error: ", str(work / "mlflow.db"), "read-only")
+    assert not (work / ".pobench" / "runs" / "pobench" / "grpo-s1").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["train", "report"])
+def test_a_read_only_working_folder_is_one_line_before_any_work(work, command):
+    """SQLite writes its journal beside the store: a read-only folder makes the store read-only too."""
+    rc, lines = bench(work, COMMANDS[command], read_only=["."])
+    assert rc == 2, lines[-40:]
+    one_line(lines, f"bench {command}: error: ", str(work), "read-only")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "text"])
+@pytest.mark.parametrize("command", ["train", "report"])
+def test_a_damaged_or_foreign_store_file_is_one_line(work, command, damage):
+    db = work / "mlflow.db"
+    if damage == "truncated":
+        os.truncate(db, 8192)
+    else:
+        db.write_text("my notes\n")
+    before = db.read_bytes()
+    rc, lines = bench(work, COMMANDS[command])
+    assert rc == 2, lines[-40:]
+    one_line(lines, f"bench {command}: error: ", str(db), "move it away")
+    assert db.read_bytes() == before  # pobench never writes into it
+
+
+@pytest.mark.parametrize("newer", [True, False], ids=["newer", "older"])
+def test_a_store_of_another_schema_revision_says_which_way_to_go(work, newer):
+    """MLflow's message advises `mlflow db upgrade` whatever the revision; for a store written by a NEWER MLflow that
+    would fail (its revision is unknown here): the line says to upgrade MLflow instead."""
+    db = sqlite3.connect(work / "mlflow.db")
+    db.execute("update alembic_version set version_num = ?", ("ffffffffffff" if newer else "0584bdc529eb",))
+    db.commit()
+    db.close()
+    rc, lines = bench(work, COMMANDS["train"])
+    assert rc == 2, lines[-40:]
+    line = one_line(lines, "bench train: error: ", str(work / "mlflow.db"))
+    if newer:
+        assert "newer MLflow" in line and "pip install -U mlflow" in line and "db upgrade" not in line, line
+    else:
+        assert "older MLflow" in line and "mlflow db upgrade" in line, line
+
+
+@pytest.mark.parametrize("uri", ["store", "/abs/store", "file:store"])
+def test_a_plain_path_as_tracking_uri_is_one_line(work, uri):
+    rc, lines = bench(work, [*COMMANDS["train"], "--tracking-uri", uri.replace("/abs", str(work))])
+    assert rc == 2, lines[-40:]
+    one_line(lines, "bench train: error: ", "sqlite:///", "MLFLOW_ALLOW_FILE_STORE")
+
+
+# ------------------------------------------------------------------ the file system
+@pytest.mark.parametrize("command, flag", [("train", "--output-dir"), ("run", "--output-dir"),
+                                           ("report", "--out-root")])
+def test_a_file_named_as_an_output_folder_is_one_line(work, command, flag):
+    (work / "afile").write_text("mine\n")
+    rc, lines = bench(work, [*COMMANDS[command], flag, "afile"])
+    assert rc == 2, lines[-40:]
+    one_line(lines, f"bench {command}: error: {flag} afile", "not a folder")
+    assert (work / "afile").read_text() == "mine\n"
+
+
+@pytest.mark.slow
+def test_a_run_folder_that_cannot_be_written_is_one_line_and_no_run_is_left_running(work):
+    """The run folder (pobench's, marked) is on a read-only file system: its MLflow run must not stay RUNNING."""
+    run_dir = work / ".pobench" / "runs" / "pobench" / "mine"
+    run_dir.mkdir(parents=True)
+    (run_dir / ".pobench-owned").write_text("run\n")
+    rc, lines = bench(work, ["train", "--eval-every", "0", "--run-name", "mine", *TINY],
+                      read_only=[str(run_dir.relative_to(work))])
+    assert rc in (1, 2), lines[-40:]
+    one_line(lines, "bench train: ", ".pobench/runs/pobench/mine", "read-only")
+    assert not running(work)
+
+
+@pytest.mark.parametrize("leftover", ["ckpt-0000001.tmp", ".final.tmp"])
+def test_a_leftover_temporary_file_in_a_run_folder_is_one_line_and_kept(work, leftover):
+    """A file where pobench writes its temporary checkpoint / final folder (pobench writes folders there, so it is
+    not pobench's): one line naming it, kept as it is, the run FAILED (not RUNNING)."""
+    run_dir = work / ".pobench" / "runs" / "pobench" / "mine"
+    run_dir.mkdir(parents=True)
+    (run_dir / ".pobench-owned").write_text("run\n")
+    (run_dir / leftover).write_text("not pobench's\n")
+    rc, lines = bench(work, ["train", "--eval-every", "0", "--run-name", "mine", *TINY])
+    assert rc == 1, lines[-40:]
+    one_line(lines, "bench train: stopped: ", str(Path(".pobench/runs/pobench/mine") / leftover), "move it away")
+    assert (run_dir / leftover).read_text() == "not pobench's\n"
+    assert not running(work)
+
+
+def test_a_store_fault_met_during_the_work_is_described_from_the_real_error(tmp_path):
+    """The mechanism every command ends with (bench/cli/main.py: ``bench.faults.describe``), on the errors SQLite,
+    SQLAlchemy and MLflow really raise: a write to a read-only database, inside MLflow's own exception too."""
+    import sqlalchemy
+    from mlflow.exceptions import MlflowException
+
+    from bench import faults
+
+    db = tmp_path / "mlflow.db"
+    sqlite3.connect(db).execute("create table t (x)").connection.commit()
+    engine = sqlalchemy.create_engine(f"sqlite:///file:{db}?mode=ro&uri=true")
+    with pytest.raises(sqlalchemy.exc.OperationalError) as raised:
+        with engine.begin() as con:
+            con.execute(sqlalchemy.text("insert into t values (1)"))
+    uri = f"sqlite:///{db}"
+    for error in (raised.value, MlflowException(str(raised.value))):
+        line = faults.describe(error, store=uri)
+        assert line is not None and line.startswith(f"the MLflow store {uri} became read-only"), line
+    assert faults.describe(ValueError("a bug")) is None  # anything else keeps its traceback
+    full = OSError(28, "No space left on device", str(tmp_path / "x"))
+    assert faults.describe(full) == f"no space left on device while writing {tmp_path / 'x'} (No space left on " \
+                                    "device): free space"

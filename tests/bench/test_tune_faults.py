@@ -1,0 +1,103 @@
+"""`bench tune` after the faults of issue 29, as a user meets them: real processes, a real SQLite storage and MLflow
+store, a real PostgreSQL server (tests/pg.py); the trainer is the injected fake one (tests/bench/fake_trainer.py:
+the study, its storage, its MLflow runs and the processes are real). No run may be left RUNNING and no traceback
+printed."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import optuna
+import pytest
+
+from tests.bench import fake_trainer
+from tests.bench.test_signals import FAKE_CLI, Proc, checkpointed, statuses
+from tests.conftest import fresh_store
+
+
+def _argv(tmp_path, storage: str, uri: str, steps: int = 30, trials: int = 2) -> list[str]:
+    return ["tune", "--algo", "grpo", "--trials", str(trials), "--steps", str(steps), "--seeds", "0", "--study", "st",
+            "--storage", storage, "--tracking-uri", uri, "--experiment", "tx", "--out", "out", "--eval-every", "5",
+            "--samples-every", "0", "--sampler-seed", "0", "--checkpoint-every", "1", "--workers", "1"]
+
+
+@pytest.mark.slow
+def test_a_sigkilled_bench_tune_then_the_same_command_at_once_leaves_no_run_running(tmp_path, bench_here,
+                                                                                     monkeypatch):
+    """Issue 29: `bench tune` SIGKILLed mid-trial, then the same command at once (the dead trial's heartbeat not yet
+    stale) finished with exit 0 while the killed trial's MLflow run and its training run stayed RUNNING. The trial's
+    worker holds a lock while it runs the trial, which the kernel releases when it dies: the rerun sees at once that
+    its process is gone, fails and re-queues it, and ends its runs FAILED."""
+    uri = fresh_store(tmp_path)
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    argv = _argv(tmp_path, storage, uri)
+    proc = Proc([*FAKE_CLI, *argv], tmp_path, FAKE_STEP_S="0.3")
+    proc.wait_for(lambda: checkpointed(tmp_path / ".pobench" / "runs"), "the first trial's checkpoint")
+    os.killpg(proc.p.pid, signal.SIGKILL)
+    proc.finish(timeout=60)
+    assert "RUNNING" in statuses(uri, "tx", "tune-trial")  # what the kill left
+    fake_trainer.inject(monkeypatch.setattr)
+    rc, _, err = bench_here(argv, tmp_path, FAKE_STEP_S="0")  # at once: well within the heartbeat's grace (120 s)
+    assert rc == 0 and "Traceback" not in err, err[-3000:]
+    assert "RUNNING" not in statuses(uri, "tx"), statuses(uri, "tx")
+    study = optuna.load_study(study_name="st", storage=storage)
+    states = [t.state.name for t in study.trials]
+    assert states[0] == "FAIL" and states.count("COMPLETE") >= 2 and "RUNNING" not in states, states
+    assert study.trials[0].params in [t.params for t in study.trials[1:]]  # queued again with its parameters
+
+
+@pytest.mark.slow
+def test_the_optuna_postgresql_storage_lost_mid_study_is_one_line_and_ends_the_study_run(tmp_path):
+    """Issue 29: the Optuna PostgreSQL server stopping mid-study gave a traceback and left the study's MLflow run
+    RUNNING. Now: one line naming the storage (password hidden), the cause and what to do, exit 1; the study run, the
+    trial run and its training run are ended FAILED."""
+    from tests import pg
+
+    reason = pg.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    uri = fresh_store(tmp_path)
+    with pg.PostgresServer() as server:
+        storage = server.create_database("optuna")
+        proc = Proc([*FAKE_CLI, *_argv(tmp_path, storage, uri)], tmp_path, FAKE_STEP_S="0.3")
+        proc.wait_for(lambda: checkpointed(tmp_path / ".pobench" / "runs"), "the first trial's checkpoint")
+        server._run("pg_ctl", "-D", str(server.data), "-m", "immediate", "-w", "stop")
+        rc = proc.finish(timeout=300)
+    assert rc == 1, proc.text()
+    lines = [ln for ln in proc.err if ln.strip() and not ln.startswith("[")]
+    assert "Traceback" not in proc.text() and len(lines) == 1, proc.text()
+    assert lines[0].startswith("bench tune: stopped: the Optuna storage ") and "127.0.0.1" in lines[0], lines[0]
+    assert "RUNNING" not in statuses(uri, "tx"), statuses(uri, "tx")
+    assert statuses(uri, "tx", "tune-study") == ["FAILED"]
+
+
+def _create_storages(folder: str, rounds: int, barrier) -> list[str]:
+    """A process that opens a fresh storage ``folder/o<i>.db`` for each round, at the same moment as the others."""
+    from bench.tune.storage import open_storage
+
+    failures = []
+    for i in range(rounds):
+        barrier.wait()
+        try:
+            open_storage(f"sqlite:///{folder}/o{i}.db")
+        except ValueError as e:
+            failures.append(str(e))
+    return failures
+
+
+@pytest.mark.slow
+def test_bench_tunes_started_at_once_on_a_fresh_sqlite_storage_create_it_once(tmp_path):
+    """Issue 29: three `bench tune` started at once on a fresh SQLite storage raced on creating its tables (`UNIQUE
+    constraint failed: alembic_version.version_num`, one line but the command failed). The first connection is made
+    under the storage's lock file (as the MLflow store's), so exactly one process creates the tables. Three spawned
+    processes, ten fresh storages each opened by all three at the same moment."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Manager().Barrier(3)
+    with ProcessPoolExecutor(3, mp_context=ctx) as pool:
+        done = [pool.submit(_create_storages, str(tmp_path), 10, barrier) for _ in range(3)]
+        failures = [f for d in done for f in d.result(timeout=300)]
+    assert not failures, failures[:3]

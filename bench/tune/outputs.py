@@ -210,6 +210,12 @@ def importances(study: Any) -> Importance:
     return Importance(n, {k: raw[k] / total for k in ranked}, {k: raw[k] for k in ranked})
 
 
+def few_trials(n_params: int) -> int:
+    """Below this many complete trials importance.md says its numbers are noise: 5 per searched parameter, at
+    least 10 (a rule of thumb for a random forest on so few points, not a test)."""
+    return max(10, 5 * n_params)
+
+
 def write_importance(study: Any, imp: Importance, out: Path) -> dict[str, Path]:
     """``importance.csv`` (one row per parameter; only the header when there are none) and ``importance.md`` (the
     table, the trials it rests on and what it means, or why there is none)."""
@@ -224,6 +230,11 @@ def write_importance(study: Any, imp: Importance, out: Path) -> dict[str, Path]:
     if imp.reason:
         md += [f"Not computed: {imp.reason}.", ""]
     else:
+        if imp.n_complete < few_trials(len(imp.normalized)):
+            md += [f"**Few trials:** {imp.n_complete} complete trials for {len(imp.normalized)} parameters (fewer "
+                   f"than {few_trials(len(imp.normalized))}): fANOVA's forest is fitted to a handful of points and "
+                   "these shares can change completely with the next trial; read them as noise. Pruned trials do "
+                   "not count: `--pruner none` and more trials make them informative.", ""]
         md += ["| parameter | importance | variance fraction |", "|---|---|---|"]
         md += [f"| {k} | {v:.3f} | {imp.variance[k]:.3f} |" for k, v in imp.normalized.items()]
         md += [f"| (interactions) | | {max(0.0, 1 - sum(imp.variance.values())):.3f} |", ""]

@@ -246,6 +246,18 @@ def test_importance_table_is_optunas_fanova_and_sums_to_one(tmp_path):
     md = (tmp_path / "importance.md").read_text()
     assert "rests on 16 complete trials of 18" in md
     assert "it does not say whether the best setting beats the default" in md
+    assert "Few trials" not in md  # 16 complete trials for 3 parameters
+
+
+def test_importance_from_few_complete_trials_says_it_is_noise(tmp_path):
+    from bench.tune.outputs import write_importance
+
+    study = _scored_study([lambda p: p["kl_coef"]] * 4, params=("kl_coef", "entropy_threshold"), pruned=9)
+    imp = tune.importances(study)
+    assert imp.reason == "" and imp.n_complete == 4
+    write_importance(study, imp, tmp_path)
+    md = (tmp_path / "importance.md").read_text()
+    assert "**Few trials:** 4 complete trials for 2 parameters (fewer than 10)" in md and "`--pruner none`" in md
 
 
 @pytest.mark.parametrize("values, params, words", [

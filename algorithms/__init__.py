@@ -122,6 +122,11 @@ register("opo", ClippedPG, paper="arXiv 2505.23585",
 register("remax", ClippedPG, paper="arXiv 2310.10505",
          description="ReMax: the reward of one greedy completion per prompt as baseline, no KL.",
          advantage_estimator="remax", kl_coef=0.0)
+register("maxrl", ClippedPG, paper="arXiv 2602.02710",
+         description="MaxRL: advantage (R_i − mean_g R)/mean_g R (0 when no completion of the group succeeds), so a "
+                     "prompt solved 1 time in N weighs N times one solved every time; GRPO's surrogate otherwise. "
+                     "Binary rewards.",
+         advantage_estimator="maxrl")
 
 # --- positive controls: GRPO with its credit assignment broken on purpose, so that a comparison can show that it
 # could have detected a difference (`bench run --controls`; the report's controls section; docs/objectives.md)

@@ -16,7 +16,7 @@ import torch
 #: estimators worse than ``group`` by construction: the positive controls' (algorithms/__init__.py, ``control_of``)
 CONTROL_ESTIMATORS = ("group-reversed", "group-rolled")
 ADVANTAGE_ESTIMATORS = ("group", "group-no-std", "group-batch-std", "rloo", "reinforce++", "reinforce++-baseline",
-                        "grpo-passk", "opo", "gpg", "remax", *CONTROL_ESTIMATORS)
+                        "grpo-passk", "opo", "gpg", "remax", "maxrl", *CONTROL_ESTIMATORS)
 ESTIMATOR_NEEDS: dict[str, tuple[str, ...]] = {
     "reinforce++": ("lengths",), "reinforce++-baseline": ("lengths",), "opo": ("lengths",),
     "remax": ("greedy_rewards",),
@@ -59,6 +59,11 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Te
     - ``opo``: Â_i = R_i − Σ_g |y_g| R_g / Σ_g |y_g|  (optimal length-weighted baseline, arXiv 2505.23585)
     - ``gpg``: Â_i = α (R_i − mean_g R), α = N / #{R ≠ 0 in the batch}  (arXiv 2504.02546, as verl, F_norm = 1)
     - ``remax``: Â_i = R_i − R_greedy(prompt)  (arXiv 2310.10505)
+    - ``maxrl``: Â_i = (R_i − mean_g R) / mean_g R, 0 in a group whose mean reward is ≤ 0 (MaxRL, arXiv 2602.02710,
+      Algorithm 1 with its control variate; the paper's 1/N is the aggregation's). Derived for binary rewards: a
+      group's Σ Â_i ∇log π is N/K times the mean score of its K successes minus the mean score of all N, an unbiased
+      gradient of the order-N truncation of log pass@1. A group of one gets its reward (order 1 = REINFORCE), as every
+      other estimator here, since centring a single completion on itself leaves no signal
     - ``group-reversed`` (a positive control): −Â_i of ``group``: every update descends the reward
     - ``group-rolled`` (a positive control): completion i gets the ``group`` advantage of completion i+1 of its group
       (cyclically). The G completions of a prompt are sampled independently, so the credit a completion receives says
@@ -111,5 +116,10 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Te
     if estimator == "gpg":
         alpha = rewards.numel() / torch.count_nonzero(rewards).clamp(min=1)
         return alpha * centred if G > 1 else alpha * rewards
+    if estimator == "maxrl":
+        if G == 1:
+            return rewards.clone()
+        mean = rewards.mean(dim=1, keepdim=True)
+        return torch.where(mean > 0, centred / mean.clamp(min=torch.finfo(rewards.dtype).tiny), torch.zeros_like(centred))
     # remax
     return rewards - greedy_rewards[:, None].to(rewards.dtype)

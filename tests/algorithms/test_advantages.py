@@ -90,3 +90,21 @@ def test_objective_declares_what_its_estimator_needs():
 def test_every_estimator_is_finite_and_shaped(estimator):
     out = group_advantages(torch.tensor(R), estimator, lengths=torch.tensor(L), greedy_rewards=torch.tensor([0., 1.]))
     assert out.shape == (2, 3) and torch.isfinite(out).all()
+
+
+def test_maxrl_divides_the_centred_reward_by_the_group_mean():
+    # R's rows have means 0.5 and 1/3: (r − m)/m
+    close(adv("maxrl"), [[(r - sum(row) / 3) / (sum(row) / 3) for r in row] for row in R])
+    a = group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]]), "maxrl")
+    # one success in four weighs N/K = 4 over the failures' −1; GRPO's std would give 1.5, not 3
+    assert a.tolist() == [[3.0, -1.0, -1.0, -1.0], [pytest.approx(1 / 3), pytest.approx(1 / 3), pytest.approx(1 / 3),
+                                                     -1.0]]
+    # Σ Â_i ∇logπ_i = (N/K) Σ_succ ∇logπ − Σ_all ∇logπ: the successes' advantages are N/K − 1, the failures' −1
+    assert a.sum(dim=1).abs().max() < 1e-6
+
+
+def test_maxrl_edge_groups():
+    a = group_advantages(torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]), "maxrl")
+    assert a.tolist() == [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]] and torch.isfinite(a).all()  # no success: no signal, no NaN
+    assert group_advantages(torch.tensor([[1.0], [0.0]]), "maxrl").tolist() == [[1.0], [0.0]]  # group of one: R_i
+    assert get_objective("maxrl").config.advantage_estimator == "maxrl"

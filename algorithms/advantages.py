@@ -120,6 +120,7 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Te
         if G == 1:
             return rewards.clone()
         mean = rewards.mean(dim=1, keepdim=True)
-        return torch.where(mean > 0, centred / mean.clamp(min=torch.finfo(rewards.dtype).tiny), torch.zeros_like(centred))
+        safe = mean.clamp(min=torch.finfo(rewards.dtype).tiny)
+        return torch.where(mean > 0, centred / safe, torch.zeros_like(centred))
     # remax
     return rewards - greedy_rewards[:, None].to(rewards.dtype)

@@ -33,10 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from reports import stats
-from reports.derived import KEY_ENTROPY, RunDerived, relative_change
+from reports.derived import ENTROPY_WINDOW, KEY_ENTROPY, RunDerived, relative_change
 from reports.tables import Table, Units, fmt
 
-WINDOW = 5  # logged steps at each end of the entropy series for its relative change
+WINDOW = ENTROPY_WINDOW  # logged steps at each end of the entropy series for its relative change (derived.py)
 SUPPORTED, CONTRADICTED, UNRESOLVED = "supported", "contradicted", "not resolved"
 
 

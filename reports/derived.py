@@ -26,6 +26,8 @@ Definitions (also in ``docs/REPORTS.md``):
 - accuracy collapse: first evaluation step at which the held-out accuracy falls below ``frac`` x its step-0 value
   (default: half of what the policy could do before training);
 - entropy slope: least-squares slope of the mean rollout entropy against the step (nats per step);
+- entropy change: the mean rollout entropy of the last 5 logged steps over that of the first 5, minus 1 (a fraction:
+  −0.2 = fell by a fifth; ``relative_change``; the measure of the claims section's "less entropy collapse");
 - accuracy drawdown: the largest fall of the held-out accuracy below an earlier peak, ``max_j (max_{i<=j} a_i - a_j)``;
 - gradient-norm spikes: steps whose gradient norm exceeds ``k`` x the median of the previous ``window`` steps (only
   counted once at least ``min_history`` earlier steps exist);
@@ -276,6 +278,7 @@ class RunDerived:
     entropy_blowup_step: int | None
     acc_collapse_step: int | None  # None too without a step-0 evaluation (initial_acc None)
     entropy_slope: float | None
+    entropy_change: float | None   # last 5 / first 5 logged steps of the mean rollout entropy, − 1
     acc_drawdown: float | None
     grad_spikes: int | None
     kl_max: float | None
@@ -350,6 +353,7 @@ def derive(series: Mapping[str, Series], target: float | None,
         entropy_blowup_step=entropy_blowup_step(series.get(KEY_ENTROPY, []), settings.blowup_k),
         acc_collapse_step=accuracy_collapse_step(acc, settings.acc_collapse_frac),
         entropy_slope=slope(series.get(KEY_ENTROPY, [])),
+        entropy_change=relative_change(series.get(KEY_ENTROPY, []), ENTROPY_WINDOW),
         acc_drawdown=max_drawdown(acc),
         grad_spikes=len(spikes) if _clean(series.get(KEY_GRAD, [])) else None,
         kl_max=series_max(series.get(KEY_KL, [])),
@@ -359,11 +363,13 @@ def derive(series: Mapping[str, Series], target: float | None,
     )
 
 
+ENTROPY_WINDOW = 5  # logged steps at each end of the entropy series for its relative change (entropy_change)
+
 # derived numbers stored back into each run as metrics `derived/<name>` (NaN + a tag when the value does not exist)
 STORED = ("initial_acc", "final_acc", "best_acc", "target_acc", "ttc_step", "ttc_seconds", "ttc_step_interp",
           "ttc_seconds_interp", "ttc_tokens_interp", "ttc_cpu_s_interp", "load_avg", "entropy_collapse_step",
-          "entropy_blowup_step", "acc_collapse_step", "entropy_slope", "acc_drawdown", "grad_spikes", "kl_max",
-          "reward_var", "zero_adv_frac")
+          "entropy_blowup_step", "acc_collapse_step", "entropy_slope", "entropy_change", "acc_drawdown", "grad_spikes",
+          "kl_max", "reward_var", "zero_adv_frac")
 
 
 def store(client, run_id: str, d: RunDerived, comparison: str | None = None) -> None:

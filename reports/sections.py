@@ -13,7 +13,7 @@ import numpy as np
 
 from reports import checks, stats
 from reports import metric_keys as K
-from reports.derived import DerivedSettings, RunDerived
+from reports.derived import ENTROPY_WINDOW, DerivedSettings, RunDerived
 from reports.tables import Table, Units, fmt, fmt_mean_ci, fmt_p, paired_test, pm
 
 Groups = dict[str, list[tuple[int, RunDerived]]]
@@ -259,7 +259,8 @@ def convergence_table(conv: list[dict], target_text: str, interval: str, baselin
 # (attribute, column, digits; None: an accuracy difference, in the report's units)
 ONSETS = [("entropy_collapse_step", "entropy collapse"), ("entropy_blowup_step", "entropy blow-up"),
           ("acc_collapse_step", "acc. collapse")]
-STAB = [("acc_drawdown", "acc. drawdown", None), ("entropy_slope", "entropy slope /step", 5),
+STAB = [("acc_drawdown", "acc. drawdown", None), ("entropy_change", "entropy change", 3),
+        ("entropy_slope", "entropy slope /step", 5),
         ("grad_spikes", "grad-norm spikes", 1), ("kl_max", "max KL", 4), ("reward_var", "reward var.", 4),
         ("zero_adv_frac", "zero-adv. frac.", 3)]
 
@@ -305,13 +306,15 @@ def stability_table(groups: Groups, s: DerivedSettings, units: Units) -> Table:
                f"accuracy collapse (first evaluation with held-out accuracy < {s.acc_collapse_frac:g} × its step-0 "
                f"value); each as the mean step ± 95% CI (k/n: the seeds where it happened), or the step of each seed "
                f"where only some had it. Drawdown: largest fall of held-out accuracy below an earlier peak "
-               f"({units.diff_unit}). Slope: least-squares entropy change per step. Spikes: steps with gradient norm "
-               f"> {s.spike_k:g} × the median of the previous {s.spike_window}. Max KL to the reference policy; "
+               f"({units.diff_unit}). Entropy change: mean rollout entropy of the last {ENTROPY_WINDOW} logged steps / "
+               f"the first {ENTROPY_WINDOW}, − 1 (a fraction; −0.2 = fell by a fifth). Slope: least-squares entropy "
+               f"change per step (nats). Spikes: steps with gradient norm > {s.spike_k:g} × the median of the "
+               f"previous {s.spike_window}. Max KL to the reference policy; "
                f"variance of the per-step mean reward across steps; mean fraction of groups with all-equal rewards. "
                f"Mean ± 95% CI over seeds.")
     t = Table("stability", "Stability", caption,
               ["objective", "n", *[t for _, t in ONSETS], *[t for _, t, _ in STAB]], rows, csv_cols, csv_rows)
-    t.breaks = (t.columns.index(STAB[1][1]),)  # wider than a page: the onsets and the drawdown, then the rest
+    t.breaks = (t.columns.index(STAB[2][1]),)  # wider than a page: the onsets and how far a run fell, then the rest
     return t
 
 
@@ -347,7 +350,8 @@ def runs_tables(cmp, derived: dict[str, RunDerived], units: Units) -> tuple[Tabl
                          no_ttc if d.ttc_step is None else str(d.ttc_step),
                          *([no_ttc] * len(at_ttc) if d.ttc_step_interp is None else at_ttc)])
         onsets = ["none" if getattr(d, a) is None else str(getattr(d, a)) for a, _ in ONSETS]
-        stab_rows.append([r.variant, str(r.seed), *onsets, units.acc(d.acc_drawdown), fmt(d.entropy_slope, 5),
+        stab_rows.append([r.variant, str(r.seed), *onsets, units.acc(d.acc_drawdown), fmt(d.entropy_change, 3),
+                          fmt(d.entropy_slope, 5),
                           fmt(d.grad_spikes), fmt(d.kl_max, 4), fmt(d.reward_var, 4), fmt(d.zero_adv_frac, 3)])
         csv_rows.append([r.run_id, r.name, r.variant, r.seed, *vals, *[getattr(d, c) for c in CONV_COLS], *stab_vals,
                          lo, hi])

@@ -15,10 +15,10 @@ from bench.cli import main
 from bench.tracking import version_tags
 from tests.conftest import fresh_store
 
-DERIVED = ("acc_collapse_step", "acc_drawdown", "best_acc", "entropy_blowup_step", "entropy_collapse_step",
-           "entropy_slope", "final_acc", "grad_spikes", "initial_acc", "kl_max", "load_avg", "reward_var", "target_acc",
-           "ttc_cpu_s_interp", "ttc_seconds", "ttc_seconds_interp", "ttc_step", "ttc_step_interp", "ttc_tokens_interp",
-           "zero_adv_frac")
+DERIVED = ("acc_collapse_step", "acc_drawdown", "best_acc", "entropy_blowup_step", "entropy_change",
+           "entropy_collapse_step", "entropy_slope", "final_acc", "grad_spikes", "initial_acc", "kl_max", "load_avg",
+           "reward_var", "target_acc", "ttc_cpu_s_interp", "ttc_seconds", "ttc_seconds_interp", "ttc_step",
+           "ttc_step_interp", "ttc_tokens_interp", "zero_adv_frac")
 
 # from a git checkout (CI's): MLflow's commit tag and pobench.git_dirty (tests/bench/test_tracking_tags.py)
 GIT = set(version_tags()) - {"pobench.version", "pobench.git_commit"}

@@ -161,6 +161,9 @@ def test_derive_all_fields():
     assert d.entropy_collapse_step == 7                  # 1 - 0.56 = 0.44 < 0.5 * 0.92
     assert d.entropy_blowup_step is None and d.acc_collapse_step is None
     assert d.entropy_slope == pytest.approx(-0.08)
+    # mean of steps 6-10 over steps 1-5: (1 − 0.08·8) / (1 − 0.08·3) − 1
+    assert d.entropy_change == pytest.approx((1 - 0.64) / (1 - 0.24) - 1)
+    assert D.derive({D.KEY_ENTROPY: [(s, 1.0) for s in range(1, 10)]}, target=None).entropy_change is None  # < 10
     assert d.grad_spikes == 0 and d.kl_max == pytest.approx(0.1)
     assert d.reward_var == pytest.approx(math.fsum((0.1 * s - 0.55) ** 2 for s in range(1, 11)) / 9)
     assert d.zero_adv_frac == 0.5

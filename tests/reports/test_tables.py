@@ -115,14 +115,14 @@ def test_no_inf_or_none_in_a_report(ten_objectives):
 
 
 def test_a_page_wide_stability_table_splits_between_the_failures_and_the_rest(ten_objectives):
-    """Three failure onsets joined the stability table: wider than a page, its LaTeX stacks two blocks, the onsets
-    and the drawdown (when and how far a run fell) above, the summaries over the steps below, each block repeating
-    the objective column and no wider than the page."""
+    """Three failure onsets joined the stability table: wider than a page, its LaTeX stacks two blocks, the onsets,
+    the drawdown and the entropy change (when and how far a run fell) above, the summaries over the steps below, each
+    block repeating the objective column and no wider than the page."""
     t = ten_objectives.tables["stability"]
     blocks = t.latex().split("\\begin{tabular}{l")[1:]
     assert len(blocks) == 2
     first, second = (b.split("\\midrule")[0] for b in blocks)
-    for words in ("collapse", "blow-up", "drawdown"):           # (headers break across two lines)
+    for words in ("collapse", "blow-up", "drawdown", "change"):           # (headers break across two lines)
         assert words in first and words not in second, words
     for words in ("slope", "spikes", "KL", "var.", "zero-adv."):
         assert words in second and words not in first, words

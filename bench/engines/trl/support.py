@@ -34,7 +34,8 @@ REFUSED_ENGINE_ARGS = (
     "multi_objective_aggregation", "sync_ref_model",
     "gradient_checkpointing", "eval_strategy", "remove_unused_columns",
 )
-PREFIXES = ("objective/", "train/", "rollout/", "time/", "perf/", "sys/")  # pobench's metric names (eval/*: the callback's)
+# pobench's metric names (eval/*: the callback's)
+PREFIXES = ("objective/", "train/", "rollout/", "time/", "perf/", "sys/")
 
 
 def check_supported(cfg: TrainConfig) -> None:

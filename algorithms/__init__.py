@@ -15,7 +15,7 @@ from .aggregation import aggregate, aggregation_weight
 from .base import Objective, ObjectiveConfig, param
 from .batch import PolicyBatch
 from .kl import kl_estimate
-from .pg_variants import CISPO, GMPO, GPG, SAPO, VESPO
+from .pg_variants import CISPO, GMPO, GPG, SAPO, TOPR, VESPO
 from .policy_gradient import GSPO, ClippedPG, PolicyGradient
 from .registry import (
     default_config,
@@ -127,6 +127,9 @@ register("maxrl", ClippedPG, paper="arXiv 2602.02710",
                      "prompt solved 1 time in N weighs N times one solved every time; GRPO's surrogate otherwise. "
                      "Binary rewards.",
          advantage_estimator="maxrl")
+register("topr", TOPR, paper="arXiv 2503.14286",
+         description="TOPR: −sg[w_i]·Â·lp, w_i = 1 for Â ≥ 0 and clip(π_θ(y_i)/π_old(y_i), 0, 1) for Â < 0 (sequence "
+                     "ratio, detached), summed over tokens, mean over sequences; group-mean baseline, no KL.")
 
 # --- positive controls: GRPO with its credit assignment broken on purpose, so that a comparison can show that it
 # could have detected a difference (`bench run --controls`; the report's controls section; docs/objectives.md)

@@ -6,6 +6,7 @@ aggregation, rollout correction and the batch options come from there):
 - GMPO (arXiv 2507.20673): −Â · exp(mean_t sgn(Â)·min(sgn(Â) log r, sgn(Â) clip(log r, −ε_low, ε_high))), per sequence
 - GPG (arXiv 2504.02546): −Â · lp
 - VESPO (arXiv 2602.10693): −sg[φ(w_i)] · Â · lp, w_i = exp(Σ_t m (lp − old)), φ(w) = e^λ w^k e^{−λ w}
+- TOPR (arXiv 2503.14286): −sg[w_i] · Â · lp, w_i = 1 if Â_i ≥ 0 else clip(π_θ(y_i)/π_old(y_i), 0, 1)
 """
 
 from __future__ import annotations
@@ -204,3 +205,46 @@ class VESPO(PolicyGradient):
         phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
         metrics = {"objective/vespo_weight_mean": phi.mean()}
         return -phi * adv * batch.logprobs, *_no_clip(batch), metrics
+
+
+TAPER_RATIOS = ("sequence", "sequence-mean")
+
+
+@dataclass(frozen=True)
+class TOPRConfig(PGConfig):
+    aggregation: str = param("seq-mean-token-sum", "How per-token terms are reduced to the loss (TOPR: the gradient of "
+                             "the sequence log-likelihood Σ_t lp, averaged over sequences).", paper="arXiv 2503.14286",
+                             choices=AGGREGATIONS)
+    advantage_estimator: str = param("group-no-std", "Advantage from grouped rewards (algorithms/advantages.py; TOPR: "
+                                     "reward minus a baseline, unscaled; here the group mean).",
+                                     paper="arXiv 2503.14286", choices=ADVANTAGE_ESTIMATORS)
+    taper_ratio: str = param("sequence", "Ratio truncated to [0, 1] on Â < 0: 'sequence' π_θ(y)/π_old(y) = "
+                             "exp(Σ_t (lp − old)) (paper), 'sequence-mean' exp(mean_t (lp − old)) (verl PR #6986).",
+                             paper="arXiv 2503.14286", choices=TAPER_RATIOS)
+    kl_coef: float = param(0.0, "β: weight of the per-token KL to the reference policy (TOPR uses none).",
+                           paper="arXiv 2503.14286", search=(1e-3, 1e-1, True), switch=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ratio_level != "token":
+            self._bad("ratio_level", "TOPR's weight is built from the sequence ratio itself (taper_ratio): must be "
+                                     "'token'")
+
+
+class TOPR(PolicyGradient):
+    """Tapered off-policy REINFORCE: a sequence with Â ≥ 0 gets the plain REINFORCE gradient −Â·∇lp (no importance
+    weight), a sequence with Â < 0 the same scaled by its sequence ratio truncated to [0, 1] and detached, so an
+    off-policy negative keeps a bounded gradient instead of losing it (PPO's clip) or blowing up (plain IS)."""
+
+    config_class = TOPRConfig
+    policy_term_vanishes_at_zero_advantage = True  # −sg[w]·Â·lp with w ∈ [0, 1]
+
+    def policy_term(self, batch, ratio, adv, is_w):
+        log_r = ((batch.logprobs - batch.old_logprobs).detach() * batch.mask).sum(-1, keepdim=True)  # (B, 1)
+        if self.config.taper_ratio == "sequence-mean":
+            log_r = log_r / batch.mask.sum(-1, keepdim=True).clamp(min=1.0)
+        tapered = log_r > 0  # ratio > 1: truncated at 1
+        w = torch.where(adv < 0, torch.exp(log_r.clamp(max=0.0)), torch.ones_like(adv))  # (B, 1), no overflow
+        taper = ((adv < 0) & tapered).expand_as(batch.mask).to(batch.mask.dtype)
+        metrics = {"objective/taper_frac": (taper * batch.mask).sum() / batch.mask.sum().clamp(min=1.0)}
+        return -w * adv * batch.logprobs, *_no_clip(batch), metrics

@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 
-from algorithms import get_objective
+from algorithms import PolicyBatch, get_objective
 
-from .test_formulas import ADV, DELTA, LP, MASK, OLD, REF, batch, clip_term, k3, tokens
+from .test_formulas import ADV, DELTA, L_MAX, LP, MASK, OLD, REF, batch, clip_term, k3, tokens
 
 N_TOK = 5
 
@@ -232,3 +232,80 @@ def test_rollout_correction_needs_sampler_logprobs():
 def test_objectives_without_batch_options_refuse_them():
     with pytest.raises(ValueError, match="rollout_correction"):
         get_objective("tepo", rollout_correction="token-truncate")
+
+
+# --- TOPR (arXiv 2503.14286): −sg[w_i]·Â·lp, w_i = 1 for Â ≥ 0, clip(π_θ(y_i)/π_old(y_i), 0, 1) for Â < 0;
+# seq-mean-token-sum (Σ_t over each sequence, mean over the B = 2 sequences)
+def topr_expected(delta, adv=ADV, mean=False):
+    w = {}
+    for i in range(2):
+        s = [delta[i][t] for t in range(3) if MASK[i][t]]
+        log_r = sum(s) / len(s) if mean else sum(s)
+        w[i] = 1.0 if adv[i] >= 0 else min(max(math.exp(log_r), 0.0), 1.0)
+    value = sum(-w[i] * adv[i] * LP[i][t] for i, t in tokens()) / 2
+    grads = {(i, t): -w[i] * adv[i] / 2 for i, t in tokens()}
+    return w, value, grads
+
+
+def test_topr_negative_sequence_gets_its_detached_sequence_ratio():
+    b = batch()
+    loss, m = get_objective("topr").loss(b)
+    w, value, grads = topr_expected(DELTA)
+    assert w[1] == pytest.approx(math.exp(-0.35))  # seq 1: Σ_t (lp − old) = −0.4 + 0.05, product of token ratios
+    assert loss.item() == pytest.approx(value, abs=1e-12)  # (3.5 − e^−0.35·1.5) / 2
+    g = grad(loss, b)
+    for i, t in tokens():  # detached weight: ∂/∂lp = −w·Â / B, no term from ∂w/∂lp
+        assert g[i, t].item() == pytest.approx(grads[(i, t)], abs=1e-12)
+    assert g[1, 2].item() == 0.0  # padding
+    assert m["objective/taper_frac"].item() == 0.0
+
+
+def test_topr_truncates_only_negatives_and_only_from_above():
+    # seq 0 (Â > 0) has ratio e^−0.4 < 1: it still gets weight 1 (no importance weight on positives);
+    # seq 1 (Â < 0) has ratio e^0.45 > 1: truncated to 1
+    delta = [[-0.3, -0.1, 0.0], [0.4, 0.05, 0.0]]
+    old = [[LP[i][t] - delta[i][t] for t in range(3)] for i in range(2)]
+    b = batch(old=old)
+    loss, m = get_objective("topr").loss(b)
+    w, value, grads = topr_expected(delta)
+    assert w == {0: 1.0, 1: 1.0}
+    assert loss.item() == pytest.approx(value, abs=1e-12)
+    g = grad(loss, b)
+    for i, t in tokens():
+        assert g[i, t].item() == pytest.approx(grads[(i, t)], abs=1e-12)
+    assert m["objective/taper_frac"].item() == pytest.approx(2 / 5)
+
+
+def test_topr_far_off_policy_stays_finite_and_bounded():
+    delta = [[-60.0, 0.0, 0.0], [60.0, 0.0, 0.0]]  # ratios e^∓60: overflow if exponentiated before the truncation
+    old = [[LP[i][t] - delta[i][t] for t in range(3)] for i in range(2)]
+    b = batch(old=old)
+    loss, _ = get_objective("topr").loss(b)
+    g = grad(loss, b)
+    expected = [[-0.5, -0.5, -0.5], [0.5, 0.5, 0.0]]
+    torch.testing.assert_close(g, torch.tensor(expected, dtype=torch.float64))
+
+
+def test_topr_length_normalised_ratio_option():
+    b = batch()
+    loss, _ = get_objective("topr", taper_ratio="sequence-mean").loss(b)
+    w, value, _ = topr_expected(DELTA, mean=True)
+    assert w[1] == pytest.approx(math.exp(-0.35 / 2))
+    assert loss.item() == pytest.approx(value, abs=1e-12)
+
+
+def test_topr_single_negative_sequence():
+    # a batch of one completion (a group of one): Â = −1, ratio e^−0.35 -> loss = w·Σ_t lp (divided by B = 1)
+    b = PolicyBatch(logprobs=torch.tensor([LP[1]], dtype=torch.float64, requires_grad=True),
+                    old_logprobs=torch.tensor([OLD[1]], dtype=torch.float64),
+                    advantages=torch.tensor([-1.0], dtype=torch.float64),
+                    mask=torch.tensor([MASK[1]], dtype=torch.float64), max_length=L_MAX)
+    loss, _ = get_objective("topr").loss(b)
+    w = math.exp(-0.35)
+    assert loss.item() == pytest.approx(w * (LP[1][0] + LP[1][1]), abs=1e-12)
+    torch.testing.assert_close(grad(loss, b), torch.tensor([[w, w, 0.0]], dtype=torch.float64))
+
+
+def test_topr_refuses_a_sequence_ratio_level():
+    with pytest.raises(ValueError, match="ratio_level"):
+        get_objective("topr", ratio_level="sequence")

@@ -10,7 +10,13 @@ docs/objectives.md show.
 
 from __future__ import annotations
 
-from .advantages import group_advantages
+from .advantages import (
+    estimator_names,
+    group_advantages,
+    register_advantage,
+    registered_advantage,
+    unregister_advantage,
+)
 from .aggregation import aggregate, aggregation_weight
 from .base import Objective, ObjectiveConfig, param
 from .batch import PolicyBatch
@@ -34,8 +40,9 @@ from .tepo import TEPOObjective
 
 __all__ = [
     "Objective", "ObjectiveConfig", "PolicyBatch", "PolicyGradient", "aggregate", "aggregation_weight",
-    "default_config", "get_objective", "get_spec", "group_advantages", "kl_estimate", "list_controls",
-    "list_objectives", "objective_groups", "param", "register", "resolve_names", "search_space", "unregister",
+    "default_config", "estimator_names", "get_objective", "get_spec", "group_advantages", "kl_estimate",
+    "list_controls", "list_objectives", "objective_groups", "param", "register", "register_advantage",
+    "registered_advantage", "resolve_names", "search_space", "unregister", "unregister_advantage",
 ]
 
 register("grpo", ClippedPG, paper="arXiv 2402.03300",

@@ -7,11 +7,21 @@ the training loop provides exactly what the selected estimator declares (no bran
 - ``lengths``: (P, G) completion lengths |y_i| (OPO's length-weighted baseline; REINFORCE++'s token-weighted
   batch whitening);
 - ``greedy_rewards``: (P,) reward of one greedy completion per prompt (ReMax's baseline).
+
+A plugin adds an estimator with ``register_advantage(name, fn, description=..., needs=...)``: ``fn(rewards, **inputs)``
+gets exactly the inputs ``needs`` declares and returns (P, G) advantages; an objective then names it in its
+``advantage_estimator`` field, in every engine that can provide what it needs (docs/PLUGINS.md).
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
+
+from evaluators.hints import check_registered_name, did_you_mean
 
 #: estimators worse than ``group`` by construction: the positive controls' (algorithms/__init__.py, ``control_of``)
 CONTROL_ESTIMATORS = ("group-reversed", "group-rolled")
@@ -21,6 +31,66 @@ ESTIMATOR_NEEDS: dict[str, tuple[str, ...]] = {
     "reinforce++": ("lengths",), "reinforce++-baseline": ("lengths",), "opo": ("lengths",),
     "remax": ("greedy_rewards",),
 }
+INPUTS = ("lengths", "greedy_rewards")  # what an estimator may declare it needs
+
+
+@dataclass(frozen=True)
+class AdvantageSpec:
+    """An advantage estimator a plugin registered: ``fn(rewards, **inputs) -> advantages`` of the same (P, G) shape;
+    ``module``: where it was registered (what worker processes import to know the name, bench/plugins.py)."""
+
+    name: str
+    fn: Callable[..., torch.Tensor]
+    description: str
+    needs: tuple[str, ...] = ()
+    module: str = ""
+
+
+_REGISTERED: dict[str, AdvantageSpec] = {}
+
+
+def register_advantage(name: str, fn: Callable[..., torch.Tensor], *, description: str,
+                       needs: tuple[str, ...] = (), module: str | None = None) -> AdvantageSpec:
+    """Register an advantage estimator ``name`` (a plugin's); objectives select it by ``advantage_estimator``."""
+    if module is None:
+        module = sys._getframe(1).f_globals.get("__name__", "")
+    check_registered_name(name, "advantage estimator")
+    if name in ADVANTAGE_ESTIMATORS or name in _REGISTERED:
+        raise ValueError(f"advantage estimator {name!r} is already registered")
+    if not callable(fn):
+        raise ValueError(f"advantage estimator {name!r}: fn must be callable, got {type(fn).__name__}")
+    bad = [n for n in needs if n not in INPUTS]
+    if bad:
+        raise ValueError(f"advantage estimator {name!r} needs {bad[0]!r}, which no engine provides; valid: "
+                         f"{', '.join(INPUTS)}")
+    spec = AdvantageSpec(name, fn, description, tuple(needs), module)
+    _REGISTERED[name] = spec
+    return spec
+
+
+def unregister_advantage(name: str) -> None:
+    """Remove a registered (plugin) estimator; built-in ones cannot be removed."""
+    if name not in _REGISTERED:
+        raise ValueError(f"advantage estimator {name!r} is not a registered plugin estimator")
+    del _REGISTERED[name]
+
+
+def estimator_names() -> tuple[str, ...]:
+    """Every valid ``advantage_estimator``: the built-in ones, then those plugins registered."""
+    return (*ADVANTAGE_ESTIMATORS, *_REGISTERED)
+
+
+def registered_advantage(name: str) -> AdvantageSpec | None:
+    """The spec of a plugin's estimator ``name``; None for a built-in or unknown name."""
+    return _REGISTERED.get(name)
+
+
+def estimator_needs(name: str) -> tuple[str, ...]:
+    """What estimator ``name`` needs beyond the rewards (``ESTIMATOR_NEEDS`` or the plugin's declaration)."""
+    spec = _REGISTERED.get(name)
+    return spec.needs if spec is not None else ESTIMATOR_NEEDS.get(name, ())
+
+
 STD_EPS = 1e-6
 WHITEN_EPS = 1e-8  # verl's masked_whiten
 
@@ -72,9 +142,10 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Te
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must have shape (prompts, group_size), got {tuple(rewards.shape)}")
-    if estimator not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {estimator!r}; valid: {', '.join(ADVANTAGE_ESTIMATORS)}")
-    needs = ESTIMATOR_NEEDS.get(estimator, ())
+    if estimator not in ADVANTAGE_ESTIMATORS and estimator not in _REGISTERED:
+        raise ValueError(f"unknown advantage estimator {estimator!r}{did_you_mean(estimator, estimator_names())}; "
+                         f"valid: {', '.join(estimator_names())}")
+    needs = estimator_needs(estimator)
     if "lengths" in needs and (lengths is None or lengths.shape != rewards.shape):
         raise ValueError(f"advantage estimator {estimator!r} needs completion lengths of shape "
                          f"{tuple(rewards.shape)}, got {None if lengths is None else tuple(lengths.shape)}")
@@ -83,6 +154,9 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Te
         raise ValueError(f"advantage estimator {estimator!r} needs one greedy-completion reward per prompt, shape "
                          f"({rewards.shape[0]},), got {got}")
     P, G = rewards.shape
+    if estimator in _REGISTERED:
+        return _plugin_advantages(_REGISTERED[estimator], rewards,
+                                  {"lengths": lengths, "greedy_rewards": greedy_rewards})
     centred = rewards - rewards.mean(dim=1, keepdim=True)  # (P, G)
     if estimator == "group-no-std":
         return centred
@@ -124,3 +198,16 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Te
         return torch.where(mean > 0, centred / safe, torch.zeros_like(centred))
     # remax
     return rewards - greedy_rewards[:, None].to(rewards.dtype)
+
+
+def _plugin_advantages(spec: AdvantageSpec, rewards: torch.Tensor, inputs: dict) -> torch.Tensor:
+    """A plugin estimator's advantages, checked: the shape of the rewards, finite (a wrong one fails here, in one line
+    naming the estimator, not as a broadcast deep in the loss)."""
+    out = spec.fn(rewards, **{k: inputs[k] for k in spec.needs})
+    if not isinstance(out, torch.Tensor) or out.shape != rewards.shape:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"advantage estimator {spec.name!r} returned {got}, expected a tensor of the rewards' shape "
+                         f"{tuple(rewards.shape)} (prompts, group_size)")
+    if not torch.isfinite(out).all():
+        raise ValueError(f"advantage estimator {spec.name!r} returned a non-finite advantage (NaN or inf)")
+    return out.to(rewards.dtype)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from .advantages import ADVANTAGE_ESTIMATORS, ESTIMATOR_NEEDS, group_advantages
+from .advantages import estimator_names, estimator_needs, group_advantages
 from .aggregation import AGGREGATIONS, aggregation_weight
 from .batch import PolicyBatch
 from .correction import BATCH_OPTIONS, ROLLOUT_CORRECTIONS
@@ -42,7 +42,7 @@ class ObjectiveConfig:
     aggregation: str = param("seq-mean-token-mean", "How per-token terms are reduced to the loss.",
                              paper="arXiv 2402.03300", choices=AGGREGATIONS)
     advantage_estimator: str = param("group", "Advantage from grouped rewards (algorithms/advantages.py).",
-                                     paper="arXiv 2402.03300", choices=ADVANTAGE_ESTIMATORS)
+                                     paper="arXiv 2402.03300", choices=estimator_names)
     dynamic_sampling: bool = param(False, "Drop groups whose verifier outcomes (accuracy) are all equal and refill "
                                           "the batch (DAPO).")
     max_sampling_rounds: int = param(3, "Cap on generation rounds per step when dynamic sampling refills the batch.")
@@ -63,6 +63,8 @@ class ObjectiveConfig:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
+            if callable(choices):  # a set that plugins extend (advantage estimators): read at validation time
+                choices = choices()
             if choices is not None and getattr(self, f.name) not in choices:
                 raise ValueError(f"{type(self).__name__}.{f.name}={getattr(self, f.name)!r}: "
                                  f"valid values: {', '.join(map(str, choices))}")
@@ -176,7 +178,7 @@ class Objective:
     def advantage_needs(self) -> tuple[str, ...]:
         """What ``advantages`` needs beyond the rewards: ``lengths`` and/or ``greedy_rewards`` (one greedy completion
         per prompt, scored like the sampled ones; the loop generates it only when this says so)."""
-        return ESTIMATOR_NEEDS.get(self.config.advantage_estimator, ())
+        return estimator_needs(self.config.advantage_estimator)
 
     # --- the loss
     def loss(self, batch: PolicyBatch, generator: torch.Generator | None = None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .advantages import ADVANTAGE_ESTIMATORS
+from .advantages import estimator_names
 from .aggregation import AGGREGATIONS
 from .base import param
 from .policy_gradient import PGConfig, PolicyGradient
@@ -140,7 +140,7 @@ class GPGConfig(PGConfig):
                              paper="arXiv 2504.02546", choices=AGGREGATIONS)
     advantage_estimator: str = param("gpg", "Advantage from grouped rewards (algorithms/advantages.py).",
                                      paper="arXiv 2504.02546",
-                                     choices=ADVANTAGE_ESTIMATORS)
+                                     choices=estimator_names)
     kl_coef: float = param(0.0, "β: weight of the per-token KL to the reference policy (GPG uses none).",
                            paper="arXiv 2504.02546", search=(1e-3, 1e-1, True), switch=True)
 
@@ -217,7 +217,7 @@ class TOPRConfig(PGConfig):
                              choices=AGGREGATIONS)
     advantage_estimator: str = param("group-no-std", "Advantage from grouped rewards (algorithms/advantages.py; TOPR: "
                                      "reward minus a baseline, unscaled; here the group mean).",
-                                     paper="arXiv 2503.14286", choices=ADVANTAGE_ESTIMATORS)
+                                     paper="arXiv 2503.14286", choices=estimator_names)
     taper_ratio: str = param("sequence", "Ratio truncated to [0, 1] on Â < 0: 'sequence' π_θ(y)/π_old(y) = "
                              "exp(Σ_t (lp − old)) (paper), 'sequence-mean' exp(mean_t (lp − old)) (verl PR #6986).",
                              paper="arXiv 2503.14286", choices=TAPER_RATIOS)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from algorithms import get_spec
+from algorithms import get_spec, registered_advantage
 from evaluators import list_benchmarks, task_module
 
 ENTRY_POINT_GROUP = "pobench.plugins"
@@ -346,6 +346,11 @@ def task_source(name: str) -> str:
     return _describe(task_module(name))
 
 
+def describe_module(module: str) -> str:
+    """Where something registered in ``module`` came from (as `objective_source`): an advantage estimator's."""
+    return _describe(module)
+
+
 def _describe(module: str) -> str:
     if _builtin(module):
         return "built-in"
@@ -358,7 +363,13 @@ def _describe(module: str) -> str:
 def _used(cfg: Any, objectives: Sequence[str]) -> list[tuple[str, str, str]]:
     """(kind, name, registering module) of each objective and task ``cfg`` (a TrainConfig: bench.config imports
     this module) uses with ``objectives``."""
-    used = [("objective", a, get_spec(a).module) for a in dict.fromkeys([*objectives, cfg.algo])]
+    names = list(dict.fromkeys([*objectives, cfg.algo]))
+    used = [("objective", a, get_spec(a).module) for a in names]
+    # an advantage estimator a plugin registered, named by an objective's defaults or by the config's overrides
+    estimators = [get_spec(a).defaults.get("advantage_estimator") for a in names]
+    estimators.append(cfg.objective_overrides.get("advantage_estimator"))
+    used += [("advantage estimator", e, spec.module) for e in dict.fromkeys(estimators)
+             if e and (spec := registered_advantage(e)) is not None]
     tasks = [t for t in dict.fromkeys([cfg.task, cfg.eval_task]) if t and t in list_benchmarks()]
     return used + [("task", t, task_module(t)) for t in tasks]
 

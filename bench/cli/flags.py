@@ -41,7 +41,9 @@ def add_config_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), def
             p.add_argument(flag, type=yaml_flag, default=None, metavar="YAML", help=help_text)
         else:
             base = int if hint is int else float if hint is float else str
-            p.add_argument(flag, type=base, default=None, help=help_text, choices=f.metadata.get("choices"))
+            choices = f.metadata.get("choices")  # (a callable one, which plugins extend, is checked by the config)
+            p.add_argument(flag, type=base, default=None, help=help_text,
+                           choices=None if callable(choices) else choices)
 
 
 def add_plugin_flag(p: argparse.ArgumentParser) -> None:

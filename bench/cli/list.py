@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import argparse
 
-from algorithms import get_spec, list_objectives, objective_groups
+from algorithms import estimator_names, get_spec, list_objectives, objective_groups, registered_advantage
 from algorithms.describe import defaults_markdown, details_text
 from bench.cli.flags import add_plugin_flag
 from bench.compare.distinguish import probe_config
 from bench.compare.plan import base_config, load_params, resolve_algos
-from bench.plugins import objective_source, task_source
+from bench.plugins import describe_module, objective_source, task_source
 from evaluators import get_benchmark, list_benchmarks
 
 
@@ -53,6 +53,11 @@ def run(args: argparse.Namespace) -> int:
     for name, source in tasks.items():
         if source != "built-in":
             print(f"\ntask {name}: {get_benchmark(name).description} [{source}]")
+    plugged = [registered_advantage(n) for n in estimator_names() if registered_advantage(n) is not None]
+    for spec in plugged:
+        needs = f" (needs {', '.join(spec.needs)})" if spec.needs else ""
+        print(f"\nadvantage estimator {spec.name}: {spec.description}{needs} [{describe_module(spec.module)}]")
+    print(f"\nadvantage estimators (advantage_estimator): {', '.join(estimator_names())}")
     for root, members in objective_groups().items():
         print(f"\ngroup @{root} (bench run --ablation {root}): {', '.join(members)}")
     return 0

@@ -1,9 +1,12 @@
 """Example plugin: two objectives of your own (docs/PLUGINS.md).
 
-    bench run --plugin examples/plugins/objectives.py --algos grpo,grpo-nokl,sign-pg --seeds 0
+    bench run --plugin examples/plugins/objectives.py --algos grpo,grpo-nokl,sign-pg,grpo-median --seeds 0
 
 ``grpo-nokl`` is GRPO with one field changed (a base plus overrides); ``sign-pg`` has a loss of its own: the clipped
-surrogate on the sign of each advantage, so every completion of a group pushes with the same strength.
+surrogate on the sign of each advantage, so every completion of a group pushes with the same strength. The plugin
+also adds an advantage estimator, ``group-median`` (R_i − the group's median reward), which ``grpo-median`` puts
+under GRPO's surrogate; any objective can take it with
+``--objective-overrides '{"advantage_estimator": "group-median"}'``.
 """
 
 from __future__ import annotations
@@ -12,10 +15,19 @@ from dataclasses import dataclass
 
 import torch
 
-from algorithms import param, register
+from algorithms import param, register, register_advantage
 from algorithms.policy_gradient import PGConfig, PolicyGradient, clipped_surrogate
 
 register("grpo-nokl", base="grpo", description="GRPO without the KL term (example plugin).", kl_coef=0.0)
+
+
+def median_baseline(rewards: torch.Tensor) -> torch.Tensor:
+    """Â_i = R_i − median_g R: a baseline that one outlying reward in a group does not move (example estimator)."""
+    return rewards - rewards.median(dim=1, keepdim=True).values
+
+
+register_advantage("group-median", median_baseline,
+                   description="R_i − median of the group's rewards (example plugin estimator).")
 
 
 @dataclass(frozen=True)
@@ -41,3 +53,6 @@ class SignPG(PolicyGradient):
 
 
 register("sign-pg", SignPG, description="Clipped surrogate on sign(Â) (example plugin).")
+
+register("grpo-median", base="grpo", description="GRPO with the plugin's group-median advantage (example plugin).",
+         advantage_estimator="group-median")

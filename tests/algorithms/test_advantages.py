@@ -108,3 +108,63 @@ def test_maxrl_edge_groups():
     assert a.tolist() == [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]] and torch.isfinite(a).all()  # no success: no signal, no NaN
     assert group_advantages(torch.tensor([[1.0], [0.0]]), "maxrl").tolist() == [[1.0], [0.0]]  # group of one: R_i
     assert get_objective("maxrl").config.advantage_estimator == "maxrl"
+
+
+@pytest.fixture
+def plugin_estimator():
+    """A plugin's estimator for one test: Â_i = R_i − min_g R, with the lengths it declares it needs recorded."""
+    from algorithms import register_advantage, unregister_advantage
+
+    seen = []
+
+    def above_min(rewards, lengths):
+        seen.append(lengths)
+        return rewards - rewards.min(dim=1, keepdim=True).values
+
+    register_advantage("test-above-min", above_min, description="R − group min (test)", needs=("lengths",))
+    yield seen
+    unregister_advantage("test-above-min")
+
+
+def test_a_registered_estimator_is_selected_by_an_objective_and_gets_what_it_declares(plugin_estimator):
+    from algorithms import estimator_names
+
+    assert "test-above-min" in estimator_names()
+    obj = get_objective("grpo", advantage_estimator="test-above-min")
+    assert obj.advantage_needs == ("lengths",)  # what the loops read to provide the inputs
+    lengths = torch.tensor(L)
+    close(obj.advantages(torch.tensor(R, dtype=torch.float64), lengths=lengths).tolist(),
+          [[r - min(row) for r in row] for row in R])
+    assert plugin_estimator[0] is lengths
+    with pytest.raises(ValueError, match="test-above-min.*needs completion lengths"):
+        obj.advantages(torch.tensor(R))
+
+
+def test_a_registered_estimator_is_checked_and_names_are_unique(plugin_estimator):
+    from algorithms import register_advantage, unregister_advantage
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_advantage("test-above-min", lambda r: r, description="again")
+    with pytest.raises(ValueError, match="already registered"):
+        register_advantage("group", lambda r: r, description="a built-in's name")
+    with pytest.raises(ValueError, match="'values'.*valid: lengths, greedy_rewards"):
+        register_advantage("test-bad-need", lambda r, values: r, description="x", needs=("values",))
+    register_advantage("test-wrong-shape", lambda r: r[:, :1], description="x")
+    register_advantage("test-nan", lambda r: r * float("nan"), description="x")
+    try:
+        with pytest.raises(ValueError, match=r"'test-wrong-shape' returned \(2, 1\), expected .*\(2, 3\)"):
+            group_advantages(torch.tensor(R), "test-wrong-shape")
+        with pytest.raises(ValueError, match="'test-nan' returned a non-finite"):
+            group_advantages(torch.tensor(R), "test-nan")
+    finally:
+        unregister_advantage("test-wrong-shape")
+        unregister_advantage("test-nan")
+    with pytest.raises(ValueError, match="advantage_estimator='test-wrong-shape': valid values"):
+        get_objective("grpo", advantage_estimator="test-wrong-shape")  # gone with its plugin
+
+
+def test_verl_refuses_a_plugin_estimator_before_any_work(plugin_estimator):
+    from bench.engines.verl.losses import plan
+
+    p = plan("grpo", {"advantage_estimator": "test-above-min"})
+    assert p.mode == "unsupported" and "'test-above-min' has no verl counterpart" in p.reason

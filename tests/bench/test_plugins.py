@@ -35,12 +35,13 @@ def _registries_as_they_were():
     and their modules (under pytest-xdist another test file may run next in this process and list the built-ins)."""
     import sys
 
+    from algorithms import advantages
     from algorithms import registry as objectives
     from bench import plugins
     from evaluators import benchmarks as tasks
 
-    kept = [(d, dict(d)) for d in (objectives._REGISTRY, tasks._BY_NAME, tasks._GENERATED, tasks._REGISTERED_BY,
-                                   plugins._LOADED)]
+    kept = [(d, dict(d)) for d in (objectives._REGISTRY, advantages._REGISTERED, tasks._BY_NAME, tasks._GENERATED,
+                                   tasks._REGISTERED_BY, plugins._LOADED)]
     entry_points, modules, loaded = list(plugins._ENTRY_POINTS), set(sys.modules), set(plugins._LOADED)
     yield
     imported = {p.module for k, p in plugins._LOADED.items() if k not in loaded} - modules
@@ -325,15 +326,17 @@ def test_bench_run_trains_a_plugin_objective_and_task_in_two_spawned_workers(tmp
     uri = fresh_store(tmp_path, "m.db")
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump({"plugins": [OBJECTIVES], "model": model_dir}))
     flags = ["run", "--config", str(tmp_path / "cfg.yaml"), "--plugin", TASK, "--task", "mod7", "--algos",
-             "grpo,sign-pg", "--seeds", "0", "--workers", "2", "--tracking-uri", uri, "--experiment", "plug",
-             "--output-dir", str(tmp_path / "runs"), "--out-root", str(tmp_path / "reports"), "--no-progress",
+             "grpo,sign-pg,grpo-median", "--seeds", "0", "--workers", "2", "--tracking-uri", uri, "--experiment",
+             "plug", "--output-dir", str(tmp_path / "runs"), "--out-root", str(tmp_path / "reports"), "--no-progress",
              *TINY_FLAGS]
     assert main(flags) == 0, capsys.readouterr().err[-3000:]
     out = capsys.readouterr().out
     assert "on 2 worker(s)" in out and "sign-pg                  seed 0: finished" in out, out
-    assert {"grpo", "sign-pg"} <= set(_report_rows(tmp_path / "reports"))
+    # grpo-median: the plugin's advantage estimator, known in the spawned workers (else its config would not validate)
+    assert "grpo-median              seed 0: finished" in out, out
+    assert {"grpo", "sign-pg", "grpo-median"} <= set(_report_rows(tmp_path / "reports"))
     runs = _runs(uri, "plug")
-    for name in ("grpo", "sign-pg"):
+    for name in ("grpo", "sign-pg", "grpo-median"):
         tags = runs[name].data.tags
         assert tags["pobench.task"] == "mod7"
         assert [t.split("@")[0] for t in tags["pobench.plugins"].split(",")] == ["objectives.py", "mod7_task.py"]
@@ -371,9 +374,9 @@ def test_torchrun_two_processes_and_bench_run_train_a_plugin_objective_with_trl(
     assert run.data.tags["pobench.task"] == "mod7" and "objectives.py@" in run.data.tags["pobench.plugins"]
 
     # `bench run` with the TRL engine (its pairs in this process: the plugins were loaded by the command)
-    rc, out, err = bench_here(["run", "--engine", "trl", "--algos", "grpo,sign-pg", "--seeds", "0", "--workers", "1",
-                               "--experiment", "plug-trl", "--output-dir", str(tmp_path / "runs"), "--out-root",
-                               str(tmp_path / "reports"), "--no-progress", *common], tmp_path)
+    rc, out, err = bench_here(["run", "--engine", "trl", "--algos", "grpo,grpo-median", "--seeds", "0",
+                               "--workers", "1", "--experiment", "plug-trl", "--output-dir", str(tmp_path / "runs"),
+                               "--out-root", str(tmp_path / "reports"), "--no-progress", *common], tmp_path)
     assert rc == 0, out[-2000:] + err[-4000:]
-    assert {"grpo", "sign-pg"} <= set(_report_rows(tmp_path / "reports"))
-    assert _runs(uri, "plug-trl")["sign-pg"].data.tags["pobench.engine"] == "trl"
+    assert {"grpo", "grpo-median"} <= set(_report_rows(tmp_path / "reports"))  # (the plugin's estimator under TRL)
+    assert _runs(uri, "plug-trl")["grpo-median"].data.tags["pobench.engine"] == "trl"

@@ -142,7 +142,7 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Te
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must have shape (prompts, group_size), got {tuple(rewards.shape)}")
-    if estimator not in ADVANTAGE_ESTIMATORS and estimator not in _REGISTERED:
+    if estimator not in estimator_names():
         raise ValueError(f"unknown advantage estimator {estimator!r}{did_you_mean(estimator, estimator_names())}; "
                          f"valid: {', '.join(estimator_names())}")
     needs = estimator_needs(estimator)
@@ -157,7 +157,8 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Te
     if estimator in _REGISTERED:
         return _plugin_advantages(_REGISTERED[estimator], rewards,
                                   {"lengths": lengths, "greedy_rewards": greedy_rewards})
-    centred = rewards - rewards.mean(dim=1, keepdim=True)  # (P, G)
+    mean = rewards.mean(dim=1, keepdim=True)  # (P, 1)
+    centred = rewards - mean  # (P, G)
     if estimator == "group-no-std":
         return centred
     if estimator in ("group", "group-reversed", "group-rolled"):
@@ -193,7 +194,6 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Te
     if estimator == "maxrl":
         if G == 1:
             return rewards.clone()
-        mean = rewards.mean(dim=1, keepdim=True)
         safe = mean.clamp(min=torch.finfo(rewards.dtype).tiny)
         return torch.where(mean > 0, centred / safe, torch.zeros_like(centred))
     # remax

@@ -11,7 +11,7 @@ seeds both ran (paired by seed, so the data order and the starting policy cancel
   else *not resolved*, with the seeds a paired test would need to tell a halving from no change at the observed spread.
   A seed where either run never reached the target leaves the ratio undefined: such seeds are counted and left out.
 - stability, "less entropy collapse": the relative change of the mean rollout entropy over training (the mean of the
-  last ``WINDOW`` logged steps over the mean of the first ``WINDOW``, minus 1; ``reports.derived.relative_change``),
+  last ``ENTROPY_WINDOW`` logged steps over the mean of the first, minus 1: each run's ``RunDerived.entropy_change``),
   TEPO − reference: *supported* above 0 (TEPO's entropy falls less), *contradicted* below 0.
 - stability, "smaller accuracy drawdown": reference − TEPO largest fall of held-out accuracy below an earlier peak:
   *supported* above 0, *contradicted* below 0.
@@ -33,10 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from reports import stats
-from reports.derived import ENTROPY_WINDOW, KEY_ENTROPY, RunDerived, relative_change
+from reports.derived import ENTROPY_WINDOW, RunDerived
 from reports.tables import Table, Units, fmt
 
-WINDOW = ENTROPY_WINDOW  # logged steps at each end of the entropy series for its relative change (derived.py)
 SUPPORTED, CONTRADICTED, UNRESOLVED = "supported", "contradicted", "not resolved"
 
 
@@ -134,12 +133,10 @@ def _judge(claim: Claim, ref: str, diffs: np.ndarray, level: float, *, ratio: bo
 
 
 def claim_verdicts(groups: Mapping[str, Sequence[tuple[int, RunDerived]]],
-                   entropy: Mapping[str, Mapping[int, Sequence[tuple[int, float]]]],
                    ttc: Mapping[str, Mapping[int, float | None]]) -> list[Verdict]:
     """The verdicts of every paper in ``CLAIMS`` whose objective and at least one reference are in ``groups``.
 
-    ``entropy``: objective -> seed -> its mean rollout entropy series; ``ttc``: objective -> seed -> its time to
-    convergence in the report's cost unit (None: not reached)."""
+    ``ttc``: objective -> seed -> its time to convergence in the report's cost unit (None: not reached)."""
     todo = []
     for paper in CLAIMS.values():
         if paper.objective not in groups:
@@ -162,11 +159,8 @@ def claim_verdicts(groups: Mapping[str, Sequence[tuple[int, RunDerived]]],
             dropped = len(pairs) - len(ok)
             diffs = np.array([math.log(x / y) for x, y in ok])
         elif claim.key == "entropy":
-            vals = [(relative_change(entropy[obj].get(s, []), WINDOW), relative_change(entropy[ref].get(s, []),
-                                                                                     WINDOW)) for s in seeds]
-            ok = [(x, y) for x, y in vals if x is not None and y is not None]
-            dropped = 0
-            diffs = np.array([x - y for x, y in ok])
+            diffs = np.array([a[s].entropy_change - b[s].entropy_change for s in seeds
+                              if a[s].entropy_change is not None and b[s].entropy_change is not None])
         elif claim.key == "drawdown":
             diffs = np.array([b[s].acc_drawdown - a[s].acc_drawdown for s in seeds
                               if a[s].acc_drawdown is not None and b[s].acc_drawdown is not None])
@@ -209,8 +203,9 @@ def claims_table(verdicts: list[Verdict], units: Units, cost_unit: str) -> Table
                f"by seed; difference = TEPO − reference. "
                f"Time to convergence in {cost_unit}; ratio = TEPO / reference, geometric mean over seeds with a "
                f"Student-t interval of the log ratios; supported when the interval lies below 1 and reaches 0.5, "
-               f"contradicted when it lies above 0.5. Entropy change = mean rollout entropy of the last {WINDOW} "
-               f"logged steps / the first {WINDOW}, − 1 (a fraction). Drawdown and accuracy in {units.diff_unit}. "
+               f"contradicted when it lies above 0.5. Entropy change = mean rollout entropy of the last "
+               f"{ENTROPY_WINDOW} logged steps / the first {ENTROPY_WINDOW}, − 1 (a fraction). Drawdown and accuracy "
+               f"in {units.diff_unit}. "
                f"Other rows: supported when the interval lies above 0, contradicted below 0. Each interval at "
                f"{1 - stats.ALPHA / max(m, 1):.2%} (Bonferroni over the {m} rows: 95% for the table as a whole). Would "
                "need: seeds for 80% power at that level, at the observed SD, for the claimed halving or the observed "
@@ -219,11 +214,3 @@ def claims_table(verdicts: list[Verdict], units: Units, cost_unit: str) -> Table
                  ["claim", "against", "measure", "n", "estimate", "interval", "verdict"], rows,
                  ["claim", "text", "reference", "n", "estimate", "low", "high", "verdict", "seeds_needed", "note"],
                  csv_rows)
-
-
-def entropy_series(runs) -> dict[str, dict[int, list[tuple[int, float]]]]:
-    """variant -> seed -> its mean rollout entropy series."""
-    out: dict[str, dict[int, list[tuple[int, float]]]] = {}
-    for r in runs:
-        out.setdefault(r.variant, {})[r.seed] = r.series.get(KEY_ENTROPY, [])
-    return out

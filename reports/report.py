@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reports import checks, sections
-from reports.claims import claim_verdicts, claims_table, entropy_series
+from reports.claims import claim_verdicts, claims_table
 from reports.controls import control_bases, control_results, controls_note, controls_table
 from reports.derived import KEY_ACC, DerivedSettings, RunDerived, default_target, derive, store
 from reports.figures import CROWDED, FigureOptions
@@ -180,8 +180,7 @@ def analyse(cmp: Comparison, *, baseline: str | None = None, recorded_baseline: 
             sections.accuracy_table(groups, units), sections.aggregates_table(groups, units),
             sections.paired_table(paired, base, units), sections.convergence_table(conv, target_text, interval, base),
             fit.fit_table(fits, units), sections.stability_table(groups, settings, units), runs_tab, runs_stab]
-    verdicts = claim_verdicts(groups, entropy_series(cmp.runs),
-                              {o: {s: d.ttc_tokens_interp for s, d in rs} for o, rs in groups.items()})
+    verdicts = claim_verdicts(groups, {o: {s: d.ttc_tokens_interp for s, d in rs} for o, rs in groups.items()})
     if verdicts:
         tabs.append(claims_table(verdicts, units, "sampled completion tokens"))
     if evals:

@@ -53,8 +53,7 @@ def run(args: argparse.Namespace) -> int:
     for name, source in tasks.items():
         if source != "built-in":
             print(f"\ntask {name}: {get_benchmark(name).description} [{source}]")
-    plugged = [registered_advantage(n) for n in estimator_names() if registered_advantage(n) is not None]
-    for spec in plugged:
+    for spec in filter(None, map(registered_advantage, estimator_names())):
         needs = f" (needs {', '.join(spec.needs)})" if spec.needs else ""
         print(f"\nadvantage estimator {spec.name}: {spec.description}{needs} [{describe_module(spec.module)}]")
     print(f"\nadvantage estimators (advantage_estimator): {', '.join(estimator_names())}")

@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 from reports import claims, stats
 from reports.claims import CONTRADICTED, SUPPORTED, UNRESOLVED, claim_verdicts, seeds_needed
 from reports.controls import DETECTED, MISSED, UNTESTABLE, WRONG, control_bases, control_results, controls_note
-from reports.derived import RunDerived, relative_change
+from reports.derived import ENTROPY_WINDOW, RunDerived, relative_change
 from reports.load import RunData, load_comparison
 from reports.record import CONTROL_OF, get_or_create_experiment
 from reports.report import analyse
@@ -98,9 +98,12 @@ def test_a_report_keeps_its_controls_out_of_the_ranking_and_opens_with_them(hand
 
 
 # ------------------------------------------------------------------ claims
-def _derived(final, drawdown=0.0):
+def _derived(final, drawdown=0.0, entropy=None):
+    """A run's derived numbers; ``entropy``: its entropy series, whose relative change derive() would store."""
     none = {f.name: None for f in dataclasses.fields(RunDerived) if f.name != "spike_at"}
-    return RunDerived(**{**none, "initial_acc": 0.3, "final_acc": final, "best_acc": final, "acc_drawdown": drawdown})
+    change = None if entropy is None else relative_change(entropy, ENTROPY_WINDOW)
+    return RunDerived(**{**none, "initial_acc": 0.3, "final_acc": final, "best_acc": final, "acc_drawdown": drawdown,
+                         "entropy_change": change})
 
 
 def _entropy(start, change, steps=20):
@@ -109,20 +112,18 @@ def _entropy(start, change, steps=20):
 
 def _case(tepo_final, tepo_dd, tepo_ent, tepo_ttc, seeds=6, noise=0.004):
     rng = np.random.default_rng(0)
-    groups, ent, ttc = {}, {}, {}
+    groups, ttc = {}, {}
     for o in ("tepo", "grpo"):
-        groups[o], ent[o], ttc[o] = [], {}, {}
+        groups[o], ttc[o] = [], {}
         for s in range(seeds):
             e = rng.normal(0, noise)
             if o == "tepo":
-                groups[o].append((s, _derived(tepo_final + e, tepo_dd + e)))
-                ent[o][s] = _entropy(1.0, tepo_ent + e)
+                groups[o].append((s, _derived(tepo_final + e, tepo_dd + e, _entropy(1.0, tepo_ent + e))))
                 ttc[o][s] = tepo_ttc * (1 + e)
             else:
-                groups[o].append((s, _derived(0.5 + e, 0.05 + e)))
-                ent[o][s] = _entropy(1.0, -0.5 + e)
+                groups[o].append((s, _derived(0.5 + e, 0.05 + e, _entropy(1.0, -0.5 + e))))
                 ttc[o][s] = 20.0 * (1 + 2 * e)
-    return {(v.claim.key, v.reference): v for v in claim_verdicts(groups, ent, ttc)}
+    return {(v.claim.key, v.reference): v for v in claim_verdicts(groups, ttc)}
 
 
 def test_a_tepo_better_on_every_claim_is_supported_on_each():
@@ -155,10 +156,10 @@ def test_a_verdict_reads_its_interval_not_its_point_estimate():
 def test_intervals_are_bonferroni_over_the_rows_and_unreached_seeds_are_left_out():
     v = _case(tepo_final=0.6, tepo_dd=0.01, tepo_ent=-0.1, tepo_ttc=10.0)
     conv = v["convergence", "grpo"]
-    groups = {"tepo": [(s, _derived(0.6)) for s in range(4)], "grpo": [(s, _derived(0.5)) for s in range(4)]}
+    groups = {o: [(s, _derived(f, entropy=_entropy(1.0, -0.5))) for s in range(4)]
+              for o, f in (("tepo", 0.6), ("grpo", 0.5))}
     ttc = {"tepo": {0: 10.0, 1: 11.0, 2: None, 3: 9.0}, "grpo": {0: 20.0, 1: 21.0, 2: 20.0, 3: 19.0}}
-    ent = {o: {s: _entropy(1.0, -0.5) for s in range(4)} for o in groups}
-    (c,) = [x for x in claim_verdicts(groups, ent, ttc) if x.claim.key == "convergence"]
+    (c,) = [x for x in claim_verdicts(groups, ttc) if x.claim.key == "convergence"]
     assert c.n == 3 and "1 seed(s) left out" in c.why
     logs = np.log([10 / 20, 11 / 21, 9 / 19])
     from scipy import stats as st
@@ -176,7 +177,7 @@ def test_seeds_needed_agrees_with_the_report_power_analysis_at_the_same_level():
 
 def test_no_claims_without_tepo_and_a_reference():
     groups = {"grpo": [(0, _derived(0.5))], "dapo": [(0, _derived(0.5))]}
-    assert claim_verdicts(groups, {}, {}) == []
+    assert claim_verdicts(groups, {}) == []
     assert set(claims.CLAIMS["tepo"].references) == {"grpo", "dapo"}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from algorithms import get_objective
 from bench.config import TrainConfig
+from reports import metric_keys as K
 
 #: TrainConfig fields the TRL engine honours only at their default value: field -> why
 UNSUPPORTED = {
@@ -34,8 +35,9 @@ REFUSED_ENGINE_ARGS = (
     "multi_objective_aggregation", "sync_ref_model",
     "gradient_checkpointing", "eval_strategy", "remove_unused_columns",
 )
-# pobench's metric names (eval/*: the callback's)
-PREFIXES = ("objective/", "train/", "rollout/", "time/", "perf/", "sys/")
+# the namespaces of pobench's step metrics, read from reports/metric_keys.py so a new one is never filtered out of
+# TRL's logs (sys/ once was); eval/* is the callback's, tune/* the study's
+PREFIXES = tuple(sorted({f"{k.split('/')[0]}/" for k in {**K.DOMAINS, **K.OBJECTIVE_DOMAINS}} - {"eval/", "tune/"}))
 
 
 def check_supported(cfg: TrainConfig) -> None:

@@ -22,7 +22,7 @@ from bench.inputs import SEED_MAX, read_yaml, tag_values, typed_fields, typed_ov
 from bench.plugins import identity, load_plugins
 from evaluators.hints import did_you_mean
 from reports.paths import contained, safe_component
-from reports.record import DEFAULT_TRACKING_URI
+from reports.record import DEFAULT_TRACKING_URI, check_experiment_name
 
 
 def _f(default: Any, doc: str, **kw: Any) -> Any:
@@ -170,6 +170,7 @@ class TrainConfig:
             bad("plugins", "must be a list of module names or .py files")
         load_plugins(self.plugins)  # before the objective is looked up (its overrides typed): it may be a plugin's
         self.objective_overrides = typed_overrides(self.algo, self.objective_overrides)
+        check_experiment_name(self.experiment, "config field `experiment` (--experiment)")
         if not 0 <= self.seed <= SEED_MAX:
             bad("seed", f"a seed must be an integer in [0, {SEED_MAX}] (--seed)")
 

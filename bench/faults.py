@@ -89,20 +89,28 @@ def check_store(uri: str) -> None:
         _check_sqlite(db, uri)
 
 
-def _check_sqlite(db: Path, uri: str) -> None:
+def sqlite_damage(db: Path) -> str | None:
+    """Why the existing file ``db`` is not a sound SQLite database, from its header (not one at all: its first
+    bytes; truncated: fewer bytes than its header declares); None when the header is sound."""
     with open(db, "rb") as f:
         header = f.read(100)
-    away = ("move it away (pobench does not write into it) to start a new store there, or give another "
-            "--tracking-uri")
     if not header.startswith(SQLITE_MAGIC):
-        raise StoreFault(f"the MLflow store {db} is not an SQLite database (its first bytes are {header[:16]!r}); "
-                         + away)
+        return f"not an SQLite database (its first bytes are {header[:16]!r})"
     page = int.from_bytes(header[16:18], "big")
     page = 65536 if page == 1 else page
     pages, counter, valid_for = (int.from_bytes(header[i:i + 4], "big") for i in (28, 24, 92))
     if pages and counter == valid_for and db.stat().st_size < pages * page:
-        raise StoreFault(f"the MLflow store {db} is damaged: truncated ({db.stat().st_size} bytes of the "
-                         f"{pages * page} its header declares); restore it from a backup, or " + away)
+        return f"damaged: truncated ({db.stat().st_size} bytes of the {pages * page} its header declares)"
+    return None
+
+
+def _check_sqlite(db: Path, uri: str) -> None:
+    away = ("move it away (pobench does not write into it) to start a new store there, or give another "
+            "--tracking-uri")
+    why = sqlite_damage(db)
+    if why is not None:
+        restore = "restore it from a backup, or " if why.startswith("damaged") else ""
+        raise StoreFault(f"the MLflow store {db} is {why}; {restore}" + away)
     try:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=20)
         try:
@@ -169,6 +177,28 @@ _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 _IN_THE_WAY = (errno.ENOTDIR, errno.EEXIST, errno.EISDIR)
 
 
+def damaged(text: str) -> bool:
+    """Whether a database error's text says the file is not a sound SQLite database (damaged, truncated, another
+    kind of file): rerunning once it "answers again" does not help; restoring or moving it away does."""
+    return any(t in text for t in ("database disk image is malformed", "file is not a database"))
+
+
+def check_sqlite_file(db: Path, what: str) -> None:
+    """StoreFault (one line, naming ``what``) when ``db`` is a folder, cannot be read, or is not a sound SQLite file
+    (:func:`sqlite_damage`); an absent or empty file is fine (SQLite creates it)."""
+    if db.is_dir():
+        raise StoreFault(f"{what}: {db} is a folder, not a SQLite file: give a file path")
+    try:
+        why = sqlite_damage(db) if db.stat().st_size else None
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise StoreFault(f"{what}: {db} cannot be read ({e.strerror}): make it readable") from None
+    if why is not None:
+        raise StoreFault(f"{what}: {db} is {why}; restore it from a backup, or move it away and rerun (a new "
+                         "study starts)")
+
+
 def _chain(error: BaseException | None):
     seen = set()
     while error is not None and id(error) not in seen:
@@ -182,6 +212,12 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
     Optuna storage (``storage``, password hidden) or the file system behind ``error``; None when ``error`` is none
     of those (a bug: its traceback is shown)."""
     store, storage = store or _USED.get("store"), storage or _USED.get("storage")
+    optuna_error = any(type(e).__name__ == "StorageInternalError" for e in _chain(error))
+    for e in _chain(error):
+        text = str(e)
+        if optuna_error and damaged(text):  # (Optuna's storage, not MLflow's store: the chain says which)
+            return (f"the Optuna storage {storage or ''} is damaged ({_first(text)}); the trials it held are lost "
+                    "with it: restore it from a backup, or move it away and rerun (a new study starts)")
     for e in _chain(error):
         text = str(e)
         if isinstance(e, OSError) and e.errno in (*_NO_SPACE, *_READ_ONLY, *_IN_THE_WAY) and e.filename is not None:

@@ -10,15 +10,34 @@ nothing to lose: pobench makes a folder before it writes the marker). Any other 
 (a ``config.yaml`` whose keys are TrainConfig fields included: a user writes those too), is refused in one line
 naming it: pobench neither writes into it, marks it nor deletes it. Run folders of an earlier pobench without the
 marker (before the marker existed) are not adopted: the line says to move them away or delete them by hand.
+
+Inside a marked folder, ``--force`` deletes only what pobench wrote (:data:`RUN_LAYOUT`, the one definition of a run
+folder's layout): a file a user put there (an analysis, notes) stays, and so do the folder and its marker; inside a
+checkpoint only the files its ``state.json`` lists go, inside ``final`` only those its listing
+(``checkpoint.LISTING``) holds. The engines' own folders (``trl``, ``verl``, ``verl-data``: TRL / verl write them,
+pobench hands them the folder) go whole.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import json
+import shutil
 from pathlib import Path
 
 from reports.paths import MARKER, UnsafePath, contained, is_owned, make_owned, remove_owned, safe_component
 
 RUN_KIND = "run"
+
+#: what pobench writes at the top of a run folder (names or patterns): the one definition of the run folder's layout.
+#: ``ckpt-*``: checkpoints (``ckpt-0000040``; ``.tmp`` while written); ``final`` (``.final.tmp`` / ``.final.old``
+#: while swapped); ``trl`` / ``verl`` / ``verl-data``: the engines' own folders.
+RUN_LAYOUT = (MARKER, "config.yaml", "run.json", "run.json.tmp", "inputs.json", "final", ".final.tmp", ".final.old",
+              "ckpt-[0-9]*", "trl", "verl", "verl-data")
+#: the folders of RUN_LAYOUT whose files pobench lists as it writes them (state.json, final's listing)
+LISTED = ("ckpt-[0-9]*", "final", ".final.old")
+#: the listing ``final`` holds (bench.engines.native.checkpoint.save_final writes it)
+LISTING = ".pobench-files"
 
 
 def under(root: str | Path, name: object, what: str) -> Path:
@@ -74,12 +93,114 @@ def check_removable(run_dir: str | Path) -> None:
         raise _refuse(run_dir, "deleting")
 
 
-def remove_run_folder(run_dir: str | Path, root: str | Path) -> bool:
-    """Delete the run folder ``run_dir`` (``--force``) when it is pobench's (marked, or empty: :func:`is_run_folder`)
-    and under ``root``; UnsafePath otherwise. Returns whether something was deleted."""
+def check_claimable(run_dir: str | Path) -> None:
+    """UnsafePath (one line) when ``run_dir`` exists and pobench may not write into it (:func:`claim_run_folder`
+    would refuse it): asked before a comparison opens its record."""
+    run_dir = Path(run_dir)
+    if (run_dir.exists() or run_dir.is_symlink()) and not is_run_folder(run_dir):
+        raise _refuse(run_dir, "writing into")
+
+
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(name, pat) for pat in patterns)
+
+
+def _listed(folder: Path) -> set[str] | None:
+    """The files (relative paths) pobench wrote into the listed folder ``folder``; None when all of it is pobench's
+    (a checkpoint being written, ``.tmp``; a ``final`` of a pobench before listings). A checkpoint without its
+    ``state.json`` holds nothing of pobench's (pobench renames a checkpoint into place with it, and removes it
+    first)."""
+    if folder.name.endswith(".tmp"):
+        return None
+    final = folder.name == "final" or folder.name.startswith(".final")
+    try:
+        if final:
+            return {LISTING, *json.loads((folder / LISTING).read_text())}
+        state = json.loads((folder / "state.json").read_text())
+        return {"state.json", *(state.get("files") or {})}
+    except FileNotFoundError:
+        return None if final else set()
+    except (OSError, ValueError, TypeError, AttributeError):
+        return set()  # a listing pobench cannot read: nothing in the folder is known to be its
+
+
+def _files(folder: Path) -> list[Path]:
+    return [f for f in sorted(folder.rglob("*")) if f.is_symlink() or not f.is_dir()]
+
+
+def remove_written(folder: str | Path) -> list[Path]:
+    """Delete the files pobench wrote in the listed folder ``folder`` (a checkpoint, ``final``); what it did not
+    write stays (returned), with the folders that hold it and, for ``final``, its listing (so that what is left is
+    known to be a user's). A folder that holds nothing else goes whole."""
+    folder = Path(folder)
+    listed = _listed(folder)
+    kept = [] if listed is None else [f for f in _files(folder) if str(f.relative_to(folder)) not in listed]
+    if not kept:
+        shutil.rmtree(folder)
+        return []
+    for f in _files(folder):
+        if f not in kept and f.name != LISTING:
+            f.unlink()
+    for d in sorted((d for d in folder.rglob("*") if d.is_dir() and not d.is_symlink()), reverse=True):
+        if not any(d.iterdir()):
+            d.rmdir()
+    return kept
+
+
+def carry_over(old: str | Path, new: str | Path) -> None:
+    """Before pobench replaces its listed folder ``old`` (a checkpoint of the same step written again, ``final``) by
+    ``new``: the files in ``old`` it did not write move into ``new`` at the same place (unless ``new`` holds that
+    name), then its own files of ``old`` go (:func:`remove_written`); a user's file never goes with them."""
+    old, new = Path(old), Path(new)
+    if not old.is_dir() or old.is_symlink():
+        return
+    listed = _listed(old)
+    for f in [] if listed is None else _files(old):
+        rel = f.relative_to(old)
+        if str(rel) not in listed and not (new / rel).exists():
+            (new / rel).parent.mkdir(parents=True, exist_ok=True)
+            f.rename(new / rel)
+    if old.exists():
+        remove_written(old)
+
+
+def not_written(run_dir: str | Path) -> list[Path]:
+    """The files and folders in the run folder ``run_dir`` that pobench did not write (:data:`RUN_LAYOUT`, the
+    listings of checkpoints and ``final``): what ``--force`` keeps."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or run_dir.is_symlink():
+        return []
+    out = []
+    for entry in sorted(run_dir.iterdir()):
+        if not _matches(entry.name, RUN_LAYOUT):
+            out.append(entry)
+        elif _matches(entry.name, LISTED) and entry.is_dir() and not entry.is_symlink():
+            listed = _listed(entry)
+            if listed is not None:
+                out += [f for f in _files(entry) if str(f.relative_to(entry)) not in listed]
+    return out
+
+
+def remove_run_folder(run_dir: str | Path, root: str | Path) -> list[Path]:
+    """Delete what pobench wrote in the run folder ``run_dir`` (``--force``) when it is pobench's (marked, or empty:
+    :func:`is_run_folder`) and under ``root``; UnsafePath otherwise. What pobench did not write stays
+    (:func:`not_written`), and with it the folder and its marker. Returns the files and folders kept."""
     run_dir = Path(run_dir)
     check_removable(run_dir)
     if run_dir.is_dir() and not is_owned(run_dir):  # an empty folder: nothing to delete
         run_dir.rmdir()
-        return True
-    return remove_owned(run_dir, root)
+        return []
+    kept = not_written(run_dir)
+    if not kept:
+        remove_owned(run_dir, root)
+        return []
+    for entry in sorted(run_dir.iterdir()):
+        if entry.name == MARKER or not _matches(entry.name, RUN_LAYOUT):
+            continue
+        if _matches(entry.name, LISTED) and entry.is_dir() and not entry.is_symlink():
+            remove_written(entry)
+        elif entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    return kept

@@ -79,13 +79,19 @@ def timeout_s() -> float:
     return value
 
 
-def check_reachable(uri: str | None) -> str:
+def check_reachable(uri: str | None, *, reads_only: bool = False) -> str:
     """Resolve the tracking URI and, for an MLflow server (http/https), check that it answers within
     ``$POBENCH_MLFLOW_TIMEOUT`` seconds (default 5): one ValueError line naming the URI otherwise, before any model
     is loaded. (MLflow's own client retries a refused connection for about four minutes before it gives up.) A local
-    SQLite store is checked without writing it (``bench.faults.check_store``). Returns the resolved URI."""
+    SQLite store is checked without writing it (``bench.faults.check_store``); a command that only reads
+    (``reads_only``: `bench report`, `bench compare`) refuses one that does not exist rather than create an empty one.
+    Returns the resolved URI."""
     resolved = check_tracking_scheme(record.tracking_uri(uri))  # foo://bar: one line, not MLflow's traceback
     faults.note(store=resolved)  # (what a fault of the store met later names)
+    db = faults.sqlite_file(resolved)
+    if reads_only and db is not None and not db.exists():
+        raise ValueError(f"no MLflow store at {db} (the tracking URI {resolved}): nothing to read; run `bench run` "
+                         "here first, or give --tracking-uri (or MLFLOW_TRACKING_URI) of the store that holds the runs")
     if not resolved.startswith(("http://", "https://")):
         faults.check_store(resolved)  # read-only, not SQLite, truncated, another schema revision: one line now
         return resolved

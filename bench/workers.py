@@ -12,6 +12,8 @@ import contextlib
 import logging
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -116,6 +118,26 @@ def pool_worker_setup(plugins: Sequence[str]) -> None:
     load_plugins(list(plugins))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_pool_sigterm)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="pobench-parent-watch", daemon=True).start()
+
+
+#: seconds between two looks at the parent process; and the longest a busy worker of a dead parent is given to
+#: checkpoint and end its run KILLED before it exits anyway
+PARENT_POLL_S, ORPHAN_GRACE_S = 1.0, 300.0
+
+
+def _watch_parent(parent: int) -> None:
+    """A pool process whose parent died (SIGKILL, OOM killer) would live on, orphaned, holding its pair's lock and
+    its run RUNNING: once the parent is gone, a busy worker takes the interrupt path (checkpoint, run KILLED, as on
+    SIGTERM) and the process exits; an idle one exits at once."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    if _POOL_WORKER["busy"]:
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + ORPHAN_GRACE_S
+        while _POOL_WORKER["busy"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+    os._exit(143)
 
 
 def _on_pool_sigterm(signum: int, frame: Any) -> None:

@@ -167,9 +167,25 @@ def artifact_location(uri: str, name: str) -> str | None:
     return str(lock.parent.resolve() / "mlartifacts" / safe_component(name, "experiment"))  # (bounded, distinct)
 
 
+#: MLflow refuses a longer experiment name (mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH), after work began
+MAX_EXPERIMENT_NAME = 500
+
+
+def check_experiment_name(name: object, flag: str = "--experiment") -> str:
+    """``name`` when MLflow can store it as an experiment's name; ValueError (one line, naming ``flag``) otherwise,
+    before any work."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{flag}={name!r}: give a non-empty experiment name")
+    if len(name) > MAX_EXPERIMENT_NAME:
+        raise ValueError(f"{flag}: an experiment name of {len(name)} characters; MLflow stores at most "
+                         f"{MAX_EXPERIMENT_NAME}: give a shorter one")
+    return name
+
+
 def get_or_create_experiment(client, uri: str, name: str) -> str:
     """The id of experiment ``name`` (restored if deleted, created if absent: with :func:`artifact_location`), safe
-    against concurrent creators."""
+    against concurrent creators. A name MLflow cannot store: ValueError, before the store is touched."""
+    check_experiment_name(name)
     with store_lock(uri):
         exp = client.get_experiment_by_name(name)
         if exp is not None and exp.lifecycle_stage == "deleted":

@@ -55,7 +55,7 @@ def default_params(objective: str) -> dict[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     specs = [parse_spec(s, args.experiment) for s in args.comparisons]
-    uri = check_reachable(args.tracking_uri)
+    uri = check_reachable(args.tracking_uri, reads_only=True)
     options = ReportOptions(percent=not args.fractions)
     try:
         res = compare_comparisons(specs, uri, out_root=args.out_root, baseline=args.baseline,

@@ -61,7 +61,7 @@ def run(args) -> int:
     if not names:
         raise ValueError("--benchmarks: give at least one benchmark name")
     benchmarks = [get_benchmark(n) for n in names]
-    uri = check_reachable(args.tracking_uri)
+    uri = check_reachable(args.tracking_uri, reads_only=True)
     client = open_client(uri)
     cmp = load_comparison(args.experiment, args.comparison, uri, client=client, with_series=False)
     data = resolve_data(benchmarks, args.data)

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    uri = check_reachable(resolve_tracking_uri(args.tracking_uri))
+    uri = check_reachable(resolve_tracking_uri(args.tracking_uri), reads_only=True)
     faults.check_output_folder(args.out_root, "--out-root")  # a file in its place, read-only: one line now
     if args.comparison is None:  # say which one is reported when there is a choice
         client = _client(uri)

@@ -8,6 +8,7 @@ same whatever trains, so its tests run on a fake trainer and only a few train fo
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -25,7 +26,7 @@ from bench.compare.plan import DEFAULTS, Pair, plan, run_dir
 from bench.compare.store import lock_file, pair_lock
 from bench.config import TrainConfig
 from bench.engines.lifecycle import RunFolderBusy, folder_held, folder_in_use, has_checkpoint
-from bench.folders import check_removable, experiment_dir, remove_run_folder
+from bench.folders import check_claimable, check_removable, experiment_dir, remove_run_folder
 from bench.identity import written_by_note
 from bench.plugins import check_shippable, with_plugins
 from bench.tracking import store_client, version_tags
@@ -130,8 +131,12 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
     uri = cfg.tracking_uri
     client = store_client(uri)  # (a fresh local store is created under a lock: reports/record.py open_client)
     cid, pairs = plan(cfg, algos, seeds, params, force=spec.force, client=client)
-    for p in pairs if spec.force else []:  # --force deletes pobench's run folders only: refused now, before any record
-        check_removable(run_dir(cfg, p))
+    for p in pairs:  # a folder pobench may not write into or delete: refused now, before any record
+        if spec.force:  # (--force deletes only what pobench wrote in its own run folders)
+            check_removable(run_dir(cfg, p))
+        elif p.action != "reuse":
+            check_claimable(run_dir(cfg, p))
+    for p in pairs if spec.force else []:
         if folder_in_use(run_dir(cfg, p)):  # (at once, before any record; the deletion itself holds the folder)
             raise RunFolderBusy(f"--force: {run_dir(cfg, p)} is being trained by another process now; wait for it "
                                 "to end, then redo the comparison with --force")
@@ -139,25 +144,25 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
         check_shippable(cfg, algos)
     exp_id = get_or_create_experiment(client, uri, cfg.experiment)
     parent = comparison_run(client, exp_id, cid, cfg, algos, seeds)
-    try:  # from here on the comparison's run ends KILLED on Ctrl-C / SIGTERM, with what is kept said
-        status, n_workers = _train(spec, ex, cfg, cid, pairs, client, exp_id, parent)
+    # from here on the comparison's run ends KILLED on Ctrl-C / SIGTERM (with what is kept said) or on any fault,
+    # and FINISHED / FAILED only once its report is written: a run marked ended has its report
+    try:
+        try:
+            status, n_workers = _train(spec, ex, cfg, cid, pairs, client, exp_id, parent)
+        finally:
+            ex.close()
+        result = ComparisonResult(cid, cfg.experiment, uri, pairs, workers=n_workers, executor=ex.name)
+        if spec.report and any(p.outcome.startswith(KEPT) for p in pairs):  # (swapped in whole, or not at all)
+            result.report = build_report(cfg.experiment, cid, uri, out_root=spec.out_root, baseline=spec.baseline,
+                                         target_acc=spec.target_acc, objectives=[p.variant for p in pairs],
+                                         seeds=seeds, client=client, options=spec.report_options)
     except KeyboardInterrupt:
         retry_locked(client.set_terminated, parent, status="KILLED")
         raise _stopped(cfg, cid, pairs) from None
     except BaseException:
         retry_locked(client.set_terminated, parent, status="KILLED")
         raise
-    finally:
-        ex.close()
     retry_locked(client.set_terminated, parent, status=status)
-    result = ComparisonResult(cid, cfg.experiment, uri, pairs, workers=n_workers, executor=ex.name)
-    if spec.report and any(p.outcome.startswith(KEPT) for p in pairs):
-        try:
-            result.report = build_report(cfg.experiment, cid, uri, out_root=spec.out_root, baseline=spec.baseline,
-                                         target_acc=spec.target_acc, objectives=[p.variant for p in pairs],
-                                         seeds=seeds, client=client, options=spec.report_options)
-        except KeyboardInterrupt:  # (the report is swapped in whole, or not at all)
-            raise _stopped(cfg, cid, pairs) from None
     result.seconds = time.perf_counter() - t_start
     return result
 
@@ -187,7 +192,11 @@ def _train(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pai
                     f"tags.`pobench.objective` = '{p.objective}' and tags.`pobench.seed` = '{p.seed}'")):
                 client.set_tag(r.info.run_id, member_tag(cid), "0")
             with folder_held(run_dir(cfg, p)):  # (no training starts in it while it goes; one running: refused)
-                remove_run_folder(run_dir(cfg, p), experiment_dir(cfg.output_dir, cfg.experiment))  # marked ones only
+                kept = remove_run_folder(run_dir(cfg, p), experiment_dir(cfg.output_dir, cfg.experiment))
+            if kept:  # a user's files in a pobench run folder stay (bench/folders.py RUN_LAYOUT)
+                names = ", ".join(str(k.relative_to(run_dir(cfg, p))) for k in kept[:5])
+                more = f" and {len(kept) - 5} more" if len(kept) > 5 else ""
+                print(f"--force: kept {names}{more} in {run_dir(cfg, p)}: pobench did not write them", file=sys.stderr)
 
     todo = [p for p in pairs if p.action != "reuse"]
     ctx = PairContext(cfg, cid, parent, exp_id, spec.force, spec.train_fn, spec.on_eval)

@@ -94,7 +94,7 @@ class LiveDisplay:
             self.progress.update(self.overall, completed=sum(self.at))
 
     def done(self, i: int, p: Pair, error: str = "") -> None:
-        self.print(f"  {p.variant} seed {p.seed}: {p.outcome} (run {p.run_id})")
+        self.print(f"  {p.variant} seed {p.seed}: {p.outcome}" + (f" (run {p.run_id})" if p.run_id else ""))
         if error and not p.outcome.startswith("failed: step"):  # a divergence needs no traceback
             self.print(error.rstrip())
         self._at(i, self.steps)

@@ -22,7 +22,7 @@ from bench.compare.plan import Pair, finished_run, pair_config, run_dir
 from bench.compare.store import lock_file, pair_lock
 from bench.config import TrainConfig
 from bench.data import derive_seed, eval_problems
-from bench.engines import TrainingDiverged, TrainResult
+from bench.engines import RunStopped, TrainingDiverged, TrainResult
 from bench.engines.lifecycle import has_checkpoint, seed_and_threads
 from bench.evaluate import eval_metrics, held_out_result
 from bench.model import load_policy
@@ -128,8 +128,14 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
     except TrainingDiverged as e:
         return PairResult(job.index, f"failed: {e}", "train", error=traceback.format_exc())
     except Exception as e:  # noqa: BLE001  (reported with the pair named; the other pairs go on)
-        said = faults.describe(e, store=cfg.tracking_uri) or f"{type(e).__name__}: {e}"  # a store's fault: its line
-        return PairResult(job.index, f"failed: {said}", "train", error=traceback.format_exc())
+        said = faults.describe(e, store=cfg.tracking_uri)  # a fault of the store or the file system: its line
+        # bad input, a fault of the store / file system, a run a fault stopped: its one line; anything else is a bug,
+        # whose traceback is shown
+        known = said is not None or isinstance(e, (ValueError, OSError, RunStopped))
+        if said is None:
+            said = str(e) if isinstance(e, RunStopped) else f"{type(e).__name__}: {e}"
+        return PairResult(job.index, f"failed: {' '.join(str(said).split())}", "train",
+                          error="" if known else traceback.format_exc())
 
 
 def step0_task(notify: Notify, step0_fn: Callable[[TrainConfig, list[int]], dict[int, dict[str, float]]],

@@ -14,6 +14,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
+from bench.faults import check_sqlite_file, damaged
 from reports.dburl import INSTALL_HINT, with_driver
 from reports.record import store_lock
 
@@ -57,6 +58,7 @@ def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_re
         db = make_url(url).database
         if db and db != ":memory:":
             Path(db).parent.mkdir(parents=True, exist_ok=True)
+            check_sqlite_file(Path(db), f"--storage {redact(url)}")
         engine_kwargs["connect_args"] = {"timeout": 60}
     elif backend == "postgresql":
         engine_kwargs["connect_args"] = {"connect_timeout": 10}
@@ -82,6 +84,9 @@ def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_re
                          f"{INSTALL_HINT}") from e
     except Exception as e:  # sqlalchemy OperationalError / ArgumentError and friends: one line naming the cause
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if damaged(str(e)):  # a file that answers but is not a sound database: reaching it again does not help
+            raise ValueError(f"--storage {redact(url)}: the storage is damaged ({first[:200]}); restore it from a "
+                             "backup, or move it away and rerun (a new study starts)") from e
         raise ValueError(f"--storage {redact(url)}: cannot be reached: {first}") from e
 
 

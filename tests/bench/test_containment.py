@@ -157,10 +157,10 @@ def test_force_deletes_marked_and_empty_run_folders_only(tmp_path):
     root = tmp_path / "exp"
     marked = claim_run_folder(root / "new")
     (marked / "config.yaml").write_text("x")
-    assert remove_run_folder(marked, root) and not marked.exists()
+    assert remove_run_folder(marked, root) == [] and not marked.exists()
     empty = root / "empty"
     empty.mkdir()
-    assert remove_run_folder(empty, root) and not empty.exists()
+    assert remove_run_folder(empty, root) == [] and not empty.exists()
     # unmarked: an earlier version's run folder (checkpoint, config.yaml) or a user's folder with a config.yaml
     legacy = _legacy_run(root / "old")
     notes = root / "notes"
@@ -171,7 +171,7 @@ def test_force_deletes_marked_and_empty_run_folders_only(tmp_path):
         with pytest.raises(UnsafePath, match="not deleting it"):
             remove_run_folder(folder, root)
         assert snapshot(folder) == before
-    assert remove_run_folder(root / "absent", root) is False
+    assert remove_run_folder(root / "absent", root) == []
 
 
 def test_an_unmarked_folder_is_never_claimed(tmp_path):

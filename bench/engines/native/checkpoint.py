@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from bench.folders import LISTING, carry_over, remove_written
+
 PREFIX = "ckpt-"
 FINAL_TMP = ".final.tmp"  # the final weights are written here, then renamed to ``final``
 FORMAT = 2            # state.json records "files": {name: [size, sha256]} (format 1 had none)
@@ -176,7 +178,7 @@ def _commit(run_dir: Path, step: int, state: dict[str, Any], fill: Callable[[Pat
         if is_full(e):
             raise _full(e, final) from None
         raise
-    shutil.rmtree(final, ignore_errors=True)
+    carry_over(final, tmp)  # (the same step written again: a user's file in it moves to the new one)
     tmp.rename(final)
     _fsync_dir(run_dir)
     done = _complete(run_dir)
@@ -184,7 +186,7 @@ def _commit(run_dir: Path, step: int, state: dict[str, Any], fill: Callable[[Pat
         engine_dir = _engine_dir(old, run_dir)
         if engine_dir is not None:  # a state-only checkpoint's engine folder goes with it
             shutil.rmtree(engine_dir, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+        remove_written(old)  # its files; a user's file put in it stays (bench/folders.py)
     return final, done[-keep:]
 
 
@@ -248,10 +250,14 @@ def save_final(run_dir: str | Path, write: Callable[[Path], None]) -> Path:
     run_dir = Path(run_dir)
     dest, tmp, old = run_dir / "final", run_dir / FINAL_TMP, run_dir / ".final.old"
     clear_leftover(tmp)
+    if old.is_dir() and not old.is_symlink():  # the old final a killed swap left: its files (a user's stay)
+        remove_written(old)
     clear_leftover(old)
     try:
         tmp.mkdir(parents=True)
         write(tmp)
+        written = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if not p.is_dir())
+        (tmp / LISTING).write_text(json.dumps(written))  # what `--force` may delete in it (bench/folders.py)
         for p in tmp.rglob("*"):
             if p.is_file():
                 with open(p, "rb") as fh:
@@ -262,12 +268,11 @@ def save_final(run_dir: str | Path, write: Callable[[Path], None]) -> Path:
         if is_full(e):
             raise _full(e, dest) from None
         raise
-    shutil.rmtree(old, ignore_errors=True)
     if dest.exists():
         dest.rename(old)
     tmp.rename(dest)
     _fsync_dir(run_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    carry_over(old, dest)  # a user's file in the old final moves to the new one; pobench's go
     return dest
 
 

@@ -1,0 +1,244 @@
+"""Issue 29's held-out round of faults, each as a user meets it (real files, a real SQLite store, real processes):
+
+- `bench run --force` deletes only what pobench wrote in its own run folder: a user's analysis beside the checkpoints
+  stays (and so does a file put inside ``final`` or a checkpoint);
+- a pair that fails inside `bench run` (a plugin's advantage estimator returning NaN, in one process or two) is one
+  line naming the pair and the cause, no traceback, no "(run None)";
+- an experiment name MLflow cannot store is refused before any work, in one line;
+- a SIGKILLed `bench run` does not leave its pool processes alive, nor their runs RUNNING;
+- a damaged Optuna SQLite file is said to be damaged (not "cannot be reached");
+- the comparison's MLflow run is FINISHED only once its report is written;
+- `bench report` in a folder without a store says so and creates none.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.engines.native import checkpoint
+from bench.folders import LISTING, claim_run_folder, not_written, remove_run_folder
+from reports.paths import MARKER
+from tests.bench.test_signals import FAKE_CLI, Proc, checkpointed, statuses
+from tests.conftest import fresh_store
+
+TINY = ["--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8", "--samples-every",
+        "0", "--checkpoint-every", "1", "--eval-problems", "4", "--eval-every", "0"]
+
+
+def _lines(err: str) -> list[str]:
+    return [ln for ln in err.strip().splitlines() if ln.strip() and " INFO mlflow" not in ln]
+
+
+# ------------------------------------------------------------------ --force keeps what pobench did not write
+def _pobench_run_folder(folder: Path) -> Path:
+    """A run folder as pobench writes it, with pobench's own writers: marker, config, a checkpoint, final."""
+    claim_run_folder(folder)
+    (folder / "config.yaml").write_text("algo: grpo\n")
+    (folder / "run.json").write_text("{}")
+    checkpoint.save_state(folder, 2, {"note": "x"})
+    checkpoint.save_final(folder, lambda d: (d / "config.json").write_text("{}"))
+    return folder
+
+
+def test_force_deletes_only_what_pobench_wrote(tmp_path):
+    root = tmp_path / "exp"
+    run = _pobench_run_folder(root / "grpo-s0")
+    assert json.loads((run / "final" / LISTING).read_text()) == ["config.json"]
+    assert not_written(run) == []
+    mine = {run / "analysis.txt": "my notes", run / "final" / "thesis.tex": "\\chapter{}",
+            run / "ckpt-0000002" / "mine.csv": "a,b", run / "plots" / "fig.png": "png"}
+    for path, text in mine.items():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert sorted(not_written(run)) == sorted([run / "analysis.txt", run / "ckpt-0000002" / "mine.csv",
+                                               run / "final" / "thesis.tex", run / "plots"])
+    expected = sorted(not_written(run))
+    assert sorted(remove_run_folder(run, root)) == expected
+    assert {p: p.read_text() for p in mine} == mine  # every user file, byte for byte
+    left = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    assert left == sorted([MARKER, "analysis.txt", "ckpt-0000002", "ckpt-0000002/mine.csv", "final", f"final/{LISTING}",
+                           "final/thesis.tex", "plots", "plots/fig.png"])  # pobench's own files are gone
+    assert sorted(remove_run_folder(run, root)) == expected  # a second --force: the same files kept
+    # training on: a new checkpoint drops the old one, a new final replaces the old one; the user's files stay
+    checkpoint.save_state(run, 3, {"note": "y"})
+    checkpoint.save_state(run, 4, {"note": "z"})
+    checkpoint.save_final(run, lambda d: (d / "config.json").write_text("{}"))
+    assert {p: p.read_text() for p in mine} == mine
+    assert (run / "final" / "config.json").is_file() and not (run / "ckpt-0000003").exists()
+    # a folder holding only pobench's files goes whole
+    clean = _pobench_run_folder(root / "grpo-s1")
+    assert remove_run_folder(clean, root) == [] and not clean.exists()
+
+
+@pytest.mark.slow
+def test_bench_run_force_keeps_a_users_file_in_the_run_folder_and_retrains(tmp_path, bench_here):
+    fresh_store(tmp_path)
+    argv = ["run", "--algos", "grpo", "--seeds", "0", "--workers", "1", "--no-progress", "--no-report", *TINY]
+    rc, _, err = bench_here(argv, tmp_path)
+    assert rc == 0, err[-3000:]
+    (run,) = [p for p in (tmp_path / ".pobench" / "runs" / "pobench").iterdir() if p.name != ".locks"]
+    (run / "analysis.txt").write_text("hours of work")
+    (run / "final" / "notes.md").write_text("# what the final policy does")
+    rc, out, err = bench_here(["run", "--force", *argv[1:]], tmp_path)
+    assert rc == 0, err[-3000:]
+    assert (run / "analysis.txt").read_text() == "hours of work"
+    assert (run / "final" / "notes.md").read_text() == "# what the final policy does"
+    said = [ln for ln in _lines(err) if ln.startswith("--force: kept")]
+    assert len(said) == 1 and "analysis.txt" in said[0] and "final/notes.md" in said[0], err
+    assert ": finished" in out and (run / MARKER).is_file()
+    assert (run / "final" / "config.json").is_file()  # retrained: the new final weights are there
+
+
+# ------------------------------------------------------------------ a pair's failure: one line
+NAN_PLUGIN = '''
+import torch
+from algorithms import register, register_advantage
+
+register_advantage("nan-adv", lambda rewards: rewards * float("nan"), description="returns NaN (a broken plugin)")
+register("grpo-nan", base="grpo", description="grpo with the broken estimator", advantage_estimator="nan-adv")
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_pair_failing_inside_bench_run_is_one_line(tmp_path, bench_here, workers):
+    fresh_store(tmp_path)
+    (tmp_path / "broken.py").write_text(NAN_PLUGIN)
+    rc, out, err = bench_here(["run", "--plugin", "broken.py", "--algos", "grpo-nan", "--seeds", "0,1",
+                               "--no-controls", "--workers", workers, "--no-progress", "--no-report", *TINY],
+                              tmp_path)
+    text = out + err
+    assert rc != 0 and "Traceback" not in text, text[-3000:]
+    failed = [ln for ln in text.splitlines() if ": failed: " in ln]
+    assert failed and all("non-finite advantage" in ln for ln in failed), text[-3000:]
+    for seed in (0, 1):  # each pair: one line as it ends (stderr), one in the summary (stdout)
+        assert sum(f"seed {seed}: failed: " in ln for ln in err.splitlines()) == 1, err[-3000:]
+        assert sum(f"seed {seed}: failed: " in ln for ln in out.splitlines()) == 1, out[-3000:]
+    assert "(run None)" not in text
+    assert statuses(f"sqlite:///{tmp_path}/mlflow.db", "pobench", "train").count("RUNNING") == 0
+
+
+# ------------------------------------------------------------------ names MLflow cannot store
+def test_an_experiment_name_mlflow_cannot_store_is_refused_before_any_work(tmp_path, bench_here):
+    store = fresh_store(tmp_path)
+    before = (tmp_path / "mlflow.db").read_bytes()
+    rc, _, err = bench_here(["run", "--experiment", "e" * 600, "--algos", "grpo", "--seeds", "0", "--no-progress",
+                             *TINY], tmp_path)
+    assert rc == 2 and len(_lines(err)) == 1, err[-3000:]
+    assert "600 characters" in err and "at most 500" in err and "e" * 100 not in err
+    assert (tmp_path / "mlflow.db").read_bytes() == before and not (tmp_path / ".pobench").exists(), store
+
+
+# ------------------------------------------------------------------ a SIGKILLed parent's pool
+@pytest.mark.slow
+def test_a_sigkilled_bench_run_leaves_no_pool_process_and_no_run_running(tmp_path):
+    (tmp_path / "long.yaml").write_text("steps: 40\neval_every: 0\ncheckpoint_every: 1\nsamples_every: 0\n")
+    fresh_store(tmp_path)
+    folder = tmp_path / ".pobench" / "runs" / "pobench"
+    proc = Proc([*FAKE_CLI, "run", "--config", "long.yaml", "--algos", "grpo,tepo", "--seeds", "0", "--workers", "2",
+                 "--no-report", "--no-progress"], tmp_path, FAKE_STEP_S="0.5")
+    proc.wait_for(lambda: len(checkpointed(folder)) == 2, "a checkpoint of both pairs")
+    os.kill(proc.p.pid, signal.SIGKILL)  # the parent only, as the OOM killer does
+    proc.finish(timeout=60)
+    try:
+        assert proc.group_gone(within=60), "the pool's processes outlived their SIGKILLed parent"
+    finally:  # (none left behind for the next test, whatever happened)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.p.pid, signal.SIGKILL)
+    train = statuses(f"sqlite:///{tmp_path}/mlflow.db", "pobench", "train")
+    assert train == ["KILLED", "KILLED"], train  # each pair checkpointed and ended its run, as on SIGTERM
+
+
+# ------------------------------------------------------------------ a damaged Optuna storage
+def test_a_damaged_optuna_sqlite_file_is_said_to_be_damaged(tmp_path, bench_here):
+    fresh_store(tmp_path)
+    (tmp_path / "study.db").write_bytes(b"these are my notes, not a database\n" * 50)
+    before = (tmp_path / "study.db").read_bytes()
+    rc, _, err = bench_here(["tune", "--algo", "grpo", "--storage", "sqlite:///study.db", "--trials", "1", *TINY[:-2],
+                             "--eval-every", "1"], tmp_path)
+    assert rc == 2 and len(_lines(err)) == 1, err[-3000:]
+    assert "not an SQLite database" in err and "cannot be reached" not in err and "answers again" not in err
+    assert (tmp_path / "study.db").read_bytes() == before
+
+
+def test_a_storage_damaged_mid_study_is_not_told_to_wait_for_it():
+    import sqlite3
+
+    from optuna.exceptions import StorageInternalError
+
+    from bench import faults
+
+    try:
+        try:
+            raise sqlite3.DatabaseError("database disk image is malformed")
+        except sqlite3.DatabaseError as e:
+            raise StorageInternalError("An exception is raised during the commit.") from e
+    except StorageInternalError as e:
+        line = faults.describe(e, store="sqlite:///mlflow.db", storage="sqlite:///study.db")
+    assert "Optuna storage sqlite:///study.db is damaged" in line and "answers again" not in line
+    assert "MLflow" not in line
+
+
+# ------------------------------------------------------------------ the comparison's run ends after its report
+def test_the_comparison_run_is_finished_only_once_its_report_is_written(tmp_path, bench_here, monkeypatch):
+    from mlflow import MlflowClient
+
+    from bench.compare import comparison
+    from tests.bench import fake_trainer
+
+    fake_trainer.inject(monkeypatch.setattr)
+    seen: list[str] = []
+    real = comparison.build_report
+
+    def build_report(experiment, cid, uri, **kw):
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name(experiment)
+        (run,) = client.search_runs([exp.experiment_id], "tags.`pobench.kind` = 'comparison'")
+        seen.append(run.info.status)
+        return real(experiment, cid, uri, **kw)
+
+    monkeypatch.setattr(comparison, "build_report", build_report)
+    fresh_store(tmp_path)
+    rc, _, err = bench_here(["run", "--algos", "grpo", "--seeds", "0", "--workers", "1", "--no-progress",
+                             "--steps", "2", "--eval-every", "1"], tmp_path)
+    assert rc == 0, err[-3000:]
+    assert seen == ["RUNNING"]  # the report is written while the run is open ...
+    assert statuses(f"sqlite:///{tmp_path}/mlflow.db", "pobench", "comparison") == ["FINISHED"]  # ... then ended
+
+
+# ------------------------------------------------------------------ bench report where there is no store
+@pytest.mark.parametrize("argv", [["report"], ["compare", "a", "b"]])
+def test_a_reading_command_without_a_store_says_so_and_creates_none(tmp_path, bench_here, argv):
+    t0 = time.perf_counter()
+    rc, _, err = bench_here(argv, tmp_path)
+    assert rc == 2 and len(_lines(err)) == 1 and "no MLflow store at" in err, err[-3000:]
+    assert list(tmp_path.iterdir()) == [] and time.perf_counter() - t0 < 60
+
+
+def test_bench_run_refuses_a_foreign_folder_in_a_pairs_place_before_any_record(tmp_path, bench_here):
+    """Without --force, a folder that is not pobench's where a pair's run folder goes was found only once the
+    comparison's MLflow run was open (and the pair failed with a traceback): one line, exit 2, before any record."""
+    from mlflow import MlflowClient
+
+    from bench.compare.plan import base_config, plan, run_dir
+
+    fresh_store(tmp_path)
+    cfg = base_config(None, steps=1, prompts_per_step=2, group_size=2, max_new_tokens=8, samples_every=0,
+                      checkpoint_every=1, eval_problems=4, eval_every=0)
+    _, (pair,) = plan(cfg, ["grpo"], [0], {"grpo": {}})
+    target = tmp_path / run_dir(cfg, pair)
+    target.mkdir(parents=True)
+    (target / "mine.txt").write_text("notes")
+    rc, _, err = bench_here(["run", "--algos", "grpo", "--seeds", "0", "--no-controls", "--workers", "1",
+                             "--no-progress", "--no-report", *TINY], tmp_path)
+    assert rc == 2 and len(_lines(err)) == 1 and "not writing into it" in err, err[-3000:]
+    assert (target / "mine.txt").read_text() == "notes" and sorted(p.name for p in target.iterdir()) == ["mine.txt"]
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    assert not client.search_runs([e.experiment_id for e in client.search_experiments()])

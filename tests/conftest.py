@@ -33,6 +33,27 @@ def pytest_configure(config):
         config.option.loadgroup = True
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """``POBENCH_TEST_CPU=<file>``: append each test's CPU seconds (this process's and its reaped children's: the
+    commands and pool processes it started) as ``seconds<TAB>test id`` lines, to find where the suite's CPU goes
+    (the suite's budget is in CPU seconds: 700 for `pytest -n 2`)."""
+    out = os.environ.get("POBENCH_TEST_CPU")
+    if not out:
+        yield
+        return
+    import resource
+
+    def cpu() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    t0 = cpu()
+    yield
+    with open(out, "a") as fh:
+        fh.write(f"{cpu() - t0:.2f}\t{item.nodeid}\n")
+
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STORE_FILES = ("mlflow.db", "mlruns", "mlartifacts")  # what MLflow writes into the folder a process runs in
 

@@ -67,7 +67,7 @@ def ttc_figure(conv_rows: list[dict], target: float, interval: str, out_dir: Pat
             fig.suptitle(f"Time to reach {target_text} held-out accuracy (smoothed; {interval})\ngeometric mean "
                          f"over seeds with its 95% t interval on the log scale; open markers: seeds", fontsize=9)
         fig.tight_layout(rect=(0, 0, 1, 0.88) if opts.titles else None)
-        drawn.paths = save(fig, out_dir, name)
+        drawn.paths = save(fig, out_dir, name, opts.formats)
     return drawn
 
 
@@ -113,5 +113,5 @@ def compute_fit_figure(fits: dict, out_dir: Path, order: Sequence[str], opts: Fi
         ax.set_xlabel("completion tokens sampled (cumulative, log scale)")
         ax.set_ylabel(axis_label("greedy held-out accuracy", EVAL_ACCURACY, opts.units))
         finish(fig, ax, "Accuracy vs sampled tokens: sigmoid fit per objective (ScaleRL); dotted: ceiling A", opts, "")
-        drawn.paths = save(fig, out_dir, name)
+        drawn.paths = save(fig, out_dir, name, opts.formats)
     return drawn

@@ -65,6 +65,26 @@ RC = {
 }
 SIZE = (4.0, 2.8)  # inches: one column of a two-column paper, at a readable size
 FORMATS = ("png", "pdf", "svg")
+#: the formats written when none is asked for: $POBENCH_FIGURE_FORMATS (e.g. ``png``: a report in a third of the
+#: time, PNG only), else all of FORMATS
+FORMATS_ENV = "POBENCH_FIGURE_FORMATS"
+
+
+def figure_formats(spec: str | Sequence[str] | None = None) -> tuple[str, ...]:
+    """The figure formats of ``spec`` (``"png,pdf"`` or a sequence; None: ``$POBENCH_FIGURE_FORMATS``, else all):
+    a subset of FORMATS that holds ``png`` (report.md shows the PNG), in FORMATS' order; ValueError naming the
+    choices otherwise."""
+    import os
+
+    where = "--formats"
+    if spec is None:
+        spec, where = os.environ.get(FORMATS_ENV) or ",".join(FORMATS), FORMATS_ENV
+    names = [x.strip().lower() for x in (spec.split(",") if isinstance(spec, str) else spec) if x.strip()]
+    unknown = [n for n in names if n not in FORMATS]
+    if unknown or "png" not in names:
+        raise ValueError(f"{where}={','.join(names) or repr(spec)}: give formats among {', '.join(FORMATS)}, with png "
+                         "(the report shows the PNG), e.g. png or png,pdf,svg")
+    return tuple(f for f in FORMATS if f in names)
 
 Series = Sequence[tuple[int, float]]
 
@@ -80,8 +100,10 @@ class FigureOptions:
     titles: bool = True          # False: no title in the figure (the paper's caption says it)
     band: str = "ci"             # "ci": 95% t interval of the seed mean; "minmax": min-max over seeds
     units: Units = field(default_factory=Units)  # accuracies in percent (the tables' unit), or fractions
+    formats: tuple[str, ...] = field(default_factory=figure_formats)  # --formats: the files of each figure
 
     def __post_init__(self) -> None:
+        self.formats = figure_formats(self.formats)
         if self.band not in BANDS:
             raise ValueError(f"band {self.band!r}: expected one of {', '.join(BANDS)}")
 
@@ -221,9 +243,9 @@ def legend(fig, ax, title: str = "") -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, **kw)
 
 
-def save(fig, out_dir: Path, name: str) -> list[Path]:
+def save(fig, out_dir: Path, name: str, formats: Sequence[str] = FORMATS) -> list[Path]:
     paths = []
-    for ext in FORMATS:
+    for ext in formats:
         p = out_dir / f"{name}.{ext}"
         fig.savefig(p, dpi=200 if ext == "png" else None, metadata={"Date": None} if ext == "pdf" else None)
         paths.append(p)
@@ -277,7 +299,7 @@ def series_figure(runs, key: str, ylabel: str, title: str, out_dir: Path, name: 
         ax.set_ylabel(axis_label(ylabel, key, opts.units))
         drawn.note = cut_note(cut, key, opts.units)
         finish(fig, ax, title, opts, drawn.note)
-        drawn.paths = save(fig, out_dir, name)
+        drawn.paths = save(fig, out_dir, name, opts.formats)
     return drawn
 
 
@@ -315,7 +337,7 @@ def panels_figure(runs, key: str, ylabel: str, title: str, out_dir: Path, name: 
         drawn.note = cut_note(cut, key, opts.units)
         if drawn.note:  # (no legend here: the note goes under the panels, on the right)
             fig.text(0.99, 0.0, drawn.note, ha="right", va="bottom", fontsize=RC["legend.fontsize"])
-        drawn.paths = save(fig, out_dir, name)
+        drawn.paths = save(fig, out_dir, name, opts.formats)
     return drawn
 
 
@@ -350,7 +372,7 @@ def versus_figure(runs, key: str, x_of: Callable[[object, int], float | None], x
         ax.set_ylabel(axis_label(ylabel, key, opts.units))
         drawn.note = cut_note(cut, key, opts.units)
         finish(fig, ax, title, opts, drawn.note)
-        drawn.paths = save(fig, out_dir, name)
+        drawn.paths = save(fig, out_dir, name, opts.formats)
     return drawn
 
 
@@ -400,7 +422,7 @@ def fractions_figure(runs, out_dir: Path, order: Sequence[str], opts: FigureOpti
         drawn.note = cut_note(cut, panels[0][0], opts.units)  # (every panel a fraction: the same bounds)
         fig.legend(list(handles.values()), list(handles), frameon=False, loc="upper left",
                    bbox_to_anchor=(1.0, 0.95), title=drawn.note or None, title_fontsize=RC["legend.fontsize"])
-        drawn.paths = save(fig, out_dir, name)
+        drawn.paths = save(fig, out_dir, name, opts.formats)
     return drawn
 
 

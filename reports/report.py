@@ -20,7 +20,7 @@ from reports import checks, sections
 from reports.claims import claim_verdicts, claims_table
 from reports.controls import control_bases, control_results, controls_note, controls_table
 from reports.derived import KEY_ACC, DerivedSettings, RunDerived, default_target, derive, store
-from reports.figures import CROWDED, FigureOptions
+from reports.figures import CROWDED, FigureOptions, figure_formats
 from reports.load import Comparison, load_comparison
 from reports.record import BASELINE, COMPARISON, CONFIG_HASH, KIND, STOPPED
 from reports.tables import Table, Units
@@ -38,6 +38,7 @@ class ReportOptions:
     band: str = "ci"                 # --band: "ci" (95% t interval of the seed mean) | "minmax"
     percent: bool = True             # --fractions: accuracies as fractions instead of percent
     metrics: tuple[str, ...] = ()    # --metrics: extra logged metrics, one figure each (and in curves.csv)
+    formats: tuple[str, ...] | None = None  # --formats: each figure's files (None: $POBENCH_FIGURE_FORMATS, else all)
 
     @property
     def units(self) -> Units:
@@ -45,7 +46,8 @@ class ReportOptions:
 
     @property
     def figure_options(self) -> FigureOptions:
-        return FigureOptions(titles=self.titles, band=self.band, units=self.units)
+        return FigureOptions(titles=self.titles, band=self.band, units=self.units,
+                             formats=figure_formats(self.formats))
 
 
 @dataclass
@@ -338,9 +340,9 @@ def _markdown(a: Analysis, figs: dict, s: DerivedSettings, options: ReportOption
         if v is None:
             return ""
         name = next(x.name for x in v.paths if x.suffix == ".png")
-        stem = name[:-4]
-        cut = f"; {v.note}, where the 95% interval passes it" if v.note else ""
-        return f"![{alt}]({name}) ([PDF]({stem}.pdf), [SVG]({stem}.svg){cut})\n"
+        others = ", ".join(f"[{x.suffix[1:].upper()}]({x.name})" for x in v.paths if x.suffix != ".png")
+        said = "; ".join(x for x in (others, f"{v.note}, where the 95% interval passes it" if v.note else "") if x)
+        return f"![{alt}]({name})" + (f" ({said})" if said else "") + "\n"
 
     def tab(name: str) -> str:
         t = a.tables[name]

@@ -9,6 +9,10 @@ import os
 # keeps subprocess-based tests (servers, workers) from oversubscribing the cores. Set before torch is imported.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Reports draw their figures as PNG only (a third of the CPU of PNG + PDF + SVG, which `bench report --formats` also
+# offers users): the PDF and SVG files, their fonts and report.md's links to them are tested where they are the
+# subject (tests/reports/test_figures.py, test_report.py), with this unset.
+os.environ.setdefault("POBENCH_FIGURE_FORMATS", "png")
 
 import shutil  # noqa: E402
 import signal

@@ -104,11 +104,14 @@ def add_report_flags(p: argparse.ArgumentParser, baseline_default: str) -> None:
 
 
 def add_style_flags(p: argparse.ArgumentParser) -> None:
-    """``--no-titles``, ``--band``, ``--fractions``."""
+    """``--no-titles``, ``--band``, ``--fractions``, ``--formats``."""
     p.add_argument("--no-titles", action="store_true", help="figures without titles (a paper's caption says it)")
     p.add_argument("--band", choices=("ci", "minmax"), default="ci", help="band around each seed-mean line: ci = 95%% "
                    "Student-t confidence interval of the mean over seeds, minmax = min to max over seeds (default: ci)")
     add_units_flag(p)
+    p.add_argument("--formats", metavar="FMT[,FMT]", help="the files of each figure, among png, pdf, svg, with png "
+                   "(default: $POBENCH_FIGURE_FORMATS, else png,pdf,svg; png alone draws a report in about a third of "
+                   "the time)")
 
 
 def add_units_flag(p: argparse.ArgumentParser) -> None:
@@ -122,7 +125,11 @@ def report_options(args: argparse.Namespace):
     from reports.report import ReportOptions
 
     metrics = tuple(k.strip() for k in (getattr(args, "metrics", None) or "").split(",") if k.strip())
-    return ReportOptions(titles=not args.no_titles, band=args.band, percent=not args.fractions, metrics=metrics)
+    from reports.figures import figure_formats
+
+    formats = figure_formats(getattr(args, "formats", None))  # (a wrong one: one line before any work)
+    return ReportOptions(titles=not args.no_titles, band=args.band, percent=not args.fractions, metrics=metrics,
+                         formats=formats)
 
 
 def add_preset_flag(p: argparse.ArgumentParser) -> None:

@@ -51,20 +51,33 @@ def work(compared, tmp_path) -> Path:
     return folder
 
 
-def bench(work: Path, argv: list[str], read_only: list[str] = ()) -> tuple[int, list[str]]:
-    """``bench ARGV`` (the fake trainer injected) as a process in ``work``, the paths ``read_only`` made read-only
-    for it; returns its exit code and its stderr lines (MLflow's INFO lines left out)."""
-    command = [*FAKE_CLI, *argv]
-    if read_only and os.geteuid() == 0:
-        if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"]).returncode != 0:
-            pytest.skip("running as root without a private mount namespace (unshare -m): no read-only file system")
-        mounts = " && ".join(f"mount --bind {p} {p} && mount -o remount,bind,ro {p}" for p in read_only)
-        command = ["unshare", "-m", "sh", "-c", f"{mounts} && cd {work} && exec \"$@\"", "sh", *command]
-    elif read_only:
-        for p in read_only:
-            (work / p).chmod(0o555 if (work / p).is_dir() else 0o444)
-    done = subprocess.run(command, cwd=work, env=_env(), capture_output=True, text=True, timeout=600)
-    return done.returncode, [ln for ln in done.stderr.splitlines() if ln.strip() and " INFO mlflow" not in ln]
+@pytest.fixture
+def bench(bench_here, monkeypatch):
+    """``bench(work, argv, read_only=()) -> (exit code, stderr lines)``: `bench ARGV` with the fake trainer injected,
+    in ``work``, the paths ``read_only`` made read-only for it (MLflow's INFO lines left out). With ``read_only`` it
+    is a process of its own (a read-only bind mount in a private mount namespace when root); otherwise it runs in
+    this process (``bench_here``: what is tested is the command's line, exit code and files, not its process, and
+    a new process costs seconds of CPU in imports)."""
+    from tests.bench import fake_trainer
+
+    def run(work: Path, argv: list[str], read_only: list[str] = ()) -> tuple[int, list[str]]:
+        if not read_only:
+            fake_trainer.inject(monkeypatch.setattr)
+            rc, _, err = bench_here(argv, work)
+            return rc, [ln for ln in err.splitlines() if ln.strip() and " INFO mlflow" not in ln]
+        command = [*FAKE_CLI, *argv]
+        if os.geteuid() == 0:
+            if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"]).returncode != 0:
+                pytest.skip("running as root without a private mount namespace (unshare -m): no read-only file system")
+            mounts = " && ".join(f"mount --bind {p} {p} && mount -o remount,bind,ro {p}" for p in read_only)
+            command = ["unshare", "-m", "sh", "-c", f"{mounts} && cd {work} && exec \"$@\"", "sh", *command]
+        else:
+            for p in read_only:
+                (work / p).chmod(0o555 if (work / p).is_dir() else 0o444)
+        done = subprocess.run(command, cwd=work, env=_env(), capture_output=True, text=True, timeout=600)
+        return done.returncode, [ln for ln in done.stderr.splitlines() if ln.strip() and " INFO mlflow" not in ln]
+
+    return run
 
 
 def one_line(lines: list[str], *parts: str) -> str:
@@ -85,7 +98,7 @@ COMMANDS = {"train": ["train", "--eval-every", "0", *TINY], "run": [*RUN[:4], "1
 # ------------------------------------------------------------------ the store
 @pytest.mark.slow
 @pytest.mark.parametrize("command", list(COMMANDS))
-def test_a_read_only_store_is_one_line_before_any_work(work, command):
+def test_a_read_only_store_is_one_line_before_any_work(work, bench, command):
     """MLflow's `attempt to write a readonly database`, with its logged tracebacks, after the model loaded."""
     rc, lines = bench(work, COMMANDS[command], read_only=["mlflow.db"])
     assert rc == 2, lines[-40:]
@@ -95,7 +108,7 @@ def test_a_read_only_store_is_one_line_before_any_work(work, command):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["train", "report"])
-def test_a_read_only_working_folder_is_one_line_before_any_work(work, command):
+def test_a_read_only_working_folder_is_one_line_before_any_work(work, bench, command):
     """SQLite writes its journal beside the store: a read-only folder makes the store read-only too."""
     rc, lines = bench(work, COMMANDS[command], read_only=["."])
     assert rc == 2, lines[-40:]
@@ -104,7 +117,7 @@ def test_a_read_only_working_folder_is_one_line_before_any_work(work, command):
 
 @pytest.mark.parametrize("damage", ["truncated", "text"])
 @pytest.mark.parametrize("command", ["train", "report"])
-def test_a_damaged_or_foreign_store_file_is_one_line(work, command, damage):
+def test_a_damaged_or_foreign_store_file_is_one_line(work, bench, command, damage):
     db = work / "mlflow.db"
     if damage == "truncated":
         os.truncate(db, 8192)
@@ -118,7 +131,7 @@ def test_a_damaged_or_foreign_store_file_is_one_line(work, command, damage):
 
 
 @pytest.mark.parametrize("newer", [True, False], ids=["newer", "older"])
-def test_a_store_of_another_schema_revision_says_which_way_to_go(work, newer):
+def test_a_store_of_another_schema_revision_says_which_way_to_go(work, bench, newer):
     """MLflow's message advises `mlflow db upgrade` whatever the revision; for a store written by a NEWER MLflow that
     would fail (its revision is unknown here): the line says to upgrade MLflow instead."""
     db = sqlite3.connect(work / "mlflow.db")
@@ -135,7 +148,7 @@ def test_a_store_of_another_schema_revision_says_which_way_to_go(work, newer):
 
 
 @pytest.mark.parametrize("uri", ["store", "/abs/store", "file:store"])
-def test_a_plain_path_as_tracking_uri_is_one_line(work, uri):
+def test_a_plain_path_as_tracking_uri_is_one_line(work, bench, uri):
     rc, lines = bench(work, [*COMMANDS["train"], "--tracking-uri", uri.replace("/abs", str(work))])
     assert rc == 2, lines[-40:]
     one_line(lines, "bench train: error: ", "sqlite:///", "MLFLOW_ALLOW_FILE_STORE")
@@ -144,7 +157,7 @@ def test_a_plain_path_as_tracking_uri_is_one_line(work, uri):
 # ------------------------------------------------------------------ the file system
 @pytest.mark.parametrize("command, flag", [("train", "--output-dir"), ("run", "--output-dir"),
                                            ("report", "--out-root")])
-def test_a_file_named_as_an_output_folder_is_one_line(work, command, flag):
+def test_a_file_named_as_an_output_folder_is_one_line(work, bench, command, flag):
     (work / "afile").write_text("mine\n")
     rc, lines = bench(work, [*COMMANDS[command], flag, "afile"])
     assert rc == 2, lines[-40:]
@@ -153,7 +166,7 @@ def test_a_file_named_as_an_output_folder_is_one_line(work, command, flag):
 
 
 @pytest.mark.slow
-def test_a_run_folder_that_cannot_be_written_is_one_line_and_no_run_is_left_running(work):
+def test_a_run_folder_that_cannot_be_written_is_one_line_and_no_run_is_left_running(work, bench):
     """The run folder (pobench's, marked) is on a read-only file system: its MLflow run must not stay RUNNING."""
     run_dir = work / ".pobench" / "runs" / "pobench" / "mine"
     run_dir.mkdir(parents=True)
@@ -166,7 +179,7 @@ def test_a_run_folder_that_cannot_be_written_is_one_line_and_no_run_is_left_runn
 
 
 @pytest.mark.parametrize("leftover", ["ckpt-0000001.tmp", ".final.tmp"])
-def test_a_leftover_temporary_file_in_a_run_folder_is_one_line_and_kept(work, leftover):
+def test_a_leftover_temporary_file_in_a_run_folder_is_one_line_and_kept(work, bench, leftover):
     """A file where pobench writes its temporary checkpoint / final folder (pobench writes folders there, so it is
     not pobench's): one line naming it, kept as it is, the run FAILED (not RUNNING)."""
     run_dir = work / ".pobench" / "runs" / "pobench" / "mine"

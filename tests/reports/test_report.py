@@ -33,7 +33,8 @@ def _history(client, run_id, key):
 
 
 @pytest.mark.slow
-def test_report_files_and_numbers_equal_recomputed_from_mlflow(handmade, local_uri, tmp_path):
+def test_report_files_and_numbers_equal_recomputed_from_mlflow(handmade, local_uri, tmp_path, monkeypatch):
+    monkeypatch.delenv("POBENCH_FIGURE_FORMATS", raising=False)  # a user's default: every format
     handmade.log_comparison(local_uri, experiment="files", artifacts=tmp_path / "art")
     rep = build_report("files", tracking_uri=local_uri, out_root=tmp_path / "out")
     out = tmp_path / "out" / "files" / "c1"
@@ -47,7 +48,7 @@ def test_report_files_and_numbers_equal_recomputed_from_mlflow(handmade, local_u
     assert "\\toprule" in (out / "accuracy.tex").read_text()
     md = (out / "report.md").read_text()
     for f in FIGURES:
-        assert f"({f}.png)" in md
+        assert f"({f}.png) ([PDF]({f}.pdf), [SVG]({f}.svg)" in md
 
     # recompute from the raw MLflow series, independently of reports.derived
     client = MlflowClient(tracking_uri=local_uri)
@@ -250,6 +251,26 @@ def test_cli_report_picks_most_recent_comparison_and_says_so(handmade, local_uri
     assert rc == 0 and "reporting the most recent, new (others: old" in out
     rows = _csv(tmp_path / "o" / "two" / "new" / "accuracy.csv")
     assert [int(r["n"]) for r in rows] == [2, 2]
+
+
+def test_report_formats_png_writes_and_links_only_the_png(handmade, local_uri, tmp_path, capsys, monkeypatch):
+    from bench.cli import main
+
+    monkeypatch.delenv("POBENCH_FIGURE_FORMATS", raising=False)
+    handmade.log_comparison(local_uri, experiment="fmt", seeds=(0, 1))
+    argv = ["report", "--experiment", "fmt", "--tracking-uri", local_uri, "--out-root", str(tmp_path / "o")]
+    assert main([*argv, "--formats", "png"]) == 0
+    out = tmp_path / "o" / "fmt" / "c1"
+    assert {p.suffix for p in out.iterdir() if p.stem in FIGURES and p.suffix in (".png", ".pdf", ".svg")} == {".png"}
+    md = (out / "report.md").read_text()
+    assert "accuracy_vs_step.png)" in md and "[PDF]" not in md and "[SVG]" not in md
+    capsys.readouterr()
+    for bad in (["--formats", "pdf"], ["--formats", "png,gif"]):  # report.md shows the PNG; gif is not drawn
+        assert main([*argv, *bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--formats=" in err[0] and "png, pdf, svg" in err[0], err
+    monkeypatch.setenv("POBENCH_FIGURE_FORMATS", "jpeg")
+    assert main(argv) == 2 and "POBENCH_FIGURE_FORMATS=jpeg" in capsys.readouterr().err
 
 
 def test_the_report_keeps_the_baseline_bench_run_chose(handmade, tmp_path):

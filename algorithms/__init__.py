@@ -21,7 +21,7 @@ from .aggregation import aggregate, aggregation_weight
 from .base import Objective, ObjectiveConfig, param
 from .batch import PolicyBatch
 from .kl import kl_estimate
-from .pg_variants import CISPO, GMPO, GPG, SAPO, TOPR, VESPO
+from .pg_variants import CISPO, DPPOKL, DPPOTV, DRO, GMPO, GPG, SAPO, TOPR, VESPO
 from .policy_gradient import GSPO, ClippedPG, PolicyGradient
 from .registry import (
     default_config,
@@ -137,6 +137,16 @@ register("maxrl", ClippedPG, paper="arXiv 2602.02710",
 register("topr", TOPR, paper="arXiv 2503.14286",
          description="TOPR: −sg[w_i]·Â·lp, w_i = 1 for Â ≥ 0 and clip(π_θ(y_i)/π_old(y_i), 0, 1) for Â < 0 (sequence "
                      "ratio, detached), summed over tokens, mean over sequences; group-mean baseline, no KL.")
+
+register("dppo_tv", DPPOTV, paper="arXiv 2602.04879",
+         description="DPPO-Binary-TV (verl 'dppo_tv'): −sg[M·min(r, 20)]·Â·lp, token-mean; M drops a token whose "
+                     "probability moved more than δ = 0.2 from π_old in the direction Â pushes it (no ratio clip).")
+register("dppo_kl", DPPOKL, paper="arXiv 2602.04879",
+         description="DPPO-Binary-KL (verl 'dppo_kl'): as dppo_tv with the binary KL of π_old(y_t), π_θ(y_t) "
+                     "against δ = 0.05 as the trust region.")
+register("dro", DRO, paper="arXiv 2405.19107",
+         description="DRO as verl's 'dro' loss: −(Â·lp − ½β(lp − old)²), β = 0.05, token-mean: REINFORCE with a "
+                     "quadratic pull of every token back to π_old (Â = 0 tokens included).")
 
 # --- positive controls: GRPO with its credit assignment broken on purpose, so that a comparison can show that it
 # could have detected a difference (`bench run --controls`; the report's controls section; docs/objectives.md)

@@ -7,6 +7,9 @@ aggregation, rollout correction and the batch options come from there):
 - GPG (arXiv 2504.02546): −Â · lp
 - VESPO (arXiv 2602.10693): −sg[φ(w_i)] · Â · lp, w_i = exp(Σ_t m (lp − old)), φ(w) = e^λ w^k e^{−λ w}
 - TOPR (arXiv 2503.14286): −sg[w_i] · Â · lp, w_i = 1 if Â_i ≥ 0 else clip(π_θ(y_i)/π_old(y_i), 0, 1)
+- DPPO (arXiv 2602.04879, verl ``dppo_tv`` / ``dppo_kl``): −sg[M_it · min(r_it, C)] · Â · lp, M_it = 0 on tokens whose
+  binary divergence between π_θ(y_t) and π_old(y_t) left the trust region δ in the direction Â pushes
+- DRO (arXiv 2405.19107, verl ``dro``): −(Â · lp − ½ β (lp − old)²)
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from .advantages import estimator_names
-from .aggregation import AGGREGATIONS
+from .aggregation import AGGREGATIONS, masked_mean
 from .base import param
 from .policy_gradient import PGConfig, PolicyGradient
 
@@ -248,3 +251,118 @@ class TOPR(PolicyGradient):
         taper = ((adv < 0) & tapered).expand_as(batch.mask).to(batch.mask.dtype)
         metrics = {"objective/taper_frac": (taper * batch.mask).sum() / batch.mask.sum().clamp(min=1.0)}
         return -w * adv * batch.logprobs, *_no_clip(batch), metrics
+
+
+@dataclass(frozen=True)
+class DPPOConfig(PGConfig):
+    aggregation: str = param("token-mean", "How per-token terms are reduced to the loss (DPPO: token-mean, verl's "
+                             "default).", paper="arXiv 2602.04879", choices=AGGREGATIONS)
+    delta_low: float = param(0.2, "δ_low: a token with Â ≤ 0 leaves the gradient once π_θ(y_t) − π_old(y_t) < −δ_low "
+                             "(verl clip_ratio_low; 0.2 as the open-instruct and prime-rl ports).",
+                             paper="arXiv 2602.04879", search=(0.05, 0.5, True))
+    delta_high: float = param(0.2, "δ_high: a token with Â > 0 leaves the gradient once π_θ(y_t) − π_old(y_t) > "
+                              "δ_high (verl clip_ratio_high; 0.2 as the open-instruct and prime-rl ports).",
+                              paper="arXiv 2602.04879", search=(0.05, 0.5, True))
+    ratio_cap: float = param(20.0, "C: the detached weight is min(r, C), truncated IS (verl clip_ratio_c; its "
+                             "fallback 20: a large C, arXiv 2602.04879 section 5.4).", paper="arXiv 2602.04879",
+                             search=(2.0, 100.0, True))
+    kl_coef: float = param(0.0, "β: weight of the per-token KL to the reference policy (DPPO uses none).",
+                           paper="arXiv 2602.04879", search=(1e-3, 1e-1, True), switch=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ratio_level != "token":
+            self._bad("ratio_level", "DPPO's trust region is per token: must be 'token'")
+        for name in ("delta_low", "delta_high"):
+            if getattr(self, name) <= 0:
+                self._bad(name, "must be > 0")
+        if self.ratio_cap <= 1.0:
+            self._bad("ratio_cap", "must be > 1")
+
+
+@dataclass(frozen=True)
+class DPPOKLConfig(DPPOConfig):
+    delta_low: float = param(0.05, "δ_low: a token with Â ≤ 0 whose probability fell (π_θ(y_t) < π_old(y_t)) leaves "
+                             "the gradient once the binary KL exceeds δ_low (verl clip_ratio_low; 0.05 as the "
+                             "open-instruct port).",
+                             paper="arXiv 2602.04879", search=(0.005, 0.2, True))
+    delta_high: float = param(0.05, "δ_high: a token with Â > 0 whose probability rose leaves the gradient once the "
+                              "binary KL exceeds δ_high (verl clip_ratio_high; 0.05 as the open-instruct port).",
+                              paper="arXiv 2602.04879",
+                              search=(0.005, 0.2, True))
+
+
+class DPPOTV(PolicyGradient):
+    """Divergence PPO, binary total-variation trust region: REINFORCE weighted by the detached truncated ratio, where
+    a token whose probability moved more than δ (in the direction its advantage pushes it) loses its gradient. The
+    divergence is that of the two-outcome distribution (y_t, not y_t): its TV is |π_θ(y_t) − π_old(y_t)|."""
+
+    config_class = DPPOConfig
+    policy_term_vanishes_at_zero_advantage = True  # −sg[M·min(r, C)]·Â·lp
+
+    def outside(self, p: torch.Tensor, p_old: torch.Tensor, lp: torch.Tensor, old: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(out of the region upwards, out of it downwards): the masks for Â > 0 and for Â ≤ 0."""
+        c = self.config
+        return p - p_old > c.delta_high, p - p_old < -c.delta_low
+
+    def policy_term(self, batch, ratio, adv, is_w):
+        c = self.config
+        lp, old = batch.logprobs.detach(), batch.old_logprobs
+        up, down = self.outside(torch.exp(lp), torch.exp(old), lp, old)
+        positive = adv > 0
+        out = torch.where(positive, up, down)  # (B, T)
+        # r = exp(lp − old) with the log-ratio clamped to ±20 as verl does, truncated at C; detached
+        raw = torch.exp((lp - old).clamp(-20.0, 20.0))
+        weight = raw.clamp(max=c.ratio_cap)
+        truncated = (raw > c.ratio_cap) & ~out
+        term = -(weight * (~out).to(weight.dtype)) * adv * batch.logprobs
+        metrics = {"objective/ratio_truncated_frac": masked_mean(truncated.to(batch.mask.dtype), batch.mask)}
+        return term, out & ~positive, out & positive, metrics
+
+
+class DPPOKL(DPPOTV):
+    """Divergence PPO, binary KL trust region: as ``DPPOTV`` with KL(Bern(π_old(y_t)) ‖ Bern(π_θ(y_t))) in place of
+    the TV, and a token leaves only while its probability moves the way its advantage pushes it."""
+
+    config_class = DPPOKLConfig
+
+    def outside(self, p, p_old, lp, old):
+        c = self.config
+        # 1e-8 inside the log of the complement, as verl (π → 1 stays finite)
+        kl = p_old * (old - lp) + (1.0 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
+        return (kl > c.delta_high) & (p > p_old), (kl > c.delta_low) & (p < p_old)
+
+
+@dataclass(frozen=True)
+class DROConfig(PGConfig):
+    aggregation: str = param("token-mean", "How per-token terms are reduced to the loss (verl dro: its default "
+                             "token-mean).", paper="arXiv 2405.19107", choices=AGGREGATIONS)
+    beta: float = param(0.05, "β: weight of the quadratic penalty ½β(lp − old)² on every token (verl dro_beta, "
+                        "no default there; 0.05 in the PR that added it, verl #7245).", paper="arXiv 2405.19107",
+                        search=(5e-3, 0.5, True))
+    kl_coef: float = param(0.0, "β_KL: weight of the per-token KL to the reference policy (DRO as verl: none).",
+                           paper="arXiv 2405.19107", search=(1e-3, 1e-1, True), switch=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ratio_level != "token":
+            self._bad("ratio_level", "DRO has no importance ratio: must be 'token'")
+        if self.beta <= 0:
+            self._bad("beta", "must be > 0 (verl refuses dro_beta <= 0)")
+
+
+class DRO(PolicyGradient):
+    """Direct reward optimization as verl's ``dro`` loss: REINFORCE −Â·lp plus a quadratic penalty ½β(lp − old)² that
+    pulls every token back to the sampling policy (the regulariser of DRO's squared loss, taken to π_old)."""
+
+    config_class = DROConfig
+
+    def zero_advantage_terms(self) -> tuple[str, ...]:
+        own = f"the penalty ½β(lp − old)² on every token (beta = {self.config.beta:g})"
+        return tuple(own if t.startswith("the policy term") else t for t in super().zero_advantage_terms())
+
+    def policy_term(self, batch, ratio, adv, is_w):
+        log_r = batch.logprobs - batch.old_logprobs
+        term = -(adv * batch.logprobs - 0.5 * self.config.beta * log_r.square())
+        return term, *_no_clip(batch), {}

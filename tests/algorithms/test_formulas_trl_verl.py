@@ -309,3 +309,97 @@ def test_topr_single_negative_sequence():
 def test_topr_refuses_a_sequence_ratio_level():
     with pytest.raises(ValueError, match="ratio_level"):
         get_objective("topr", ratio_level="sequence")
+
+
+# --- DPPO (verl dppo_tv / dppo_kl) and DRO (verl dro). Own old log-probs (valid: all < 0) so that the binary
+# divergences are defined; sequence 0 (Â = +1) and sequence 1 (Â = −1) each hold one token that moved a lot AGAINST
+# the direction its advantage pushes (0,2) and (1,1): the trust region must keep those.
+DPPO_OLD = [[-1.3, -1.9, -0.1], [-0.1, -2.0, -9.0]]
+DPPO_DELTA = [[LP[i][t] - DPPO_OLD[i][t] for t in range(3)] for i in range(2)]  # [[.3, −.1, −.4], [−.2, .8, 0]]
+
+
+def binary_tv_out(p: float, p_old: float, a: float, lo: float, hi: float) -> bool:
+    """Out of DPPO's binary-TV trust region: the probability moved beyond δ the way Â pushes it."""
+    return p - p_old > hi if a > 0 else p - p_old < -lo
+
+
+def binary_kl_out(p: float, p_old: float, a: float, lo: float, hi: float) -> bool:
+    kl = p_old * math.log(p_old / p) + (1 - p_old) * math.log((1 - p_old + 1e-8) / (1 - p + 1e-8))
+    return (kl > hi and p > p_old) if a > 0 else (kl > lo and p < p_old)
+
+
+def dppo_expected(out_fn, lo: float, hi: float, cap: float):
+    """(out tokens, value, gradients) of −sg[1[in]·min(r, C)]·Â·lp, token-mean over the 5 completion tokens."""
+    out, value, grads = set(), 0.0, {}
+    for i, t in tokens():
+        p, p_old = math.exp(LP[i][t]), math.exp(DPPO_OLD[i][t])
+        w = 0.0 if out_fn(p, p_old, ADV[i], lo, hi) else min(math.exp(DPPO_DELTA[i][t]), cap)
+        if w == 0.0:
+            out.add((i, t))
+        value += -w * ADV[i] * LP[i][t] / N_TOK
+        grads[(i, t)] = -w * ADV[i] / N_TOK  # the weight is detached: no ∂w/∂lp term
+    return out, value, grads
+
+
+def check_dppo(name: str, out_fn, expected_out: set, lo: float, hi: float, cap: float, **overrides):
+    b = batch(old=DPPO_OLD)
+    loss, m = get_objective(name, **overrides).loss(b)
+    out, value, grads = dppo_expected(out_fn, lo, hi, cap)
+    assert out == expected_out  # the hand arithmetic agrees with the case described in the test
+    assert loss.item() == pytest.approx(value, abs=1e-12)
+    g = grad(loss, b)
+    for (i, t), gi in grads.items():
+        assert g[i, t].item() == pytest.approx(gi, abs=1e-12)
+    assert g[1, 2].item() == 0.0  # padding
+    return m
+
+
+def test_dppo_tv_drops_tokens_that_left_the_region_in_their_advantage_direction():
+    # δ = 0.05: (0,0) Â > 0, π rose by e^−1 − e^−1.3 = 0.095 -> out; (1,0) Â < 0, π fell by 0.164 -> out;
+    # (0,2) Â > 0 but π FELL by 0.30 and (1,1) Â < 0 but π ROSE by 0.17: both stay (the region is one-sided)
+    m = check_dppo("dppo_tv", binary_tv_out, {(0, 0), (1, 0)}, 0.05, 0.05, 20.0, delta_low=0.05, delta_high=0.05)
+    assert m["objective/clip_frac_high"].item() == pytest.approx(1 / 5)
+    assert m["objective/clip_frac_low"].item() == pytest.approx(1 / 5)
+
+
+def test_dppo_tv_truncates_the_detached_ratio_at_the_cap():
+    # default δ = 0.2 keeps every token; C = 1.2 truncates (0,0) (e^0.3) and (1,1) (e^0.8)
+    m = check_dppo("dppo_tv", binary_tv_out, set(), 0.2, 0.2, 1.2, ratio_cap=1.2)
+    assert m["objective/ratio_truncated_frac"].item() == pytest.approx(2 / 5)
+    assert m["objective/clip_frac_low"].item() == 0.0
+
+
+def test_dppo_kl_uses_the_binary_kl_not_the_tv():
+    # default δ = 0.05: (0,0) has binary KL 0.0205 (kept, where the TV at 0.05 drops it), (1,0) 0.086 (out);
+    # (0,2) KL 0.23 and (1,1) KL 0.076 exceed δ but moved against their advantage: kept
+    check_dppo("dppo_kl", binary_kl_out, {(1, 0)}, 0.05, 0.05, 20.0)
+
+
+def test_dppo_refuses_a_sequence_ratio_level_and_a_cap_of_one():
+    with pytest.raises(ValueError, match="ratio_level"):
+        get_objective("dppo_tv", ratio_level="sequence")
+    with pytest.raises(ValueError, match="ratio_cap"):
+        get_objective("dppo_kl", ratio_cap=1.0)
+
+
+def test_dro_value_and_gradient():
+    b = batch()
+    beta = 0.05
+    loss, _ = get_objective("dro").loss(b)
+    value = sum(-(ADV[i] * LP[i][t] - 0.5 * beta * DELTA[i][t] ** 2) for i, t in tokens()) / N_TOK
+    assert loss.item() == pytest.approx(value, abs=1e-12)
+    g = grad(loss, b)
+    for i, t in tokens():  # ∂/∂lp = −(Â − β(lp − old)) / N: the penalty pulls lp back to old
+        assert g[i, t].item() == pytest.approx(-(ADV[i] - beta * DELTA[i][t]) / N_TOK, abs=1e-12)
+
+
+def test_dro_penalty_reaches_a_zero_advantage_sequence():
+    # a group of one completion has Â = 0: its tokens still get β(lp − old)/N from the penalty (not skippable)
+    b = batch(adv=[0.0, -1.0])
+    loss, _ = get_objective("dro", beta=0.2).loss(b)
+    g = grad(loss, b)
+    for t in range(3):
+        assert g[0, t].item() == pytest.approx(0.2 * DELTA[0][t] / N_TOK, abs=1e-12)
+    assert not get_objective("dro").skips_zero_advantage
+    with pytest.raises(ValueError, match="beta"):
+        get_objective("dro", beta=0.0)

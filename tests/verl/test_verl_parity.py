@@ -16,7 +16,7 @@ core_algos = pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is 
 
 from verl.trainer.config import AlgoConfig  # noqa: E402
 from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_weights  # noqa: E402
-from verl.workers.config import ActorConfig  # noqa: E402
+from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
 
 from algorithms import PolicyBatch, get_objective, group_advantages  # noqa: E402
 
@@ -29,7 +29,7 @@ def tensors(seed: int = 0, noise: float = 0.4):
     lengths = torch.tensor([7, 3, 5, 7, 1, 6, 4, 2])
     mask = (torch.arange(T)[None, :] < lengths[:, None]).double()
     lp = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3 - 0.05
-    old = lp + noise * torch.randn(B, T, generator=g, dtype=torch.float64)
+    old = (lp + noise * torch.randn(B, T, generator=g, dtype=torch.float64)).clamp(max=-1e-3)  # log-probs
     sampler = old + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)
     adv = torch.randn(B, generator=g, dtype=torch.float64)
     return lp, old, sampler, adv, mask
@@ -71,13 +71,34 @@ LOSSES = {  # case -> (verl policy loss, verl agg mode, verl ActorConfig kwargs,
     "geo_mean": ("geo_mean", "token-mean", {"clip_ratio_low": 0.4, "clip_ratio_high": 0.4}, "gmpo", {}),
     "cispo": ("cispo", "token-mean", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}, "cispo",
               {"clip_low": 0.2, "clip_high": 0.28}),
+    # DPPO: verl's clip_ratio_low / _high are the divergence thresholds δ, clip_ratio_c the truncation C
+    "dppo_tv": ("dppo_tv", "token-mean", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 20.0},
+                "dppo_tv", {}),
+    "dppo_tv-asymmetric-cap": ("dppo_tv", "seq-mean-token-mean", {"clip_ratio_low": 0.05, "clip_ratio_high": 0.1,
+                                                                  "clip_ratio_c": 1.5},
+                               "dppo_tv", {"delta_low": 0.05, "delta_high": 0.1, "ratio_cap": 1.5,
+                                           "aggregation": "seq-mean-token-mean"}),
+    "dppo_kl": ("dppo_kl", "token-mean", {"clip_ratio_low": 0.05, "clip_ratio_high": 0.05, "clip_ratio_c": 20.0},
+                "dppo_kl", {}),
+    "dppo_kl-asymmetric-cap": ("dppo_kl", "token-mean", {"clip_ratio_low": 0.01, "clip_ratio_high": 0.03,
+                                                         "clip_ratio_c": 2.0},
+                               "dppo_kl", {"delta_low": 0.01, "delta_high": 0.03, "ratio_cap": 2.0}),
+    "dro": ("dro", "token-mean", {"policy_loss": PolicyLossConfig(loss_mode="dro", dro_beta=0.05)}, "dro", {}),
+    "dro-seq-sum": ("dro", "seq-mean-token-sum", {"policy_loss": PolicyLossConfig(loss_mode="dro", dro_beta=0.3)},
+                    "dro", {"beta": 0.3, "aggregation": "seq-mean-token-sum"}),
 }
 
 
+#: tensor sets: the default, and one far off-policy (seed 2, noise 1) where DPPO's trust region drops tokens of both
+#: advantage signs and its cap truncates ratios (at the default noise only tokens with Â < 0 leave it)
+TENSOR_SETS = {"near": {}, "far": {"seed": 2, "noise": 1.0}}
+
+
+@pytest.mark.parametrize("tensor_set", list(TENSOR_SETS))
 @pytest.mark.parametrize("case", list(LOSSES))
-def test_policy_loss_matches_verl(case):
+def test_policy_loss_matches_verl(case, tensor_set):
     verl_name, agg, kw, name, overrides = LOSSES[case]
-    lp, old, _, adv, mask = tensors()
+    lp, old, _, adv, mask = tensors(**TENSOR_SETS[tensor_set])
     their_loss, their_grad = theirs(verl_name, lp, old, adv, mask, agg, actor_config(**kw))
     our_loss, our_grad = ours(name, lp, old, adv, mask, **overrides)
     torch.testing.assert_close(our_loss, their_loss, rtol=1e-6, atol=1e-7)

@@ -21,7 +21,7 @@ from .aggregation import aggregate, aggregation_weight
 from .base import Objective, ObjectiveConfig, param
 from .batch import PolicyBatch
 from .kl import kl_estimate
-from .pg_variants import CISPO, DPPOKL, DPPOTV, DRO, GMPO, GPG, SAPO, TOPR, VESPO
+from .pg_variants import CISPO, DPPOKL, DPPOTV, DRO, GMPO, GPG, SAPO, TOPR, UP, VESPO
 from .policy_gradient import GSPO, ClippedPG, PolicyGradient
 from .registry import (
     default_config,
@@ -138,6 +138,9 @@ register("topr", TOPR, paper="arXiv 2503.14286",
          description="TOPR: −sg[w_i]·Â·lp, w_i = 1 for Â ≥ 0 and clip(π_θ(y_i)/π_old(y_i), 0, 1) for Â < 0 (sequence "
                      "ratio, detached), summed over tokens, mean over sequences; group-mean baseline, no KL.")
 
+register("up_grpo", UP, paper="arXiv 2607.06987",
+         description="UP-GRPO: a token with Â > 0 gets −Â·π_θ/sg(π_θ) (REINFORCE, no π_old anchor, no upper clip), a "
+                     "token with Â ≤ 0 GRPO's clipped surrogate with dual clip c = 3; otherwise grpo's settings.")
 register("dppo_tv", DPPOTV, paper="arXiv 2602.04879",
          description="DPPO-Binary-TV (verl 'dppo_tv'): −sg[M·min(r, 20)]·Â·lp, token-mean; M drops a token whose "
                      "probability moved more than δ = 0.2 from π_old in the direction Â pushes it (no ratio clip).")

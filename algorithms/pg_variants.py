@@ -22,7 +22,7 @@ import torch
 from .advantages import estimator_names
 from .aggregation import AGGREGATIONS, masked_mean
 from .base import param
-from .policy_gradient import PGConfig, PolicyGradient
+from .policy_gradient import ClippedPG, ClippedPGConfig, PGConfig, PolicyGradient
 
 
 def _no_clip(batch):
@@ -366,3 +366,27 @@ class DRO(PolicyGradient):
         log_r = batch.logprobs - batch.old_logprobs
         term = -(adv * batch.logprobs - 0.5 * self.config.beta * log_r.square())
         return term, *_no_clip(batch), {}
+
+
+@dataclass(frozen=True)
+class UPConfig(ClippedPGConfig):
+    dual_clip_c: float = param(3.0, "c: dual clip of the Â ≤ 0 branch, the loss of a token with Â < 0 is at most "
+                               "−c·Â (verl PR #7022: its clip_ratio_c, 3; 0 disables it, TRL PR #6579's default).",
+                               paper="arXiv 2607.06987", search=(1.5, 10.0, True), switch=True)
+
+
+class UP(ClippedPG):
+    """Unbounded Positive asymmetric optimization (UP-GRPO): a token of a completion with Â > 0 gets the plain,
+    self-anchored REINFORCE term −Â·π_θ/sg(π_θ) (value −Â, gradient −Â·∇lp: no π_old anchor, no upper clip, so a
+    rare correct token keeps its full gradient); a token with Â ≤ 0 the GRPO clipped surrogate with dual clip."""
+
+    config_class = UPConfig
+    policy_term_vanishes_at_zero_advantage = True  # −Â·r̃ and the clipped surrogate are both 0 at Â = 0
+
+    def policy_term(self, batch, ratio, adv, is_w):
+        term, low, high, metrics = super().policy_term(batch, ratio, adv, is_w)
+        positive = (adv > 0).expand_as(term)
+        anchored = torch.exp(batch.logprobs - batch.logprobs.detach())  # 1 in value, ∇lp in gradient
+        term = torch.where(positive, -adv * anchored, term)
+        metrics["objective/unbounded_frac"] = masked_mean(positive.to(batch.mask.dtype), batch.mask)
+        return term, low, high & ~positive, metrics

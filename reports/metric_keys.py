@@ -146,7 +146,7 @@ OBJECTIVE_DOMAINS: dict[str, Domain] = {
     "objective/ratio_mean": NON_NEGATIVE, "objective/ratio_max": NON_NEGATIVE,
     "objective/masked_frac": SHARE, "objective/detached_frac": SHARE, "objective/selected_frac": SHARE,
     "objective/cov_selected": NON_NEGATIVE, "objective/dual_clip_frac": SHARE, "objective/vespo_weight_mean": ANY,
-    "objective/taper_frac": SHARE, "objective/ratio_truncated_frac": SHARE,
+    "objective/taper_frac": SHARE, "objective/ratio_truncated_frac": SHARE, "objective/unbounded_frac": SHARE,
     "objective/mismatch_kl_k3": NON_NEGATIVE, "objective/mismatch_kl_k1": ANY,
     "objective/is_weight_mean": NON_NEGATIVE, "objective/is_weight_min": NON_NEGATIVE,
     "objective/is_weight_max": NON_NEGATIVE, "objective/is_cut_frac": SHARE,

@@ -403,3 +403,55 @@ def test_dro_penalty_reaches_a_zero_advantage_sequence():
     assert not get_objective("dro").skips_zero_advantage
     with pytest.raises(ValueError, match="beta"):
         get_objective("dro", beta=0.0)
+
+
+# ------------------------------------------------------------------ UP-GRPO (arXiv 2607.06987, verl PR #7022)
+def up_expected(delta, c: float = 3.0) -> dict:
+    """Per-token terms: −Â for Â > 0 (the self-anchored ratio is 1 in value), the clipped surrogate capped at −c·Â
+    for Â ≤ 0."""
+    out = {}
+    for i, t in tokens():
+        if ADV[i] > 0:
+            out[(i, t)] = -ADV[i]
+        else:
+            out[(i, t)] = min(clip_term(math.exp(delta[i][t]), ADV[i], 0.2, 0.2), -c * ADV[i]) if c else \
+                clip_term(math.exp(delta[i][t]), ADV[i], 0.2, 0.2)
+    return out
+
+
+def test_up_grpo_positive_tokens_get_the_unanchored_reinforce_gradient():
+    """On-policy-far ratios (e^1.5 on the first token of each sequence): the positive sequence's tokens keep value −Â
+    and gradient −Â·∇lp / N, with no clip (grpo clips that token: zero gradient); the negative one is capped by
+    the dual clip."""
+    b = batch(old=OLD_BIG)
+    obj = get_objective("up_grpo")
+    loss, m = obj.loss(b)
+    terms = up_expected(BIG)
+    assert terms[(1, 0)] == 3.0  # −r·Â = e^1.5 > 3: the dual clip
+    n = {i: sum(MASK[i]) for i in range(2)}
+    agg = obj.config.aggregation
+    value = (sum(terms.values()) / N_TOK if agg == "token-mean" else
+             sum(sum(terms[(i, t)] for t in range(3) if MASK[i][t]) / n[i] for i in range(2)) / 2)
+    kl = obj.config.kl_coef * (sum(k3(LP[i][t], REF[i][t]) / n[i] for i, t in tokens()) / 2
+                               if agg != "token-mean" else sum(k3(LP[i][t], REF[i][t]) for i, t in tokens()) / N_TOK)
+    assert loss.item() == pytest.approx(value + kl, abs=1e-12)
+    b0 = batch(old=OLD_BIG)
+    loss0, _ = get_objective("up_grpo", kl_coef=0.0, aggregation="token-mean").loss(b0)
+    g = grad(loss0, b0)
+    for t in range(3):  # every token of the positive sequence, the far one included (grpo: clipped, 0)
+        assert g[0, t].item() == pytest.approx(-ADV[0] / N_TOK, abs=1e-12)
+    assert g[1, 0].item() == 0.0  # dual-clipped
+    assert g[1, 1].item() == pytest.approx(-ADV[1] * math.exp(BIG[1][1]) / N_TOK, abs=1e-12)  # inside the clip
+    grpo = get_objective("grpo", kl_coef=0.0, aggregation="token-mean")
+    b1 = batch(old=OLD_BIG)
+    assert grad(grpo.loss(b1)[0], b1)[0, 0].item() == 0.0  # (what UP removes)
+    assert m["objective/unbounded_frac"].item() == pytest.approx(3 / 5)
+    assert m["objective/clip_frac_high"].item() == 0.0  # a positive token is never clipped (grpo: 1 of 5 here)
+
+
+def test_up_grpo_without_dual_clip_is_the_clipped_surrogate_on_negatives():
+    b = batch(old=OLD_BIG)
+    loss, _ = get_objective("up_grpo", dual_clip_c=0.0, kl_coef=0.0, aggregation="token-mean").loss(b)
+    terms = up_expected(BIG, c=0.0)
+    assert terms[(1, 0)] == pytest.approx(math.exp(1.5))
+    assert loss.item() == pytest.approx(sum(terms.values()) / N_TOK, abs=1e-12)

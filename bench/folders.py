@@ -93,6 +93,24 @@ def check_removable(run_dir: str | Path) -> None:
         raise _refuse(run_dir, "deleting")
 
 
+def check_output_folder(folder: str | Path, flag: str) -> None:
+    """UnsafePath (one line) when ``folder`` (a user-given ``--out`` of `bench tune` / `bench eval`, where pobench
+    writes files of fixed names: best.yaml, summary.csv, results.json, ...) exists, holds something and is not
+    pobench's (no marker): its files of those names would be overwritten. Asked before any work."""
+    folder = Path(folder)
+    if folder.is_dir() and not folder.is_symlink() and not is_owned(folder) and any(folder.iterdir()):
+        raise UnsafePath(f"{flag} {folder} exists and holds files pobench did not write (no {MARKER} file): not "
+                         "writing into it (files of the names pobench writes would be overwritten); give a new or "
+                         "empty folder")
+
+
+def claim_output_folder(folder: str | Path, flag: str) -> Path:
+    """Create (or take, when empty or pobench's already) the output folder ``folder`` and mark it as pobench's, so
+    the same command writes into it again; any other folder: UnsafePath (:func:`check_output_folder`)."""
+    check_output_folder(folder, flag)
+    return make_owned(folder, "out")
+
+
 def check_claimable(run_dir: str | Path) -> None:
     """UnsafePath (one line) when ``run_dir`` exists and pobench may not write into it (:func:`claim_run_folder`
     would refuse it): asked before a comparison opens its record."""

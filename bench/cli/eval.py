@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench import preflight
+from bench import folders, preflight
 from bench.cli import eval_comparison
 from bench.cli.eval_inputs import DEFAULT_MAX_NEW_TOKENS, max_new_tokens, resolve_data
 from bench.cli.flags import add_plugin_flag
@@ -87,6 +87,8 @@ def run(args) -> int:
     if not args.no_mlflow:  # an unreachable server: one line now, before transformers and the model load
         check_reachable(args.tracking_uri)
 
+    if args.out:  # a folder of the user's holding other files: refused now, not after the evaluation
+        folders.check_output_folder(args.out, "--out")
     names = [n.strip() for n in args.benchmarks.split(",") if n.strip()]
     if not names:
         raise ValueError("--benchmarks: give at least one benchmark name")
@@ -119,7 +121,8 @@ def run(args) -> int:
                             "n_samples": n_samples, "temperature": args.temperature, "top_p": args.top_p,
                             "max_new_tokens": max_new, "prompt_template": args.prompt_template, "seed": args.seed,
                             "backend": args.backend}
-    out_dir = Path(args.out or Path(".pobench") / "eval" / time.strftime("%Y%m%d-%H%M%S"))
+    out_dir = (folders.claim_output_folder(args.out, "--out") if args.out
+               else Path(".pobench") / "eval" / time.strftime("%Y%m%d-%H%M%S"))
 
     results = []
     try:

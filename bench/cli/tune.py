@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from bench import faults, preflight, tune
+from bench import faults, folders, preflight, tune
 from bench.cli.flags import add_config_flags, add_preset_flag, config_from_args
 from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.config import TrainConfig
@@ -129,6 +128,9 @@ def main(args: argparse.Namespace) -> int:
     confirm_seeds = confirm_seeds_from_args(args, spec)
     check_reachable(spec.base.tracking_uri)
     faults.check_output_folder(spec.base.output_dir, "--output-dir")  # a file in its place, read-only: one line now
+    if args.out:  # a folder of the user's holding other files: refused now, not after the study
+        faults.check_output_folder(args.out, "--out")
+        folders.check_output_folder(args.out, "--out")
     faults.note(storage=tune.redact(spec.storage or tune.default_storage_url()))
     for warning in preflight.check_inputs(spec.base):  # every source read, answers and prompt lengths counted
         print(f"bench tune: warning: {warning}", file=sys.stderr)
@@ -140,7 +142,7 @@ def main(args: argparse.Namespace) -> int:
     except RunStopped as e:  # a trial's run stopped by the MLflow server gone or a full disk: one line
         print(f"bench tune: stopped: {e}", file=sys.stderr)
         return 1
-    out = Path(args.out) if args.out else study_dir(tune.DEFAULT_DIR, spec.study)
+    out = folders.claim_output_folder(args.out, "--out") if args.out else study_dir(tune.DEFAULT_DIR, spec.study)
     paths = write_outputs(study, out)  # (before the confirm: a stopped confirm leaves the study's outputs written)
     print_leaderboard(study)
     failed = 0
@@ -174,6 +176,6 @@ def _print_confirm(record: dict | None) -> int:
 
 
 def show(args: argparse.Namespace) -> int:
-    out = show_study(args.study, args.storage, Path(args.out) if args.out else None)
+    out = show_study(args.study, args.storage, folders.claim_output_folder(args.out, "--out") if args.out else None)
     print(f"outputs in {out}")
     return 0

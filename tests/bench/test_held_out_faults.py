@@ -242,3 +242,30 @@ def test_bench_run_refuses_a_foreign_folder_in_a_pairs_place_before_any_record(t
     assert (target / "mine.txt").read_text() == "notes" and sorted(p.name for p in target.iterdir()) == ["mine.txt"]
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
     assert not client.search_runs([e.experiment_id for e in client.search_experiments()])
+
+
+# ------------------------------------------------------------------ --out of bench tune / bench eval
+@pytest.mark.parametrize("argv", [["tune", "--algo", "grpo", "--trials", "1", *TINY[:-2], "--eval-every", "1"],
+                                  ["eval", "--benchmarks", "arith", "--limit", "2", "--max-new-tokens", "4",
+                                   "--no-mlflow"]], ids=["tune", "eval"])
+def test_an_out_folder_holding_a_users_files_is_refused_before_any_work(tmp_path, bench_here, argv):
+    """`--out mine` where mine/ holds the user's best.yaml / results.json (names pobench writes there): they were
+    overwritten; now one line, exit 2, nothing in the folder touched, before any study or evaluation."""
+    fresh_store(tmp_path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("best.yaml", "results.json", "notes.txt"):
+        (mine / name).write_text(f"my {name}")
+    rc, _, err = bench_here([*argv, "--out", "mine"], tmp_path)
+    assert rc == 2 and len(_lines(err)) == 1 and "not writing into it" in err and MARKER in err, err[-3000:]
+    assert {p.name: p.read_text() for p in mine.iterdir()} == {n: f"my {n}" for n in
+                                                              ("best.yaml", "results.json", "notes.txt")}
+    assert not (tmp_path / "optuna.db").exists() and not (tmp_path / ".pobench").exists()
+
+
+def test_bench_eval_writes_into_a_new_out_folder_and_again_into_its_own(tmp_path, bench_here):
+    argv = ["eval", "--benchmarks", "arith", "--limit", "2", "--max-new-tokens", "4", "--no-mlflow", "--out", "o"]
+    for _ in range(2):  # the second time into the folder it marked: allowed, its own files replaced
+        rc, _, err = bench_here(argv, tmp_path)
+        assert rc == 0, err[-3000:]
+        assert (tmp_path / "o" / MARKER).is_file() and (tmp_path / "o" / "results.json").is_file()

@@ -98,22 +98,28 @@ def test_bench_run_force_keeps_a_users_file_in_the_run_folder_and_retrains(tmp_p
 
 # ------------------------------------------------------------------ a pair's failure: one line
 NAN_PLUGIN = '''
-import torch
 from algorithms import register, register_advantage
 
-register_advantage("nan-adv", lambda rewards: rewards * float("nan"), description="returns NaN (a broken plugin)")
-register("grpo-nan", base="grpo", description="grpo with the broken estimator", advantage_estimator="nan-adv")
+register_advantage("nan-adv-{n}", lambda rewards: rewards * float("nan"), description="returns NaN (a broken plugin)")
+register("grpo-nan-{n}", base="grpo", description="grpo with the broken estimator", advantage_estimator="nan-adv-{n}")
 '''
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_pair_failing_inside_bench_run_is_one_line(tmp_path, bench_here, workers):
+    from algorithms import unregister, unregister_advantage
+
     fresh_store(tmp_path)
-    (tmp_path / "broken.py").write_text(NAN_PLUGIN)
-    rc, out, err = bench_here(["run", "--plugin", "broken.py", "--algos", "grpo-nan", "--seeds", "0,1",
-                               "--no-controls", "--workers", workers, "--no-progress", "--no-report", *TINY],
-                              tmp_path)
+    (tmp_path / "broken.py").write_text(NAN_PLUGIN.format(n=workers))  # (names of its own: tests share a process)
+    try:
+        rc, out, err = bench_here(["run", "--plugin", "broken.py", "--algos", f"grpo-nan-{workers}", "--seeds", "0,1",
+                                   "--no-controls", "--workers", workers, "--no-progress", "--no-report", *TINY],
+                                  tmp_path)
+    finally:
+        unregister(f"grpo-nan-{workers}")
+        with contextlib.suppress(ValueError):
+            unregister_advantage(f"nan-adv-{workers}")
     text = out + err
     assert rc != 0 and "Traceback" not in text, text[-3000:]
     failed = [ln for ln in text.splitlines() if ": failed: " in ln]

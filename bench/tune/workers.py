@@ -23,10 +23,12 @@ import multiprocessing
 import os
 import warnings
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import optuna
 
+from bench.engines import RunStopped
 from bench.engines.lifecycle import sigterm_as_interrupt
 from bench.inputs import SEED_MAX
 from bench.plugins import check_shippable, with_plugins
@@ -110,6 +112,20 @@ def _stopped(spec: TuneSpec) -> StudyStopped:
     return StudyStopped(spec.study, finished, spec.trials, redact(url))
 
 
+def _worker_died(study: optuna.Study, spec: TuneSpec, runs) -> RunStopped:
+    """After a pool process died: its trial failed and queued again (its lock is free), its MLflow run ended, the
+    study's parent run ended FAILED; the one line of what was kept and how to go on."""
+    fail_dead_trials(study, spec, runs)
+    client = store_client(tracking_uri(spec.base.tracking_uri))
+    if client.get_run(runs.parent_id).info.status == "RUNNING":
+        retry_locked(client.set_terminated, runs.parent_id, "FAILED")
+    url = spec.storage or default_storage_url()
+    done = count(optuna.load_study(study_name=spec.study, storage=url), *FINISHED)
+    return RunStopped(f"a worker process of study {spec.study!r} died (killed by a signal: the out-of-memory killer, "
+                      f"kill -9); {done} of {spec.trials} trials finished in {redact(url)}, its trial and the others "
+                      "stopped with it are queued again: rerun the same command to finish the study")
+
+
 def _run_workers(spec: TuneSpec, workers: int, n: int, executor: str, ray_address: str | None, log) -> optuna.Study:
     """``run_workers`` once its flags are checked: ``n`` workers at most (``resolve_workers``)."""
     if executor == "local" and workers == 1:
@@ -137,14 +153,17 @@ def _run_workers(spec: TuneSpec, workers: int, n: int, executor: str, ray_addres
         if n == 1:
             return run_study(spec, log=log)
         log(f"study {spec.study!r}: {n} local workers (parent MLflow run {runs.parent_id})")
-        with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(_worker, worker_spec(spec, i), i) for i in range(n)]
-            try:
-                for f in futures:
-                    f.result()  # a worker's error: raised here, after the others have finished their trials
-            except KeyboardInterrupt:  # SIGTERM to every worker (a scheduler may have sent it too: once is taken)
-                stop_pool_workers(pool)
-                raise  # (leaving the pool waits for the workers, each having queued its trial again)
+        try:
+            with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
+                futures = [pool.submit(_worker, worker_spec(spec, i), i) for i in range(n)]
+                try:
+                    for f in futures:
+                        f.result()  # a worker's error: raised here, after the others have finished their trials
+                except KeyboardInterrupt:  # SIGTERM to every worker (a scheduler may have sent it too: once is taken)
+                    stop_pool_workers(pool)
+                    raise  # (leaving the pool waits for the workers, each having queued its trial again)
+        except BrokenProcessPool:  # a worker killed (the OOM killer, kill -9): the pool stops the others (SIGTERM)
+            raise _worker_died(study, spec, runs) from None
     return optuna.load_study(study_name=spec.study, storage=spec.storage or default_storage_url())
 
 

@@ -275,3 +275,52 @@ def test_bench_eval_writes_into_a_new_out_folder_and_again_into_its_own(tmp_path
         rc, _, err = bench_here(argv, tmp_path)
         assert rc == 0, err[-3000:]
         assert (tmp_path / "o" / MARKER).is_file() and (tmp_path / "o" / "results.json").is_file()
+
+
+# ------------------------------------------------------------------ a bench tune worker killed
+def _pool_workers(pid: int) -> list[int]:
+    """The spawned pool processes of process ``pid`` (not its multiprocessing resource tracker)."""
+    out = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
+        if b"spawn_main" in cmd:
+            out.append(int(child))
+    return out
+
+
+@pytest.mark.slow
+def test_a_killed_bench_tune_worker_is_one_line_and_the_same_command_finishes_the_study(tmp_path, bench_here,
+                                                                                        monkeypatch):
+    """Held-out round 3: `bench tune --workers 2` whose worker process is SIGKILLed (the OOM killer) ended with
+    BrokenProcessPool's traceback. Now: one line, exit 1, no run left RUNNING, and the same command finishes."""
+    import optuna
+
+    from tests.bench import fake_trainer
+    from tests.bench.test_signals import command_in
+
+    uri = fresh_store(tmp_path)
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    argv = ["tune", "--algo", "grpo", "--trials", "2", "--steps", "30", "--seeds", "0", "--study", "st",
+            "--storage", storage, "--tracking-uri", uri, "--experiment", "tx", "--eval-every", "15",
+            "--samples-every", "0", "--sampler-seed", "0", "--checkpoint-every", "1", "--workers", "2"]
+    runs = tmp_path / ".pobench" / "runs"
+    proc = Proc([*FAKE_CLI, *argv], tmp_path, FAKE_STEP_S="0.5")
+    try:
+        proc.wait_for(lambda: len(checkpointed(runs)) == 2, "a checkpoint of both trials")
+        os.kill(_pool_workers(proc.p.pid)[0], signal.SIGKILL)
+        rc = proc.finish(timeout=300)
+        lines = proc.lines()
+        assert rc == 1 and len(lines) == 1 and "Traceback" not in "\n".join(proc.err), proc.text()
+        assert lines[0].startswith("bench tune: stopped: a worker process of study 'st' died"), lines
+        assert "rerun the same command" in lines[0]
+        assert "RUNNING" not in statuses(uri, "tx"), statuses(uri, "tx")
+        assert proc.group_gone(within=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.p.pid, signal.SIGKILL)
+    fake_trainer.inject(monkeypatch.setattr)  # the same command, in this process
+    rc, _, err = bench_here(command_in("x: bench " + " ".join(argv), []), tmp_path)
+    assert rc == 0, err[-3000:]
+    states = [t.state.name for t in optuna.load_study(study_name="st", storage=storage).trials]
+    assert states.count("COMPLETE") >= 2, states
+    assert statuses(uri, "tx", "tune-study") == ["FINISHED"]

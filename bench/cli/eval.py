@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench import folders, preflight
+from bench import faults, folders, preflight
 from bench.cli import eval_comparison
 from bench.cli.eval_inputs import DEFAULT_MAX_NEW_TOKENS, max_new_tokens, resolve_data
 from bench.cli.flags import add_plugin_flag
@@ -87,7 +87,8 @@ def run(args) -> int:
     if not args.no_mlflow:  # an unreachable server: one line now, before transformers and the model load
         check_reachable(args.tracking_uri)
 
-    if args.out:  # a folder of the user's holding other files: refused now, not after the evaluation
+    if args.out:  # a file in its place, a read-only one, a folder of the user's files: refused now, not after
+        faults.check_output_folder(args.out, "--out")
         folders.check_output_folder(args.out, "--out")
     names = [n.strip() for n in args.benchmarks.split(",") if n.strip()]
     if not names:

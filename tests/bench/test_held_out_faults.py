@@ -324,3 +324,12 @@ def test_a_killed_bench_tune_worker_is_one_line_and_the_same_command_finishes_th
     states = [t.state.name for t in optuna.load_study(study_name="st", storage=storage).trials]
     assert states.count("COMPLETE") >= 2, states
     assert statuses(uri, "tx", "tune-study") == ["FINISHED"]
+
+
+def test_bench_eval_out_naming_a_file_is_refused_before_any_work(tmp_path, bench_here):
+    """Held-out round 3: `bench eval --out afile` loaded the model, evaluated, then stopped (exit 1) on the file."""
+    (tmp_path / "afile").write_text("mine\n")
+    rc, _, err = bench_here(["eval", "--benchmarks", "arith", "--limit", "2", "--max-new-tokens", "4", "--no-mlflow",
+                             "--out", "afile"], tmp_path)
+    assert rc == 2 and len(_lines(err)) == 1 and "--out afile: not a folder" in err, err[-3000:]
+    assert (tmp_path / "afile").read_text() == "mine\n" and not (tmp_path / ".pobench").exists()

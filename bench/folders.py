@@ -93,7 +93,7 @@ def check_removable(run_dir: str | Path) -> None:
         raise _refuse(run_dir, "deleting")
 
 
-def check_output_folder(folder: str | Path, flag: str) -> None:
+def check_out_is_ours(folder: str | Path, flag: str) -> None:
     """UnsafePath (one line) when ``folder`` (a user-given ``--out`` of `bench tune` / `bench eval`, where pobench
     writes files of fixed names: best.yaml, summary.csv, results.json, ...) exists, holds something and is not
     pobench's (no marker): its files of those names would be overwritten. Asked before any work."""
@@ -106,8 +106,8 @@ def check_output_folder(folder: str | Path, flag: str) -> None:
 
 def claim_output_folder(folder: str | Path, flag: str) -> Path:
     """Create (or take, when empty or pobench's already) the output folder ``folder`` and mark it as pobench's, so
-    the same command writes into it again; any other folder: UnsafePath (:func:`check_output_folder`)."""
-    check_output_folder(folder, flag)
+    the same command writes into it again; any other folder: UnsafePath (:func:`check_out_is_ours`)."""
+    check_out_is_ours(folder, flag)
     return make_owned(folder, "out")
 
 
@@ -146,13 +146,19 @@ def _files(folder: Path) -> list[Path]:
     return [f for f in sorted(folder.rglob("*")) if f.is_symlink() or not f.is_dir()]
 
 
+def _not_listed(folder: Path) -> list[Path]:
+    """The files in the listed folder ``folder`` that its listing does not hold (a user's); none when it has no
+    listing (all of it pobench's)."""
+    listed = _listed(folder)
+    return [] if listed is None else [f for f in _files(folder) if str(f.relative_to(folder)) not in listed]
+
+
 def remove_written(folder: str | Path) -> list[Path]:
     """Delete the files pobench wrote in the listed folder ``folder`` (a checkpoint, ``final``); what it did not
     write stays (returned), with the folders that hold it and, for ``final``, its listing (so that what is left is
     known to be a user's). A folder that holds nothing else goes whole."""
     folder = Path(folder)
-    listed = _listed(folder)
-    kept = [] if listed is None else [f for f in _files(folder) if str(f.relative_to(folder)) not in listed]
+    kept = _not_listed(folder)
     if not kept:
         shutil.rmtree(folder)
         return []
@@ -172,10 +178,9 @@ def carry_over(old: str | Path, new: str | Path) -> None:
     old, new = Path(old), Path(new)
     if not old.is_dir() or old.is_symlink():
         return
-    listed = _listed(old)
-    for f in [] if listed is None else _files(old):
+    for f in _not_listed(old):
         rel = f.relative_to(old)
-        if str(rel) not in listed and not (new / rel).exists():
+        if not (new / rel).exists():
             (new / rel).parent.mkdir(parents=True, exist_ok=True)
             f.rename(new / rel)
     if old.exists():
@@ -193,9 +198,7 @@ def not_written(run_dir: str | Path) -> list[Path]:
         if not _matches(entry.name, RUN_LAYOUT):
             out.append(entry)
         elif _matches(entry.name, LISTED) and entry.is_dir() and not entry.is_symlink():
-            listed = _listed(entry)
-            if listed is not None:
-                out += [f for f in _files(entry) if str(f.relative_to(entry)) not in listed]
+            out += _not_listed(entry)
     return out
 
 

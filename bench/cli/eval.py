@@ -89,7 +89,7 @@ def run(args) -> int:
 
     if args.out:  # a file in its place, a read-only one, a folder of the user's files: refused now, not after
         faults.check_output_folder(args.out, "--out")
-        folders.check_output_folder(args.out, "--out")
+        folders.check_out_is_ours(args.out, "--out")
     names = [n.strip() for n in args.benchmarks.split(",") if n.strip()]
     if not names:
         raise ValueError("--benchmarks: give at least one benchmark name")

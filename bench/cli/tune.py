@@ -130,7 +130,7 @@ def main(args: argparse.Namespace) -> int:
     faults.check_output_folder(spec.base.output_dir, "--output-dir")  # a file in its place, read-only: one line now
     if args.out:  # a folder of the user's holding other files: refused now, not after the study
         faults.check_output_folder(args.out, "--out")
-        folders.check_output_folder(args.out, "--out")
+        folders.check_out_is_ours(args.out, "--out")
     faults.note(storage=tune.redact(spec.storage or tune.default_storage_url()))
     for warning in preflight.check_inputs(spec.base):  # every source read, answers and prompt lengths counted
         print(f"bench tune: warning: {warning}", file=sys.stderr)

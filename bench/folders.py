@@ -14,7 +14,7 @@ marker (before the marker existed) are not adopted: the line says to move them a
 Inside a marked folder, ``--force`` deletes only what pobench wrote (:data:`RUN_LAYOUT`, the one definition of a run
 folder's layout): a file a user put there (an analysis, notes) stays, and so do the folder and its marker; inside a
 checkpoint only the files its ``state.json`` lists go, inside ``final`` only those its listing
-(``checkpoint.LISTING``) holds. The engines' own folders (``trl``, ``verl``, ``verl-data``: TRL / verl write them,
+(``reports.paths.LISTING``) holds. The engines' own folders (``trl``, ``verl``, ``verl-data``: TRL / verl write them,
 pobench hands them the folder) go whole.
 """
 
@@ -25,7 +25,7 @@ import json
 import shutil
 from pathlib import Path
 
-from reports.paths import MARKER, UnsafePath, contained, is_owned, make_owned, remove_owned, safe_component
+from reports.paths import LISTING, MARKER, UnsafePath, contained, is_owned, make_owned, remove_owned, safe_component
 
 RUN_KIND = "run"
 
@@ -36,8 +36,6 @@ RUN_LAYOUT = (MARKER, "config.yaml", "run.json", "run.json.tmp", "inputs.json", 
               "ckpt-[0-9]*", "trl", "verl", "verl-data")
 #: the folders of RUN_LAYOUT whose files pobench lists as it writes them (state.json, final's listing)
 LISTED = ("ckpt-[0-9]*", "final", ".final.old")
-#: the listing ``final`` holds (bench.engines.native.checkpoint.save_final writes it)
-LISTING = ".pobench-files"
 
 
 def under(root: str | Path, name: object, what: str) -> Path:

@@ -10,9 +10,11 @@ becomes a readable slug plus a short hash of the original, so two different name
 pobench deletes or replaces only folders it created: each one gets a marker file (:data:`MARKER`) when it is made
 (:func:`make_owned`). :func:`remove_owned` and :func:`replace_owned` refuse, with one line naming the folder, anything
 in the way that has no marker. :func:`replace_owned` swaps a finished temporary folder in for the old one, so a
-reader never sees a half-written folder and a failure leaves the old one in place. The process writing a temporary
-folder holds its marker locked; the next writer of the same folder removes the temporary folders whose lock is free
-(a killed writer's), never one being written (:func:`remove_stale_temps`).
+reader never sees a half-written folder and a failure leaves the old one in place. A folder pobench swaps in lists the
+files it wrote (:data:`LISTING`); a file a user put into it later (notes, an edited figure) is not in that list and
+moves into the new folder when it is replaced (:func:`user_files`), never deleted with it. The process writing a
+temporary folder holds its marker locked; the next writer of the same folder removes the temporary folders whose lock
+is free (a killed writer's), never one being written (:func:`remove_stale_temps`).
 
 This module lives on the ``reports`` side because both ``bench`` and ``reports`` need it (imports point one way).
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -31,6 +34,9 @@ from evaluators.hints import COMPONENT_CHARS, MAX_COMPONENT, is_component
 
 #: the marker file of a folder pobench created and may delete or replace
 MARKER = ".pobench-owned"
+#: the list (JSON, relative paths) of the files pobench wrote into a folder it swaps in whole (a report, a run's
+#: ``final``): every other file there is a user's
+LISTING = ".pobench-files"
 _UNSAFE = re.compile(f"[^{COMPONENT_CHARS}]+")
 MAX_LEN = MAX_COMPONENT
 
@@ -167,14 +173,56 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def files_in(folder: str | Path) -> list[str]:
+    """The files under ``folder`` (relative paths, symlinks as files), without the marker and the listing."""
+    folder = Path(folder)
+    return [str(f.relative_to(folder)) for f in sorted(folder.rglob("*"))
+            if (f.is_symlink() or not f.is_dir()) and f.name not in (MARKER, LISTING)]
+
+
+def write_listing(folder: str | Path) -> list[str]:
+    """Write ``folder``'s :data:`LISTING`: every file in it now is pobench's. Returns the list."""
+    written = files_in(folder)
+    (Path(folder) / LISTING).write_text(json.dumps(written))
+    return written
+
+
+def user_files(folder: str | Path) -> list[str]:
+    """The files in ``folder`` that its :data:`LISTING` does not hold (a user's), as relative paths; none when it has
+    no listing (a folder of a pobench before listings: all of it pobench's) or is not a folder."""
+    folder = Path(folder)
+    try:
+        listed = set(json.loads((folder / LISTING).read_text()))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    except (OSError, ValueError, TypeError):
+        listed = set()  # a listing pobench cannot read: nothing in the folder is known to be its
+    return [f for f in files_in(folder) if f not in listed]
+
+
+def _carry(old: Path, new: Path, theirs: list[str]) -> None:
+    for rel in theirs:
+        if not (new / rel).exists() and not (new / rel).is_symlink():
+            (new / rel).parent.mkdir(parents=True, exist_ok=True)
+            (old / rel).rename(new / rel)
+
+
 def replace_owned(tmp: str | Path, dest: str | Path, root: str | Path) -> Path:
     """Swap the finished folder ``tmp`` in as ``dest`` (under ``root``): an old ``dest`` must be pobench's (marked),
-    else UnsafePath and nothing changes. The old folder is renamed aside first and deleted only once the new one is
-    in place, so ``dest`` is never half written. When another process swaps its own folder in between (two reports
-    of one comparison at once), that one is moved aside in turn: the last writer's folder stays."""
+    else UnsafePath and nothing changes. ``tmp`` gets its :data:`LISTING` (all it holds is pobench's). The old folder
+    is renamed aside first and deleted only once the new one is in place, so ``dest`` is never half written; the
+    files a user put into it (:func:`user_files`) move into the new one first, and one at a path the new folder
+    writes is refused before any change (UnsafePath). When another process swaps its own folder in between (two
+    reports of one comparison at once), that one is moved aside in turn: the last writer's folder stays."""
     tmp, dest = Path(tmp), Path(dest)
     contained(root, os.path.relpath(dest.resolve(), Path(root).resolve()))
     make_owned(tmp)
+    written = set(write_listing(tmp))
+    if dest.is_dir() and not dest.is_symlink() and is_owned(dest):
+        clash = [rel for rel in user_files(dest) if rel in written]
+        if clash:
+            raise UnsafePath(f"{dest / clash[0]} is not pobench's (a file you put there) and the new folder writes a "
+                             "file of that name: move it away, then rerun")
     olds: list[Path] = []
     try:
         for attempt in range(16):
@@ -196,12 +244,15 @@ def replace_owned(tmp: str | Path, dest: str | Path, root: str | Path) -> Path:
                     raise
         else:
             raise OSError(f"{dest}: other processes kept replacing it; not written")
+        for old in olds:
+            _carry(old, dest, user_files(old))
     except BaseException:
         if olds and not dest.exists():
             olds.pop().rename(dest)
         raise
     finally:
         for old in olds:
-            shutil.rmtree(old, ignore_errors=True)
+            if not user_files(old):  # (a user's file that could not be moved keeps its folder, beside dest)
+                shutil.rmtree(old, ignore_errors=True)
         _let_go(tmp)
     return dest

@@ -82,6 +82,27 @@ class Report:
     notes: list[str] = field(default_factory=list)
     artifact_run_id: str | None = None
     figures: dict = field(default_factory=dict)  # figure key -> reports.figures.Drawn, or why it is not drawn
+    kept: list[str] = field(default_factory=list)  # a user's files in the folder (carried over from the last report)
+
+
+def log_written(client, run_id: str, folder: Path, kept: list[str]) -> None:
+    """The report folder as the run's ``report`` artifacts: pobench's files only (a user's ``kept`` stay local)."""
+    if not kept:
+        client.log_artifacts(run_id, str(folder), artifact_path="report")
+        return
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        copy = Path(scratch) / "report"
+        shutil.copytree(folder, copy, symlinks=True, ignore_dangling_symlinks=True)
+        for rel in kept:
+            (copy / rel).unlink(missing_ok=True)
+            for d in (copy / rel).parents:  # (a folder that held only the user's files goes too)
+                if d == copy or any(d.iterdir()):
+                    break
+                d.rmdir()
+        client.log_artifacts(run_id, str(copy), artifact_path="report")
 
 
 def resolve_baseline(cmp: Comparison, baseline: str | None, recorded: str | None = None) -> tuple[str, str]:
@@ -236,7 +257,7 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
     """Write the comparison's report into ``<out_root>/<experiment>/<comparison>/`` (replacing only that folder, and
     only when pobench made it) and into MLflow."""
     from reports import curves, plots
-    from reports.paths import make_owned, new_temp_folder, remove_owned, replace_owned
+    from reports.paths import make_owned, new_temp_folder, remove_owned, replace_owned, user_files
 
     options = options or ReportOptions()
     settings = settings or DerivedSettings()
@@ -272,13 +293,14 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
         if tmp.exists():
             remove_owned(tmp, out_root)
     files = [dest / f.name for f in files]
-    rep = Report(dest, cmp, a.target, a.baseline, a.derived, a.tables, files, a.notes, figures=figs)
+    rep = Report(dest, cmp, a.target, a.baseline, a.derived, a.tables, files, a.notes, figures=figs,
+                 kept=user_files(dest))
     if store_derived:
         for r in cmp.runs:
             store(client, r.run_id, a.derived[r.run_id], cmp.comparison_id)
     if log_artifacts:
         run_id, created = _artifact_run(client, cmp)
-        client.log_artifacts(run_id, str(dest), artifact_path="report")
+        log_written(client, run_id, dest, rep.kept)
         client.set_tag(run_id, BASELINE, a.baseline)
         log_summary(client, run_id, a)
         if created:

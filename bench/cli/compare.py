@@ -21,6 +21,7 @@ from bench.cli.interrupt import Stopped, rerun
 from bench.config import TRACKING_URI_DEFAULT, TrainConfig
 from bench.tracking import check_reachable, flatten
 from reports.compare import compare_comparisons, parse_spec
+from reports.paths import user_files
 from reports.report import ReportOptions
 
 
@@ -69,4 +70,7 @@ def run(args: argparse.Namespace) -> int:
         if t is not None:
             print(f"{t.title}\n\n{t.markdown()}")
     print(f"tables in {res.out_dir / 'compare.md'}")
+    kept = user_files(res.out_dir)
+    if kept:
+        print(f"kept your files in {res.out_dir} (not pobench's): {', '.join(kept)}")
     return 0

@@ -68,3 +68,6 @@ def _summary(rep) -> None:
           f"(and MLflow run {rep.artifact_run_id}, artifacts report/)")
     for n in rep.notes:
         print(f"note: {n}")
+    if rep.kept:
+        shown = ", ".join(rep.kept[:5]) + (f" and {len(rep.kept) - 5} more" if len(rep.kept) > 5 else "")
+        print(f"kept your files in {rep.out_dir} (not pobench's; not sent to MLflow): {shown}")

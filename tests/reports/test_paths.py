@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
 from reports.paths import (
+    LISTING,
     MARKER,
     UnsafePath,
     contained,
@@ -15,6 +17,7 @@ from reports.paths import (
     remove_owned,
     replace_owned,
     safe_component,
+    user_files,
 )
 
 
@@ -84,7 +87,7 @@ def test_replace_owned_swaps_and_refuses_foreign_folders(tmp_path):
     tmp2 = new_temp_folder(dest)
     (tmp2 / "b.txt").write_text("2")
     replace_owned(tmp2, dest, tmp_path)
-    assert sorted(p.name for p in dest.iterdir()) == sorted([MARKER, "b.txt"])
+    assert sorted(p.name for p in dest.iterdir()) == sorted([MARKER, LISTING, "b.txt"])
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary or old folder left
     foreign = tmp_path / "nb"
     foreign.mkdir()
@@ -93,3 +96,31 @@ def test_replace_owned_swaps_and_refuses_foreign_folders(tmp_path):
     with pytest.raises(UnsafePath, match="not created by pobench"):
         replace_owned(tmp3, foreign, tmp_path)
     assert (foreign / "important.txt").read_text() == "notes"
+
+
+def test_replacing_a_folder_moves_a_users_files_into_the_new_one(tmp_path):
+    """A user's notes and a figure of their own put into pobench's folder survive the next report (they were deleted
+    with the old folder); a file of theirs where the new folder writes one is refused before any change."""
+    dest = tmp_path / "out"
+    tmp = new_temp_folder(dest)
+    (tmp / "report.md").write_text("old")
+    (tmp / "fig").mkdir()
+    (tmp / "fig" / "a.png").write_text("png")
+    replace_owned(tmp, dest, tmp_path)
+    assert json.loads((dest / LISTING).read_text()) == ["fig/a.png", "report.md"] and user_files(dest) == []
+    (dest / "notes.md").write_text("mine")
+    (dest / "fig" / "mine.png").write_text("my png")
+    (dest / "report.md").write_text("edited")  # pobench's own file, edited: replaced as before
+    assert user_files(dest) == ["fig/mine.png", "notes.md"]
+    tmp2 = new_temp_folder(dest)
+    (tmp2 / "report.md").write_text("new")
+    replace_owned(tmp2, dest, tmp_path)
+    assert (dest / "report.md").read_text() == "new" and not (dest / "fig" / "a.png").exists()
+    assert (dest / "notes.md").read_text() == "mine" and (dest / "fig" / "mine.png").read_text() == "my png"
+    assert user_files(dest) == ["fig/mine.png", "notes.md"]  # still theirs: the next report carries them again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    tmp3 = new_temp_folder(dest)
+    (tmp3 / "notes.md").write_text("pobench's")
+    with pytest.raises(UnsafePath, match="notes.md is not pobench's"):
+        replace_owned(tmp3, dest, tmp_path)
+    assert (dest / "notes.md").read_text() == "mine" and (dest / "report.md").read_text() == "new"

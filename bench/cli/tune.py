@@ -101,12 +101,22 @@ def spec_from_args(args: argparse.Namespace) -> tune.TuneSpec:
         raise ValueError("config field `eval_every`=0: a trial is scored on held-out evaluations; set eval_every >= 1")
     spec = tune.TuneSpec(
         algo=args.algo, base=base, space=tune.resolve_space(args.algo, args.space, base.objective_overrides),
-        metric=tune.parse_metric(args.metric, args.direction), study=args.study or f"tune-{args.algo}",
+        metric=tune.parse_metric(args.metric, args.direction), study=study_name(args),
         trials=args.trials, seeds=parse_seeds(args.seeds, default=(0,)), storage=args.storage, pruner=args.pruner,
         pruner_warmup=args.pruner_warmup, pruner_startup=args.pruner_startup, heartbeat=args.heartbeat,
         grace=args.grace, max_retry=args.max_retry, sampler_seed=args.sampler_seed)
     tune.make_pruner(spec.pruner)  # bad pruner spec -> error now
     return spec
+
+
+def study_name(args: argparse.Namespace) -> str:
+    """``--study`` (default ``tune-<algo>``), refused now when it cannot name the study's storage entry and its
+    output folder (blank, longer than Optuna stores): it was refused only after the study had run."""
+    study = f"tune-{args.algo}" if args.study is None else args.study
+    study_dir(tune.DEFAULT_DIR, study)  # blank / not a string: one line (UnsafePath)
+    if len(study) > 512:  # (Optuna's storage column)
+        raise ValueError(f"--study: {len(study)} characters; the Optuna storage holds at most 512")
+    return study
 
 
 def confirm_seeds_from_args(args: argparse.Namespace, spec: tune.TuneSpec) -> list[int]:
@@ -176,6 +186,8 @@ def _print_confirm(record: dict | None) -> int:
 
 
 def show(args: argparse.Namespace) -> int:
+    if args.study is not None:
+        study_name(args)
     out = show_study(args.study, args.storage, folders.claim_output_folder(args.out, "--out") if args.out else None)
     print(f"outputs in {out}")
     return 0

@@ -333,3 +333,12 @@ def test_bench_eval_out_naming_a_file_is_refused_before_any_work(tmp_path, bench
                              "--out", "afile"], tmp_path)
     assert rc == 2 and len(_lines(err)) == 1 and "--out afile: not a folder" in err, err[-3000:]
     assert (tmp_path / "afile").read_text() == "mine\n" and not (tmp_path / ".pobench").exists()
+
+
+@pytest.mark.parametrize("study", ["  ", "s" * 513])
+def test_a_study_name_that_cannot_be_stored_is_refused_before_the_study(tmp_path, bench_here, study):
+    """Held-out round 3: `bench tune --study "  "` ran the study (a trial, three MLflow runs, the Optuna study
+    written) and was refused only when writing its outputs."""
+    rc, _, err = bench_here(["tune", "--algo", "grpo", "--trials", "1", "--steps", "2", "--study", study], tmp_path)
+    assert rc == 2 and len(_lines(err)) == 1 and "--study" in err, err[-3000:]
+    assert list(tmp_path.iterdir()) == []

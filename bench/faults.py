@@ -104,7 +104,7 @@ def sqlite_damage(db: Path) -> str | None:
     return None
 
 
-def _check_sqlite(db: Path, uri: str) -> None:
+def _check_sqlite(db: Path, uri: str, locked_again: bool = False) -> None:
     away = ("move it away (pobench does not write into it) to start a new store there, or give another "
             "--tracking-uri")
     why = sqlite_damage(db)
@@ -121,8 +121,10 @@ def _check_sqlite(db: Path, uri: str) -> None:
         if "no such table" in str(e):
             raise StoreFault(f"the MLflow store {db} is an SQLite database but not MLflow's (no alembic_version "
                              "table); " + away) from None
-        if "locked" in str(e):
-            return  # (another process writes it now: MLflow waits for it)
+        if "locked" in str(e):  # another process writes it now: MLflow waits for it, but not for ever
+            if locked_again:
+                raise StoreFault(f"the MLflow store {db} {LOCKED}") from None
+            return _check_sqlite(db, uri, locked_again=True)
         raise StoreFault(f"the MLflow store {db} is damaged ({e}); restore it from a backup, or " + away) from None
     if row is not None:
         schema_revision(db, uri, row[0])
@@ -207,6 +209,11 @@ def _chain(error: BaseException | None):
         error = error.__cause__ or error.__context__
 
 
+#: the end of the line for a store another process keeps locked (SQLite's "database is locked" after every wait)
+LOCKED = ("stayed locked by another process (SQLite: database is locked) through every wait: let that process finish "
+          "(an open sqlite3 shell or transaction, a backup tool), then rerun the same command")
+
+
 def describe(error: BaseException, store: str | None = None, storage: str | None = None) -> str | None:
     """The one line of a fault of the MLflow store (``store``: its URI; default: the one :func:`note` recorded), the
     Optuna storage (``storage``, password hidden) or the file system behind ``error``; None when ``error`` is none
@@ -223,6 +230,8 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
         if isinstance(e, OSError) and e.errno in (*_NO_SPACE, *_READ_ONLY, *_IN_THE_WAY) and e.filename is not None:
             return _os_line(e)
         db = f"the MLflow store {store}" if store else "the MLflow store"
+        if "database is locked" in text and not optuna_error:
+            return f"{db} {LOCKED}"
         if "readonly database" in text or "read-only database" in text:
             return (f"{db} became read-only (attempt to write a readonly database): make the file and its folder "
                     "writable, then rerun")

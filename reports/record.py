@@ -151,7 +151,8 @@ def open_client(uri: str):
         return MlflowClient(tracking_uri=uri)
     with store_lock(uri):
         client = MlflowClient(tracking_uri=uri)
-        client.search_experiments(max_results=1)  # the first connection: creates and migrates the store
+        # the first connection: creates and migrates the store (waited for while another process holds it locked)
+        retry_locked(client.search_experiments, max_results=1)
     _READY.add(uri)
     return client
 

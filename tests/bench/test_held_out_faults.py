@@ -342,3 +342,41 @@ def test_a_study_name_that_cannot_be_stored_is_refused_before_the_study(tmp_path
     rc, _, err = bench_here(["tune", "--algo", "grpo", "--trials", "1", "--steps", "2", "--study", study], tmp_path)
     assert rc == 2 and len(_lines(err)) == 1 and "--study" in err, err[-3000:]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_store_another_process_keeps_locked_is_one_line(tmp_path, bench_here, monkeypatch):
+    """Held-out round 3: a store held by another process's `BEGIN EXCLUSIVE` (an open sqlite3 shell) ended `bench
+    report` / `bench run` with a 90-line "database is locked" traceback. Now: waited for, then one line; and the
+    same error met later in a command's work (MLflow's own, through SQLAlchemy) is described the same way."""
+    import sqlite3
+    import threading
+
+    import sqlalchemy
+
+    from bench import faults
+
+    uri = fresh_store(tmp_path)
+    db = tmp_path / "mlflow.db"
+    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        engine = sqlalchemy.create_engine(f"sqlite:///{db}", connect_args={"timeout": 0.1})
+        with pytest.raises(sqlalchemy.exc.OperationalError) as raised:
+            with engine.connect() as con:
+                con.execute(sqlalchemy.text("select count(*) from experiments"))
+        line = faults.describe(raised.value, store=uri)
+        assert line == f"the MLflow store {uri} {faults.LOCKED}", line
+        assert faults.describe(raised.value, storage="sqlite:///o.db") is not None
+        t0 = time.monotonic()
+        rc, _, err = bench_here(["report"], tmp_path)
+        assert rc == 2 and len(_lines(err)) == 1 and "Traceback" not in err, err[-3000:]
+        assert f"the MLflow store {db} stayed locked by another process" in err and time.monotonic() - t0 < 120, err
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    done = threading.Event()  # held for a moment only (another pobench's write): waited for, then the command works
+    holder = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    threading.Timer(3.0, lambda: (holder.execute("ROLLBACK"), holder.close(), done.set())).start()
+    rc, _, err = bench_here(["report"], tmp_path)
+    assert done.is_set() and rc == 2 and "no MLflow experiment named 'pobench'" in err, err[-3000:]

@@ -14,6 +14,7 @@ Other policy terms (CISPO, SAPO, GMPO, GPG, VESPO) live in ``pg_variants.py``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -126,6 +127,22 @@ class PolicyGradient(Objective):
         """(policy term (B, T), clipped-low mask, clipped-high mask, extra metrics)."""
         raise NotImplementedError
 
+    def _checked_term(self, out: Any, batch: PolicyBatch) -> tuple:
+        """``policy_term``'s result, checked (a plugin's included): the term and both clip masks are tensors of the
+        batch's (B, T) or (B, 1) shape; a wrong one fails here in one line naming the objective, not as a broadcast
+        deep in the loss."""
+        B, T = batch.logprobs.shape
+        what = ("the policy term", "the clipped-low mask", "the clipped-high mask")
+        if not isinstance(out, tuple) or len(out) != 4:
+            raise ValueError(f"objective {self.name!r}: policy_term returned {type(out).__name__}, expected (term, "
+                             "clipped-low mask, clipped-high mask, metrics)")
+        for name, t in zip(what, out[:3]):
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.shape[0] != B or t.shape[1] not in (1, T):
+                raise ValueError(f"objective {self.name!r}: policy_term returned {name} of shape {got}, expected "
+                                 f"({B}, {T}) (completions, tokens) or ({B}, 1)")
+        return out
+
     def select(self, pg: torch.Tensor, batch: PolicyBatch, generator: torch.Generator | None
                ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """Hook for token-selective variants: (policy-gradient term, extra penalty term, metrics). Identity here."""
@@ -137,7 +154,7 @@ class PolicyGradient(Objective):
         batch, is_w, keep, batch_metrics = prepare(batch, c)
         ratio = self.ratio(batch)
         adv = batch.advantages[:, None]  # (B, 1)
-        pg, low, high, term_metrics = self.policy_term(batch, ratio, adv, is_w)
+        pg, low, high, term_metrics = self._checked_term(self.policy_term(batch, ratio, adv, is_w), batch)
         pg = pg.expand_as(batch.logprobs)
         pg, penalty, extra_metrics = self.select(pg, batch, generator)
         if keep is not None:

@@ -24,6 +24,23 @@ from pathlib import Path
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
+class ExitCalled(ValueError):
+    """``sys.exit()`` called inside a command's work (a plugin's objective, estimator or reward): pobench's own work
+    never exits that way, so the command would have ended with that code (0: as if it had finished), silently."""
+
+
+def exit_called(e: SystemExit) -> ExitCalled:
+    """The one line of ``e``: the exit code and the line of code that called ``sys.exit`` (its traceback's last
+    frame: ``sys.exit`` is a builtin, so that frame is its caller's)."""
+    tb, last = e.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    where = "" if last is None else \
+        f" at {last.tb_frame.f_code.co_filename}:{last.tb_lineno} (in {last.tb_frame.f_code.co_name})"
+    return ExitCalled(f"sys.exit({e.code!r}) was called inside the work{where}: nothing in pobench exits there, so it "
+                      "is a plugin's (its objective, estimator or reward): make it raise an exception instead")
+
+
 class StoreFault(ValueError):
     """A store or folder that cannot be used, found before any work (one line; exit 2)."""
 

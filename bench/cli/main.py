@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # a command that keeps nothing: rerun it
         print(interrupt.line(args.command), file=sys.stderr)
         return interrupt.exit_code()
+    except SystemExit as e:  # no command exits from inside its work: a plugin's sys.exit, which ended it silently
+        print(f"bench {args.command}: error: {faults.exit_called(e)}", file=sys.stderr)
+        return 2
     except Exception as e:  # a fault of the MLflow store, the Optuna storage or the file system met during the work
         line = faults.describe(e)
         if line is None:  # anything else is a bug: its traceback

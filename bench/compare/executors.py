@@ -39,6 +39,7 @@ from typing import Any
 
 from bench.config import TrainConfig
 from bench.engines.lifecycle import sigterm_as_interrupt
+from bench.faults import exit_called
 from bench.workers import (
     RAY_INSTALL,
     Notify,
@@ -269,6 +270,8 @@ def _pool_task(fn: Callable[..., Any], args: tuple, not_started: Any) -> Any:
             return fn(_pool_notify, *args)
     except KeyboardInterrupt:
         return Interrupted()
+    except SystemExit as e:  # a plugin's sys.exit outside a run's training: the pair's failure, in one line
+        raise exit_called(e) from None
 
 
 class _Pool(_Backend):
@@ -347,6 +350,8 @@ def _ray_task(fn: Callable[..., Any], args: tuple, index: int, events, ctx: dict
         return fn(notify, *args)
     except KeyboardInterrupt:  # ray.cancel (Ctrl-C in the driver) or an on_eval hook that interrupts
         return Interrupted()
+    except SystemExit as e:  # a plugin's sys.exit: the pair's failure, in one line
+        raise exit_called(e) from None
 
 
 class RayExecutor(Executor):

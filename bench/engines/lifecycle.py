@@ -261,11 +261,10 @@ def end_abandoned(logger: RunLogger, run_id: str) -> bool:
 
 
 def end_run(logger: RunLogger, error: BaseException | str | None = None) -> bool:
-    """End the MLflow run: FINISHED without ``error``; KILLED for Ctrl-C / SIGTERM (KeyboardInterrupt, SystemExit);
+    """End the MLflow run: FINISHED without ``error``; KILLED for Ctrl-C / SIGTERM (KeyboardInterrupt);
     else FAILED with the cause in ``pobench.failure``. When the MLflow server does not answer, the end is recorded in
     the run folder's ``run.json`` (applied at the next contact: ``settle``) and False returned."""
-    status = "FINISHED" if error is None else "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) \
-        else "FAILED"
+    status = "FINISHED" if error is None else "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
     cause = failure_text(error)[:5000] if status == "FAILED" else None
     release = True  # (the folder is let go however the end went)
     try:
@@ -360,6 +359,8 @@ def recorded(logger: RunLogger | None, on_error: Callable[[], None] | None = Non
         try:
             yield
         except BaseException as e:
+            if isinstance(e, SystemExit):  # a plugin's sys.exit: a failure (FAILED, one line), not a stop
+                e = faults.exit_called(e)
             if on_error is not None:
                 try:
                     on_error()
@@ -370,6 +371,8 @@ def recorded(logger: RunLogger | None, on_error: Callable[[], None] | None = Non
             ended = end_run(logger, e) if logger is not None else True
             if is_fault(e):
                 raise stopped(e, logger, logger.run_dir if logger is not None else None, ended) from None
+            if isinstance(e, faults.ExitCalled):
+                raise e from None
             raise
 
 

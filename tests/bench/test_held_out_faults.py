@@ -380,3 +380,75 @@ def test_a_store_another_process_keeps_locked_is_one_line(tmp_path, bench_here, 
     threading.Timer(3.0, lambda: (holder.execute("ROLLBACK"), holder.close(), done.set())).start()
     rc, _, err = bench_here(["report"], tmp_path)
     assert done.is_set() and rc == 2 and "no MLflow experiment named 'pobench'" in err, err[-3000:]
+
+
+BAD_TERM_PLUGIN = '''
+import sys
+
+from algorithms import register
+from algorithms.policy_gradient import PolicyGradient, clipped_surrogate
+
+
+class ExitPG(PolicyGradient):
+    def policy_term(self, batch, ratio, adv, is_w):
+        sys.exit(0)
+
+
+class ShapePG(PolicyGradient):
+    def policy_term(self, batch, ratio, adv, is_w):
+        term, low, high = clipped_surrogate(ratio, adv, 0.2, 0.2)
+        return term[:1, :1].repeat(1, 3), low, high, {{}}
+
+
+register("exit-pg-{n}", ExitPG, description="calls sys.exit(0) in its loss (a broken plugin)")
+register("shape-pg-{n}", ShapePG, description="returns a policy term of the wrong shape (a broken plugin)")
+'''
+
+
+@pytest.mark.parametrize("kind, argv", [
+    ("exit", ["train", "--run-name", "r"]),
+    ("shape", ["train", "--run-name", "r"]),
+    pytest.param("exit", ["run", "--seeds", "0", "--no-controls", "--workers", "2", "--no-progress", "--no-report"],
+                 marks=pytest.mark.slow)])
+def test_a_plugin_objective_that_exits_or_returns_a_wrong_shape_is_one_line(tmp_path, bench_here, kind, argv):
+    """Held-out round 3: an objective calling sys.exit(0) in its loss ended `bench train` / `bench run --workers 2`
+    with exit 0, silently; one returning a wrong-shaped policy term ended in a traceback."""
+    from algorithms import unregister
+
+    n = f"{argv[0]}-{len(argv)}"
+    fresh_store(tmp_path)
+    (tmp_path / "broken.py").write_text(BAD_TERM_PLUGIN.format(n=n))
+    flag = ["--algo"] if argv[0] == "train" else ["--algos"]
+    try:
+        rc, out, err = bench_here([argv[0], "--plugin", "broken.py", *flag, f"{kind}-pg-{n}", *argv[1:], *TINY],
+                                  tmp_path)
+    finally:
+        unregister(f"exit-pg-{n}")
+        unregister(f"shape-pg-{n}")
+    text = out + err
+    why = "sys.exit(0) was called inside the work at " if kind == "exit" else "policy_term returned the policy term of"
+    assert rc not in (0, None) and "Traceback" not in text and why in text, text[-3000:]
+    if kind == "exit":
+        assert "broken.py:10 (in policy_term)" in text, text[-3000:]
+    lines = [ln for ln in _lines(err) if not ln.startswith("bench: warning")]
+    assert len(lines) == 1, err[-3000:]  # (bench run: met by the distinguishability probe, before any pair)
+    assert "RUNNING" not in statuses(f"sqlite:///{tmp_path}/mlflow.db", "pobench")
+
+
+def test_sys_exit_inside_a_runs_training_fails_the_run_in_one_line(tmp_path):
+    """The training of every run (bench.engines.lifecycle.recorded): a plugin's sys.exit(0) met there ends the run
+    FAILED with the line as its cause (it ended KILLED, and the command exited 0), and the command gets that line."""
+    from mlflow import MlflowClient
+
+    from bench import faults
+    from bench.engines.lifecycle import recorded
+    from bench.tracking import RunLogger
+
+    uri = fresh_store(tmp_path)
+    log = RunLogger(uri, "x")
+    log.start("r", {"pobench.kind": "train"}, {"a": "1"})
+    with pytest.raises(faults.ExitCalled, match=r"sys.exit\(0\) was called inside the work at .*test_held_out_faults"):
+        with recorded(log):
+            raise SystemExit(0)
+    run = MlflowClient(uri).get_run(log.run_id)
+    assert run.info.status == "FAILED" and "sys.exit(0)" in run.data.tags["pobench.failure"], run.info.status

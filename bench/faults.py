@@ -102,6 +102,12 @@ def check_store(uri: str) -> None:
         if why:
             raise StoreFault(f"the MLflow store {db} is read-only ({what}{why}; SQLite writes the file and a journal "
                              "beside it): make both writable, or give --tracking-uri sqlite:///<a writable path>")
+    from reports.record import ARTIFACTS
+
+    arts = db.parent / ARTIFACTS
+    if (arts.exists() or arts.is_symlink()) and not arts.is_dir():  # (runs would fail at their first file, RUNNING)
+        raise StoreFault(f"{arts} is not a folder: the MLflow store {db} keeps its runs' files there (config.yaml, "
+                         "reports, study outputs); move it away, or give another --tracking-uri")
     if db.exists() and db.stat().st_size:
         _check_sqlite(db, uri)
 

@@ -157,6 +157,10 @@ def open_client(uri: str):
     return client
 
 
+#: the folder beside a local SQLite store where its experiments keep their runs' files (:func:`artifact_location`)
+ARTIFACTS = "mlartifacts"
+
+
 def artifact_location(uri: str, name: str) -> str | None:
     """Where a new experiment of a local SQLite store keeps its runs' files (config.yaml, report, study outputs):
     ``mlartifacts/<name made one safe path component>`` beside the database, so a store's files are found beside it,
@@ -165,7 +169,7 @@ def artifact_location(uri: str, name: str) -> str | None:
     from a repository left the runs' files in the repository.) None for other stores: a tracking server chooses."""
     if not uri.startswith("sqlite:") or (lock := store_lock_path(uri)) is None:
         return None
-    return str(lock.parent.resolve() / "mlartifacts" / safe_component(name, "experiment"))  # (bounded, distinct)
+    return str(lock.parent.resolve() / ARTIFACTS / safe_component(name, "experiment"))  # (bounded, distinct)
 
 
 #: MLflow refuses a longer experiment name (mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH), after work began

@@ -452,3 +452,15 @@ def test_sys_exit_inside_a_runs_training_fails_the_run_in_one_line(tmp_path):
             raise SystemExit(0)
     run = MlflowClient(uri).get_run(log.run_id)
     assert run.info.status == "FAILED" and "sys.exit(0)" in run.data.tags["pobench.failure"], run.info.status
+
+
+@pytest.mark.parametrize("argv", [["train", "--steps", "1"], ["run", "--algos", "grpo", "--seeds", "0"], ["report"]])
+def test_a_file_where_the_store_keeps_its_runs_files_is_refused_before_any_work(tmp_path, bench_here, argv):
+    """Held-out round 3: a file named `mlartifacts` beside the store (where its runs' files go) was met at the first
+    artifact: one line, but the comparison run stayed RUNNING until a rerun. Now refused before any work."""
+    fresh_store(tmp_path)
+    (tmp_path / "mlartifacts").write_text("mine\n")
+    rc, _, err = bench_here(argv, tmp_path)
+    assert rc == 2 and len(_lines(err)) == 1 and f"{tmp_path / 'mlartifacts'} is not a folder" in err, err[-3000:]
+    assert (tmp_path / "mlartifacts").read_text() == "mine\n" and not (tmp_path / ".pobench").exists()
+    assert statuses(f"sqlite:///{tmp_path}/mlflow.db", "Default") == []

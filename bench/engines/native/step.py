@@ -228,8 +228,8 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
                 with torch.set_grad_enabled(live_part):
                     loss, m = objective.loss(batch, generator=gen)
                 if not torch.isfinite(loss):
-                    bad = [f"{key}={float(v)}" for key, v in m.items() if not torch.isfinite(v)]
-                    raise TrainingDiverged(f"step {step}: the loss is {float(loss)} (non-finite metrics: "
+                    bad = [f"{key}={float(v.detach())}" for key, v in m.items() if not torch.isfinite(v)]
+                    raise TrainingDiverged(f"step {step}: the loss is {float(loss.detach())} (non-finite metrics: "
                                            f"{', '.join(bad) or 'none; check the log-probs'})")
                 if live_part:
                     (loss * (w_loss[k] / w_total if w_total > 0 else 0.0)).backward()

@@ -128,7 +128,9 @@ class Objective:
 
     Subclasses set ``config_class`` and implement ``loss``; the rollout-side hooks (``advantages``, ``keep_groups``,
     ``shape_rewards``, ``loss_weight``) have defaults. Objectives are pure: no logging, no ``.item()``, no global
-    random state.
+    random state. An objective with a controller across optimizer steps (TRL's adaptive entropy coefficient) declares
+    its state (``initial_state``); its ``loss`` is then a pure function of the batch, the config and ``self.state``,
+    which only the training loop replaces (``next_state`` after each optimizer step, the checkpoint's on a resume).
     """
 
     config_class: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig
@@ -149,6 +151,8 @@ class Objective:
                                      f"leave it at {off!r}")
         self.config = config
         self.name = name or type(self).__name__
+        #: what the objective carries from one optimizer step to the next (``initial_state``; empty: nothing)
+        self.state: dict[str, float] = self.initial_state()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, config={self.config})"
@@ -208,6 +212,37 @@ class Objective:
     def skips_zero_advantage(self) -> bool:
         """Whether sequences with Â_i = 0 provably carry no gradient (``zero_advantage_terms`` is empty)."""
         return not self.zero_advantage_terms()
+
+    # --- state across optimizer steps: a controller (none by default). The training loop adds up ``state_sums`` over
+    # the micro-batches of each optimizer step, then sets ``state = next_state(state, sums)``; it saves ``state`` in
+    # every checkpoint and restores it on a resume (``restore_state``), and logs ``state_metrics()`` each step.
+    def initial_state(self) -> dict[str, float]:
+        """The state at the start of a run (JSON numbers, so a checkpoint holds it exactly); empty: the objective is
+        a pure function of its batch and config, and the loop has nothing to carry."""
+        return {}
+
+    def state_sums(self, batch: PolicyBatch) -> dict[str, torch.Tensor]:
+        """What ``next_state`` reads of one micro-batch: 0-d sums, added up over the optimizer step's micro-batches
+        (so the step's value does not depend on how it was split)."""
+        return {}
+
+    def next_state(self, state: dict[str, float], sums: dict[str, float]) -> dict[str, float]:
+        """The state after an optimizer step, from the state before it and the step's added-up ``state_sums``."""
+        return state
+
+    def state_metrics(self) -> dict[str, float]:
+        """Metrics of the current state, logged after each training step (``objective/*`` names)."""
+        return {}
+
+    def restore_state(self, saved: dict[str, Any] | None) -> None:
+        """Set the state a checkpoint saved; ValueError when it is not this objective's (other fields, not numbers)."""
+        want = self.initial_state()
+        saved = {} if saved is None else saved
+        if (not isinstance(saved, dict) or set(saved) != set(want)
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in saved.values())):
+            raise ValueError(f"objective {self.name!r}: the saved state {saved!r} is not this objective's (fields "
+                             f"{sorted(want) or 'none'})")
+        self.state = {k: float(saved[k]) for k in want}
 
     # --- rollout-side hooks
     def advantages(self, rewards: torch.Tensor, *, lengths: torch.Tensor | None = None,

@@ -13,6 +13,7 @@ Other policy terms (CISPO, SAPO, GMPO, GPG, VESPO) live in ``pg_variants.py``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,8 @@ def entropy_metric(batch: PolicyBatch) -> torch.Tensor:
 
 
 RATIO_LEVELS = ("token", "sequence")
+#: where the adaptive entropy coefficient comes from (docs/objectives.md: our reading of TRL's controller)
+ADAPTIVE_ENTROPY = "TRL 1.16 use_adaptive_entropy (Skywork-OR1, arXiv 2505.22312)"
 
 
 @dataclass(frozen=True)
@@ -76,12 +79,25 @@ class PGConfig(ObjectiveConfig):
                               choices=KL_ESTIMATORS)
     kl_is_correction: bool = param(False, "Multiply the KL by the importance ratio (unbiased off-policy KL, r·k3; "
                                    "TRL use_bias_correction_kl).", paper="arXiv 2512.02556")
-    entropy_coef: float = param(0.0, "α: entropy bonus weight, loss −= α·H_θ per token (0 disables it).",
-                                search=(1e-4, 1e-2, True), switch=True)
+    entropy_coef: float = param(0.0, "α: entropy bonus weight, loss −= α·H_θ per token (0 disables it); with "
+                                "entropy_target > 0 the controller's initial α.", search=(1e-4, 1e-2, True),
+                                switch=True)
+    entropy_target: float = param(0.0, "H*: TRL's adaptive entropy coefficient: after each optimizer step α += δ if "
+                                  "its mean H_θ <= H*, else −= δ, and α acts only while the last one was <= H* (TRL "
+                                  "entropy_target 0.2; 0 disables the controller).", paper=ADAPTIVE_ENTROPY,
+                                  search=(0.05, 2.0, True), switch=True)
+    entropy_coef_delta: float = param(0.005, "δ: step of the adaptive entropy coefficient per optimizer step (TRL "
+                                      "entropy_coef_delta).", paper=ADAPTIVE_ENTROPY, requires="entropy_target")
+    entropy_coef_min: float = param(0.0, "Lower bound of the adaptive entropy coefficient (TRL entropy_coef_min).",
+                                    paper=ADAPTIVE_ENTROPY, requires="entropy_target")
+    entropy_coef_max: float = param(1.0, "Upper bound of the adaptive entropy coefficient (TRL entropy_coef_max).",
+                                    paper=ADAPTIVE_ENTROPY, requires="entropy_target")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check_nonneg("kl_coef", "entropy_coef")
+        self._check_nonneg("kl_coef", "entropy_coef", "entropy_target", "entropy_coef_delta", "entropy_coef_min")
+        if self.entropy_coef_max < self.entropy_coef_min:
+            self._bad("entropy_coef_max", f"must be >= entropy_coef_min={self.entropy_coef_min!r}")
 
 
 class PolicyGradient(Objective):
@@ -106,13 +122,54 @@ class PolicyGradient(Objective):
             terms.append("the policy term (not declared to vanish at Â = 0)")
         if c.kl_coef > 0:
             terms.append(f"β·KL to the reference on every token (kl_coef = {c.kl_coef:g})")
-        if c.entropy_coef > 0:
+        if c.entropy_target > 0:  # (whatever the state: α may act from the next optimizer step on)
+            terms.append(f"the adaptive entropy bonus on every token (entropy_target = {c.entropy_target:g})")
+        elif c.entropy_coef > 0:
             terms.append(f"the entropy bonus on every token (entropy_coef = {c.entropy_coef:g})")
         return tuple(terms)
 
     @property
     def needs_entropy_grad(self) -> bool:
-        return self.config.entropy_coef > 0
+        return self.config.entropy_coef > 0 or self.config.entropy_target > 0
+
+    # --- TRL's adaptive entropy coefficient: state {entropy_coef: α, entropy: the last optimizer step's mean H_θ}
+    def initial_state(self) -> dict[str, float]:
+        c = self.config
+        if c.entropy_target == 0:
+            return {}
+        return {"entropy_coef": c.entropy_coef, "entropy": math.inf}  # inf: no bonus before a first measurement
+
+    def entropy_alpha(self) -> float:
+        """α applied to −α·H_θ now: ``entropy_coef``, or with the controller its α while the entropy measured at the
+        last optimizer step is <= H* (0 otherwise, and before the first: TRL's gate)."""
+        c, s = self.config, self.state
+        if c.entropy_target == 0:
+            return c.entropy_coef
+        return s["entropy_coef"] if s["entropy"] <= c.entropy_target else 0.0
+
+    def state_sums(self, batch: PolicyBatch) -> dict[str, torch.Tensor]:
+        """Σ m·H_θ and Σ m over the tokens of the loss (``mask_truncated`` applied), the current policy's entropy."""
+        if self.config.entropy_target == 0:
+            return {}
+        mask = prepare(batch, self.config)[0].mask
+        h = batch.require("entropy", self.name).detach()
+        return {"entropy_sum": (h * mask).sum(), "tokens": mask.sum()}
+
+    def next_state(self, state: dict[str, float], sums: dict[str, float]) -> dict[str, float]:
+        """TRL's rule: H = Σ m·H_θ / max(Σ m, 1) over the optimizer step; α ← min(α + δ, α_max) if H <= H*, else
+        max(α − δ, α_min)."""
+        c = self.config
+        if c.entropy_target == 0:
+            return state
+        h = sums["entropy_sum"] / max(sums["tokens"], 1.0)
+        if h <= c.entropy_target:
+            coef = min(state["entropy_coef"] + c.entropy_coef_delta, c.entropy_coef_max)
+        else:
+            coef = max(state["entropy_coef"] - c.entropy_coef_delta, c.entropy_coef_min)
+        return {"entropy_coef": coef, "entropy": h}
+
+    def state_metrics(self) -> dict[str, float]:
+        return {"objective/entropy_coef": self.state["entropy_coef"]} if self.state else {}
 
     def ratio(self, batch: PolicyBatch) -> torch.Tensor:
         """Importance ratio: (B, T) at token level, (B, 1) at sequence level (gradient flows through both)."""
@@ -167,8 +224,9 @@ class PolicyGradient(Objective):
                 kl = kl * ratio
             penalty = penalty + c.kl_coef * kl
         per_token = pg + penalty
-        if c.entropy_coef > 0:
-            per_token = per_token - c.entropy_coef * batch.require("entropy", self.name)
+        alpha = self.entropy_alpha()
+        if alpha > 0:
+            per_token = per_token - alpha * batch.require("entropy", self.name)
         loss = aggregate(per_token, batch.mask, c.aggregation, batch.max_length)
         metrics = {
             "objective/policy_loss": aggregate(pg, batch.mask, c.aggregation, batch.max_length).detach(),
@@ -179,6 +237,8 @@ class PolicyGradient(Objective):
             **extra_metrics,
             **batch_metrics,
         }
+        if c.entropy_target > 0:
+            metrics["objective/entropy_coef_applied"] = torch.tensor(alpha, dtype=loss.dtype)
         return loss, metrics
 
 

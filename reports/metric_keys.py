@@ -151,6 +151,7 @@ OBJECTIVE_DOMAINS: dict[str, Domain] = {
     "objective/is_weight_mean": NON_NEGATIVE, "objective/is_weight_min": NON_NEGATIVE,
     "objective/is_weight_max": NON_NEGATIVE, "objective/is_cut_frac": SHARE,
     "objective/off_policy_masked_frac": SHARE, "objective/truncated_masked_frac": SHARE,
+    "objective/entropy_coef": NON_NEGATIVE, "objective/entropy_coef_applied": NON_NEGATIVE,
 }
 
 

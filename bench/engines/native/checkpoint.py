@@ -1,5 +1,6 @@
 """Checkpoints of a training run: model, optimizer and scheduler state, step, MLflow run id, wall-clock, the RNG
-state and the metrics not yet sent to MLflow.
+state, the metrics not yet sent to MLflow and the objective's state (``objective_state``: a controller's, empty for a
+pure objective).
 
 Writing: every file goes into a temporary folder (``ckpt-N.tmp``), is flushed to disk, and its size and SHA-256 are
 recorded in ``state.json`` (written last); then the folder is renamed to ``ckpt-N``. A failure on the way (disk

@@ -3,6 +3,7 @@
     for each step:  sample prompts -> G completions each -> rewards (the task's verifier)
                     -> the objective's hooks: reward shaping, group filtering (DAPO refills), advantages
                     -> old / reference log-probs -> μ epochs x minibatches of gradient-accumulated updates
+                       (after each, the objective's controller state advances: Objective.next_state)
                     -> metrics (wall-clock and CPU seconds, the machine's load), held-out evaluation, checkpoint
                        (then the metrics go to MLflow)
 
@@ -94,6 +95,10 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
         except checkpoint.NoneResumable as e:  # its MLflow run is not left RUNNING
             raise checkpoint.NoneResumable(f"{e}{end_unresumable(cfg, run_dir, e)}") from None
         sampler.update_weights(model)
+        try:  # the objective's controller where the checkpoint left it (nothing for a stateless objective)
+            objective.restore_state(state.get("objective_state"))
+        except ValueError as e:
+            raise checkpoint.CheckpointError(f"{run_dir}, checkpoint of step {state['step']}: {e}") from None
     start_step, elapsed = (state["step"], state["elapsed"]) if state is not None else (0, 0.0)
     # CPU seconds of the training steps, continued like elapsed (None: a checkpoint written before time/cpu_s existed
     # holds none, so the resumed run logs none rather than a count restarted from 0)
@@ -112,7 +117,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
         try:
             checkpoint.save(run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler,
                             state={"run_id": logger.run_id, "elapsed": elapsed, "cpu_s": cpu_s,
-                                   "pending": logger.pending},
+                                   "pending": logger.pending, "objective_state": objective.state},
                             keep=cfg.keep_checkpoints)
         except checkpoint.DiskFull:
             full = True  # (no second try on the way out)
@@ -164,7 +169,8 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
                 advance_lr(scheduler)
                 step_s, step_cpu = time.perf_counter() - t_step, time.process_time() - c_step
                 elapsed += step_s
-                metrics = {**roll, **upd, K.LR: scheduler.get_last_lr()[0], K.ROLLOUT_S: t_rollout,
+                metrics = {**roll, **upd, **objective.state_metrics(), K.LR: scheduler.get_last_lr()[0],
+                           K.ROLLOUT_S: t_rollout,
                            K.STEP_S: step_s, K.ELAPSED_S: elapsed, **machine_load()}
                 if cpu_s is not None:  # this process's CPU time (all its threads) in the step: not the machine's load
                     cpu_s += step_cpu

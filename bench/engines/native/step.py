@@ -1,6 +1,7 @@
 """One training step of the native loop (loop.py), in its order: ``collect_rollouts`` (sample, verify, the
 objective's shaping / filtering / refill, advantages) then ``update`` (π_old / π_ref scoring when needed, μ epochs x
-minibatches of gradient-accumulated optimizer steps). ``Group`` is what passes between them. Objectives differ only in
+minibatches of gradient-accumulated optimizer steps, each followed by the objective's ``next_state``: a controller's
+update, a no-op for the objectives without state). ``Group`` is what passes between them. Objectives differ only in
 `algorithms/`: nothing here branches on an objective's name.
 """
 
@@ -213,6 +214,7 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
             w_loss = [float(objective.loss_weight(m, truncated[idx])) for idx, m in zip(parts, masks)]
             w_total = sum(w_loss)
             optimizer.zero_grad(set_to_none=True)
+            state_sums: dict[str, float] = {}  # the objective's controller input, over the optimizer step
             for k, idx in enumerate(parts):
                 ids, live_part = idx.tolist(), k < len(micro)
                 if live_part or not (sampling_policy and old_lp is not None):
@@ -235,6 +237,8 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
                     (loss * (w_loss[k] / w_total if w_total > 0 else 0.0)).backward()
                 # metrics are weighted as before: by the micro-batch's weight without the truncation mask
                 stats.add(batch, loss, m, float(objective.loss_weight(mask)))
+                for key, v in objective.state_sums(batch).items():
+                    state_sums[key] = state_sums.get(key, 0.0) + float(v)
             if not micro:  # every row skipped: the full computation's gradient is exactly 0, and AdamW steps on it
                 for p in params:
                     p.grad = torch.zeros_like(p)
@@ -244,6 +248,7 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
                 raise TrainingDiverged(f"step {step}: the gradient norm is {norm} (train/grad_norm)")
             stats.add_grad_norm(norm)
             optimizer.step()
+            objective.state = objective.next_state(objective.state, state_sums)  # (stateless: unchanged)
             sampler.update_weights(model)
     return {**stats.summary(), K.SCORING_S: scoring_s}
 

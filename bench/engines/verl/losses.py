@@ -105,6 +105,10 @@ def plan(name: str, overrides: dict | None = None, *, max_length: int | None = N
     def no(mode: str, why: str) -> VerlPlan:
         return VerlPlan(name, mode, reason=why)
 
+    if objective.initial_state():
+        return no("unsupported", f"it carries state across optimizer steps ({', '.join(sorted(objective.state))}: "
+                                 "e.g. the adaptive entropy coefficient of entropy_target > 0), which verl's actor "
+                                 "neither advances nor checkpoints")
     for key, off in BATCH_OPTIONS.items():
         if getattr(c, key) != off:
             return no("unsupported", f"{key}={getattr(c, key)!r}: verl hands a policy loss its own rollout-correction "

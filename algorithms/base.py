@@ -179,6 +179,27 @@ class Objective:
         return self.config.mask_truncated
 
     @property
+    def batch_fields(self) -> frozenset[str]:
+        """The optional ``PolicyBatch`` fields the loss (and ``state_sums``) reads, beyond ``logprobs``,
+        ``old_logprobs``, ``advantages`` and ``mask``: the one declaration an engine reads to know what to compute and
+        hand the objective (no engine probes a loss or reads its errors). A subclass adds its own fields to this; the
+        contract tests check, for every registered objective, that a batch with exactly these fields is enough and
+        that each is needed."""
+        fields = set()
+        if self.needs_sampler_logprobs:
+            fields.add("sampler_logprobs")
+        if self.needs_truncated:
+            fields.add("truncated")
+        return frozenset(fields)
+
+    @property
+    def separable_kl(self) -> float | None:
+        """β when the objective's KL term is exactly β·KL(π_θ‖π_ref) on every completion token with its
+        ``kl_estimator`` (an engine may run it as its own KL loss, and the objective with ``kl_coef`` = 0); 0.0 when
+        it has no KL term; None when its KL term is another one (a factor such as r·KL, a mask, another target)."""
+        return None if getattr(self.config, "kl_coef", 0.0) > 0 else 0.0
+
+    @property
     def advantage_needs(self) -> tuple[str, ...]:
         """What ``advantages`` needs beyond the rewards: ``lengths`` and/or ``greedy_rewards`` (one greedy completion
         per prompt, scored like the sampled ones; the loop generates it only when this says so)."""

@@ -132,6 +132,17 @@ class PolicyGradient(Objective):
     def needs_entropy_grad(self) -> bool:
         return self.config.entropy_coef > 0 or self.config.entropy_target > 0
 
+    @property
+    def batch_fields(self) -> frozenset[str]:
+        c = self.config
+        return super().batch_fields | {f for f, on in (("ref_logprobs", c.kl_coef > 0),
+                                                       ("entropy", c.entropy_coef > 0 or c.entropy_target > 0)) if on}
+
+    @property
+    def separable_kl(self) -> float | None:
+        c = self.config  # (r·KL has a factor; mask_truncated drops the truncated completions' KL too)
+        return None if c.kl_coef > 0 and (c.kl_is_correction or c.mask_truncated) else c.kl_coef
+
     # --- TRL's adaptive entropy coefficient: state {entropy_coef: α, entropy: the last optimizer step's mean H_θ}
     def initial_state(self) -> dict[str, float]:
         c = self.config

@@ -158,6 +158,10 @@ class ForkingTokens(ClippedPG):
     config_class = ForkingConfig
     split_invariant = False
 
+    @property
+    def batch_fields(self) -> frozenset[str]:
+        return super().batch_fields | {"old_entropy"}
+
     def select(self, pg, batch, generator):
         valid = batch.mask > 0
         k = math.ceil(self.config.forking_frac * int(valid.sum()))

@@ -80,6 +80,21 @@ class TEPOObjective(Objective):
         ref_entropy = c.kl_mask in ("adv-entropy", "entropy") and c.entropy_baseline == "ref"
         return c.kl_coef > 0 and (c.kl_target == "ref" or ref_entropy)
 
+    @property
+    def batch_fields(self) -> frozenset[str]:
+        c = self.config
+        if c.kl_coef == 0:
+            return super().batch_fields
+        fields = {"ref_logprobs"} if c.kl_target == "ref" else set()
+        if c.kl_mask in ("adv-entropy", "entropy"):
+            fields |= {"entropy", "ref_entropy" if c.entropy_baseline == "ref" else "old_entropy"}
+        return super().batch_fields | fields
+
+    @property
+    def separable_kl(self) -> float | None:
+        c = self.config  # (M ≡ 1 and the reference as target: the masked KL is the plain one)
+        return c.kl_coef if c.kl_coef == 0 or (c.kl_mask == "all" and c.kl_target == "ref") else None
+
     def value_ratio(self, batch: PolicyBatch) -> torch.Tensor:
         """s_it (sequence-token) or r_it (token), (B, T)."""
         log_ratio = batch.logprobs - batch.old_logprobs  # (B, T)

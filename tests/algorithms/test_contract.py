@@ -116,3 +116,79 @@ def test_bad_shapes_rejected():
     t["advantages"] = t["advantages"][:3]
     with pytest.raises(ValueError, match="advantages"):
         as_batch(t)
+
+
+def _variants(name: str) -> list[dict]:
+    """Registry defaults, then each setting that changes what a loss reads, where the objective has it."""
+    config = get_objective(name).config
+    out = [{}]
+    for key, value in (("kl_coef", 0.05), ("entropy_coef", 0.01), ("entropy_target", 0.5), ("mask_truncated", True),
+                       ("rollout_correction", "token-truncate")):
+        if hasattr(config, key):
+            out.append({key: value})
+    if hasattr(config, "kl_mask"):  # TEPO: every mask, baseline and target
+        out += [{"kl_coef": 0.05, "kl_mask": m, "entropy_baseline": b, "kl_target": t}
+                for m in ("all", "adv", "entropy", "adv-entropy") for b in ("ref", "old") for t in ("ref", "old")]
+    return [o for o in out if _builds(name, o)]
+
+
+def _builds(name: str, overrides: dict) -> bool:
+    try:
+        get_objective(name, **overrides)
+    except ValueError:  # (an option this objective refuses, in one line)
+        return False
+    return True
+
+
+OPTIONAL = ("ref_logprobs", "entropy", "old_entropy", "ref_entropy", "sampler_logprobs", "truncated")
+
+
+def _batch_with(fields, seed: int = 5) -> PolicyBatch:
+    t = random_batch(seed=seed)
+    t = {k: v for k, v in t.items() if k not in OPTIONAL or k in fields}
+    if "sampler_logprobs" in fields:
+        t["sampler_logprobs"] = (t["old_logprobs"] + 0.05).detach()
+    if "truncated" in fields:
+        t["truncated"] = torch.tensor([True, False, False, True, False, False])
+    return as_batch(t)
+
+
+def _uses(obj, batch: PolicyBatch) -> None:
+    obj.loss(batch, generator=torch.Generator().manual_seed(0))
+    obj.state_sums(batch)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_the_declared_batch_fields_are_exactly_what_the_loss_reads(name):
+    """``batch_fields`` is the one declaration every engine reads (verl's plan among them, which used to call the loss
+    and parse its error text): a batch with exactly those fields is enough, and each of them is needed."""
+    for overrides in _variants(name):
+        obj = get_objective(name, **overrides)
+        declared = obj.batch_fields
+        assert declared <= set(OPTIONAL), (name, overrides, declared)
+        _uses(obj, _batch_with(declared))  # enough
+        for field in declared:  # each one needed
+            with pytest.raises(ValueError, match=field):
+                _uses(obj, _batch_with(declared - {field}))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_separable_kl_is_beta_times_the_plain_kl_to_the_reference(name):
+    """``separable_kl`` = β says: the loss equals the loss with kl_coef = 0 plus β·KL(π_θ‖π_ref) aggregated as the
+    loss is (an engine then runs the KL as its own loss): checked on a batch, for every objective that says so."""
+    from algorithms.aggregation import aggregate
+    from algorithms.kl import kl_estimate
+
+    for overrides in _variants(name):
+        obj = get_objective(name, **overrides)
+        beta = obj.separable_kl
+        if not beta:
+            continue
+        plain = get_objective(name, **{**overrides, "kl_coef": 0.0})
+        batch = _batch_with(OPTIONAL)
+        gen = torch.Generator().manual_seed(0)
+        got = obj.loss(batch, generator=gen)[0]
+        kl = kl_estimate(batch.logprobs, batch.ref_logprobs, obj.config.kl_estimator)
+        want = plain.loss(batch, generator=torch.Generator().manual_seed(0))[0] + \
+            beta * aggregate(kl, batch.mask, obj.config.aggregation, batch.max_length)
+        torch.testing.assert_close(got, want, msg=f"{name} {overrides}")

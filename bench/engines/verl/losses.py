@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from algorithms import PolicyBatch, get_objective, list_objectives
-from algorithms.base import Objective
 from algorithms.correction import BATCH_OPTIONS
-from algorithms.policy_gradient import PolicyGradient
-from algorithms.tepo import TEPOObjective
 
 PREFIX = "pobench_"
 #: JSON {objective: {field: value}}: config overrides the workers apply when they register the objectives (the
@@ -77,24 +73,6 @@ class VerlPlan:
         return f"registered loss `{self.loss_mode}`; verl: " + ", ".join(items)
 
 
-def _probe(objective: Objective) -> list[str]:
-    """The PolicyBatch fields the objective's loss needs beyond what verl hands a policy loss (empty: none)."""
-    g = torch.Generator().manual_seed(0)
-    lp = -torch.rand(2, 3, generator=g, dtype=torch.float64) - 0.1
-    extra: dict[str, torch.Tensor] = {}
-    while True:
-        batch = PolicyBatch(logprobs=lp, old_logprobs=lp + 0.1, advantages=torch.tensor([1.0, -1.0], dtype=lp.dtype),
-                            mask=torch.ones(2, 3, dtype=lp.dtype), max_length=3, **extra)
-        try:
-            objective.loss(batch, generator=g)
-            return list(extra)
-        except ValueError as e:
-            m = re.search(r"needs PolicyBatch\.(\w+)", str(e))
-            if not m or m.group(1) in extra:
-                raise
-            extra[m.group(1)] = torch.ones_like(lp)
-
-
 def plan(name: str, overrides: dict | None = None, *, max_length: int | None = None) -> VerlPlan:
     """How objective ``name`` (with config ``overrides``) runs on verl. ``max_length``: L_max, for DAPO's overlong
     buffer length."""
@@ -135,15 +113,13 @@ def plan(name: str, overrides: dict | None = None, *, max_length: int | None = N
 
     # 1. a registered policy loss: the objective with its plain β·KL and α·H moved to verl's own options
     kl_coef = getattr(c, "kl_coef", 0.0)
-    kl_term = ""  # how the objective's KL term runs as verl's KL loss: "" none, "native", "no" (r·KL: it cannot)
-    if isinstance(objective, PolicyGradient) and kl_coef > 0:
-        kl_term = "no" if c.kl_is_correction else "native"  # verl's KL loss has no importance-ratio factor
-    if isinstance(objective, TEPOObjective) and kl_coef > 0 and c.kl_mask == "all" and c.kl_target == "ref":
-        kl_term = "native"  # M ≡ 1: the masked KL is verl's plain KL loss
+    # the objective's KL term runs as verl's KL loss (no factor, no mask, the reference as target) when the objective
+    # declares it is exactly that ("native"); any other KL term stays inside the loss, which then needs its fields
+    kl_term = "native" if kl_coef > 0 and objective.separable_kl else ""
     entropy_coef = getattr(c, "entropy_coef", 0.0)
     loss_over = {**({"kl_coef": 0.0} if kl_term == "native" else {}),
                  **({"entropy_coef": 0.0} if entropy_coef > 0 else {})}
-    if kl_term != "no" and not _probe(get_objective(name, **{**dict(overrides or {}), **loss_over})):
+    if not get_objective(name, **{**dict(overrides or {}), **loss_over}).batch_fields:
         if kl_term == "native":
             native.update({"actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.kl_loss_coef": kl_coef,
                            "actor_rollout_ref.actor.kl_loss_type": KL_TYPES[c.kl_estimator]})
@@ -154,12 +130,13 @@ def plan(name: str, overrides: dict | None = None, *, max_length: int | None = N
 
     # 2. pobench's worker loss: the whole objective (its KL and entropy terms included) replaces verl's ppo_loss, and
     # pobench's trainer puts H_old and H_ref into the batch (bench/engines/verl/worker_loss.py, trainer.py)
-    needs = _probe(objective)
+    needs = sorted(objective.batch_fields)  # (the objective's own declaration of what its loss reads)
     unsupplied = [f for f in needs if f not in WORKER_FIELDS]
     if unsupplied:
         return no("unsupported", f"the loss needs {', '.join(unsupplied)}, which neither verl's policy loss nor "
                                  "pobench's worker loss hands it")
-    why = f"needs {', '.join(needs)}" + (", r·KL: verl's KL loss has no importance-ratio factor" if kl_term == "no"
+    r_kl = kl_coef > 0 and getattr(c, "kl_is_correction", False)
+    why = f"needs {', '.join(needs)}" + (", r·KL: verl's KL loss has no importance-ratio factor" if r_kl
                                          else ": verl does not hand them a policy loss")
     native.update({
         # use_kl_loss only makes verl build the reference worker (need_reference_policy); the KL term is pobench's

@@ -160,8 +160,9 @@ class Objective:
     # --- what the loop must provide
     @property
     def needs_reference(self) -> bool:
-        """Whether ``PolicyBatch.ref_logprobs`` / ``ref_entropy`` must be computed."""
-        return False
+        """Whether ``PolicyBatch.ref_logprobs`` / ``ref_entropy`` must be computed (the reference model loaded): from
+        :attr:`batch_fields`, the one declaration."""
+        return bool(self.batch_fields & {"ref_logprobs", "ref_entropy"})
 
     @property
     def needs_entropy_grad(self) -> bool:

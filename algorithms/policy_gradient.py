@@ -111,10 +111,6 @@ class PolicyGradient(Objective):
     #: only the KL and entropy terms can give such a sequence gradient (``zero_advantage_terms``)
     policy_term_vanishes_at_zero_advantage = False
 
-    @property
-    def needs_reference(self) -> bool:
-        return self.config.kl_coef > 0
-
     def zero_advantage_terms(self) -> tuple[str, ...]:
         c = self.config
         terms = [] if self.split_invariant else [SELECTS_ACROSS_BATCH]

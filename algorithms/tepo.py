@@ -75,12 +75,6 @@ class TEPOObjective(Objective):
         return ()
 
     @property
-    def needs_reference(self) -> bool:
-        c = self.config
-        ref_entropy = c.kl_mask in ("adv-entropy", "entropy") and c.entropy_baseline == "ref"
-        return c.kl_coef > 0 and (c.kl_target == "ref" or ref_entropy)
-
-    @property
     def batch_fields(self) -> frozenset[str]:
         c = self.config
         if c.kl_coef == 0:

@@ -19,7 +19,7 @@ from .advantages import (
 )
 from .aggregation import aggregate, aggregation_weight
 from .base import Objective, ObjectiveConfig, param
-from .batch import PolicyBatch
+from .batch import PolicyBatch, batch_for
 from .kl import kl_estimate
 from .pg_variants import CISPO, DPPOKL, DPPOTV, DRO, GMPO, GPG, SAPO, TOPR, UP, VESPO
 from .policy_gradient import GSPO, ClippedPG, PolicyGradient
@@ -39,7 +39,7 @@ from .selective import ClipCov, ForkingTokens, KLCov
 from .tepo import TEPOObjective
 
 __all__ = [
-    "Objective", "ObjectiveConfig", "PolicyBatch", "PolicyGradient", "aggregate", "aggregation_weight",
+    "Objective", "ObjectiveConfig", "PolicyBatch", "batch_for", "PolicyGradient", "aggregate", "aggregation_weight",
     "default_config", "estimator_names", "get_objective", "get_spec", "group_advantages", "kl_estimate",
     "list_controls", "list_objectives", "objective_groups", "param", "register", "register_advantage",
     "registered_advantage", "resolve_names", "search_space", "unregister", "unregister_advantage",

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .base import Objective
 
 
 @dataclass
@@ -59,3 +63,21 @@ class PolicyBatch:
     @property
     def lengths(self) -> torch.Tensor:  # (B,) |y_i|
         return self.mask.sum(-1)
+
+
+def batch_for(objective: Objective, engine: str, *, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
+              advantages: torch.Tensor, mask: torch.Tensor, max_length: int, **optional: torch.Tensor | None
+              ) -> PolicyBatch:
+    """The one way an engine builds an objective's batch from its own tensors: the optional fields it has (``None``
+    for those it has not), H_θ carrying gradient only when the objective's entropy bonus needs it, and every field the
+    objective declares (``Objective.batch_fields``) present, else ValueError naming the objective, the field and
+    ``engine`` (which did not compute it) before the loss runs."""
+    missing = sorted(f for f in objective.batch_fields if optional.get(f) is None)
+    if missing:
+        raise ValueError(f"objective {objective.name!r} needs PolicyBatch.{', '.join(missing)}, which the {engine} did "
+                         "not compute")
+    entropy = optional.get("entropy")
+    if entropy is not None and not objective.needs_entropy_grad:
+        optional["entropy"] = entropy.detach()
+    return PolicyBatch(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
+                       max_length=max_length, **optional)

@@ -192,3 +192,20 @@ def test_a_separable_kl_is_beta_times_the_plain_kl_to_the_reference(name):
         want = plain.loss(batch, generator=torch.Generator().manual_seed(0))[0] + \
             beta * aggregate(kl, batch.mask, obj.config.aggregation, batch.max_length)
         torch.testing.assert_close(got, want, msg=f"{name} {overrides}")
+
+
+def test_an_engine_builds_the_batch_one_way_and_a_missing_field_names_it():
+    """``batch_for``, the one builder every engine calls: a declared field the engine did not compute is one line
+    naming the objective, the field and the engine, before the loss runs; H_θ keeps its gradient only for an
+    objective whose entropy bonus needs it."""
+    from algorithms import batch_for
+
+    t = random_batch(seed=1)
+    core = {k: t[k] for k in ("logprobs", "old_logprobs", "advantages", "mask", "max_length")}
+    tepo = get_objective("tepo")
+    with pytest.raises(ValueError, match=r"objective 'tepo' needs PolicyBatch\.entropy, ref_entropy, ref_logprobs, "
+                                         r"which the test engine did not compute"):
+        batch_for(tepo, "test engine", **core, old_entropy=t["old_entropy"])
+    plain = batch_for(get_objective("grpo"), "e", **core, entropy=t["entropy"], ref_logprobs=t["ref_logprobs"])
+    bonus = batch_for(get_objective("entropy_reg"), "e", **core, entropy=t["entropy"], ref_logprobs=t["ref_logprobs"])
+    assert not plain.entropy.requires_grad and bonus.entropy.requires_grad

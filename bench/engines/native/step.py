@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from algorithms import PolicyBatch
+from algorithms import PolicyBatch, batch_for
 from bench.config import TrainConfig
 from bench.data import TrainData, derive_seed
 from bench.engines.base import TrainingDiverged
@@ -186,13 +186,14 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
 
     def micro_batch(ids: list[int], lp, ent, mask, with_grad: bool) -> PolicyBatch:
         T = lp.shape[1]
-        return PolicyBatch(
-            logprobs=lp, mask=mask, advantages=adv[ids].to(device), max_length=cfg.max_new_tokens,
+        return batch_for(
+            objective, "native loop", logprobs=lp, mask=mask, advantages=adv[ids].to(device),
+            max_length=cfg.max_new_tokens,
             old_logprobs=lp.detach() if on_policy else pad([old_lp[i] for i in ids], T).to(device),
             old_entropy=ent.detach() if on_policy else pad([old_ent[i] for i in ids], T).to(device),
             ref_logprobs=None if ref_lp is None else pad([ref_lp[i] for i in ids], T).to(device),
             ref_entropy=None if ref_ent is None else pad([ref_ent[i] for i in ids], T).to(device),
-            entropy=ent if with_grad and objective.needs_entropy_grad else ent.detach(),
+            entropy=ent if with_grad else ent.detach(),
             sampler_logprobs=None if samp_lp is None else pad([torch.tensor(samp_lp[i]) for i in ids], T).to(device),
             truncated=truncated[ids].to(device))
 

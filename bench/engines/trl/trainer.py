@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from algorithms import PolicyBatch
+from algorithms import PolicyBatch, batch_for
 from bench.config import TrainConfig
 from bench.data import derive_seed
 from bench.engines.native.loop import lr_lambda
@@ -162,11 +162,10 @@ def _trainer_class():
             old = lp.detach() if on_policy else old
             old_ent = ent.detach() if on_policy else inputs.get("pobench_old_entropy")
             sampler = inputs.get("sampling_per_token_logps", old)
-            return PolicyBatch(
-                logprobs=lp, old_logprobs=old, advantages=inputs["advantages"], mask=mask,
-                max_length=self.max_length, ref_logprobs=inputs.get("ref_per_token_logps"),
-                entropy=ent if self.objective.needs_entropy_grad else ent.detach(), old_entropy=old_ent,
-                ref_entropy=inputs.get("pobench_ref_entropy"), sampler_logprobs=sampler,
+            return batch_for(
+                self.objective, "TRL engine", logprobs=lp, old_logprobs=old, advantages=inputs["advantages"],
+                mask=mask, max_length=self.max_length, ref_logprobs=inputs.get("ref_per_token_logps"), entropy=ent,
+                old_entropy=old_ent, ref_entropy=inputs.get("pobench_ref_entropy"), sampler_logprobs=sampler,
                 truncated=inputs.get("pobench_truncated", torch.zeros(mask.shape[0], dtype=torch.bool)))
 
         def _compute_loss(self, model, inputs):

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from algorithms import PolicyBatch, get_objective, list_objectives
+from algorithms import batch_for, get_objective, list_objectives
 from algorithms.correction import BATCH_OPTIONS
 
 PREFIX = "pobench_"
@@ -239,8 +239,9 @@ def make_policy_loss(name: str, overrides: dict | None = None):
         adv = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
         scale = getattr(config, "loss_scale_factor", None) if config is not None else None
         max_length = int(scale) if scale else mask.shape[-1]  # verl's seq-mean-token-sum-norm constant
-        batch = PolicyBatch(logprobs=log_prob, old_logprobs=old_log_prob.to(log_prob.dtype), advantages=adv,
-                            mask=mask, max_length=max_length)
+        batch = batch_for(objective, "verl policy loss", logprobs=log_prob,
+                          old_logprobs=old_log_prob.to(log_prob.dtype), advantages=adv, mask=mask,
+                          max_length=max_length)
         loss, metrics = objective.loss(batch)
         loss = loss * _global_scale(aggregation, mask, config)
         return loss, {k: float(v) for k, v in metrics.items()}

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from algorithms import PolicyBatch, get_objective
+from algorithms import batch_for, get_objective
 from bench.engines.verl.losses import PREFIX, VerlPlan, _check_config, _env_overrides, _global_scale, plan
 from reports import metric_keys as K
 
@@ -99,7 +99,6 @@ def pobench_worker_loss(config, model_output: dict, data, dp_group=None) -> tupl
     entropy = model_output.get("entropy")
     if entropy is not None:
         entropy = no_padding_2_padding(entropy, data)
-        entropy = entropy if objective.needs_entropy_grad else entropy.detach()
     info = {"dp_size": data["dp_size"], "batch_num_tokens": data["batch_num_tokens"],
             "global_batch_size": data["global_batch_size"], "loss_scale_factor": config.loss_scale_factor}
     config.global_batch_info.update(info)
@@ -115,10 +114,11 @@ def pobench_worker_loss(config, model_output: dict, data, dp_group=None) -> tupl
     # outcome rewards: one advantage per completion, broadcast by verl over its tokens
     adv = (field("advantages") * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
     max_length = int(config.loss_scale_factor) if config.loss_scale_factor else width
-    batch = PolicyBatch(logprobs=log_prob, old_logprobs=field("old_log_probs"), advantages=adv, mask=mask,
-                        max_length=max_length, entropy=entropy, ref_logprobs=field(REF_LOG_PROB),
-                        old_entropy=field(OLD_ENTROPY), ref_entropy=field(REF_ENTROPY))
     try:
+        batch = batch_for(objective, "verl worker loss", logprobs=log_prob, old_logprobs=field("old_log_probs"),
+                          advantages=adv, mask=mask, max_length=max_length, entropy=entropy,
+                          ref_logprobs=field(REF_LOG_PROB), old_entropy=field(OLD_ENTROPY),
+                          ref_entropy=field(REF_ENTROPY))
         loss, metrics = objective.loss(batch)
     except ValueError as e:  # a field the run did not compute (reference worker, entropies)
         raise ValueError(f"{e} (pobench's worker loss on verl: {OLD_ENTROPY} / {REF_ENTROPY} come from pobench's "

@@ -24,7 +24,7 @@ import torch
 import bench
 from bench import stop
 from bench.config import TrainConfig
-from bench.engines import engine_for
+from bench.engines.entry import engine_for
 from bench.inputs import check_seed
 from bench.model import resolve_device
 from bench.plugins import load_plugins

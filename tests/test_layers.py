@@ -64,7 +64,10 @@ def module_name(path: Path) -> str:
 
 def import_graph(package: str = "bench") -> dict[str, set[str]]:
     """{module: the modules of ``package`` it imports}, at any depth of its source. ``from a.b import c`` is an import
-    of the module ``a.b.c`` when there is one, else of ``a.b``; a package's ``__init__`` is the package's name."""
+    of the module ``a.b.c`` when there is one, else of ``a.b``; a package's ``__init__`` is the package's name. An
+    import of ``a.b.c`` also runs the ``__init__`` of ``a`` and ``a.b``: edges to them too (issue 30: ``bench.config``
+    imported ``bench.engines.base``, whose package ``__init__`` reached the loops, which import ``bench.config``),
+    except to the importing module's own packages, which Python has loaded before it."""
     modules = {module_name(f): f for f in sorted((ROOT / package).rglob("*.py"))}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
@@ -77,6 +80,10 @@ def import_graph(package: str = "bench") -> dict[str, set[str]]:
                 edges.update(subs or {node.module})
                 if len(subs) < len(node.names):
                     edges.add(node.module)
+        for target in list(edges):
+            parts = target.split(".")
+            edges.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts)))
+                         if p in modules and not name.startswith(p + "."))
         graph[name] = edges - {name}
     return graph
 
@@ -114,10 +121,17 @@ def test_the_cycle_finder_finds_a_circle_through_a_lazy_import(tmp_path, monkeyp
     (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     graph = import_graph("pkg")
-    assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.c"} and graph["pkg.c"] == {"pkg.a"}
+    assert graph["pkg.a"] == {"pkg.sub.b", "pkg.sub"} and graph["pkg.sub.b"] == {"pkg.c"} and graph["pkg.c"] == {"pkg.a"}
     assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]
     (pkg / "c.py").write_text("import pkg.sub\n")
     assert find_cycle(import_graph("pkg")) is None
+    # a package's __init__ runs on importing any of its modules: c -> pkg.sub.b runs pkg.sub, whose __init__ imports a
+    (pkg / "c.py").write_text("from pkg.sub.b import f\n")
+    (pkg / "sub" / "b.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("def g():\n    import pkg.a\n")
+    (pkg / "a.py").write_text("import pkg.c\n")
+    assert import_graph("pkg")["pkg.c"] == {"pkg.sub.b", "pkg.sub"}
+    assert find_cycle(import_graph("pkg")) == ["pkg.a", "pkg.c", "pkg.sub", "pkg.a"]
 
 
 def test_no_import_circle_in_bench():

@@ -12,7 +12,7 @@ import dataclasses
 import sys
 
 from algorithms import list_controls
-from bench import engines, faults, preflight
+from bench import faults, preflight
 from bench.cli.flags import add_config_flags, add_preset_flag, add_report_flags, report_options
 from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.compare import (
@@ -26,6 +26,7 @@ from bench.compare import (
 )
 from bench.compare.executors import EXECUTORS, make_executor
 from bench.config import TrainConfig
+from bench.engines import entry as engines
 from bench.presets import get_preset
 from bench.tracking import check_reachable
 from bench.workers import parse_seeds

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import engines, faults, preflight, resume
+from bench import faults, preflight, resume
 from bench.cli.flags import add_config_flags, config_from_args
 from bench.cli.interrupt import Stopped, rerun
 from bench.cli.progress import TrainProgress
+from bench.engines import RunStopped, TrainingDiverged
+from bench.engines import entry as engines
 from bench.engines.native import checkpoint
 from bench.tracking import check_reachable
 from reports import metric_keys as K
@@ -36,10 +38,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         with TrainProgress(cfg.run_label(), cfg.steps, enabled=not args.no_progress) as progress:
             result = engines.train(cfg, on_step=progress.step, on_eval=progress.evaluated)
-    except engines.TrainingDiverged as e:
+    except TrainingDiverged as e:
         print(f"bench train: training diverged: {e}", file=sys.stderr)
         return 3
-    except engines.RunStopped as e:  # the MLflow server gone, a full disk: what was kept, and how to go on
+    except RunStopped as e:  # the MLflow server gone, a full disk: what was kept, and how to go on
         print(f"bench train: stopped: {e}; resume with: {resume.rerun_command(resume_flag=True)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # SIGINT / SIGTERM: the last finished step is checkpointed, the run ended KILLED

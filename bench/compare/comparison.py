@@ -1,7 +1,7 @@
 """`bench run` as one call: ``run_comparison(ComparisonSpec(cfg, algos, seeds, ...))`` trains the missing pairs of the
 comparison (plan.py decides which; an executor runs them: executors.py, pairs.py), then writes its report.
 
-The training function is part of the spec (``train_fn``, default ``bench.engines.train``), as ``bench tune``'s
+The training function is part of the spec (``train_fn``, default ``bench.engines.entry.train``), as ``bench tune``'s
 ``run_study(spec, train_fn=...)``: the orchestration (reuse, resume, ``--force``, failures, Ctrl-C, executors) is the
 same whatever trains, so its tests run on a fake trainer and only a few train for real.
 """
@@ -17,7 +17,6 @@ from typing import Any
 
 import yaml
 
-from bench import engines
 from bench.compare.display import LiveDisplay
 from bench.compare.distinguish import warn_before_run
 from bench.compare.executors import Task, WorkerDied, make_executor
@@ -25,6 +24,7 @@ from bench.compare.pairs import PairContext, PairJob, PairResult, TrainFn, initi
 from bench.compare.plan import DEFAULTS, Pair, plan, run_dir
 from bench.compare.store import lock_file, pair_lock
 from bench.config import TrainConfig
+from bench.engines import entry as engines
 from bench.engines.lifecycle import RunFolderBusy, folder_held, folder_in_use, has_checkpoint
 from bench.folders import check_claimable, check_removable, experiment_dir, remove_run_folder
 from bench.identity import written_by_note

@@ -33,7 +33,7 @@ from evaluators.metrics import summarize
 from reports import metric_keys as K
 from reports.record import member_tag
 
-TrainFn = Callable[..., TrainResult]  # train_fn(cfg, *, on_eval, on_step, step0_eval): bench.engines.train
+TrainFn = Callable[..., TrainResult]  # train_fn(cfg, *, on_eval, on_step, step0_eval): bench.engines.entry.train
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,12 @@
 
 ``bench.config`` reads the declarations of ``base`` (engine names, the ``engine_args`` each takes, those that leave
 the comparison hash), and every engine imports ``bench.config``: so this package's ``__init__`` imports ``base`` only,
-and ``get_engine`` imports an engine's module when it is asked for (verl's package also registers pobench's losses
-with verl, where installed, on import).
+at any depth (no import circle through it, function-level imports counted: tests/test_layers.py), and the entry to
+training lives in ``entry.py``: ``get_engine`` / ``engine_for`` (which imports an engine's module when it is asked
+for: verl's package also registers pobench's losses with verl, where installed, on import), ``check`` and ``train``.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from bench.engines.base import (
     CAPABILITIES,
@@ -33,46 +32,5 @@ from bench.engines.base import (
     TrainResult,
 )
 
-if TYPE_CHECKING:
-    from bench.config import TrainConfig
-
-__all__ = ["CAPABILITIES", "ENGINES", "Capabilities", "Hooks", "RunStopped", "StopTraining", "TrainResult",
-           "TrainingDiverged", "TrainingEngine", "check", "engine_for", "get_engine", "train"]
-
-
-def get_engine(name: str) -> TrainingEngine:
-    """The training engine called ``name`` (``ENGINES``)."""
-    if name == "native":
-        from bench.engines.native.loop import NativeEngine
-
-        return NativeEngine()
-    if name == "trl":
-        from bench.engines.trl.run import TRLEngine
-
-        return TRLEngine()
-    if name == "verl":
-        from bench.engines.verl.run import VerlEngine
-
-        return VerlEngine()
-    raise ValueError(f"unknown training engine {name!r}; valid: {', '.join(ENGINES)}")
-
-
-def engine_for(cfg: TrainConfig) -> TrainingEngine:
-    """The engine that trains ``cfg``."""
-    return get_engine(cfg.engine)
-
-
-def check(cfg: TrainConfig) -> None:
-    """Refuse, before any work starts, a config that is invalid or that its engine cannot train: ValueError naming
-    the cause (``TrainConfig.validate``, then the engine's ``check``)."""
-    cfg.validate()
-    engine_for(cfg).check(cfg)
-
-
-def train(cfg: TrainConfig, *, on_eval: EvalHook | None = None, on_step: EvalHook | None = None,
-          step0_eval: dict[str, float] | None = None) -> TrainResult:
-    """Train ``cfg`` with its engine. ``on_eval(step, eval_metrics)`` after each held-out evaluation (may raise
-    ``StopTraining``), ``on_step(step, metrics)`` after each training step, ``step0_eval``: the step-0 held-out
-    metrics computed already (``Hooks``); what an engine cannot honour is stated by its ``Capabilities``."""
-    cfg.validate()
-    return engine_for(cfg).train(cfg, Hooks(on_eval, on_step, step0_eval))
+__all__ = ["CAPABILITIES", "ENGINES", "Capabilities", "EvalHook", "Hooks", "RunStopped", "StopTraining", "TrainResult",
+           "TrainingDiverged", "TrainingEngine"]

@@ -5,7 +5,7 @@ An engine (``TrainingEngine``) trains ONE (objective, seed) run of a ``TrainConf
 work, what it cannot train; ``train(cfg, hooks)`` trains and returns a ``TrainResult``. Callers (``bench train``,
 ``bench run``, ``bench tune``) never branch on an engine's name: they ask its ``Capabilities``. The engines are
 ``native`` (pobench's own loop, bench/engines/native/), ``trl`` (bench/engines/trl/) and ``verl``
-(bench/engines/verl/); ``bench.engines.get_engine`` is the one place that picks one.
+(bench/engines/verl/); ``bench.engines.entry.get_engine`` is the one place that picks one.
 
 This module imports nothing of pobench (``bench.config.TrainConfig`` reads the declarations below to validate
 ``engine_args`` and to hash a comparison), so every module may import it.

@@ -3,7 +3,7 @@
 
 A study searches the fields of an objective config (``algorithms/``) whose dataclass field carries
 ``metadata["search"] = (low, high, log)``; one trial trains the same base ``TrainConfig`` once per seed with the
-sampled ``objective_overrides`` through ``bench.engines.train`` and scores it by a held-out metric.
+sampled ``objective_overrides`` through ``bench.engines.entry.train`` and scores it by a held-out metric.
 
 =================  ===================================================================================================
 ``space``          search-space grammar: declared ranges, ``--space`` (``Range``, ``resolve_space``)

@@ -31,7 +31,7 @@ class TuneSpec:
     grace: int | None = None
     max_retry: int = 3
     sampler_seed: int | None = None
-    # trains one config: train_fn(cfg, on_eval=...) -> TrainResult (None: bench.engines.train); a module-level
+    # trains one config: train_fn(cfg, on_eval=...) -> TrainResult (None: bench.engines.entry.train); a module-level
     # function, so that it reaches the pool's processes and Ray tasks (as ``ComparisonSpec.train_fn``)
     train_fn: Callable[..., Any] | None = field(default=None, compare=False)
 

@@ -1,7 +1,7 @@
 """The study loop of `bench tune`: create or join a study, run trials until it holds enough finished ones.
 
 One trial trains the same base ``TrainConfig`` once per seed with the sampled ``objective_overrides`` through
-``bench.engines.train`` and scores it by ``bench.tune.metric``. Pruning: each held-out evaluation reports the eval
+``bench.engines.entry.train`` and scores it by ``bench.tune.metric``. Pruning: each held-out evaluation reports the eval
 metric to Optuna (sign-flipped for the ``*_to`` metrics, so that "lower is better" holds for both the study and its
 curves) at step ``seed_index * (steps + 1) + train_step``: all trials use the same seed list, so the pruner compares
 like with like. Several workers may run one study against one storage (``bench.tune.storage``); a rerun resumes it.
@@ -34,9 +34,10 @@ import sqlalchemy.exc
 from filelock import FileLock, Timeout
 from optuna.trial import TrialState
 
-from bench import engines, stop
+from bench import stop
 from bench.config import TrainConfig
 from bench.engines import StopTraining, TrainingDiverged
+from bench.engines import entry as engines
 from bench.engines.base import RunStopped
 from bench.folders import lock_file
 from bench.tune.metric import TuneMetric, score
@@ -187,7 +188,7 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
     """Run trials of ``spec.study`` until it holds ``spec.trials`` finished (complete or pruned) trials.
 
     Safe to run from several processes / machines at once against one storage; a rerun resumes the study.
-    ``train_fn`` (default ``spec.train_fn``, else ``bench.engines.train``) trains one config:
+    ``train_fn`` (default ``spec.train_fn``, else ``bench.engines.entry.train``) trains one config:
     ``train_fn(cfg, on_eval=...) -> TrainResult``.
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)

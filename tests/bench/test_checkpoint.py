@@ -80,7 +80,7 @@ def test_keep_checkpoints_must_be_positive():
 @pytest.mark.slow
 def test_a_training_run_leaves_one_checkpoint_and_the_final_weights(tmp_path):
     from bench.config import TrainConfig
-    from bench.engines import train
+    from bench.engines.entry import train
 
     cfg = TrainConfig(steps=3, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0, eval_problems=4,
                       samples_every=0, checkpoint_every=1, track_ref_kl=False, output_dir=str(tmp_path / "runs"),
@@ -205,7 +205,7 @@ def test_bench_train_resume_refuses_a_planted_pickle_in_one_line(tmp_path, bench
     """The issue's reproduction: a payload in optim.pt of a real run, `bench train --resume` as a user runs it."""
     from bench import resume
     from bench.config import TrainConfig
-    from bench.engines import train
+    from bench.engines.entry import train
 
     flags = dict(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0, samples_every=0,
                  checkpoint_every=1, output_dir=str(tmp_path / "runs"), tracking_uri=fresh_store(tmp_path),
@@ -228,7 +228,7 @@ def test_bench_train_resume_falls_back_from_a_corrupt_newest_checkpoint(tmp_path
 
     from bench import resume
     from bench.config import TrainConfig
-    from bench.engines import train
+    from bench.engines.entry import train
 
     flags = dict(steps=3, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0, samples_every=0,
                  checkpoint_every=1, keep_checkpoints=2, output_dir=str(tmp_path / "runs"),

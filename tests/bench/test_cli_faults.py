@@ -60,7 +60,7 @@ def test_seeds_out_of_range_name_the_flag(tmp_path, capsys, monkeypatch, argv, f
 def test_the_largest_seed_trains(tmp_path):
     """The range's end is one every generator takes (torch, the rollout engine, the step seeds)."""
     from bench.config import TrainConfig
-    from bench.engines import train
+    from bench.engines.entry import train
     from bench.inputs import SEED_MAX
 
     cfg = TrainConfig(seed=SEED_MAX, steps=1, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0,

@@ -16,7 +16,7 @@ from bench.cli import main
 from bench.compare.distinguish import probe_config, regime_of, warn_before_run
 from bench.compare.plan import DEFAULTS, base_config
 from bench.config import TrainConfig
-from bench.engines import train
+from bench.engines.entry import train
 from bench.model import format_prompt, load_policy
 from bench.rollout import HFSampler, SamplingParams, make_sampler
 from bench.rollout.scoring import score

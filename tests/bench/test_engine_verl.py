@@ -180,7 +180,8 @@ def test_launch_path_records_a_native_looking_run(tmp_path, monkeypatch, rc):
 
 
 def test_verl_train_hands_evaluations_to_on_eval_and_fails_loudly(tmp_path, monkeypatch):
-    from bench.engines import StopTraining, train
+    from bench.engines import StopTraining
+    from bench.engines.entry import train
 
     monkeypatch.setenv("FAKE_VERL_OUT", str(tmp_path / "verl-call.json"))
     verl_env = {"n_gpus_per_node": 1, "python": _fake_python(tmp_path)}  # verl's own environment: FAKE_VERL

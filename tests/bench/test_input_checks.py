@@ -93,7 +93,7 @@ def test_unknown_characters_are_warned_with_count_and_example(capsys):
 def test_training_warns_about_unknown_characters_before_the_first_step(tmp_path, capsys):
     """The loop itself warns (before step 1), for the training and the held-out prompts."""
     from bench.config import TrainConfig
-    from bench.engines import train
+    from bench.engines.entry import train
 
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in [*GSM, {"question": "小明有 3 个苹果", "answer": "#### 3"}]))

@@ -14,7 +14,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from bench.config import TrainConfig
-from bench.engines import check, train
+from bench.engines.entry import check, train
 from bench.engines.native.checkpoint import CheckpointError
 from bench.model import load_policy
 from reports import metric_keys as K

@@ -84,7 +84,7 @@ def test_shared_step0_eval_equals_each_runs_own(tmp_path, model_dir):
     itself (interval bounds included), and trains exactly the same afterwards."""
     from bench.compare.pairs import initial_evals
     from bench.data import eval_problems
-    from bench.engines import train
+    from bench.engines.entry import train
     from bench.evaluate import eval_metrics, held_out_result
     from bench.model import load_policy
     from bench.rollout import make_sampler

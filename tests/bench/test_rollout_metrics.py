@@ -6,7 +6,7 @@ from __future__ import annotations
 from mlflow.tracking import MlflowClient
 
 from bench.config import TrainConfig
-from bench.engines import train
+from bench.engines.entry import train
 from tests.conftest import fresh_store
 
 

@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from transformers import AutoModelForCausalLM
 
 from bench.config import TrainConfig
-from bench.engines import train
+from bench.engines.entry import train
 from bench.engines.native.scale import Reference, enable_activation_checkpointing, prepare_policy
 from bench.model import build_char_tokenizer, load_policy, tiny_config
 from bench.rollout.scoring import score

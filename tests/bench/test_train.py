@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 
 from algorithms import list_objectives
 from bench.config import TrainConfig
-from bench.engines import TrainingDiverged, train
+from bench.engines import TrainingDiverged
+from bench.engines.entry import train
 from bench.model import resolve_model_path
 from reports import metric_keys as K
 from tests.conftest import fresh_store

@@ -185,6 +185,10 @@ def _bounded_http(seconds: float):
             os.environ.pop(k, None)
 
 
+#: where a run's sample completions go: one JSON file per sampled step, and the table of all of them at the end
+SAMPLES_DIR, SAMPLES_TABLE = "samples", "samples.json"
+
+
 class RunLogger:
     """One MLflow run: create or reopen it, buffer metrics, flush them when a checkpoint covers their steps. Against
     an MLflow server every call is bounded by ``$POBENCH_MLFLOW_TIMEOUT`` (:meth:`call`); ``unreachable`` then says
@@ -272,6 +276,33 @@ class RunLogger:
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self.call(self.client.log_text, self.run_id, text, artifact_file)
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """The sample completions of training step ``step``: ``samples/step_<step>.json`` (written again, not added
+        to, when a resumed run repeats the step)."""
+        self.log_text(json.dumps(rows, indent=1), f"{SAMPLES_DIR}/step_{step:06d}.json")
+
+    def log_samples_table(self) -> int:
+        """Every sampled step's completions (:meth:`log_samples`) as ONE MLflow table, ``samples.json``, with the step
+        of each row: the MLflow UI shows it as a table (its artifact view, and ``mlflow.load_table``). Logged once,
+        when the run finishes (so a resumed run's repeated steps count once); returns the rows logged."""
+        if self.run_id is None or any(a.path == SAMPLES_TABLE
+                                      for a in self.call(self.client.list_artifacts, self.run_id)):
+            return 0
+        import tempfile
+
+        import pandas as pd
+
+        if not self.call(self.client.list_artifacts, self.run_id, SAMPLES_DIR):
+            return 0
+        rows: list[dict[str, Any]] = []
+        with tempfile.TemporaryDirectory() as scratch:
+            local = Path(self.call(self.client.download_artifacts, self.run_id, SAMPLES_DIR, scratch))
+            for f in sorted(local.glob("step_*.json")):
+                rows += [{"step": int(f.stem.split("_")[1]), **r} for r in json.loads(f.read_text())]
+        if rows:
+            self.call(self.client.log_table, self.run_id, pd.DataFrame(rows), SAMPLES_TABLE)
+        return len(rows)
 
     def end(self, status: str = "FINISHED") -> None:
         if self.run_id is not None:

@@ -121,7 +121,8 @@ def test_the_cycle_finder_finds_a_circle_through_a_lazy_import(tmp_path, monkeyp
     (pkg / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     graph = import_graph("pkg")
-    assert graph["pkg.a"] == {"pkg.sub.b", "pkg.sub"} and graph["pkg.sub.b"] == {"pkg.c"} and graph["pkg.c"] == {"pkg.a"}
+    assert graph["pkg.a"] == {"pkg.sub.b", "pkg.sub"} and graph["pkg.sub.b"] == {"pkg.c"}
+    assert graph["pkg.c"] == {"pkg.a"}
     assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]
     (pkg / "c.py").write_text("import pkg.sub\n")
     assert find_cycle(import_graph("pkg")) is None

@@ -305,6 +305,11 @@ def finish_run(logger: RunLogger, stopped_early: bool = False) -> None:
     if stopped_early:
         logger.set_tags({STOPPED: "early"})
     logger.flush()
+    try:
+        logger.log_samples_table()
+    except (MlflowException, OSError, ValueError) as e:  # (not worth failing a trained run for; a lost server is)
+        print(f"bench: warning: the samples table was not logged ({str(e).strip()[:200]}); the per-step files "
+              "samples/step_*.json are", file=sys.stderr)
     end_run(logger)
 
 

@@ -138,6 +138,28 @@ def test_real_mlflow_server_receives_the_run(tmp_path, mlflow_server):
     assert "config.yaml" in names and "samples" in names
 
 
+def test_the_sample_completions_are_one_mlflow_table_with_their_steps(tmp_path, uri):
+    """What users look for in the MLflow UI: the sampled completions as a table (``log_table``), every sampled step's
+    rows with their step, besides the per-step files."""
+    import json
+
+    import pandas as pd
+    from mlflow import MlflowClient
+
+    res = train(tiny(tmp_path, uri, steps=2, samples_every=1, max_new_tokens=8, prompts_per_step=2, group_size=2,
+                     run_name="samples"))
+    client = MlflowClient(uri)
+    names = {a.path for a in client.list_artifacts(res.run_id, "samples")}
+    assert names == {"samples/step_000001.json", "samples/step_000002.json"}, names
+    run = client.get_run(res.run_id)
+    assert "samples.json" in json.loads(run.data.tags["mlflow.loggedArtifacts"])[0]["path"]  # (what the UI lists)
+    with open(client.download_artifacts(res.run_id, "samples.json", str(tmp_path))) as f:
+        table = pd.read_json(f, orient="split")
+    assert sorted(set(table["step"])) == [1, 2] and len(table) == 2 * 4  # (2 groups x 2 completions per step)
+    assert {"question", "completion", "reward", "correct", "advantage"} <= set(table.columns)
+    assert table["completion"].map(type).eq(str).all()
+
+
 @pytest.mark.slow
 def test_divergence_stops_with_step_and_keeps_checkpoint(tmp_path, uri):
     # one update per step, so that step 1 finishes (its one update is on-policy) and step 2 diverges

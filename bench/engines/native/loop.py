@@ -13,7 +13,6 @@ record, interruption and end are bench/engines/lifecycle.py's, as for every engi
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
@@ -180,7 +179,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
                 logger.log(metrics, step)
                 hooks.step(step, metrics)
                 if cfg.samples_every and (step % cfg.samples_every == 0 or step == 1):
-                    logger.log_text(json.dumps(roll_samples(groups, tok), indent=1), f"samples/step_{step:06d}.json")
+                    logger.log_samples(step, roll_samples(groups, tok))
                 is_last = step == cfg.steps
                 if cfg.eval_every > 0 and (step % cfg.eval_every == 0 or is_last):
                     final_eval = evaluate_now(step)

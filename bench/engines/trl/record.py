@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -84,8 +83,7 @@ def _callback_class():
                 self.logger.log(metrics, step)
                 self.hooks.step(step, metrics)
                 if self.cfg.samples_every and (step % self.cfg.samples_every == 0 or step == 1):
-                    self.logger.log_text(json.dumps(self.trainer.pobench_samples, indent=1),
-                                         f"samples/step_{step:06d}.json")
+                    self.logger.log_samples(step, self.trainer.pobench_samples)
             if self.cfg.eval_every > 0 and (step % self.cfg.eval_every == 0 or step == self.cfg.steps):
                 self._evaluate(step)
             # (the metrics stay buffered until a checkpoint covers them, on_save: a resumed run logs no step twice)

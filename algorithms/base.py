@@ -211,6 +211,29 @@ class Objective:
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError
 
+    def checked_loss(self, batch: PolicyBatch, generator: torch.Generator | None = None
+                     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """:meth:`loss`, as every engine calls it: a result that is not (a scalar tensor, a dict of scalar tensors), or
+        a method the objective's class left unimplemented, is one ValueError naming the objective (a plugin's
+        mistake, met here rather than as a traceback deep in the update)."""
+        try:
+            out = self.loss(batch, generator=generator)
+        except NotImplementedError as e:
+            raise ValueError(f"objective {self.name!r} ({type(self).__name__}): {e or 'a method is not implemented'}"
+                             ) from None
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[0], torch.Tensor)
+                and isinstance(out[1], dict)):
+            raise ValueError(f"objective {self.name!r}: loss returned {type(out).__name__}, expected (a scalar "
+                             "tensor, a dict of metrics)")
+        loss, metrics = out
+        if loss.dim() != 0:
+            raise ValueError(f"objective {self.name!r}: loss returned a tensor of shape {tuple(loss.shape)}, expected "
+                             "a scalar (aggregate the per-token terms: algorithms.aggregate)")
+        bad = [k for k, v in metrics.items() if not isinstance(v, torch.Tensor) or v.dim() != 0]
+        if bad:
+            raise ValueError(f"objective {self.name!r}: metric {bad[0]!r} is not a scalar tensor")
+        return loss, metrics
+
     def loss_weight(self, mask: torch.Tensor, truncated: torch.Tensor | None = None) -> torch.Tensor:
         """Weight of a micro-batch's loss (given its (B, T) completion mask and (B,) truncation flags) when gradients
         are accumulated over several: full loss = Σ_k w_k·loss_k / Σ_k w_k (see ``aggregation.aggregation_weight``).

@@ -189,7 +189,8 @@ class PolicyGradient(Objective):
     def policy_term(self, batch: PolicyBatch, ratio: torch.Tensor, adv: torch.Tensor, is_w: torch.Tensor | None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         """(policy term (B, T), clipped-low mask, clipped-high mask, extra metrics)."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} does not implement policy_term(batch, ratio, adv, is_w), "
+                                  "which a PolicyGradient subclass must")
 
     def _checked_term(self, out: Any, batch: PolicyBatch) -> tuple:
         """``policy_term``'s result, checked (a plugin's included): the term and both clip masks are tensors of the

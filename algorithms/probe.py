@@ -223,7 +223,7 @@ def _gradient_one(name: str, overrides: dict[str, Any], pb: ProbeBatch, seed: in
     batch = PolicyBatch(logprobs=lp, old_logprobs=pb.old_logprobs, advantages=adv, mask=pb.mask,
                         max_length=pb.max_length, ref_logprobs=pb.ref_logprobs, entropy=ent,
                         old_entropy=pb.old_entropy, ref_entropy=pb.ref_entropy)
-    loss, metrics = obj.loss(batch, generator=torch.Generator().manual_seed(seed))
+    loss, metrics = obj.checked_loss(batch, generator=torch.Generator().manual_seed(seed))
     g_lp, g_ent = torch.autograd.grad(loss, [lp, ent], allow_unused=True)
     g_lp = torch.zeros_like(lp) if g_lp is None else g_lp
     g_ent = torch.zeros_like(ent) if g_ent is None else g_ent

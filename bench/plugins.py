@@ -232,6 +232,44 @@ def _import_file(spec: str) -> Plugin:
     return Plugin(spec, name, str(path), digest, imports=imports, unknown=unknown)
 
 
+#: set (to anything but 0) to see the traceback of an exception a plugin's code raised, instead of its one line
+TRACEBACK_ENV = "POBENCH_TRACEBACK"
+
+
+def _plugin_files() -> dict[str, Plugin]:
+    """{real path of a source file: its plugin}: every loaded plugin's file and the local modules its digest covers."""
+    files: dict[str, Plugin] = {}
+    for p in [*_LOADED.values(), *_ENTRY_POINTS]:
+        paths = [p.path] + [getattr(sys.modules.get(m), "__file__", None) for m in (p.module, *p.imports)]
+        files.update({os.path.realpath(f): p for f in paths if f})
+    return files
+
+
+def plugin_failure(error: BaseException) -> str | None:
+    """The one line of an exception a loaded plugin's code raised (its objective, estimator, task or reward, at any
+    depth under pobench's calls): the plugin, the exception and the plugin's line where it was raised, and what to do;
+    None when no frame of its traceback (or of its causes') is a plugin's, or ``$POBENCH_TRACEBACK`` asks for the
+    traceback. An exception pobench raises about a plugin (a wrong shape, a NaN) names it already."""
+    if os.environ.get(TRACEBACK_ENV, "0") not in ("", "0"):
+        return None
+    files, seen, e = _plugin_files(), set(), error
+    while e is not None and id(e) not in seen and files:
+        seen.add(id(e))
+        tb, last = e.__traceback__, None
+        while tb is not None:
+            if os.path.realpath(tb.tb_frame.f_code.co_filename) in files:
+                last = tb
+            tb = tb.tb_next
+        if last is not None:
+            where = f"{last.tb_frame.f_code.co_filename}:{last.tb_lineno} (in {last.tb_frame.f_code.co_name})"
+            text = (str(e).strip().splitlines() or [""])[0][:300]
+            plugin = files[os.path.realpath(last.tb_frame.f_code.co_filename)]
+            return (f"plugin {plugin.spec} raised {type(e).__name__}{': ' + text if text else ''} at {where}: fix the "
+                    f"plugin ({TRACEBACK_ENV}=1 shows the traceback)")
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def _failed(spec: str, e: BaseException) -> BaseException:
     """A plugin that raised while imported: one line naming it (a ``sys.exit`` in it included, which would otherwise
     end the command silently with the plugin's code); an interrupt stays an interrupt."""

@@ -21,6 +21,7 @@ from bench.cli import train as train_cmd
 from bench.cli import tune as tune_cmd
 from bench.cli import warmstart as warmstart_cmd
 from bench.cli.flags import load_cli_plugins
+from bench.plugins import plugin_failure
 from bench.resume import rerun_command
 from bench.workers import quiet_libraries
 
@@ -61,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as e:  # a fault of the MLflow store, the Optuna storage or the file system met during the work
         line = faults.describe(e)
+        if line is None and (plugin := plugin_failure(e)) is not None:  # a plugin's code raised: its one line
+            print(f"bench {args.command}: error: {plugin}", file=sys.stderr)
+            return 1
         if line is None:  # anything else is a bug: its traceback
             raise
         print(f"bench {args.command}: stopped: {line}", file=sys.stderr)

@@ -26,6 +26,7 @@ from bench.engines import RunStopped, TrainingDiverged, TrainResult
 from bench.engines.lifecycle import has_checkpoint, seed_and_threads
 from bench.evaluate import eval_metrics, held_out_result
 from bench.model import load_policy
+from bench.plugins import plugin_failure
 from bench.rollout import make_sampler
 from bench.tracking import store_client
 from bench.workers import Notify
@@ -128,7 +129,8 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
     except TrainingDiverged as e:
         return PairResult(job.index, f"failed: {e}", "train", error=traceback.format_exc())
     except Exception as e:  # noqa: BLE001  (reported with the pair named; the other pairs go on)
-        said = faults.describe(e, store=cfg.tracking_uri)  # a fault of the store or the file system: its line
+        # a fault of the store or the file system, or an exception a plugin's code raised: its line
+        said = faults.describe(e, store=cfg.tracking_uri) or plugin_failure(e)
         # bad input, a fault of the store / file system, a run a fault stopped: its one line; anything else is a bug,
         # whose traceback is shown
         known = said is not None or isinstance(e, (ValueError, OSError, RunStopped))

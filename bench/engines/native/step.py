@@ -229,7 +229,7 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
                 batch = micro_batch(ids, lp, ent, mask, with_grad=live_part)
                 gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "objective", step, epoch, k))
                 with torch.set_grad_enabled(live_part):
-                    loss, m = objective.loss(batch, generator=gen)
+                    loss, m = objective.checked_loss(batch, generator=gen)
                 if not torch.isfinite(loss):
                     bad = [f"{key}={float(v.detach())}" for key, v in m.items() if not torch.isfinite(v)]
                     raise TrainingDiverged(f"step {step}: the loss is {float(loss.detach())} (non-finite metrics: "

@@ -176,7 +176,7 @@ def _trainer_class():
             batch = self.pobench_batch(inputs, lp, ent)
             gen = torch.Generator().manual_seed(derive_seed(self.pobench_cfg.seed, "objective", self.state.global_step,
                                                             self._step))
-            loss, metrics = self.objective.loss(batch, generator=gen)
+            loss, metrics = self.objective.checked_loss(batch, generator=gen)
             w = float(self.objective.loss_weight(inputs["completion_mask"].float(), inputs.get("pobench_truncated")))
             total = inputs.get("pobench_weight_total")
             scale = 1.0 if total is None else w * self.accelerator.num_processes / float(total)

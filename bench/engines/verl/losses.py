@@ -242,7 +242,7 @@ def make_policy_loss(name: str, overrides: dict | None = None):
         batch = batch_for(objective, "verl policy loss", logprobs=log_prob,
                           old_logprobs=old_log_prob.to(log_prob.dtype), advantages=adv, mask=mask,
                           max_length=max_length)
-        loss, metrics = objective.loss(batch)
+        loss, metrics = objective.checked_loss(batch)
         loss = loss * _global_scale(aggregation, mask, config)
         return loss, {k: float(v) for k, v in metrics.items()}
 

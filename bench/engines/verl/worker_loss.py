@@ -119,7 +119,7 @@ def pobench_worker_loss(config, model_output: dict, data, dp_group=None) -> tupl
                           advantages=adv, mask=mask, max_length=max_length, entropy=entropy,
                           ref_logprobs=field(REF_LOG_PROB), old_entropy=field(OLD_ENTROPY),
                           ref_entropy=field(REF_ENTROPY))
-        loss, metrics = objective.loss(batch)
+        loss, metrics = objective.checked_loss(batch)
     except ValueError as e:  # a field the run did not compute (reference worker, entropies)
         raise ValueError(f"{e} (pobench's worker loss on verl: {OLD_ENTROPY} / {REF_ENTROPY} come from pobench's "
                          f"trainer, {REF_LOG_PROB} from verl's reference worker: make_verl_config sets both up)") from e

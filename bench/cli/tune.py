@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from bench import faults, folders, preflight, tune
+from bench.cli import interrupt
 from bench.cli.flags import add_config_flags, add_preset_flag, config_from_args
 from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.config import TrainConfig
@@ -152,9 +153,14 @@ def main(args: argparse.Namespace) -> int:
     except RunStopped as e:  # a trial's run stopped by the MLflow server gone or a full disk: one line
         print(f"bench tune: stopped: {e}", file=sys.stderr)
         return 1
-    out = folders.claim_output_folder(args.out, "--out") if args.out else study_dir(tune.DEFAULT_DIR, spec.study)
-    paths = write_outputs(study, out)  # (before the confirm: a stopped confirm leaves the study's outputs written)
-    print_leaderboard(study)
+    try:  # the study is complete from here: a stop while its outputs are written keeps it (the rerun finds it done)
+        out = folders.claim_output_folder(args.out, "--out") if args.out else study_dir(tune.DEFAULT_DIR, spec.study)
+        paths = write_outputs(study, out)  # (before the confirm: a stopped confirm leaves the study's outputs written)
+        print_leaderboard(study)
+    except KeyboardInterrupt:
+        raise Stopped(f"the study {spec.study!r} with its {len(study.trials)} trials, complete, in "
+                      f"{tune.redact(spec.storage or tune.default_storage_url())} (its outputs may be incomplete)",
+                      rerun_to_resume()) from None
     failed = 0
     if confirm_seeds:
         try:
@@ -164,7 +170,12 @@ def main(args: argparse.Namespace) -> int:
                           f"outputs are in {out})", rerun_to_resume()) from None
         paths.update(tune.write_confirm(study, out))
         failed = _print_confirm(record)
-    tune.log_outputs(spec, study, out)
+    try:
+        tune.log_outputs(spec, study, out)
+    except KeyboardInterrupt:
+        raise Stopped(f"the study {spec.study!r}, complete, and its outputs in {out} (not all logged to MLflow yet)",
+                      rerun_to_resume()) from None
+    interrupt.finished()  # the study and its outputs are complete: a signal from now on changes nothing
     print(f"outputs in {out}: {', '.join(sorted(p.name for p in paths.values()))}")
     if failed:
         print(f"bench tune: {failed} confirm run(s) failed (confirm.md names them); rerun the command to train them",

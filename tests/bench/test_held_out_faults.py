@@ -526,3 +526,26 @@ def test_a_plugin_estimator_raising_in_a_pool_worker_is_the_pairs_one_line(tmp_p
     assert len(failed) == 1 and "raised RuntimeError: estimator exploded at " in failed[0], err[-3000:]
     assert "broken.py:" in failed[0] and "(in exploding)" in failed[0], failed
     assert sorted(statuses(f"sqlite:///{tmp_path}/mlflow.db", "pobench", "train")) == ["FAILED", "FINISHED"]
+
+
+def test_a_stop_after_the_study_is_complete_says_the_study_is_kept(tmp_path, bench_here, monkeypatch):
+    """Held-out round 4: a SIGTERM while `bench tune` wrote the outputs of its complete study said "kept nothing".
+    The stop is raised where the signal lands (the leaderboard, printed after the outputs are written)."""
+    from bench.cli import tune as tune_cmd
+    from tests.bench import fake_trainer
+
+    fake_trainer.inject(monkeypatch.setattr)
+
+    def signal_lands(study):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tune_cmd, "print_leaderboard", signal_lands)
+    uri = fresh_store(tmp_path)
+    argv = ["tune", "--algo", "grpo", "--trials", "2", "--steps", "2", "--seeds", "0", "--study", "st",
+            "--storage", f"sqlite:///{tmp_path}/optuna.db", "--tracking-uri", uri, "--experiment", "tx",
+            "--eval-every", "1", "--samples-every", "0", "--sampler-seed", "0", "--workers", "1"]
+    rc, _, err = bench_here(argv, tmp_path)
+    lines = _lines(err)
+    assert rc in (130, 143) and len(lines) == 1, err[-3000:]
+    assert "kept the study 'st' with its 2 trials, complete, in sqlite:///" in lines[0], lines
+    assert "resume by rerunning the same command" in lines[0] and "kept nothing" not in lines[0]

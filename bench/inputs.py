@@ -204,6 +204,10 @@ def check_tracking_scheme(uri: str) -> str:
         shown = ", ".join(f"{s}://" for s in sorted(known) if s)
         raise ValueError(f"tracking URI {uri!r}: unknown scheme {scheme!r}; MLflow stores: {shown} (fix "
                          "--tracking-uri / MLFLOW_TRACKING_URI)")
+    if scheme == "sqlite" and (uri.rstrip("/") in ("sqlite:", "sqlite:/", "sqlite://")
+                               or ":memory:" in uri or "mode=memory" in uri):
+        raise ValueError(f"tracking URI {uri!r}: an in-memory SQLite store, which keeps nothing once the command ends "
+                         "(the runs would be lost); give a file, e.g. --tracking-uri sqlite:///mlflow.db")
     if scheme in ("", "file") and os.environ.get(FILE_STORE_ENV, "").strip().lower() not in ("1", "true", "yes"):
         folder = urlparse(uri).path if scheme == "file" else uri  # (a plain path: MLflow's file store)
         raise ValueError(f"tracking URI {uri!r}: a plain path (or file:) is MLflow's file store, which MLflow refuses "

@@ -240,8 +240,15 @@ class RunLogger:
         """Continue an existing run; re-log buffered metrics of the checkpoint that never reached the store. A run
         that had ended FAILED or KILLED is RUNNING again; its ``pobench.failure`` moves to ``pobench.resumed_after``
         (``FAILED: <cause>``, earlier ones kept before it), so only a run that failed carries ``pobench.failure``."""
+        try:
+            run = self.call(self.client.get_run, run_id)
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            raise ValueError(f"--resume: the checkpoint in {self.run_dir} continues MLflow run {run_id}, which the "
+                             f"store {self.uri} does not hold (deleted, or recorded in another store): resume with "
+                             "--tracking-uri of the store that holds it, or start the run again with --force") from None
         self.run_id = run_id
-        run = self.call(self.client.get_run, run_id)
         if run.info.status in ("FAILED", "KILLED"):
             before = run.data.tags.get(record.RESUMED_AFTER)
             now = f"{run.info.status}: {run.data.tags.get(record.FAILURE, 'no cause recorded')}"

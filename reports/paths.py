@@ -60,9 +60,13 @@ def safe_component(name: object, what: str = "name") -> str:
 def contained(root: str | Path, *parts: str) -> Path:
     """``root / parts`` after checking that it stays under ``root`` once resolved (``..``, absolute parts and symlinks
     that point out are refused with :class:`UnsafePath`). ``parts`` are usually :func:`safe_component` results."""
-    base = Path(root).resolve()
-    path = base.joinpath(*parts)
-    resolved = path.resolve()
+    try:
+        base = Path(root).resolve()
+        path = base.joinpath(*parts)
+        resolved = path.resolve()
+    except (RuntimeError, OSError) as e:  # a symlink loop (RuntimeError before Python 3.13, OSError ELOOP after)
+        raise UnsafePath(f"{Path(root).joinpath(*parts)}: {e} (a symlink that leads back to itself); remove it, or "
+                         "choose another name or folder") from None
     if resolved != base and base not in resolved.parents:
         raise UnsafePath(f"{path} is outside {base}; pobench writes only under its own folders")
     return path

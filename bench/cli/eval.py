@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -78,8 +79,22 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check_sampling(args) -> None:
+    """``--temperature`` finite and >= 0 (0: greedy only), ``--top-p`` in (0, 1]: refused in one line before any
+    work (a NaN or negative temperature skipped the sampled metrics silently and wrote NaN into results.json)."""
+    t, p = args.temperature, args.top_p
+    if not (math.isfinite(t) and t >= 0):
+        raise ValueError(f"--temperature {t}: must be a finite number >= 0 (0 = greedy only, no sampled metrics)")
+    if not (math.isfinite(p) and 0 < p <= 1):
+        raise ValueError(f"--top-p {p}: must be in (0, 1]")
+    if t == 0 and (args.k > 1 or args.samples):
+        raise ValueError(f"--temperature 0 samples nothing, so --k {args.k} / --samples give no pass@k: set a "
+                         "temperature > 0, or drop them")
+
+
 def run(args) -> int:
     check_seed(args.seed, "--seed")
+    check_sampling(args)
     if args.comparison is not None:
         return eval_comparison.run(args)
     args.model = args.model or BUILTIN_MODEL

@@ -549,3 +549,49 @@ def test_a_stop_after_the_study_is_complete_says_the_study_is_kept(tmp_path, ben
     assert rc in (130, 143) and len(lines) == 1, err[-3000:]
     assert "kept the study 'st' with its 2 trials, complete, in sqlite:///" in lines[0], lines
     assert "resume by rerunning the same command" in lines[0] and "kept nothing" not in lines[0]
+
+
+def test_a_symlink_loop_where_the_run_folder_goes_is_one_line(tmp_path, bench_here):
+    """Held-out round 4: a symlink to itself at the run folder's path ended `bench train` in a RuntimeError traceback
+    (Path.resolve's 'Symlink loop')."""
+    fresh_store(tmp_path)
+    rc, _, err = bench_here(["train", "--run-name", "r", *TINY], tmp_path)
+    assert rc == 0, err[-3000:]
+    loop = tmp_path / ".pobench" / "runs" / "pobench" / "loop"
+    loop.symlink_to("loop")
+    rc, _, err = bench_here(["train", "--run-name", "loop", *TINY], tmp_path)
+    assert rc == 2 and len(_lines(err)) == 1 and "a symlink that leads back to itself" in err, err[-3000:]
+    assert loop.is_symlink() and os.readlink(loop) == "loop"
+
+
+@pytest.mark.parametrize("uri", ["sqlite:///", "sqlite://", "sqlite:///:memory:"])
+def test_an_in_memory_store_is_refused(tmp_path, bench_here, uri):
+    """Held-out round 4: MLFLOW_TRACKING_URI=sqlite:/// trained, exit 0, and the run's record was gone with the
+    process."""
+    rc, _, err = bench_here(["train", *TINY], tmp_path, MLFLOW_TRACKING_URI=uri)
+    assert rc == 2 and len(_lines(err)) == 1 and "an in-memory SQLite store, which keeps nothing" in err, err
+    assert not (tmp_path / ".pobench").exists()
+
+
+def test_resuming_a_run_the_store_does_not_hold_is_one_line(tmp_path, bench_here):
+    """Held-out round 4: `--resume` after the store was moved away ended in MlflowException's traceback ('Run with
+    id=... not found')."""
+    argv = ["train", "--run-name", "r", *TINY]
+    rc, _, err = bench_here(argv, tmp_path, MLFLOW_TRACKING_URI=fresh_store(tmp_path / "a"))
+    assert rc == 0, err[-3000:]
+    other = fresh_store(tmp_path / "b")  # (a store without the run: another one, or this one moved away)
+    rc, _, err = bench_here([*argv, "--steps", "2", "--resume"], tmp_path, MLFLOW_TRACKING_URI=other)
+    lines = [ln for ln in _lines(err) if "mlflow.store.db.utils" not in ln]
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert "which the store sqlite:///" in lines[0] and "does not hold" in lines[0] and "--force" in lines[0], lines
+
+
+@pytest.mark.parametrize("flags", [["--temperature=nan"], ["--temperature=-1"], ["--temperature=inf"],
+                                   ["--top-p=0"], ["--temperature=0", "--k", "2"]])
+def test_bench_eval_refuses_a_sampling_setting_it_cannot_use(tmp_path, bench_here, flags):
+    """Held-out round 4: `bench eval --temperature nan --k 2` exited 0 without the pass@k asked for and wrote NaN
+    into results.json; -1 did the same; inf sampled at an infinite temperature."""
+    rc, _, err = bench_here(["eval", "--benchmarks", "arith", "--limit", "2", "--max-new-tokens", "4", "--no-mlflow",
+                             "--out", "ev", *flags], tmp_path)
+    assert rc == 2 and len(_lines(err)) == 1, err[-3000:]
+    assert not (tmp_path / "ev").exists()

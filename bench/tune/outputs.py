@@ -43,6 +43,9 @@ def show(study_name: str | None, storage_url: str | None = None, out: Path | Non
     """`bench tune --show`: print the leaderboard of an existing study and write its outputs (to ``out``, default
     ``.pobench/tune/<study>``); ValueError listing the studies of the storage when ``study_name`` is not one."""
     url = storage_url or default_storage_url()
+    db = url[len("sqlite:///"):] if url.startswith("sqlite:///") else None
+    if db is not None and not Path(db).exists():  # (only reading: no storage is created where there was none)
+        raise ValueError(f"--show: no Optuna storage at {db}: nothing to show; give --storage of the study's storage")
     storage = open_storage(url)
     names = optuna.study.get_all_study_names(storage)
     if not study_name or study_name not in names:

@@ -595,3 +595,10 @@ def test_bench_eval_refuses_a_sampling_setting_it_cannot_use(tmp_path, bench_her
                              "--out", "ev", *flags], tmp_path)
     assert rc == 2 and len(_lines(err)) == 1, err[-3000:]
     assert not (tmp_path / "ev").exists()
+
+
+def test_tune_show_without_a_storage_creates_none(tmp_path, bench_here):
+    """Held-out round 4 (a note): `bench tune --show --study nope` in an empty folder left an empty Optuna storage."""
+    rc, _, err = bench_here(["tune", "--algo", "grpo", "--show", "--study", "nope"], tmp_path)
+    assert rc == 2 and len(_lines(err)) == 1 and "no Optuna storage at" in err, err[-3000:]
+    assert list(tmp_path.iterdir()) == []

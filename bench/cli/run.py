@@ -12,7 +12,6 @@ import dataclasses
 import sys
 
 from algorithms import list_controls
-from bench import faults, preflight
 from bench.cli.flags import add_config_flags, add_preset_flag, add_report_flags, report_options
 from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.compare import (
@@ -26,11 +25,8 @@ from bench.compare import (
 )
 from bench.compare.executors import EXECUTORS, make_executor
 from bench.config import TrainConfig
-from bench.engines import entry as engines
 from bench.presets import get_preset
-from bench.tracking import check_reachable
 from bench.workers import parse_seeds
-from reports.report import report_folder
 
 SKIP = ("algo", "seed", "run_name", "comparison", "resume", "objective_overrides")
 
@@ -83,25 +79,11 @@ def run(args: argparse.Namespace) -> int:
     flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig) if f.name not in SKIP}
     cfg = base_config(args.config, preset=preset.path if preset else None, **flags)
     baseline = run_baseline(args.baseline, args.ablation, algos)
-    check_reachable(cfg.tracking_uri)
-    faults.check_output_folder(cfg.output_dir, "--output-dir")  # a file in its place, read-only: one line now
-    if not args.no_report:  # a foreign folder where the report would go: one line now, not after training
-        faults.check_output_folder(args.out_root, "--out-root")
-        report_folder(args.out_root, cfg.experiment)
-    for a in algos:  # what the engine cannot train: one line now, not one failed pair after another
-        engines.check(dataclasses.replace(cfg, algo=a, objective_overrides=dict(params.get(a, {}))))
-    engine = engines.engine_for(cfg)
-    if not engine.capabilities.parallel_pairs and (args.executor == "ray" or (args.workers or 0) > 1):
-        raise ValueError(f"--engine {engine.name} runs one pair at a time from this process (each job takes the "
-                         "cluster it is given): drop --executor ray / --workers above 1")
-    ranges = [preflight.range_warning(a, params.get(a, {})) for a in algos]  # values outside declared ranges
-    for warning in dict.fromkeys([*filter(None, ranges), *preflight.check_inputs(cfg)]):  # every source read, ...
-        print(f"bench run: warning: {warning}", file=sys.stderr)
-
+    # (every check before any work is the library's, run_comparison's first step: bench.compare.check_comparison)
     spec = ComparisonSpec(cfg, algos, seeds, params, force=args.force, workers=args.workers, executor=args.executor,
                           ray_address=args.ray_address, report=not args.no_report, baseline=baseline,
                           target_acc=args.target_acc, out_root=args.out_root, report_options=report_options(args),
-                          progress=not args.no_progress)
+                          progress=not args.no_progress, on_warning=warn)
     try:
         res = run_comparison(spec)
     except ComparisonStopped as e:  # SIGINT / SIGTERM: finished pairs are reused, checkpointed ones resumed
@@ -117,6 +99,11 @@ def run(args: argparse.Namespace) -> int:
         t = res.report.tables["accuracy"]
         print(t.markdown(), end="")
     return 1 if res.failed else 0
+
+
+def warn(warning: str) -> None:
+    """A warning of the checks before any work, as the command says it."""
+    print(f"bench run: warning: {warning}", file=sys.stderr)
 
 
 def run_baseline(baseline: str | None, ablation: list[str] | None, algos: list[str]) -> str | None:

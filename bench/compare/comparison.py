@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from bench import faults, preflight
 from bench.compare.display import LiveDisplay
 from bench.compare.distinguish import warn_before_run
 from bench.compare.executors import Task, WorkerDied, make_executor
@@ -29,7 +30,7 @@ from bench.engines.lifecycle import RunFolderBusy, folder_held, folder_in_use, h
 from bench.folders import check_claimable, check_removable, experiment_dir, remove_run_folder
 from bench.identity import written_by_note
 from bench.plugins import check_shippable, with_plugins
-from bench.tracking import store_client, version_tags
+from bench.tracking import check_reachable, store_client, version_tags
 from reports.record import (
     COMPARISON,
     CONFIG_HASH,
@@ -41,7 +42,7 @@ from reports.record import (
     retry_locked,
     tracking_uri,
 )
-from reports.report import build_report
+from reports.report import build_report, report_folder
 
 
 @dataclass
@@ -67,6 +68,9 @@ class ComparisonSpec:
     out_root: str | Path = "reports/out"
     report_options: Any = None                # how the report is drawn (reports.report.ReportOptions)
     progress: bool = True                     # the live display (LiveDisplay)
+    # what to do with each warning of the checks before any work (check_comparison); None: print it to stderr.
+    # A module-level function (the spec reaches worker processes)
+    on_warning: Callable[[str], None] | None = None
 
 
 # the outcomes of a pair whose run is complete (the report reads them; a rerun reuses them)
@@ -115,10 +119,39 @@ def comparison_run(client, exp_id: str, cid: str, cfg: TrainConfig, algos: list[
     return run.info.run_id
 
 
+def check_comparison(spec: ComparisonSpec) -> list[str]:
+    """Every check `bench run` makes before any work, for every caller (the command line, a notebook): the store
+    reachable, the output folder and (``spec.report``) the report's folder usable, each objective trainable by the
+    engine with its params, the engine able to train pairs side by side when more than one worker is asked for; one
+    ValueError line otherwise. Returns the warnings (params outside their declared ranges, what reading the inputs
+    found)."""
+    cfg = spec.cfg
+    check_reachable(cfg.tracking_uri)
+    faults.check_output_folder(cfg.output_dir, "--output-dir")  # a file in its place, read-only: one line now
+    if spec.report:  # a foreign folder where the report would go: one line now, not after training
+        faults.check_output_folder(spec.out_root, "--out-root")
+        report_folder(spec.out_root, cfg.experiment)
+    for a in spec.algos:  # what the engine cannot train: one line now, not one failed pair after another
+        engines.check(replace(cfg, algo=a, objective_overrides=dict(spec.params.get(a, {}))))
+    engine = engines.engine_for(cfg)
+    if not engine.capabilities.parallel_pairs and (spec.executor == "ray" or (spec.workers or 0) > 1):
+        raise ValueError(f"--engine {engine.name} runs one pair at a time from this process (each job takes the "
+                         "cluster it is given): drop --executor ray / --workers above 1")
+    ranges = [preflight.range_warning(a, spec.params.get(a, {})) for a in spec.algos]  # outside declared ranges
+    return list(dict.fromkeys([*filter(None, ranges), *preflight.check_inputs(cfg)]))  # every source read, ...
+
+
+def _print_warning(warning: str) -> None:
+    print(f"pobench: warning: {warning}", file=sys.stderr)
+
+
 def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
-    """Train the missing pairs of the comparison, then (``spec.report``) write its report."""
+    """Train the missing pairs of the comparison, then (``spec.report``) write its report. First every check `bench
+    run` makes (``check_comparison``), so a notebook's call is refused as the command is."""
     t_start = time.perf_counter()
     ex = make_executor(spec.executor or DEFAULTS.executor, workers=spec.workers, ray_address=spec.ray_address)
+    for warning in check_comparison(spec):
+        (spec.on_warning or _print_warning)(warning)
     algos, seeds = spec.algos, spec.seeds
     params = {a: dict(spec.params.get(a, {})) for a in algos}
     cfg = with_plugins(spec.cfg, algos)  # the plugins the objectives and tasks come from, named in the config

@@ -342,3 +342,24 @@ def test_a_run_whose_end_fails_lets_its_folder_go(tmp_path, monkeypatch):
     with pytest.raises(MlflowException, match="refused the end"):
         fake_train(cfg)
     assert alive and not folder_in_use(cfg.run_dir())
+
+
+def test_a_notebook_call_is_checked_as_the_command_is(tmp_path):
+    """Every check `bench run` makes before any work lives in the library (issue 30: cli/run.py made them, a notebook's
+    run_comparison did not): an unreachable server, an output folder that is a file, a report folder in the way,
+    params outside their declared range (a warning, to the spec's on_warning)."""
+    from tests.net import free_port
+
+    base = tiny(tmp_path, "nb")
+    with pytest.raises(ValueError, match="cannot be reached"):
+        run_comparison(spec(replace(base, tracking_uri=f"http://127.0.0.1:{free_port()}"), ["grpo"], [0]))
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(ValueError, match="--output-dir"):
+        run_comparison(spec(replace(base, output_dir=str(tmp_path / "afile")), ["grpo"], [0]))
+    (tmp_path / "out" / "nb").mkdir(parents=True)  # a folder of the user's where the report's experiment folder goes
+    with pytest.raises(ValueError, match="not created by pobench"):
+        run_comparison(spec(base, ["grpo"], [0], report=True, out_root=str(tmp_path / "out")))
+    assert not (tmp_path / "runs").exists() and (tmp_path / "afile").read_text() == "mine"
+    said: list[str] = []
+    run_comparison(spec(base, ["grpo"], [0], params={"grpo": {"clip_low": 0.9}}, on_warning=said.append))
+    assert said and any("clip_low" in w for w in said), said

@@ -279,6 +279,12 @@ class Objective:
         """Metrics of the current state, logged after each training step (``objective/*`` names)."""
         return {}
 
+    def probe_state(self) -> dict[str, float] | None:
+        """The state the distinguishability probe evaluates a stateful objective at: one where what the state
+        controls acts (its initial state may switch it off, so the objective would look like one without it); None:
+        the initial state."""
+        return None
+
     def restore_state(self, saved: dict[str, Any] | None) -> None:
         """Set the state a checkpoint saved; ValueError when it is not this objective's (other fields, not numbers)."""
         want = self.initial_state()

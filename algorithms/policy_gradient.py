@@ -146,6 +146,14 @@ class PolicyGradient(Objective):
             return {}
         return {"entropy_coef": c.entropy_coef, "entropy": math.inf}  # inf: no bonus before a first measurement
 
+    def probe_state(self) -> dict[str, float] | None:
+        """With the controller: α after one optimizer step whose H_θ was at most H* (the gate open), so the probe
+        sees the bonus the run applies from its second optimizer step on (at the initial state it applies none)."""
+        c = self.config
+        if c.entropy_target == 0:
+            return None
+        return {"entropy_coef": min(c.entropy_coef + c.entropy_coef_delta, c.entropy_coef_max), "entropy": 0.0}
+
     def entropy_alpha(self) -> float:
         """α applied to −α·H_θ now: ``entropy_coef``, or with the controller its α while the entropy measured at the
         last optimizer step is <= H* (0 otherwise, and before the first: TRL's gate)."""

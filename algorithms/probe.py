@@ -217,6 +217,8 @@ def _advantage_inputs(obj, pb: ProbeBatch) -> dict[str, torch.Tensor]:
 def _gradient_one(name: str, overrides: dict[str, Any], pb: ProbeBatch, seed: int
                   ) -> tuple[torch.Tensor, dict[str, float]]:
     obj = get_objective(name, **overrides)
+    if (state := obj.probe_state()) is not None:  # a stateful objective where its state acts (not its initial one)
+        obj.restore_state(state)
     adv = obj.advantages(pb.rewards, **_advantage_inputs(obj, pb)).reshape(-1).to(torch.float64)  # (B,)
     lp = pb.logprobs.clone().requires_grad_(True)
     ent = pb.entropy.clone().requires_grad_(True)

@@ -134,3 +134,17 @@ def test_declarations():
         controller(entropy_coef_min=0.5, entropy_coef_max=0.1)
     with pytest.raises(ValueError, match="entropy_target"):
         get_objective("grpo", entropy_target=-0.1)
+
+
+def test_the_probe_sees_the_controller_with_its_gate_open():
+    """The distinguishability probe evaluates a stateful objective where its state acts (probe_state): grpo with the
+    adaptive coefficient differs from grpo (it coincided at the initial state, gate closed), and its gradient has the
+    entropy term of α = α_0 + δ."""
+    from algorithms.probe import Regime, gradient, make_batch, relative_difference
+
+    pb = make_batch(Regime(updates_before=3))
+    plain, _ = gradient("grpo", {"kl_coef": 0.0}, [pb])
+    adaptive, _ = gradient("grpo", {"kl_coef": 0.0, "entropy_target": 0.5, "entropy_coef": 0.01}, [pb])
+    fixed, _ = gradient("grpo", {"kl_coef": 0.0, "entropy_coef": 0.015}, [pb])  # α_0 + δ (0.005), applied
+    assert relative_difference(plain, adaptive) > 1e-3
+    torch.testing.assert_close(adaptive, fixed)

@@ -54,7 +54,7 @@ def test_rewritten_data_file_is_a_new_comparison_and_is_retrained(tmp_path):
     assert first.pairs[0].outcome == "finished"
     same = run_comparison(spec(cfg))
     assert same.pairs[0].outcome == "reused" and same.comparison == first.comparison
-    # every answer rewritten (still numbers: run_comparison checks, as `bench run` does, that the verifier can read them)
+    # every answer rewritten (still numbers: run_comparison checks, as `bench run` does, that the verifier reads them)
     write(data, [{**r, "answer": r["answer"].replace("#### ", "#### 1")} for r in GSM])
     again = run_comparison(spec(cfg))
     assert again.comparison != first.comparison

@@ -404,36 +404,48 @@ def _left_run(cfg: TrainConfig, run_dir: Path) -> tuple[RunLogger, str] | None:
     return logger, run_id
 
 
+def _end_left(cfg: TrainConfig, run_dir: Path, error: BaseException, tags: dict[str, str] | None = None
+              ) -> tuple[str, bool | None] | None:
+    """End the MLflow run of ``run_dir`` its process left RUNNING (``_left_run``) with ``error`` (``end_run``):
+    (its id, whether it was ended; None when another process trains in the folder now, and it is left as it is);
+    None when there is no such run."""
+    left = _left_run(cfg, run_dir)
+    if left is None:
+        return None
+    logger, run_id = left
+    try:
+        with folder_held(run_dir):  # (RUNNING because its process is gone, not because one trains there now)
+            if tags:
+                logger.set_tags(tags)
+            return run_id, end_run(logger, error)
+    except RunFolderBusy:
+        return run_id, None
+
+
 def end_left_running(cfg: TrainConfig, run_dir: Path) -> str:
     """A command refused a run folder with checkpoints (no ``--resume``): when its MLflow run is still RUNNING and no
     process trains there (its own was SIGKILLed after a checkpoint), that run is ended KILLED, as a stopped run is,
     so `--resume` continues it and nothing shows as running meanwhile. Returns what to add to the refusal's line."""
-    left = _left_run(cfg, run_dir)
-    if left is None:
-        return ""
-    logger, run_id = left
     try:
-        with folder_held(run_dir):  # (RUNNING because its process is gone, not because one trains there now)
-            logger.set_tags({STOPPED: "early"})
-            ended = end_run(logger, KeyboardInterrupt())
-    except RunFolderBusy:
-        return f" (another process is training in {run_dir} now)"
+        done = _end_left(cfg, run_dir, KeyboardInterrupt(), {STOPPED: "early"})
     except StoreUnreachable:
         return ""
-    return f" (its MLflow run {run_id}, left RUNNING by a process that was killed, was ended KILLED)" if ended else ""
+    if done is None or done[1] is False:
+        return ""
+    run_id, ended = done
+    if ended is None:
+        return f" (another process is training in {run_dir} now)"
+    return f" (its MLflow run {run_id}, left RUNNING by a process that was killed, was ended KILLED)"
 
 
 def end_unresumable(cfg: TrainConfig, run_dir: Path, error: BaseException) -> str:
     """No checkpoint of ``run_dir`` can be resumed: end its MLflow run FAILED with ``error`` as the cause, if it is
     still RUNNING (``_left_run``). Returns what to add to the error's line ("" when there is no run to end)."""
-    left = _left_run(cfg, run_dir)
-    if left is None:
+    done = _end_left(cfg, run_dir, error)
+    if done is None:
         return ""
-    logger, run_id = left
-    try:
-        with folder_held(run_dir):  # (RUNNING because its process is gone, not because one trains there now)
-            ended = end_run(logger, error)
-    except RunFolderBusy:
+    run_id, ended = done
+    if ended is None:
         return f"; its MLflow run {run_id} is left as it is: another process is training in {run_dir} now"
     return f"; its MLflow run {run_id} was ended FAILED" if ended else \
         f"; its MLflow run {run_id} is ended FAILED at the next contact ({run_dir / 'run.json'})"

@@ -1,0 +1,145 @@
+"""Plugins that misbehave, each as a user meets it (issue 29's held-out rounds 3 and 4; real files, a real SQLite
+store, real processes): a plugin objective calling sys.exit, returning a wrong-shaped term or a non-scalar loss,
+lacking policy_term, raising in __init__, or a plugin estimator raising (in `bench train` and in a `bench run` pool
+worker): one line each, naming the plugin's line where it applies, no run left RUNNING."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.bench.test_held_out_faults import TINY, _lines
+from tests.bench.test_signals import statuses
+from tests.conftest import fresh_store
+
+BAD_TERM_PLUGIN = '''
+import sys
+
+from algorithms import register, register_advantage
+from algorithms.policy_gradient import ClippedPG, PolicyGradient, clipped_surrogate
+
+
+class ExitPG(PolicyGradient):
+    def policy_term(self, batch, ratio, adv, is_w):
+        sys.exit(0)
+
+
+class ShapePG(PolicyGradient):
+    def policy_term(self, batch, ratio, adv, is_w):
+        term, low, high = clipped_surrogate(ratio, adv, 0.2, 0.2)
+        return term[:1, :1].repeat(1, 3), low, high, {{}}
+
+
+class InitPG(PolicyGradient):
+    def __init__(self, config, name=""):
+        super().__init__(config, name)
+        raise RuntimeError("boom in init")
+
+
+class NonScalarPG(ClippedPG):
+    def loss(self, batch, generator=None):
+        loss, metrics = super().loss(batch, generator)
+        return loss.expand(3), metrics
+
+
+class NoTermPG(PolicyGradient):
+    pass
+
+
+def exploding(rewards):
+    raise RuntimeError("estimator exploded")
+
+
+register("exit-pg-{n}", ExitPG, description="calls sys.exit(0) in its loss (a broken plugin)")
+register("shape-pg-{n}", ShapePG, description="returns a policy term of the wrong shape (a broken plugin)")
+register("init-pg-{n}", InitPG, description="raises in __init__ (a broken plugin)")
+register("nonscalar-pg-{n}", NonScalarPG, description="returns a loss of shape (3,) (a broken plugin)")
+register("noterm-pg-{n}", NoTermPG, description="has no policy_term (a broken plugin)")
+register_advantage("exploding-{n}", exploding, description="raises (a broken plugin)")
+register("adv-pg-{n}", base="grpo", description="grpo with the raising estimator", advantage_estimator="exploding-{n}")
+'''
+
+
+BROKEN = {  # what each broken plugin objective's one line says
+    "exit": "sys.exit(0) was called inside the work at ",
+    "shape": "policy_term returned the policy term of",
+    "init": "plugin broken.py raised RuntimeError: boom in init at ",
+    "nonscalar": "loss returned a tensor of shape (3,), expected a scalar",
+    "noterm": "NoTermPG does not implement policy_term",
+    "adv": "plugin broken.py raised RuntimeError: estimator exploded at ",
+}
+
+
+@pytest.mark.parametrize("kind, argv", [
+    *[(kind, ["train", "--run-name", "r"]) for kind in BROKEN],
+    pytest.param("exit", ["run", "--seeds", "0", "--no-controls", "--workers", "2", "--no-progress", "--no-report"],
+                 marks=pytest.mark.slow)])
+def test_a_plugin_objective_that_exits_or_returns_a_wrong_shape_is_one_line(tmp_path, bench_here, kind, argv):
+    """Held-out round 3: an objective calling sys.exit(0) in its loss ended `bench train` / `bench run --workers 2`
+    with exit 0, silently; one returning a wrong-shaped policy term ended in a traceback. Round 4: a plugin raising
+    in its objective's __init__ or its estimator, a loss of shape (3,), a PolicyGradient without policy_term: a
+    traceback each. Now one line each, naming the plugin's line where it applies."""
+    from algorithms import unregister, unregister_advantage
+
+    n = f"{kind}-{argv[0]}-{len(argv)}"
+    fresh_store(tmp_path)
+    (tmp_path / "broken.py").write_text(BAD_TERM_PLUGIN.format(n=n))
+    flag = ["--algo"] if argv[0] == "train" else ["--algos"]
+    try:
+        rc, out, err = bench_here([argv[0], "--plugin", "broken.py", *flag, f"{kind}-pg-{n}", *argv[1:], *TINY],
+                                  tmp_path)
+    finally:
+        for k in BROKEN:
+            unregister(f"{k}-pg-{n}")
+        unregister_advantage(f"exploding-{n}")
+    text = out + err
+    assert rc not in (0, None) and "Traceback" not in text and BROKEN[kind] in text, text[-3000:]
+    if kind == "exit":
+        assert "broken.py:10 (in policy_term)" in text, text[-3000:]
+    lines = [ln for ln in _lines(err) if not ln.startswith("bench: warning")]
+    assert len(lines) == 1, err[-3000:]  # (bench run: met by the distinguishability probe, before any pair)
+    from mlflow import MlflowClient
+
+    if MlflowClient(f"sqlite:///{tmp_path}/mlflow.db").get_experiment_by_name("pobench") is not None:
+        assert "RUNNING" not in statuses(f"sqlite:///{tmp_path}/mlflow.db", "pobench")
+
+
+def test_sys_exit_inside_a_runs_training_fails_the_run_in_one_line(tmp_path):
+    """The training of every run (bench.engines.lifecycle.recorded): a plugin's sys.exit(0) met there ends the run
+    FAILED with the line as its cause (it ended KILLED, and the command exited 0), and the command gets that line."""
+    from mlflow import MlflowClient
+
+    from bench import faults
+    from bench.engines.lifecycle import recorded
+    from bench.tracking import RunLogger
+
+    uri = fresh_store(tmp_path)
+    log = RunLogger(uri, "x")
+    log.start("r", {"pobench.kind": "train"}, {"a": "1"})
+    with pytest.raises(faults.ExitCalled, match=r"sys.exit\(0\) was called inside the work at .*test_plugin_faults"):
+        with recorded(log):
+            raise SystemExit(0)
+    run = MlflowClient(uri).get_run(log.run_id)
+    assert run.info.status == "FAILED" and "sys.exit(0)" in run.data.tags["pobench.failure"], run.info.status
+
+
+@pytest.mark.slow
+def test_a_plugin_estimator_raising_in_a_pool_worker_is_the_pairs_one_line(tmp_path, bench_here):
+    """Held-out round 4: in `bench run --workers 2` the good pair finished and the bad one failed, but the worker's
+    30-line traceback went to stderr. Now the pair's line names the plugin's line; no traceback."""
+    from algorithms import unregister, unregister_advantage
+
+    n = "pool"
+    fresh_store(tmp_path)
+    (tmp_path / "broken.py").write_text(BAD_TERM_PLUGIN.format(n=n))
+    try:
+        rc, out, err = bench_here(["run", "--plugin", "broken.py", "--algos", f"grpo,adv-pg-{n}", "--seeds", "0",
+                                   "--no-controls", "--workers", "2", "--no-progress", "--no-report", *TINY], tmp_path)
+    finally:
+        for k in BROKEN:
+            unregister(f"{k}-pg-{n}")
+        unregister_advantage(f"exploding-{n}")
+    assert rc == 1 and "Traceback" not in out + err, (out + err)[-3000:]
+    failed = [ln for ln in err.splitlines() if f"adv-pg-{n} seed 0: failed: " in ln]
+    assert len(failed) == 1 and "raised RuntimeError: estimator exploded at " in failed[0], err[-3000:]
+    assert "broken.py:" in failed[0] and "(in exploding)" in failed[0], failed
+    assert sorted(statuses(f"sqlite:///{tmp_path}/mlflow.db", "pobench", "train")) == ["FAILED", "FINISHED"]

@@ -3,6 +3,7 @@ protocol that every task (the generated ``arith`` and each file / hub benchmark)
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -62,3 +63,23 @@ class Task(Protocol):
     def reward(self, completion: str, problem: Problem) -> float:
         """1.0 when `completion`'s final answer matches ``problem.answer``, else 0.0: the task's verifier."""
         ...
+
+
+def checked_reward(task: Task, completion: str, problem: Problem) -> float:
+    """``task.reward(completion, problem)`` as a float, refused in one line naming the task and the problem when it is
+    not a finite real number (a plugin task's string, None, a tensor of several values, NaN or ±inf), which would
+    otherwise surface as torch's error on the batch or as a "diverged" loss steps later. Every engine scores through
+    it."""
+    value, name = task.reward(completion, problem), getattr(task, "name", type(task).__name__)
+    try:
+        if isinstance(value, (str, bytes)) or value is None:
+            raise TypeError
+        number = float(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"task {name!r} returned the reward {value!r:.60} "
+                         f"({type(value).__name__}) for problem {problem.id!r}: a reward must be one finite number "
+                         "(fix the task's reward)") from None
+    if not math.isfinite(number):
+        raise ValueError(f"task {name!r} returned the reward {number} for problem "
+                         f"{problem.id!r}: a reward must be finite (fix the task's reward)")
+    return number

@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         load_cli_plugins(args)  # --plugin / the config's plugins: before any objective or task name is read
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as e:  # user errors: one clear line, no traceback
-        print(f"bench {args.command}: error: {e}", file=sys.stderr)
+        # (one a plugin's own code raised names the plugin and its file:line, as any other exception of it does)
+        print(f"bench {args.command}: error: {plugin_failure(e) or e}", file=sys.stderr)
         return 2
     except interrupt.Stopped as e:  # SIGINT / SIGTERM: what the command kept, how to resume it
         print(interrupt.line(args.command, e), file=sys.stderr)

@@ -143,3 +143,66 @@ def test_a_plugin_estimator_raising_in_a_pool_worker_is_the_pairs_one_line(tmp_p
     assert len(failed) == 1 and "raised RuntimeError: estimator exploded at " in failed[0], err[-3000:]
     assert "broken.py:" in failed[0] and "(in exploding)" in failed[0], failed
     assert sorted(statuses(f"sqlite:///{tmp_path}/mlflow.db", "pobench", "train")) == ["FAILED", "FINISHED"]
+
+
+REWARD_PLUGIN = '''
+from evaluators import register_task
+from evaluators.arith import ArithTask
+
+
+class Raising(ArithTask):
+    name = "raising-{n}"
+
+    def reward(self, completion, problem):
+        raise ValueError("the reward refused this completion")
+
+
+class Stringy(ArithTask):
+    name = "string-{n}"
+
+    def reward(self, completion, problem):
+        return "abc"
+
+
+class NaNy(ArithTask):
+    name = "nan-{n}"
+
+    def reward(self, completion, problem):
+        return float("nan")
+
+
+for cls in (Raising, Stringy, NaNy):
+    register_task(cls)
+'''
+
+BAD_REWARD = {  # the one line of each plugin task's bad reward
+    "raising": "plugin rewards.py raised ValueError: the reward refused this completion at ",
+    "string": "returned the reward 'abc' (str) for problem ",
+    "nan": "returned the reward nan for problem ",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_REWARD))
+def test_a_plugin_tasks_reward_that_raises_or_is_not_a_number_is_one_line(tmp_path, bench_here, kind):
+    """Held-out round 5: a plugin task's reward raising ValueError gave only its message (no plugin, no line); a
+    string gave torch's "too many dimensions 'str'"; a NaN was reported as the loss diverging (exit 3). Now one line
+    naming the plugin's line, or the task, the problem and the value; exit 2."""
+    from evaluators import unregister_task
+
+    n = "r5"
+    fresh_store(tmp_path)
+    (tmp_path / "rewards.py").write_text(REWARD_PLUGIN.format(n=n))
+    try:
+        rc, out, err = bench_here(["train", "--plugin", "rewards.py", "--task", f"{kind}-{n}", "--run-name", "r",
+                                   *TINY], tmp_path)
+    finally:
+        for k in BAD_REWARD:
+            unregister_task(f"{k}-{n}")
+    text = out + err
+    assert rc == 2 and "Traceback" not in text and BAD_REWARD[kind] in text, text[-3000:]
+    if kind == "raising":
+        assert "rewards.py:10 (in reward)" in text, text[-3000:]
+    else:
+        assert f"task '{kind}-{n}'" in text, text[-3000:]
+    assert len([ln for ln in _lines(err) if not ln.startswith("bench: warning")]) == 1, err[-3000:]
+    assert "RUNNING" not in statuses(f"sqlite:///{tmp_path}/mlflow.db", "pobench")

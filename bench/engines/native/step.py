@@ -24,6 +24,7 @@ from bench.model import format_prompt
 from bench.rollout import Sampler, SamplingParams
 from bench.rollout.prefix import score_shared
 from bench.rollout.scoring import score
+from evaluators.tasks import checked_reward
 from reports import metric_keys as K
 
 
@@ -73,7 +74,7 @@ def collect_rollouts(cfg: TrainConfig, objective, sampler: Sampler, tok, data: T
                                        f"non-finite ({e}); the learning rate may be too high") from e
             raise
         gen_s += time.perf_counter() - t0
-        correct = torch.tensor([data.task.reward(ro.texts[i], problems[i // G]) for i in range(len(ro))])
+        correct = torch.tensor([checked_reward(data.task, ro.texts[i], problems[i // G]) for i in range(len(ro))])
         rewards = correct.clone()
         if cfg.control == "random-reward":  # a coin flip with the same mean: gains must then vanish
             g = torch.Generator().manual_seed(derive_seed(cfg.seed, "random-reward", step, r))
@@ -132,7 +133,7 @@ def advantage_inputs(cfg: TrainConfig, objective, sampler: Sampler, tok, data: T
         params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=0.0)
         prompts = [format_prompt(tok, g.question, cfg.prompt_template) for g in groups]
         ro = sampler.generate(prompts, 1, params, seed=derive_seed(cfg.seed, "greedy-baseline", step))
-        correct = torch.tensor([data.task.reward(ro.texts[i], g.problem) for i, g in enumerate(groups)])
+        correct = torch.tensor([checked_reward(data.task, ro.texts[i], g.problem) for i, g in enumerate(groups)])
         length = torch.tensor([len(c) for c in ro.completion_ids])
         out["greedy_rewards"] = objective.shape_rewards(correct, length, cfg.max_new_tokens)
     return out

@@ -13,6 +13,7 @@ from bench.engines.native import checkpoint
 from bench.engines.trl.support import PREFIXES
 from bench.evaluate import eval_metrics, held_out_result
 from bench.rollout import make_sampler
+from evaluators.tasks import checked_reward
 from reports import metric_keys as K
 
 
@@ -97,7 +98,7 @@ def reward_function(trainer_ref: dict, objective, task, problems: list, max_new_
         rec = trainer_ref["trainer"]._pb_reward
         out = []
         for text, ids, idx in zip(completions, completion_ids, pobench_problem):
-            correct = float(task.reward(text, problems[idx]))
+            correct = checked_reward(task, text, problems[idx])
             length = len(ids)
             shaped = float(objective.shape_rewards(torch.tensor([correct]), torch.tensor([length]),
                                                    max_new_tokens)[0])

@@ -22,7 +22,7 @@ from bench.engines.verl.losses import (
 from bench.model import format_string
 from bench.plugins import PLUGINS_ENV, normalized
 from evaluators import get_benchmark, list_benchmarks, task_module
-from evaluators.tasks import Problem
+from evaluators.tasks import Problem, checked_reward
 from evaluators.verify import is_correct
 
 #: verl imports the modules named here on ``import verl`` (verl/__init__.py), in every process of the run
@@ -77,7 +77,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
     """verl's custom reward function: pobench's verifier (1 / 0), as ``score`` and as ``acc`` (the metric DAPO's
     group filter and verl's validation read); a plugin's task: its own ``reward``."""
     if data_source in list_benchmarks() and task_module(data_source) != "evaluators":
-        r = float(get_benchmark(data_source).reward(solution_str, Problem("", "", str(ground_truth))))
+        r = checked_reward(get_benchmark(data_source), solution_str, Problem("", "", str(ground_truth)))
         return {"score": r, "acc": r}
     kind = (extra_info or {}).get("answer_kind") or get_benchmark(data_source).answer_kind
     r = 1.0 if is_correct(solution_str, str(ground_truth), kind) else 0.0

@@ -13,6 +13,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from evaluators.hints import is_metric_key
+
 from .advantages import estimator_names, estimator_needs, group_advantages
 from .aggregation import AGGREGATIONS, aggregation_weight
 from .batch import PolicyBatch
@@ -232,6 +234,10 @@ class Objective:
         bad = [k for k, v in metrics.items() if not isinstance(v, torch.Tensor) or v.dim() != 0]
         if bad:
             raise ValueError(f"objective {self.name!r}: metric {bad[0]!r} is not a scalar tensor")
+        bad = [k for k in metrics if not is_metric_key(k)]
+        if bad:  # (MLflow would refuse it at the step's flush, with its traceback)
+            raise ValueError(f"objective {self.name!r}: metric name {bad[0]!r} cannot be an MLflow key (letters, "
+                             "digits and _ . / : - or space, at most 250): rename it")
         return loss, metrics
 
     def loss_weight(self, mask: torch.Tensor, truncated: torch.Tensor | None = None) -> torch.Tensor:

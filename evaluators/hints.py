@@ -24,6 +24,17 @@ def is_component(name: object) -> bool:
             and _OUTSIDE.search(name) is None)
 
 
+#: what an MLflow metric key may hold (its own rule: word characters, ``/ . - : `` and space; no ``..`` segment)
+_METRIC_KEY = re.compile(r"[A-Za-z0-9_./: -]{1,250}")
+
+
+def is_metric_key(key: object) -> bool:
+    """True when ``key`` can be an MLflow metric key as it is: 1 to 250 of letters, digits and ``_ . / : -`` or
+    space, no leading ``/`` and no ``.`` / ``..`` path segment (MLflow refuses the others, at its flush)."""
+    return (isinstance(key, str) and _METRIC_KEY.fullmatch(key) is not None and not key.startswith("/")
+            and not any(part in (".", "..") for part in key.split("/")))
+
+
 def check_registered_name(name: object, kind: str) -> None:
     """Refuse (ValueError, one line) a registered ``kind`` name (objective, task) that is not one safe path
     component: it becomes run names, folders, lock files and MLflow keys, so it is refused where it is registered."""

@@ -45,6 +45,12 @@ class NoTermPG(PolicyGradient):
     pass
 
 
+class BadKeyPG(ClippedPG):
+    def loss(self, batch, generator=None):
+        loss, metrics = super().loss(batch, generator)
+        return loss, {{**metrics, "bad key!?*<>": loss.detach()}}
+
+
 def exploding(rewards):
     raise RuntimeError("estimator exploded")
 
@@ -54,6 +60,7 @@ register("shape-pg-{n}", ShapePG, description="returns a policy term of the wron
 register("init-pg-{n}", InitPG, description="raises in __init__ (a broken plugin)")
 register("nonscalar-pg-{n}", NonScalarPG, description="returns a loss of shape (3,) (a broken plugin)")
 register("noterm-pg-{n}", NoTermPG, description="has no policy_term (a broken plugin)")
+register("badkey-pg-{n}", BadKeyPG, description="returns a metric MLflow cannot name (a broken plugin)")
 register_advantage("exploding-{n}", exploding, description="raises (a broken plugin)")
 register("adv-pg-{n}", base="grpo", description="grpo with the raising estimator", advantage_estimator="exploding-{n}")
 '''
@@ -65,6 +72,7 @@ BROKEN = {  # what each broken plugin objective's one line says
     "init": "plugin broken.py raised RuntimeError: boom in init at ",
     "nonscalar": "loss returned a tensor of shape (3,), expected a scalar",
     "noterm": "NoTermPG does not implement policy_term",
+    "badkey": "metric name 'bad key!?*<>' cannot be an MLflow key",
     "adv": "plugin broken.py raised RuntimeError: estimator exploded at ",
 }
 

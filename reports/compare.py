@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reports.record import ENGINE as ENGINE_TAG
-from reports.report import Analysis, ReportOptions
+from reports.report import Analysis, ReportOptions, missing_note
 from reports.tables import Table
 
 SIDE_BY_SIDE = ("accuracy", "aggregates", "paired_test", "convergence", "stability", "benchmarks")
@@ -230,6 +230,8 @@ def _markdown(labels: list[str], analyses: list[Analysis], tables: dict[str, Tab
         lines.append(f"- `{lab}`: {len(cmp.runs)} runs, config hash `{cmp.config_hash}`, baseline {a.baseline}, "
                      f"target {a.target_how if a.target is not None else 'none (' + a.target_how + ')'}; "
                      f"{a.interval}.")
+        if cmp.missing:
+            lines.append(f"  - {missing_note(cmp)}")
     lines.append("")
     for t in tables.values():
         lines.append(f"### {t.title}\n\n{t.markdown()}\n{t.caption} ([CSV]({t.name}.csv), [LaTeX]({t.name}.tex))\n")

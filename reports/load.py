@@ -15,9 +15,12 @@ from reports.record import (  # noqa: F401  (DEFAULT_TRACKING_URI, member_tag: r
     COMPARISON,
     CONFIG_HASH,
     DEFAULT_TRACKING_URI,
+    KIND,
     MEMBER_PREFIX,
     OBJECTIVE,
+    OBJECTIVES,
     SEED,
+    SEEDS,
     VARIANT,
     member_tag,
     open_client,
@@ -59,6 +62,9 @@ class Comparison:
     tracking_uri: str
     runs: list[RunData]                  # FINISHED runs, one per (objective, seed)
     not_finished: list[RunData]          # member runs that did not finish (reported as missing)
+    missing: list[tuple[str, int]] = field(default_factory=list)
+    """(objective, seed) pairs the comparison run records (``bench run``'s objectives × seeds) that have no run in the
+    store at all: deleted, or never trained (reported, never silently left out)."""
 
     @property
     def objectives(self) -> list[str]:
@@ -190,6 +196,9 @@ def load_comparison(experiment: str, comparison: str | None = None, tracking_uri
     if not done:
         raise ValueError(f"comparison {comparison!r} in experiment {experiment!r} has no finished training run "
                          f"({len(not_finished)} unfinished)")
+    present = {(m.variant, m.seed) for m in members}
+    missing = [p for p in _recorded_pairs(client, exp.experiment_id, comparison) if p not in present
+               and (objectives is None or p[0] in wanted) and (seeds is None or p[1] in wanted_s)]
     keys = [*SERIES_KEYS, *[k for k in extra_keys if k not in SERIES_KEYS]]
     for m in done if with_series else []:
         m.series = load_series(client, m.run_id, keys)
@@ -199,4 +208,15 @@ def load_comparison(experiment: str, comparison: str | None = None, tracking_uri
         first.setdefault(m.variant, len(first))
     done.sort(key=lambda m: (first[m.variant], m.seed))
     return Comparison(experiment=experiment, experiment_id=exp.experiment_id, comparison_id=comparison,
-                      tracking_uri=uri, runs=done, not_finished=not_finished)
+                      tracking_uri=uri, runs=done, not_finished=not_finished, missing=missing)
+
+
+def _recorded_pairs(client, exp_id: str, comparison: str) -> list[tuple[str, int]]:
+    """The (objective, seed) pairs the comparison's own run records, in its order; none without that run."""
+    found = _search(client, exp_id, f"tags.`{KIND}` = 'comparison' and tags.`{COMPARISON}` = '{comparison}'")
+    if not found:
+        return []
+    tags = found[0].data.tags
+    objectives = [o for o in tags.get(OBJECTIVES, "").split(",") if o]
+    seeds = [int(s) for s in tags.get(SEEDS, "").split(",") if s.strip().lstrip("-").isdigit()]
+    return [(o, s) for o in objectives for s in seeds]

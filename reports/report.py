@@ -121,6 +121,15 @@ def resolve_baseline(cmp: Comparison, baseline: str | None, recorded: str | None
     return cmp.objectives[0], "the comparison's first objective"
 
 
+def missing_note(cmp: Comparison) -> str:
+    """The note of the pairs the comparison records but the store has no run of ("" when none)."""
+    if not cmp.missing:
+        return ""
+    return (f"{len(cmp.missing)} pair(s) the comparison records have no run in the store (deleted, or never trained), "
+            "so this report covers less than the comparison: " + ", ".join(f"{o} seed {s}" for o, s in cmp.missing)
+            + ". `bench run` with the comparison's arguments trains them again.")
+
+
 def _group(cmp: Comparison, derived: dict[str, RunDerived]) -> sections.Groups:
     out: sections.Groups = {o: [] for o in cmp.objectives}
     for r in cmp.runs:
@@ -161,6 +170,11 @@ def analyse(cmp: Comparison, *, baseline: str | None = None, recorded_baseline: 
                      "; ".join(f"{o}: {', '.join(map(str, s))}" for o, s in seeds_of.items()) + ".")
     for r in cmp.not_finished:
         notes.append(f"Run {r.name} ({r.variant}, seed {r.seed}) is {r.status}, not FINISHED: left out.")
+    if cmp.missing:
+        notes.append(missing_note(cmp))
+    if baseline is None and recorded_baseline and recorded_baseline not in cmp.objectives:
+        notes.append(f"The recorded baseline {recorded_baseline} has no finished run here, so this report compares "
+                     f"against {base} ({base_how}); the comparison keeps {recorded_baseline} as its baseline.")
     for r in cmp.runs:
         if r.tags.get(STOPPED) == "early":
             notes.append(f"Run {r.name} was stopped early (pobench.stopped=early).")
@@ -301,7 +315,8 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
     if log_artifacts:
         run_id, created = _artifact_run(client, cmp)
         log_written(client, run_id, dest, rep.kept)
-        client.set_tag(run_id, BASELINE, a.baseline)
+        if recorded is None or recorded in cmp.objectives or baseline is not None:  # (a stand-in is not recorded)
+            client.set_tag(run_id, BASELINE, a.baseline)
         log_summary(client, run_id, a)
         if created:
             client.set_terminated(run_id)

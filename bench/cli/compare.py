@@ -22,7 +22,7 @@ from bench.config import TRACKING_URI_DEFAULT, TrainConfig
 from bench.tracking import check_reachable, flatten
 from reports.compare import compare_comparisons, parse_spec
 from reports.paths import user_files
-from reports.report import ReportOptions
+from reports.report import ReportOptions, missing_note
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
         if t is not None:
             print(f"{t.title}\n\n{t.markdown()}")
     print(f"tables in {res.out_dir / 'compare.md'}")
+    for label, a in zip(res.labels, res.analyses):  # what a comparison lacks is said, never silently left out
+        if a.comparison.missing:
+            print(f"note: {label}: {missing_note(a.comparison)}")
     kept = user_files(res.out_dir)
     if kept:
         print(f"kept your files in {res.out_dir} (not pobench's): {', '.join(kept)}")

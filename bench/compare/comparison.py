@@ -109,9 +109,14 @@ def comparison_run(client, exp_id: str, cid: str, cfg: TrainConfig, algos: list[
     with pair_lock(lock_file(cfg.output_dir, cfg.experiment, f"comparison-{cid}"), f"comparison {cid}"):
         found = client.search_runs([exp_id], filter_string=(
             f"tags.`pobench.kind` = 'comparison' and tags.`pobench.comparison` = '{cid}'"), max_results=1)
-        if found:
-            client.update_run(found[0].info.run_id, status="RUNNING")
-            return found[0].info.run_id
+        if found:  # (a later bench run of it may add objectives or seeds: the run records every pair asked for)
+            run_id, tags = found[0].info.run_id, found[0].data.tags
+            for key, values in ((OBJECTIVES, algos), (SEEDS, list(map(str, seeds)))):
+                had = [v for v in tags.get(key, "").split(",") if v]
+                if set(values) - set(had):
+                    client.set_tag(run_id, key, ",".join([*had, *[v for v in values if v not in had]]))
+            client.update_run(run_id, status="RUNNING")
+            return run_id
         run = client.create_run(exp_id, run_name=f"comparison-{cid}", tags={
             KIND: "comparison", COMPARISON: cid, CONFIG_HASH: cfg.comparison_hash(),
             OBJECTIVES: ",".join(algos), SEEDS: ",".join(map(str, seeds))})

@@ -9,6 +9,7 @@ import pytest
 from mlflow import MlflowClient
 from scipy import stats
 
+from bench.cli import main
 from reports.report import build_report
 from tests.conftest import fresh_store
 
@@ -356,3 +357,33 @@ def test_stability_sees_a_run_fall_apart_either_way(handmade, local_uri, tmp_pat
             assert math.isnan(run.metrics["derived/entropy_blowup_step"])
             assert run.tags["pobench.derived.entropy_blowup_step"] == "not blown up"
             assert run.tags["pobench.derived.acc_collapse_step"] == "not collapsed"
+
+
+def test_a_recorded_pair_whose_run_was_deleted_is_named_and_the_baseline_kept(handmade, local_uri, tmp_path,
+                                                                             capsys):
+    """Held-out round 5: after one pair's run was deleted from MLflow, `bench report` and `bench compare` reported
+    the remaining objective as if it were the comparison, switched the baseline to it and recorded that on the
+    comparison run. Now the missing pair is named (report notes, the command's output, compare.md), the report's
+    stand-in baseline is said, and the comparison keeps its recorded baseline."""
+    from reports.compare import compare_comparisons
+
+    ids = handmade.log_comparison(local_uri, experiment="deleted", objectives=("grpo", "tepo"), seeds=(0,))
+    handmade.log_comparison(local_uri, experiment="deleted", comparison="c2", objectives=("grpo", "tepo"),
+                            seeds=(0,))
+    client = MlflowClient(tracking_uri=local_uri)
+    exp_id = client.get_experiment_by_name("deleted").experiment_id
+    crun = client.create_run(exp_id, run_name="comparison-c1", tags={  # as `bench run` records it
+        "pobench.kind": "comparison", "pobench.comparison": "c1", "pobench.objectives": "grpo,tepo",
+        "pobench.seeds": "0", "pobench.baseline": "grpo"})
+    client.delete_run(ids[0])  # grpo seed 0
+    rep = build_report("deleted", "c1", tracking_uri=local_uri, out_root=tmp_path / "out", figures_too=False)
+    missing = [n for n in rep.notes if "grpo seed 0" in n and "no run in the store" in n]
+    assert len(missing) == 1 and rep.baseline == "tepo", rep.notes
+    assert any("recorded baseline grpo has no finished run here" in n for n in rep.notes), rep.notes
+    assert missing[0] in (rep.out_dir / "report.md").read_text()
+    assert client.get_run(crun.info.run_id).data.tags["pobench.baseline"] == "grpo"  # not retagged
+    assert main(["report", "--experiment", "deleted", "--comparison", "c1", "--tracking-uri", local_uri,
+                 "--out-root", str(tmp_path / "out2")]) == 0
+    assert "grpo seed 0" in capsys.readouterr().out
+    res = compare_comparisons([("deleted", "c1"), ("deleted", "c2")], local_uri, out_root=tmp_path / "out3")
+    assert "grpo seed 0" in (res.out_dir / "compare.md").read_text()

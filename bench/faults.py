@@ -252,7 +252,14 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
         text = str(e)
         if isinstance(e, OSError) and e.errno in (*_NO_SPACE, *_READ_ONLY, *_IN_THE_WAY) and e.filename is not None:
             return _os_line(e)
+        if isinstance(e, OSError) and e.errno in _NO_SPACE:  # (a write's error carries no file name)
+            return _os_line(e)
         db = f"the MLflow store {store}" if store else "the MLflow store"
+        gone = store is not None and (path := sqlite_file(store)) is not None and not path.exists()
+        if gone and ("readonly database" in text or "unable to open database file" in text or "no such table" in
+                     text):  # (deleted while open: SQLite reports it as read-only)
+            return (f"{db} was deleted while in use ({path} is gone), with every run it held: restore it from a "
+                    "backup, or rerun (a new store starts)")
         if "database is locked" in text and not optuna_error:
             return f"{db} {LOCKED}"
         if "readonly database" in text or "read-only database" in text:
@@ -284,8 +291,11 @@ def _first(text: str) -> str:
 def _os_line(e: OSError) -> str:
     path = e.filename
     why = e.strerror or os.strerror(e.errno)
+    where = f" while writing {path}" if path is not None else " while writing a file"
+    if e.errno == errno.EFBIG:
+        return f"no space left on device{where} ({why}: the file-size limit, ulimit -f): raise it or free space"
     if e.errno in _NO_SPACE:
-        return f"no space left on device while writing {path} ({why}): free space"
+        return f"no space left on device{where} ({why}): free space"
     if e.errno in _READ_ONLY:
         kind = "a read-only file system" if e.errno == errno.EROFS else "no permission"
         return f"{path} cannot be written ({why}: {kind}); make it writable, or choose another folder"

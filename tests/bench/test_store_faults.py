@@ -215,3 +215,45 @@ def test_a_store_fault_met_during_the_work_is_described_from_the_real_error(tmp_
     full = OSError(28, "No space left on device", str(tmp_path / "x"))
     assert faults.describe(full) == f"no space left on device while writing {tmp_path / 'x'} (No space left on " \
                                     "device): free space"
+
+
+def test_a_store_deleted_while_in_use_is_said_to_be_gone_not_read_only(tmp_path):
+    """Held-out round 5: `mlflow.db` deleted while `bench run` trained was reported as "became read-only: make it
+    writable" (SQLite's error for a file unlinked under an open connection). Now the line says the store is gone."""
+    import sqlalchemy
+
+    from bench import faults
+
+    db = tmp_path / "mlflow.db"
+    sqlite3.connect(db).execute("create table t (x)").connection.commit()
+    engine = sqlalchemy.create_engine(f"sqlite:///{db}")
+    with engine.begin() as con:  # the connection is open (pooled) when the file goes
+        con.execute(sqlalchemy.text("insert into t values (1)"))
+    db.unlink()
+    with pytest.raises(sqlalchemy.exc.OperationalError) as raised:
+        with engine.begin() as con:
+            con.execute(sqlalchemy.text("insert into t values (2)"))
+    line = faults.describe(raised.value, store=f"sqlite:///{db}")
+    assert line is not None and "was deleted while in use" in line and str(db) in line, (str(raised.value), line)
+    assert "read-only" not in line
+
+
+def test_a_file_size_limit_in_bench_report_is_one_line_and_leaves_no_folder(tmp_path):
+    """Held-out round 5: `ulimit -f 1` then `bench report`: OSError [Errno 27] File too large with a traceback (the
+    error names no file, and the line needed one). Now one line, exit 1, and no half-written report folder."""
+    import resource
+
+    from tests.reports.conftest import log_comparison
+
+    uri = fresh_store(tmp_path)
+    log_comparison(uri, experiment="pobench")
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+    done = subprocess.run([sys.executable, "-m", "bench.cli", "report", "--tracking-uri", uri], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("bench report")]
+    assert len(lines) == 1 and "File too large: the file-size limit, ulimit -f" in lines[0], done.stderr[-3000:]
+    assert [p.name for p in (tmp_path / "reports" / "out" / "pobench").iterdir()] == [".pobench-owned"]

@@ -38,7 +38,7 @@ from bench import faults, identity, resume, stop
 from bench.config import TrainConfig
 from bench.engines.base import RunStopped, TrainingDiverged
 from bench.engines.native import checkpoint
-from bench.folders import claim_run_folder
+from bench.folders import check_claimable, claim_run_folder
 from bench.plugins import record
 from bench.tracking import (
     RunLogger,
@@ -70,6 +70,7 @@ def run_folder(cfg: TrainConfig) -> tuple[str, Path, Path | None]:
     ``output_dir`` (``cfg.run_dir()``), created and marked as pobench's (a folder in the way that is not pobench's is
     refused: bench/folders.py); a checkpoint there without ``cfg.resume`` is refused, so a run is never overwritten."""
     run_dir = cfg.run_dir()
+    check_claimable(run_dir)  # a folder pobench did not mark: one line first, whatever it holds (no dead end)
     last = checkpoint.latest(run_dir)
     if last is not None and not cfg.resume:
         raise ValueError(f"{run_dir} already holds checkpoints of a run; pass --resume to continue it, or choose "

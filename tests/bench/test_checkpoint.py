@@ -18,6 +18,7 @@ import torch
 
 from bench.engines.native import checkpoint
 from bench.engines.native.checkpoint import CheckpointError
+from bench.folders import claim_run_folder
 from tests.conftest import fresh_store
 
 STATE = {"run_id": "r", "elapsed": 0.0, "pending": []}
@@ -32,6 +33,7 @@ def _fresh():
 def _save_steps(run_dir, steps, keep):
     """Checkpoints of ``steps``; returns the model, optimizer, scheduler and the weights at each step."""
     model, opt, sched = _fresh()
+    claim_run_folder(run_dir)  # (as lifecycle.run_folder makes it: a checkpoint goes only into a marked folder)
     at = {}
     for step in steps:
         model(torch.randn(2, 4)).sum().backward()
@@ -49,11 +51,12 @@ def _load(path):
 @pytest.mark.parametrize("keep", [1, 2, 3])
 def test_keeps_the_newest_n_and_the_optimizer_state_of_the_newest_two(tmp_path, keep):
     model, opt, sched, _ = _save_steps(tmp_path, range(1, 6), keep)
-    kept = sorted(p.name for p in tmp_path.iterdir())
+    kept = sorted(p.name for p in tmp_path.glob("ckpt-*"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".pobench-owned", *kept]
     assert kept == [f"ckpt-{s:07d}" for s in range(6 - keep, 6)]
-    with_optim = [p.name for p in sorted(tmp_path.iterdir()) if (p / "optim.pt").exists()]
+    with_optim = [p.name for p in sorted(tmp_path.glob("ckpt-*")) if (p / "optim.pt").exists()]
     assert with_optim == [f"ckpt-{s:07d}" for s in range(max(6 - keep, 4), 6)]
-    assert all((p / "model.pt").exists() and (p / "state.json").exists() for p in tmp_path.iterdir())
+    assert all((p / "model.pt").exists() and (p / "state.json").exists() for p in tmp_path.glob("ckpt-*"))
     last = checkpoint.latest(tmp_path)
     assert last.name == "ckpt-0000005"
     fresh, fresh_opt, state = _load(last)
@@ -250,12 +253,13 @@ def test_bench_train_resume_falls_back_from_a_corrupt_newest_checkpoint(tmp_path
 FULL_DISK = textwrap.dedent("""
     import resource, sys, torch
     from bench.engines.native import checkpoint
+    from bench.folders import claim_run_folder
     model = torch.nn.Linear(256, 256)
     opt = torch.optim.AdamW(model.parameters())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
     model(torch.randn(2, 256)).sum().backward()
     opt.step()
-    run = sys.argv[1]
+    run = claim_run_folder(sys.argv[1])
     state = {"run_id": "r", "elapsed": 0.0, "pending": []}
     checkpoint.save(run, 1, model=model, optimizer=opt, scheduler=sched, state=state)  # fits
     checkpoint.save_final(run, lambda d: (d / "w.bin").write_bytes(b"1" * 1000))
@@ -273,14 +277,14 @@ FULL_DISK = textwrap.dedent("""
 
 def test_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path):
     """A file-size limit (``ulimit -f``) stands in for a full disk: the same ENOSPC-class error on write."""
-    run = tmp_path / "run"
+    run = claim_run_folder(tmp_path / "run")
     done = subprocess.run([sys.executable, "-c", FULL_DISK, str(run)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 2, done.stdout + done.stderr
     assert "no space left on device while writing" in lines[0] and "ckpt-0000002" in lines[0]
     assert "no space left on device while writing" in lines[1] and str(run / "final") in lines[1]
-    assert sorted(p.name for p in run.iterdir()) == ["ckpt-0000001", "final"]  # no .tmp, the old ones intact
+    assert sorted(p.name for p in run.iterdir()) == [".pobench-owned", "ckpt-0000001", "final"]  # no .tmp, old kept
     assert (run / "final" / "w.bin").read_bytes() == b"1" * 1000
     state = json.loads((run / "ckpt-0000001" / "state.json").read_text())
     assert state["step"] == 1 and set(state["files"]) == {"model.pt", "optim.pt"}
@@ -298,13 +302,13 @@ def _trl_checkpoint(run: Path, n: int) -> Path:
 def test_state_only_checkpoints_rotate_with_the_engine_folder_they_name(tmp_path):
     """The TRL engine's checkpoints: pobench's state.json names TRL's folder; dropping an old checkpoint drops that
     folder too, and only after the new one is complete (TRL's own rotation is off)."""
-    run = tmp_path / "run"
+    run = claim_run_folder(tmp_path / "run")
     trl = [_trl_checkpoint(run, n) for n in (2, 4)]
     checkpoint.save_state(run, 1, {**STATE, "trl_checkpoint": str(trl[0]), "engine": "trl"}, keep=1)
     assert trl[0].exists() and checkpoint.latest(run).name.endswith("0000001")
     checkpoint.save_state(run, 2, {**STATE, "trl_checkpoint": str(trl[1]), "engine": "trl"}, keep=1)
     assert not trl[0].exists() and trl[1].exists()
-    assert sorted(p.name for p in run.iterdir()) == ["ckpt-0000002", "trl"]
+    assert sorted(p.name for p in run.iterdir()) == [".pobench-owned", "ckpt-0000002", "trl"]
     assert checkpoint.load_state(checkpoint.latest(run))["trl_checkpoint"] == str(trl[1])
 
 
@@ -312,14 +316,14 @@ def test_a_state_json_naming_a_folder_outside_the_run_never_deletes_it(tmp_path)
     outside = tmp_path / "home"
     outside.mkdir()
     (outside / "important.txt").write_text("notes")
-    run = tmp_path / "run"
+    run = claim_run_folder(tmp_path / "run")
     checkpoint.save_state(run, 1, {**STATE, "trl_checkpoint": str(outside), "engine": "trl"}, keep=1)
     checkpoint.save_state(run, 2, {**STATE, "trl_checkpoint": str(_trl_checkpoint(run, 2)), "engine": "trl"}, keep=1)
     assert (outside / "important.txt").read_text() == "notes"
 
 
 def test_state_only_checkpoint_with_a_damaged_engine_file_falls_back(tmp_path, capsys):
-    run = tmp_path / "run"
+    run = claim_run_folder(tmp_path / "run")
     for step, n in ((1, 2), (2, 4)):
         checkpoint.save_state(run, step, {**STATE, "trl_checkpoint": str(_trl_checkpoint(run, n)), "engine": "trl"},
                               keep=2)
@@ -332,7 +336,7 @@ def test_state_only_checkpoint_with_a_damaged_engine_file_falls_back(tmp_path, c
 
 
 def test_engines_refuse_each_others_checkpoints_without_fallback(tmp_path):
-    run = tmp_path / "run"
+    run = claim_run_folder(tmp_path / "run")
     _save_steps(run, [1], keep=2)
     checkpoint.save_state(run, 2, {**STATE, "trl_checkpoint": str(_trl_checkpoint(run, 2)), "engine": "trl"}, keep=2)
     with pytest.raises(CheckpointError, match="checkpoint of the trl engine"):

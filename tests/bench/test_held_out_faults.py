@@ -468,3 +468,33 @@ def test_tune_show_without_a_storage_creates_none(tmp_path, bench_here):
     rc, _, err = bench_here(["tune", "--algo", "grpo", "--show", "--study", "nope"], tmp_path)
     assert rc == 2 and len(_lines(err)) == 1 and "no Optuna storage at" in err, err[-3000:]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_folder_deleted_while_training_fails_the_run_in_one_line_and_the_rerun_trains_it(tmp_path, bench_here):
+    """Held-out round 5: `.pobench` deleted while `bench train` trained: the loop recreated `ckpt-*` and `final` in
+    a folder without the marker, `run.json` or `config.yaml`; the plain rerun then said "pass --resume" and
+    `--resume` said "not a pobench run folder": a dead end. Now the next checkpoint is refused in one line (the run
+    ends FAILED), nothing is recreated, and the same command trains the run again; a folder left without its marker
+    gets the same line from the rerun and from --resume."""
+    import shutil
+    import sys
+
+    uri = fresh_store(tmp_path)
+    def argv(steps: int) -> list[str]:
+        return ["train", "--run-name", "r", "--tracking-uri", uri, "--steps", str(steps), *TINY[2:]]
+
+    p = Proc([sys.executable, "-m", "bench.cli", *argv(400)], tmp_path)
+    p.wait_for(lambda: checkpointed(tmp_path / ".pobench" / "runs" / "pobench"), "a checkpoint")
+    shutil.rmtree(tmp_path / ".pobench")
+    assert p.finish() == 2, p.text()
+    assert not (tmp_path / ".pobench").exists(), sorted(map(str, (tmp_path / ".pobench").rglob("*")))
+    lines = [ln for ln in p.lines() if not ln.startswith("bench: warning")]
+    assert len(lines) == 1 and "was deleted, or its .pobench-owned marker removed, while the run trained" in lines[0]
+    assert statuses(uri, "pobench") == ["FAILED"]
+    run = tmp_path / ".pobench" / "runs" / "pobench" / "r"  # its marker alone gone: one line, --resume or not
+    rc, out, err = bench_here(argv(2), tmp_path)
+    assert rc == 0 and statuses(uri, "pobench") == ["FAILED", "FINISHED"], err[-3000:]
+    (run / MARKER).unlink()
+    for extra in ([], ["--resume"]):
+        rc, out, err = bench_here([*argv(2), *extra], tmp_path)
+        assert rc == 2 and "is not a pobench run folder" in err and "move it away" in err, err[-3000:]

@@ -34,7 +34,8 @@ from typing import Any
 
 import torch
 
-from bench.folders import LISTING, carry_over, remove_written
+from bench.folders import LISTING, MARKER, carry_over, remove_written
+from reports.paths import is_owned
 
 PREFIX = "ckpt-"
 FINAL_TMP = ".final.tmp"  # the final weights are written here, then renamed to ``final``
@@ -54,6 +55,20 @@ class _Foreign(CheckpointError):
 class DiskFull(CheckpointError):
     """A checkpoint or the final weights could not be written: the disk is full or a file-size limit was reached.
     Nothing half-written was left."""
+
+
+class FolderLost(CheckpointError):
+    """The run folder was deleted, or its marker removed, while the run trained: no checkpoint goes into it."""
+
+
+def _check_folder(run_dir: Path) -> None:
+    """FolderLost (one line) unless ``run_dir`` is still the run folder pobench marked (``bench.folders``): a
+    checkpoint is never written into a folder pobench no longer owns (it recreated the folder, unmarked, and a rerun
+    then met checkpoints in a folder it may not write into)."""
+    if not (run_dir.is_dir() and not run_dir.is_symlink() and is_owned(run_dir)):
+        raise FolderLost(f"the run folder {run_dir} was deleted, or its {MARKER} marker removed, while the run "
+                         "trained: no checkpoint is written into a folder pobench no longer owns; move what is left "
+                         "of it away and rerun the command (the run trains again from step 0)")
 
 
 class NoneResumable(CheckpointError):
@@ -168,6 +183,7 @@ def _commit(run_dir: Path, step: int, state: dict[str, Any], fill: Callable[[Pat
     ones, oldest first."""
     final = run_dir / f"{PREFIX}{step:07d}"
     tmp = run_dir / f"{PREFIX}{step:07d}.tmp"
+    _check_folder(run_dir)
     clear_leftover(tmp)
     try:
         tmp.mkdir(parents=True)
@@ -250,6 +266,7 @@ def save_final(run_dir: str | Path, write: Callable[[Path], None]) -> Path:
     older one). Returns ``<run>/final``."""
     run_dir = Path(run_dir)
     dest, tmp, old = run_dir / "final", run_dir / FINAL_TMP, run_dir / ".final.old"
+    _check_folder(run_dir)
     clear_leftover(tmp)
     if old.is_dir() and not old.is_symlink():  # the old final a killed swap left: its files (a user's stay)
         remove_written(old)

@@ -11,6 +11,10 @@ the training loop provides exactly what the selected estimator declares (no bran
 A plugin adds an estimator with ``register_advantage(name, fn, description=..., needs=...)``: ``fn(rewards, **inputs)``
 gets exactly the inputs ``needs`` declares and returns (P, G) advantages; an objective then names it in its
 ``advantage_estimator`` field, in every engine that can provide what it needs (docs/PLUGINS.md).
+
+verl's per-token optimal baselines (``TOKEN_ESTIMATORS``, ``token_baseline_advantages``) are the exception: one
+advantage per token, from π_old's per-token statistics, so they are computed here but no objective can select them
+(docs/objectives.md, "Not included").
 """
 
 from __future__ import annotations

@@ -11,10 +11,12 @@ docs/objectives.md show.
 from __future__ import annotations
 
 from .advantages import (
+    TOKEN_ESTIMATORS,
     estimator_names,
     group_advantages,
     register_advantage,
     registered_advantage,
+    token_baseline_advantages,
     unregister_advantage,
 )
 from .aggregation import aggregate, aggregation_weight
@@ -42,7 +44,8 @@ __all__ = [
     "Objective", "ObjectiveConfig", "PolicyBatch", "batch_for", "PolicyGradient", "aggregate", "aggregation_weight",
     "default_config", "estimator_names", "get_objective", "get_spec", "group_advantages", "kl_estimate",
     "list_controls", "list_objectives", "objective_groups", "param", "register", "register_advantage",
-    "registered_advantage", "resolve_names", "search_space", "unregister", "unregister_advantage",
+    "registered_advantage", "resolve_names", "search_space", "TOKEN_ESTIMATORS", "token_baseline_advantages",
+    "unregister", "unregister_advantage",
 ]
 
 register("grpo", ClippedPG, paper="arXiv 2402.03300",

@@ -11,6 +11,10 @@ the training loop provides exactly what the selected estimator declares (no bran
 A plugin adds an estimator with ``register_advantage(name, fn, description=..., needs=...)``: ``fn(rewards, **inputs)``
 gets exactly the inputs ``needs`` declares and returns (P, G) advantages; an objective then names it in its
 ``advantage_estimator`` field, in every engine that can provide what it needs (docs/PLUGINS.md).
+
+verl's per-token optimal baselines (``TOKEN_ESTIMATORS``, ``token_baseline_advantages``) are the exception: one
+advantage per token, from π_old's per-token statistics, so they are computed here but no objective can select them
+(docs/objectives.md, "Not included").
 """
 
 from __future__ import annotations
@@ -32,6 +36,15 @@ ESTIMATOR_NEEDS: dict[str, tuple[str, ...]] = {
     "remax": ("greedy_rewards",),
 }
 INPUTS = ("lengths", "greedy_rewards")  # what an estimator may declare it needs
+#: per-token estimators (verl's optimal token baselines, ``token_baseline_advantages``): the baseline changes from one
+#: token of a completion to the next, so their advantages are (P, G, T), and ``PolicyBatch.advantages`` holds one value
+#: per completion. They are computed and tested here (parity with verl), listed by ``bench list``, and refused as an
+#: objective's ``advantage_estimator`` (``check_selectable``) until the batch carries per-token advantages.
+TOKEN_ESTIMATORS = ("optimal-token-baseline", "tir-optimal-token-baseline")
+#: what they read beyond the rewards, per token of the sampling policy: log π_old(y_t) and Σ_v π_old(v)², a
+#: full-vocabulary quantity no engine keeps (``sum_pi_squared`` computes it from the logits)
+TOKEN_ESTIMATOR_NEEDS = ("old_logprobs", "sum_pi_squared")
+TOKEN_BASELINE_EPS = 1e-8  # verl's epsilon in the baseline's denominator
 
 
 @dataclass(frozen=True)
@@ -55,7 +68,7 @@ def register_advantage(name: str, fn: Callable[..., torch.Tensor], *, descriptio
     if module is None:
         module = sys._getframe(1).f_globals.get("__name__", "")
     check_registered_name(name, "advantage estimator")
-    if name in ADVANTAGE_ESTIMATORS or name in _REGISTERED:
+    if name in ADVANTAGE_ESTIMATORS or name in TOKEN_ESTIMATORS or name in _REGISTERED:
         raise ValueError(f"advantage estimator {name!r} is already registered")
     if not callable(fn):
         raise ValueError(f"advantage estimator {name!r}: fn must be callable, got {type(fn).__name__}")
@@ -78,6 +91,16 @@ def unregister_advantage(name: str) -> None:
 def estimator_names() -> tuple[str, ...]:
     """Every valid ``advantage_estimator``: the built-in ones, then those plugins registered."""
     return (*ADVANTAGE_ESTIMATORS, *_REGISTERED)
+
+
+def check_selectable(name: str) -> None:
+    """Refuse (ValueError, one line) a per-token estimator as an objective's ``advantage_estimator``: it is known,
+    but its advantages do not fit ``PolicyBatch.advantages`` (one value per completion)."""
+    if name in TOKEN_ESTIMATORS:
+        raise ValueError(f"advantage estimator {name!r} gives one advantage per TOKEN (a baseline for every position "
+                         "of a completion), and needs log π_old and Σ_v π_old² at every token; PolicyBatch.advantages "
+                         "holds one value per completion, so no objective can select it yet "
+                         "(algorithms.token_baseline_advantages computes it; docs/objectives.md)")
 
 
 def registered_advantage(name: str) -> AdvantageSpec | None:
@@ -142,6 +165,7 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Te
     """
     if rewards.dim() != 2:
         raise ValueError(f"rewards must have shape (prompts, group_size), got {tuple(rewards.shape)}")
+    check_selectable(estimator)
     if estimator not in estimator_names():
         raise ValueError(f"unknown advantage estimator {estimator!r}{did_you_mean(estimator, estimator_names())}; "
                          f"valid: {', '.join(estimator_names())}")
@@ -211,3 +235,80 @@ def _plugin_advantages(spec: AdvantageSpec, rewards: torch.Tensor, inputs: dict)
     if not torch.isfinite(out).all():
         raise ValueError(f"advantage estimator {spec.name!r} returned a non-finite advantage (NaN or inf)")
     return out.to(rewards.dtype)
+
+
+# ------------------------------------------------------------------------------------------------ per-token baselines
+def sum_pi_squared(logits: torch.Tensor) -> torch.Tensor:
+    """Σ_v π(v)² over the last (vocabulary) axis of ``logits``, from log-sum-exps: exp(lse(2z) − 2·lse(z))."""
+    return torch.exp(torch.logsumexp(2.0 * logits, dim=-1) - 2.0 * torch.logsumexp(logits, dim=-1))
+
+
+def token_baseline_advantages(estimator: str, token_rewards: torch.Tensor, mask: torch.Tensor,
+                              old_logprobs: torch.Tensor, sum_pi_squared: torch.Tensor, *,
+                              is_weights: torch.Tensor | None = None, zero_tail: bool = True,
+                              eps: float = TOKEN_BASELINE_EPS) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token advantages of the optimal token baseline (OTB; Li, Xu, Li et al., "The Optimal Token Baseline:
+    Variance Reduction for Long-Horizon LLM-RL", PMLR v306; verl 0.9.1 ``optimal_token_baseline`` and
+    ``tir_optimal_token_baseline``). Every tensor is (P, G, T): P groups (prompts) of G completions, T positions;
+    returns (advantages, returns-to-go), both (P, G, T), zero on padding, constants (no gradient).
+
+    For completion i of a group and its position t (m = ``mask``, r = ``token_rewards``):
+
+    - return-to-go G_it = Σ_{s≥t} m_is r_is (γ = 1; an outcome reward on the last token gives G_it = R_i);
+    - per-token weight w_it = 1 − 2 π_old(y_it) + Σ_v π_old(v)², i.e. ‖e_y − π_old‖², the squared norm of the
+      gradient of log π(y_t) w.r.t. the logits (the paper's logit-gradient proxy), times ρ_it² when IS weights ρ are
+      given; its running sum W_it = Σ_{s≤t} m_is w_is;
+    - baseline B_t = Σ_g m_gt W_gt G_gt / (Σ_g m_gt W_gt + eps), shared by the group at position t; 0 in a group of
+      one (Â = G);
+    - ``zero_tail``: when one completion is strictly the longest of its group, its baseline is 0 from the length of
+      the second longest on (there B_t would be its own return: Â ≈ 0);
+    - Â_it = m_it (G_it − B_t).
+
+    ``optimal-token-baseline`` aligns the group by absolute position t. ``tir-optimal-token-baseline`` aligns it by the
+    k-th token the mask counts (tool-integrated reasoning: a completion's mask has gaps where tool outputs were
+    inserted), and leaves completions with no tokens out of their group. With masks that are a prefix of every row (one
+    turn, as every pobench task) the two are equal.
+    """
+    if estimator not in TOKEN_ESTIMATORS:
+        raise ValueError(f"unknown per-token advantage estimator {estimator!r}"
+                         f"{did_you_mean(estimator, TOKEN_ESTIMATORS)}; valid: {', '.join(TOKEN_ESTIMATORS)}")
+    if token_rewards.dim() != 3:
+        raise ValueError(f"token_rewards must have shape (prompts, group_size, tokens), got "
+                         f"{tuple(token_rewards.shape)}")
+    named = {"mask": mask, "old_logprobs": old_logprobs, "sum_pi_squared": sum_pi_squared, "is_weights": is_weights}
+    for key, t in named.items():
+        if t is not None and t.shape != token_rewards.shape:
+            raise ValueError(f"{key} must have the shape of token_rewards {tuple(token_rewards.shape)}, got "
+                             f"{tuple(t.shape)}")
+    with torch.no_grad():
+        dtype = token_rewards.dtype
+        m = mask.to(dtype)
+        returns = (token_rewards * m).flip(-1).cumsum(-1).flip(-1)
+        w = 1.0 - 2.0 * old_logprobs.to(dtype).exp() + sum_pi_squared.to(dtype)
+        if is_weights is not None:
+            w = w * is_weights.to(dtype) ** 2
+        W = (w * m).cumsum(-1)
+        if estimator == "optimal-token-baseline":
+            return _token_baseline(returns, W, m, zero_tail, eps, drop_empty=False), returns
+        # tir: move each row's counted tokens to its front (stable: in order), baseline there, move back
+        order = torch.argsort((m == 0).to(torch.int8), dim=-1, stable=True)
+        packed = [x.gather(-1, order) for x in (returns, W, m)]
+        adv = torch.zeros_like(returns).scatter(-1, order, _token_baseline(*packed, zero_tail, eps, drop_empty=True))
+        return adv, returns
+
+
+def _token_baseline(returns: torch.Tensor, W: torch.Tensor, m: torch.Tensor, zero_tail: bool, eps: float, *,
+                    drop_empty: bool) -> torch.Tensor:
+    """m·(G − B) for (P, G, T) returns, cumulative weights and mask, B as ``token_baseline_advantages`` says;
+    ``drop_empty``: completions without tokens are not members of their group (its size is counted without them)."""
+    G, T = returns.shape[1:]
+    lengths = m.sum(-1)  # (P, G)
+    members = (lengths > 0).sum(1) if drop_empty else torch.full(lengths.shape[:1], G)  # (P,)
+    base = (m * W * returns).sum(1, keepdim=True) / ((m * W).sum(1, keepdim=True) + eps)  # (P, 1, T)
+    base = base.expand_as(returns) * (members > 1).to(returns.dtype)[:, None, None]
+    if zero_tail and G > 1:
+        top = lengths.topk(2, dim=1).values  # (P, 2): the longest and second-longest lengths
+        longest = torch.nn.functional.one_hot(lengths.argmax(1), G).bool() & (top[:, :1] > top[:, 1:])  # (P, G)
+        tail = torch.arange(T, device=returns.device)[None, :] >= top[:, 1:]  # (P, T)
+        base = base.masked_fill(longest[:, :, None] & tail[:, None, :], 0.0)
+    return m * (returns - base)

@@ -15,7 +15,7 @@ import torch
 
 from evaluators.hints import is_metric_key
 
-from .advantages import estimator_names, estimator_needs, group_advantages
+from .advantages import check_selectable, estimator_names, estimator_needs, group_advantages
 from .aggregation import AGGREGATIONS, aggregation_weight
 from .batch import PolicyBatch
 from .correction import BATCH_OPTIONS, ROLLOUT_CORRECTIONS
@@ -63,6 +63,7 @@ class ObjectiveConfig:
                                              paper="arXiv 2512.02556", search=(0.05, 2.0, True), switch=True)
 
     def __post_init__(self) -> None:
+        check_selectable(self.advantage_estimator)  # a per-token estimator: known, but not one an objective can use
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             if callable(choices):  # a set that plugins extend (advantage estimators): read at validation time

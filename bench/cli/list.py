@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import argparse
 
-from algorithms import estimator_names, get_spec, list_objectives, objective_groups, registered_advantage
+from algorithms import (
+    TOKEN_ESTIMATORS,
+    estimator_names,
+    get_spec,
+    list_objectives,
+    objective_groups,
+    registered_advantage,
+)
 from algorithms.describe import defaults_markdown, details_text
 from bench.cli.flags import add_plugin_flag
 from bench.compare.distinguish import probe_config
@@ -57,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         needs = f" (needs {', '.join(spec.needs)})" if spec.needs else ""
         print(f"\nadvantage estimator {spec.name}: {spec.description}{needs} [{describe_module(spec.module)}]")
     print(f"\nadvantage estimators (advantage_estimator): {', '.join(estimator_names())}")
+    print(f"per-token advantage estimators (not selectable: PolicyBatch.advantages is one value per completion; "
+          f"docs/objectives.md): {', '.join(TOKEN_ESTIMATORS)}")
     for root, members in objective_groups().items():
         print(f"\ngroup @{root} (bench run --ablation {root}): {', '.join(members)}")
     return 0

@@ -64,6 +64,7 @@ from bench.engines.verl.losses import (
     OVERRIDES_ENV,
     PREFIX,
     ROLLOUT_ENGINES,
+    TOKEN_ADV_ESTIMATORS,
     TRAINER_MODE,
     TRAINER_MODULE,
     WORKER_FIELDS,
@@ -77,10 +78,11 @@ from bench.engines.verl.losses import (
 from bench.engines.verl.worker_loss import pobench_worker_loss, worker_loss_fn
 from bench.plugins import load_plugins, plugins_from_env
 
-__all__ = ["ADV_ESTIMATORS", "EXTERNAL_LIB", "KL_TYPES", "OVERRIDES_ENV", "PREFIX", "ROLLOUT_ENGINES", "TRAINER_MODE",
-           "TRAINER_MODULE", "WORKER_FIELDS", "VerlOptions", "VerlPlan", "compute_score", "hydra_overrides",
-           "main_ppo_command", "make_policy_loss", "make_verl_config", "objective_table", "plan", "pobench_worker_loss",
-           "problem_rows", "register_all", "run_name", "table_markdown", "worker_loss_fn", "write_data"]
+__all__ = ["ADV_ESTIMATORS", "EXTERNAL_LIB", "KL_TYPES", "OVERRIDES_ENV", "PREFIX", "ROLLOUT_ENGINES",
+           "TOKEN_ADV_ESTIMATORS", "TRAINER_MODE", "TRAINER_MODULE", "WORKER_FIELDS", "VerlOptions", "VerlPlan",
+           "compute_score", "hydra_overrides", "main_ppo_command", "make_policy_loss", "make_verl_config",
+           "objective_table", "plan", "pobench_worker_loss", "problem_rows", "register_all", "run_name",
+           "table_markdown", "worker_loss_fn", "write_data"]
 
 # in a verl worker: the run's plugins ($POBENCH_PLUGINS, set by make_verl_config) before the objectives are registered
 # with verl and before the worker loss looks its objective up

@@ -32,6 +32,13 @@ ADV_ESTIMATORS: dict[str, tuple[str, bool]] = {
     "reinforce++": ("reinforce_plus_plus", True), "reinforce++-baseline": ("reinforce_plus_plus_baseline", True),
     "grpo-passk": ("grpo_passk", True), "opo": ("opo", True), "gpg": ("gpg", True), "remax": ("remax", True),
 }
+# pobench per-token estimator (algorithms.advantages.TOKEN_ESTIMATORS) -> verl algorithm.adv_estimator; parity tested in
+# tests/verl/test_verl_token_baseline.py. Not in ADV_ESTIMATORS: no objective can select them (PolicyBatch.advantages is
+# one value per completion), and pobench's loss on verl averages verl's per-token advantages over each completion
+# (``make_policy_loss``, worker_loss.py), which would turn their baseline into another one without a word. Running
+# them also needs verl's actor.calculate_sum_pi_squared=True (Σπ² of π_old at every token).
+TOKEN_ADV_ESTIMATORS: dict[str, str] = {"optimal-token-baseline": "optimal_token_baseline",
+                                        "tir-optimal-token-baseline": "tir_optimal_token_baseline"}
 # pobench KL estimator -> verl actor.kl_loss_type (verl's k3 'low_var_kl' clamps the per-token value to [-10, 10])
 KL_TYPES = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
 ROLLOUT_ENGINES = ("vllm", "sglang")

@@ -1,12 +1,13 @@
 """Which figures a report draws, and why one is not drawn.
 
 :func:`draw_all` returns, per figure key, either a :class:`reports.figures.Drawn` or the sentence saying why it is
-left out (a quantity no run logged, one that never varies, no convergence target). ``FIGURES`` lists them in the
-order of report.md: key, file name, metric, y label, title, alt text.
+left out (a quantity no run logged, one that never varies, no convergence target). ``FIGURES`` is the one table of
+them, in the order of report.md (:class:`Figure`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,31 +17,50 @@ from reports import metric_keys as K
 from reports.curves import KEY_TOKENS, cpu_at, elapsed_at, tokens_at
 from reports.derived import KEY_ACC, KEY_CPU, KEY_LOAD
 
-# (key, file name, metric, y label, title); accuracy against time and tokens, the fractions and the convergence bars
-# are drawn by their own functions; an accuracy's label gets its unit (figures.axis_label)
-STEP_FIGURES = [
-    ("accuracy_vs_step", "accuracy_vs_step", KEY_ACC, "greedy held-out accuracy", "Held-out accuracy vs step"),
-    ("train_accuracy", "train_accuracy_vs_step", K.ROLLOUT_ACCURACY, "verifier accuracy of rollouts",
-     "Training accuracy vs step (verifier, first round)"),
-    ("reward", "reward_vs_step", K.REWARD_MEAN, "mean shaped reward",
-     "Training reward vs step (as shaped by each objective)"),
-    ("refill", "refill_vs_step", K.REFILL_COMPLETIONS, "completions",
-     "Refill-round completions per step (dynamic sampling)"),
-    ("entropy", "entropy_vs_step", K.ENTROPY_MEAN, "mean token entropy (nats)", "Rollout entropy vs step"),
-    ("length", "length_vs_step", K.LENGTH_MEAN, "mean completion length (tokens)",
-     "Response length vs step (first round)"),
-    ("kl", "kl_vs_step", K.KL_REF, "KL to the reference (k3, per token)", "KL to the reference policy vs step"),
-    ("grad_norm", "grad_norm_vs_step", K.GRAD_NORM, "gradient norm (before clipping)", "Gradient norm vs step"),
-]
-ALT = {"accuracy_vs_step": "held-out accuracy vs step", "accuracy_vs_time": "accuracy vs wall-clock time",
-       "accuracy_vs_cpu": "accuracy vs CPU seconds", "accuracy_vs_tokens": "accuracy vs generated tokens",
-       "train_accuracy": "training verifier accuracy vs step",
-       "reward": "shaped reward vs step", "refill": "refill-round completions vs step", "entropy": "entropy vs step",
-       "length": "response length vs step", "kl": "KL to the reference vs step", "grad_norm": "gradient norm vs step",
-       "fractions": "clip and masked fractions", "ttc": "time to convergence",
-       "compute_fit": "accuracy vs sampled tokens with the sigmoid fit"}
-ORDER = ["accuracy_vs_step", "accuracy_vs_time", "accuracy_vs_cpu", "accuracy_vs_tokens", "train_accuracy", "reward",
-         "refill", "entropy", "length", "kl", "grad_norm", "fractions", "ttc", "compute_fit"]
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a report, in report.md's order: its key, the alt text of its image, and for a figure of one
+    metric against the step its file name, metric, y label and title (the others are drawn by their own functions:
+    accuracy against time and tokens, the fractions, the convergence bars, the compute fit). An accuracy's label
+    gets its unit (figures.axis_label)."""
+
+    key: str
+    alt: str
+    file: str = ""
+    metric: str = ""
+    ylabel: str = ""
+    title: str = ""
+
+
+#: the one table of a report's figures, in report.md's order
+FIGURES = (
+    Figure("accuracy_vs_step", "held-out accuracy vs step", "accuracy_vs_step", KEY_ACC, "greedy held-out accuracy",
+           "Held-out accuracy vs step"),
+    Figure("accuracy_vs_time", "accuracy vs wall-clock time"),
+    Figure("accuracy_vs_cpu", "accuracy vs CPU seconds"),
+    Figure("accuracy_vs_tokens", "accuracy vs generated tokens"),
+    Figure("train_accuracy", "training verifier accuracy vs step", "train_accuracy_vs_step", K.ROLLOUT_ACCURACY,
+           "verifier accuracy of rollouts", "Training accuracy vs step (verifier, first round)"),
+    Figure("reward", "shaped reward vs step", "reward_vs_step", K.REWARD_MEAN, "mean shaped reward",
+           "Training reward vs step (as shaped by each objective)"),
+    Figure("refill", "refill-round completions vs step", "refill_vs_step", K.REFILL_COMPLETIONS, "completions",
+           "Refill-round completions per step (dynamic sampling)"),
+    Figure("entropy", "entropy vs step", "entropy_vs_step", K.ENTROPY_MEAN, "mean token entropy (nats)",
+           "Rollout entropy vs step"),
+    Figure("length", "response length vs step", "length_vs_step", K.LENGTH_MEAN, "mean completion length (tokens)",
+           "Response length vs step (first round)"),
+    Figure("kl", "KL to the reference vs step", "kl_vs_step", K.KL_REF, "KL to the reference (k3, per token)",
+           "KL to the reference policy vs step"),
+    Figure("grad_norm", "gradient norm vs step", "grad_norm_vs_step", K.GRAD_NORM, "gradient norm (before clipping)",
+           "Gradient norm vs step"),
+    Figure("fractions", "clip and masked fractions"),
+    Figure("ttc", "time to convergence"),
+    Figure("compute_fit", "accuracy vs sampled tokens with the sigmoid fit"),
+)
+#: the figures of one metric against the step
+STEP_FIGURES = tuple(f for f in FIGURES if f.metric)
+BY_KEY = {f.key: f for f in FIGURES}
 
 
 def metric_file(key: str) -> str:
@@ -52,7 +72,7 @@ def metric_file(key: str) -> str:
 
 def plotted_keys(extra: tuple[str, ...] = ()) -> list[str]:
     """Every metric a report plots (the curves export holds these)."""
-    keys = [k for _, _, k, _, _ in STEP_FIGURES] + [k for k, _ in figures.FRACTION_KEYS]
+    keys = [f.metric for f in STEP_FIGURES] + [k for k, _ in figures.FRACTION_KEYS]
     return [*keys, K.ELAPSED_S, KEY_CPU, KEY_TOKENS, *[k for k in extra if k not in keys]]
 
 
@@ -78,12 +98,13 @@ def draw_all(cmp, conv, target: float | None, target_why: str, interval: str, ou
     def reason(key: str) -> str | None:
         return None if checks.varies(cmp.runs, key) else checks.constant_reason(cmp.runs, key)
 
-    for fig_key, name, key, ylabel, title in STEP_FIGURES:
-        why = reason(key) if fig_key != "accuracy_vs_step" else None
-        out[fig_key] = why or figures.series_figure(cmp.runs, key, ylabel, title, out_dir, name, order, opts)
+    for f in STEP_FIGURES:
+        why = reason(f.metric) if f.key != "accuracy_vs_step" else None
+        out[f.key] = why or figures.series_figure(cmp.runs, f.metric, f.ylabel, f.title, out_dir, f.file, order,
+                                                  opts)
         if crowded and not why:
-            out[f"{fig_key}:panels"] = figures.panels_figure(cmp.runs, key, ylabel, title, out_dir,
-                                                             f"{name}_panels", order, baseline, opts)
+            out[f"{f.key}:panels"] = figures.panels_figure(cmp.runs, f.metric, f.ylabel, f.title, out_dir,
+                                                           f"{f.file}_panels", order, baseline, opts)
     if not any(r.series.get(K.ELAPSED_S) for r in cmp.runs):
         out["accuracy_vs_time"] = f"no run logged `{K.ELAPSED_S}`"
     else:

@@ -359,7 +359,7 @@ def _target(cmp: Comparison, target_acc: float | None, baseline: str, settings: 
 
 
 def _markdown(a: Analysis, figs: dict, s: DerivedSettings, options: ReportOptions, drawn: bool) -> str:
-    from reports.plots import ALT, ORDER
+    from reports.plots import FIGURES
 
     cmp = a.comparison
     p = cmp.runs[0].params
@@ -419,10 +419,11 @@ def _markdown(a: Analysis, figs: dict, s: DerivedSettings, options: ReportOption
     if "benchmarks" in a.tables:
         lines.append(tab("benchmarks"))
     lines.append("## Figures\n")
-    for k in ORDER:
-        lines.append(img(k, ALT[k]))
+    for fig in FIGURES:
+        k = fig.key
+        lines.append(img(k, fig.alt))
         if f"{k}:panels" in figs:
-            lines.append(img(f"{k}:panels", f"{ALT[k]}, one panel per objective with its band"))
+            lines.append(img(f"{k}:panels", f"{fig.alt}, one panel per objective with its band"))
     lines += [img(k, k.split(":", 1)[1]) for k in figs if k.startswith("metric:")]
     lines.append("Per-run values: [runs.md](runs.md), [runs_stability.md](runs_stability.md), "
                  "[runs.csv](runs.csv).\n")

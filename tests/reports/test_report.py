@@ -40,6 +40,8 @@ def test_report_files_and_numbers_equal_recomputed_from_mlflow(handmade, local_u
     rep = build_report("files", tracking_uri=local_uri, out_root=tmp_path / "out")
     out = tmp_path / "out" / "files" / "c1"
     assert rep.out_dir == out
+    from reports import plots  # the one figure table: every figure drawn (or said why not) has its row, and back
+    assert {k for k in rep.figures if ":" not in k} == set(plots.BY_KEY)
     for f in FIGURES:
         assert (out / f"{f}.png").stat().st_size > 10_000 and (out / f"{f}.pdf").stat().st_size > 1_000
         assert (out / f"{f}.svg").stat().st_size > 1_000

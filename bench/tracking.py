@@ -29,6 +29,7 @@ from mlflow.exceptions import MlflowException
 import bench
 from bench import faults, stop
 from bench.inputs import check_tracking_scheme
+from bench.system_metrics import SystemMetrics
 from reports import record
 from reports.record import GIT_COMMIT, GIT_DIRTY, SOURCE_GIT_COMMIT, VERSION, get_or_create_experiment, open_client
 
@@ -205,6 +206,7 @@ class RunLogger:
         self.experiment_id = self.call(get_or_create_experiment, self.client, self.uri, experiment)
         self.run_id: str | None = None
         self.pending: list[tuple[str, float, int, int]] = []  # (key, value, timestamp ms, step)
+        self.system = SystemMetrics()  # the machine's samples, taken with the metrics logged (a bad $ENV: now)
 
     def call(self, fn, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``, which talks to the store: against a server, within the timeout (a call that got
@@ -262,7 +264,9 @@ class RunLogger:
         self.flush()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
+        """Buffer ``metrics`` at ``step``, with a sample of the machine when one is due (``bench.system_metrics``)."""
         ts = int(time.time() * 1000)
+        metrics = {**metrics, **self.system.due()}
         self.pending.extend((k, float(v), ts, step) for k, v in metrics.items())
 
     def flush(self) -> None:

@@ -94,7 +94,7 @@ SUMMARY_POI = "summary/{objective}/prob_improvement"       # probability of impr
 
 #: metrics whose value depends on the machine's speed or load (every other one is identical for the same seed and
 #: config)
-TIMING_PREFIXES = ("time/", "sys/", TOKENS_PER_S, THROUGHPUT)
+TIMING_PREFIXES = ("time/", "sys/", "system/", TOKENS_PER_S, THROUGHPUT)
 
 
 

@@ -44,6 +44,10 @@ COMMON_METRICS = {
     "time/elapsed_s", "time/eval_s", "time/rollout_s", "time/scoring_s", "time/step_s", "time/update_s",
     "train/abs_log_ratio", "train/abs_log_ratio_max", "train/abs_seq_log_ratio", "train/grad_norm", "train/kl_ref",
     "train/loss", "train/lr",
+    # MLflow's system metrics of a machine without a GPU (bench/system_metrics.py)
+    "system/cpu_utilization_percentage", "system/system_memory_usage_megabytes",
+    "system/system_memory_usage_percentage", "system/disk_usage_percentage", "system/disk_usage_megabytes",
+    "system/disk_available_megabytes", "system/network_receive_megabytes", "system/network_transmit_megabytes",
 }
 TRAIN_METRICS = {
     "grpo": COMMON_METRICS | {"objective/mismatch_kl_k1", "objective/mismatch_kl_k3"},

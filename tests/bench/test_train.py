@@ -214,10 +214,11 @@ def test_existing_checkpoints_need_resume(tmp_path, uri):
     """Checkpoints in pobench's run folder: continued only with --resume. In a folder pobench did not mark, the
     same files are refused whatever the flags (it may not write there)."""
     from bench.folders import claim_run_folder
+    from reports.paths import UnsafePath
 
     (tmp_path / "runs" / "grpo-s0" / "ckpt-0000001").mkdir(parents=True)
     (tmp_path / "runs" / "grpo-s0" / "ckpt-0000001" / "state.json").write_text("{}")
-    with pytest.raises(ValueError, match="is not a pobench run folder"):
+    with pytest.raises(UnsafePath, match="is not a pobench run folder"):
         train(tiny(tmp_path, uri, algo="grpo"))
     claim_run_folder(tmp_path / "runs" / "grpo-s0")
     with pytest.raises(ValueError, match="--resume"):

@@ -4,6 +4,7 @@ a real MLflow server, clear failures."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -216,11 +217,16 @@ def test_existing_checkpoints_need_resume(tmp_path, uri):
     from bench.folders import claim_run_folder
     from reports.paths import UnsafePath
 
-    (tmp_path / "runs" / "grpo-s0" / "ckpt-0000001").mkdir(parents=True)
-    (tmp_path / "runs" / "grpo-s0" / "ckpt-0000001" / "state.json").write_text("{}")
-    with pytest.raises(UnsafePath, match="is not a pobench run folder"):
-        train(tiny(tmp_path, uri, algo="grpo"))
-    claim_run_folder(tmp_path / "runs" / "grpo-s0")
+    run = tmp_path / "runs" / "grpo-s0"
+    for marked in (False, True):
+        shutil.rmtree(run, ignore_errors=True)
+        if marked:
+            claim_run_folder(run)
+        (run / "ckpt-0000001").mkdir(parents=True)
+        (run / "ckpt-0000001" / "state.json").write_text("{}")
+        if not marked:
+            with pytest.raises(UnsafePath, match="is not a pobench run folder"):
+                train(tiny(tmp_path, uri, algo="grpo"))
     with pytest.raises(ValueError, match="--resume"):
         train(tiny(tmp_path, uri, algo="grpo"))
 

@@ -245,11 +245,12 @@ def _plugin_files() -> dict[str, Plugin]:
     return files
 
 
-def plugin_failure(error: BaseException) -> str | None:
+def plugin_failure(error: BaseException, causes: bool = True) -> str | None:
     """The one line of an exception a loaded plugin's code raised (its objective, estimator, task or reward, at any
     depth under pobench's calls): the plugin, the exception and the plugin's line where it was raised, and what to do;
     None when no frame of its traceback (or of its causes') is a plugin's, or ``$POBENCH_TRACEBACK`` asks for the
-    traceback. An exception pobench raises about a plugin (a wrong shape, a NaN) names it already."""
+    traceback. An exception pobench raises about a plugin (a wrong shape, a NaN) names it already; ``causes`` False
+    looks at ``error``'s own traceback only (a ValueError pobench raised from a plugin's exception keeps its line)."""
     if os.environ.get(TRACEBACK_ENV, "0") not in ("", "0"):
         return None
     files, seen, e = _plugin_files(), set(), error
@@ -266,7 +267,7 @@ def plugin_failure(error: BaseException) -> str | None:
             plugin = files[os.path.realpath(last.tb_frame.f_code.co_filename)]
             return (f"plugin {plugin.spec} raised {type(e).__name__}{': ' + text if text else ''} at {where}: fix the "
                     f"plugin ({TRACEBACK_ENV}=1 shows the traceback)")
-        e = e.__cause__ or e.__context__
+        e = (e.__cause__ or e.__context__) if causes else None
     return None
 
 

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as e:  # user errors: one clear line, no traceback
         # (one a plugin's own code raised names the plugin and its file:line, as any other exception of it does)
-        print(f"bench {args.command}: error: {plugin_failure(e) or e}", file=sys.stderr)
+        print(f"bench {args.command}: error: {plugin_failure(e, causes=False) or e}", file=sys.stderr)
         return 2
     except interrupt.Stopped as e:  # SIGINT / SIGTERM: what the command kept, how to resume it
         print(interrupt.line(args.command, e), file=sys.stderr)

@@ -20,7 +20,7 @@ import yaml
 from bench import faults, preflight
 from bench.compare.display import LiveDisplay
 from bench.compare.distinguish import warn_before_run
-from bench.compare.executors import Task, WorkerDied, make_executor
+from bench.compare.executors import Job, WorkerDied, make_executor
 from bench.compare.pairs import PairContext, PairJob, PairResult, TrainFn, initial_evals, run_pair, step0_task
 from bench.compare.plan import DEFAULTS, Pair, plan, run_dir
 from bench.compare.store import lock_file, pair_lock
@@ -245,7 +245,7 @@ def _train(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pai
                     and engines.engine_for(cfg).capabilities.step0_eval)
     status = "FINISHED"
 
-    def finished(task: Task, r: PairResult) -> None:
+    def finished(task: Job, r: PairResult) -> None:
         nonlocal status
         p = todo[r.index]
         p.outcome = r.outcome
@@ -266,14 +266,14 @@ def _train(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pai
     with display:
         step0: dict[int, dict[str, float]] = {}
         if shared_step0:
-            got = ex.run([Task(-1, step0_task, (spec.step0_fn, cfg, fresh), not_started={}, interrupted={})],
+            got = ex.run([Job(-1, step0_task, (spec.step0_fn, cfg, fresh), not_started={}, interrupted={})],
                          display.event)[-1]
             if isinstance(got, WorkerDied):
                 display.print(f"  the shared step-0 evaluation failed ({got.why}); each run evaluates its own "
                               "step 0")
             else:
                 step0 = got
-        tasks = [Task(i, run_pair, (PairJob(i, p, ctx, step0.get(p.seed)),), not_started=PairResult(i, "not "
+        tasks = [Job(i, run_pair, (PairJob(i, p, ctx, step0.get(p.seed)),), not_started=PairResult(i, "not "
                       "started"), interrupted=PairResult(i, "interrupted"), failed=pair_failed(i))
                  for i, p in enumerate(todo)]
         ex.run(tasks, display.event, on_result=finished)

@@ -65,7 +65,7 @@ DEFAULT_EXECUTOR = "local"
 
 
 @dataclass
-class Task:
+class Job:
     """One unit of work: ``fn(notify, *args)``, run where the executor runs it (``fn``, ``args`` and ``not_started``
     travel to the worker, pickled; the rest stays here)."""
 
@@ -83,7 +83,7 @@ class Interrupted:
 
 @dataclass
 class WorkerDied:
-    """The result of a task whose worker itself died (``Task.failed`` None)."""
+    """The result of a task whose worker itself died (``Job.failed`` None)."""
 
     why: str      # one line, e.g. "worker process ended (BrokenProcessPool: ...)"
     detail: str   # the error in full
@@ -130,7 +130,7 @@ class Executor:
         (checked to be picklable where they must be). Returns the number of pairs that run at once."""
         raise NotImplementedError
 
-    def run(self, tasks: list[Task], notify: Notify, on_result: Callable[[Task, Any], None] | None = None
+    def run(self, tasks: list[Job], notify: Notify, on_result: Callable[[Job, Any], None] | None = None
             ) -> dict[int, Any]:
         """Run ``tasks``; returns {task index: result}. KeyboardInterrupt (Ctrl-C, SIGTERM here, or a task
         interrupted in its worker) is raised once the running tasks have stopped."""
@@ -180,15 +180,15 @@ class _Backend:
     """How tasks are started (``submit``), waited for, read (``result``), cancelled; ``events`` are the progress
     events the tasks sent since the last call."""
 
-    def submit(self, task: Task, notify: Notify) -> Any: ...
+    def submit(self, task: Job, notify: Notify) -> Any: ...
     def wait(self, pending: list) -> tuple[list, list]: ...
-    def result(self, handle: Any, task: Task) -> Any: ...
+    def result(self, handle: Any, task: Job) -> Any: ...
     def events(self) -> list[tuple]: ...
     def cancel(self, handles: list) -> None: ...
     def close(self) -> None: ...
 
 
-def _died(task: Task, what: str, e: BaseException) -> Any:
+def _died(task: Job, what: str, e: BaseException) -> Any:
     text = str(e).strip().splitlines()
     why = f"{what} ended ({type(e).__name__}: {text[0] if text else ''})".replace(": )", ")")
     return WorkerDied(why, str(e)) if task.failed is None else task.failed(why, str(e))
@@ -221,7 +221,7 @@ class LocalExecutor(Executor):
 class _Later:
     """A task of ``_Inline``: run when the loop first waits for it."""
 
-    def __init__(self, task: Task, notify: Notify) -> None:
+    def __init__(self, task: Job, notify: Notify) -> None:
         self.task, self.notify, self.value = task, notify, None
 
 
@@ -229,7 +229,7 @@ class _Inline(_Backend):
     """Tasks one after another in this process, each when the loop waits for it; its events go straight to
     ``notify``, and a Ctrl-C inside it reaches the loop as it happens."""
 
-    def submit(self, task: Task, notify: Notify) -> Any:
+    def submit(self, task: Job, notify: Notify) -> Any:
         return _Later(task, notify)
 
     def wait(self, pending: list) -> tuple[list, list]:
@@ -237,7 +237,7 @@ class _Inline(_Backend):
         later.value = later.task.fn(later.notify, *later.task.args)
         return [later], pending[1:]
 
-    def result(self, handle: Any, task: Task) -> Any:
+    def result(self, handle: Any, task: Job) -> Any:
         return handle.value
 
     def events(self) -> list[tuple]:
@@ -281,7 +281,7 @@ class _Pool(_Backend):
         self.pool = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_pool_init,
                                            initargs=(self.queue, self.stop, list(plugins)))
 
-    def submit(self, task: Task, notify: Notify) -> Any:
+    def submit(self, task: Job, notify: Notify) -> Any:
         try:
             return self.pool.submit(_pool_task, task.fn, task.args, task.not_started)
         except cf.BrokenExecutor as e:  # a worker died before this task started: reported as its failure
@@ -293,7 +293,7 @@ class _Pool(_Backend):
         done, rest = cf.wait(pending, timeout=0.2)
         return list(done), list(rest)
 
-    def result(self, handle: Any, task: Task) -> Any:
+    def result(self, handle: Any, task: Job) -> Any:
         try:
             return handle.result()
         except Exception as e:  # noqa: BLE001  (the worker process died: BrokenProcessPool, ...)
@@ -398,13 +398,13 @@ class _Ray(_Backend):
         self.log = ray.remote(num_cpus=0)(_EventLog).remote()
         self.task = ray.remote(_ray_task).options(**options, max_retries=0)
 
-    def submit(self, task: Task, notify: Notify) -> Any:
+    def submit(self, task: Job, notify: Notify) -> Any:
         return self.task.remote(task.fn, task.args, task.index, self.log, self.ctx)
 
     def wait(self, pending: list) -> tuple[list, list]:
         return self.ray.wait(pending, num_returns=1, timeout=0.2)
 
-    def result(self, handle: Any, task: Task) -> Any:
+    def result(self, handle: Any, task: Job) -> Any:
         try:
             return self.ray.get(handle)
         except Exception as e:  # noqa: BLE001  (the task itself failed: worker died, out of memory, import error)

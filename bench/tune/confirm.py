@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from algorithms.registry import default_config
-from bench.compare.executors import Task, make_executor
+from bench.compare.executors import Job, make_executor
 from bench.compare.pairs import PairContext, PairJob, PairResult, run_pair
 from bench.compare.plan import Pair, comparison_id, finished_run, new_pair
 from bench.engines import entry as engines
@@ -122,7 +122,7 @@ def run_confirm(spec: TuneSpec, study: Any, seeds: list[int], workers: int | Non
         elif kind == "msg":
             log(f"confirm: {payload[0]}")
 
-    def done(task: Task, r: PairResult) -> None:
+    def done(task: Job, r: PairResult) -> None:
         p = pairs[r.index]
         p.outcome, p.run_id = r.outcome, r.run_id or p.run_id
         log(f"confirm: {_what(names[r.index], p)}: {r.outcome}")
@@ -134,7 +134,7 @@ def run_confirm(spec: TuneSpec, study: Any, seeds: list[int], workers: int | Non
         log(f"confirm: best trial {best.number} against the default on seeds {','.join(map(str, seeds))}: "
             f"{len(pairs)} runs ({len(pairs) - todo} finished already) on {n} worker{'s' if n > 1 else ''}; "
             f"comparison {cid}")
-        tasks = [Task(i, run_pair, (PairJob(i, p, ctx),), not_started=PairResult(i, "not started"),
+        tasks = [Job(i, run_pair, (PairJob(i, p, ctx),), not_started=PairResult(i, "not started"),
                       interrupted=PairResult(i, "interrupted"), failed=_failed(i)) for i, p in enumerate(pairs)]
         ex.run(tasks, notify, on_result=done)
     except KeyboardInterrupt:

@@ -5,8 +5,7 @@ loss and its gradient w.r.t. the predicted values, the clip fraction.
 Runs in `tox -e verl`; skipped where verl is absent. verl leaves its whitened advantages (and returns = values) on
 padding positions; ours are 0 there, so the comparison is over the mask, and each case puts garbage on the padding.
 verl's ``masked_mean`` divides by (count + 1e-8): its whitened advantages differ from ours by ~1e-8 relative
-(``WHITE``);
-the returns, before whitening, agree to rounding.
+(``WHITE``); the returns, before whitening, agree to rounding.
 """
 
 from __future__ import annotations

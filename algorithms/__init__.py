@@ -21,10 +21,12 @@ from .advantages import (
 )
 from .aggregation import aggregate, aggregation_weight
 from .base import Objective, ObjectiveConfig, param
-from .batch import PolicyBatch, batch_for
+from .batch import PolicyBatch, batch_for, has_advantage
+from .critic import CriticSpec
 from .kl import kl_estimate
 from .pg_variants import CISPO, DPPOKL, DPPOTV, DRO, GMPO, GPG, SAPO, TOPR, UP, VESPO
 from .policy_gradient import GSPO, ClippedPG, PolicyGradient
+from .ppo import PPO
 from .registry import (
     default_config,
     get_objective,
@@ -41,7 +43,8 @@ from .selective import ClipCov, ForkingTokens, KLCov
 from .tepo import TEPOObjective
 
 __all__ = [
-    "Objective", "ObjectiveConfig", "PolicyBatch", "batch_for", "PolicyGradient", "aggregate", "aggregation_weight",
+    "CriticSpec", "Objective", "ObjectiveConfig", "PolicyBatch", "batch_for", "has_advantage", "PPO",
+    "PolicyGradient", "aggregate", "aggregation_weight",
     "default_config", "estimator_names", "get_objective", "get_spec", "group_advantages", "kl_estimate",
     "list_controls", "list_objectives", "objective_groups", "param", "register", "register_advantage",
     "registered_advantage", "resolve_names", "search_space", "TOKEN_ESTIMATORS", "token_baseline_advantages",
@@ -137,6 +140,11 @@ register("maxrl", ClippedPG, paper="arXiv 2602.02710",
                      "prompt solved 1 time in N weighs N times one solved every time; GRPO's surrogate otherwise. "
                      "Binary rewards.",
          advantage_estimator="maxrl")
+register("ppo", PPO, paper="arXiv 1707.06347",
+         description="PPO with a critic (verl adv_estimator=gae): clipped token-ratio surrogate on per-token GAE "
+                     "advantages (γ = λ = 1, whitened) from a learned value function initialised from the policy, "
+                     "clipped value loss, token-mean, no KL.",
+         aggregation="token-mean", kl_coef=0.0)
 register("topr", TOPR, paper="arXiv 2503.14286",
          description="TOPR: −sg[w_i]·Â·lp, w_i = 1 for Â ≥ 0 and clip(π_θ(y_i)/π_old(y_i), 0, 1) for Â < 0 (sequence "
                      "ratio, detached), summed over tokens, mean over sequences; group-mean baseline, no KL.")

@@ -19,6 +19,7 @@ from .advantages import check_selectable, estimator_names, estimator_needs, grou
 from .aggregation import AGGREGATIONS, aggregation_weight
 from .batch import PolicyBatch
 from .correction import BATCH_OPTIONS, ROLLOUT_CORRECTIONS
+from .critic import CriticSpec
 
 
 def param(default: Any, doc: str, *, paper: str | None = None, search: tuple | None = None,
@@ -190,11 +191,40 @@ class Objective:
         contract tests check, for every registered objective, that a batch with exactly these fields is enough and
         that each is needed."""
         fields = set()
+        if self.uses_token_advantages:
+            fields.add("token_advantages")
         if self.needs_sampler_logprobs:
             fields.add("sampler_logprobs")
         if self.needs_truncated:
             fields.add("truncated")
         return frozenset(fields)
+
+    @property
+    def uses_token_advantages(self) -> bool:
+        """Whether the loss reads one advantage per token (``PolicyBatch.token_advantages``) instead of one per
+        completion (``PolicyBatch.advantages`` broadcast over its tokens)."""
+        return False
+
+    @property
+    def critic(self) -> CriticSpec | None:
+        """The learned value function the objective needs (model, optimizer, learning rate, warm-up), which the engine
+        builds, trains on ``value_loss`` after computing ``advantages_from_values``, and keeps in every checkpoint;
+        None (every objective without a critic): the engine builds nothing and its checkpoints hold nothing more."""
+        return None
+
+    def advantages_from_values(self, rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N,) shaped rewards, (N, T) critic values V(s_t) of the sampled completions and their (N, T) mask ->
+        ((N, T) per-token advantages, (N, T) returns the critic is trained towards). An objective with a ``critic``
+        implements it."""
+        raise NotImplementedError(f"{type(self).__name__} declares no critic: it has no advantages_from_values")
+
+    def value_loss(self, values: torch.Tensor, returns: torch.Tensor, old_values: torch.Tensor, mask: torch.Tensor,
+                   max_length: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The critic's loss (a scalar carrying the gradient of ``values``, the critic's (B, T) predictions) and its
+        ``critic/*`` metrics; ``old_values`` are the critic's values when the rollout was scored. An objective with a
+        ``critic`` implements it."""
+        raise NotImplementedError(f"{type(self).__name__} declares no critic: it has no value_loss")
 
     @property
     def separable_kl(self) -> float | None:

@@ -30,13 +30,16 @@ class PolicyBatch:
     ref_entropy: torch.Tensor | None = None  # (B, T) H_ref
     sampler_logprobs: torch.Tensor | None = None  # (B, T) log-probs the rollout engine reported (rollout correction)
     truncated: torch.Tensor | None = None  # (B,) bool: the completion hit L_max without a stop token
+    #: (B, T) Â_it, one advantage per token (an objective that declares it, ``Objective.uses_token_advantages``, reads
+    #: it in place of ``advantages`` broadcast over the tokens: PPO's GAE from a critic)
+    token_advantages: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         B, T = self.logprobs.shape
         if self.advantages.shape != (B,):
             raise ValueError(f"PolicyBatch.advantages must have shape ({B},), got {tuple(self.advantages.shape)}")
         for name in ("old_logprobs", "mask", "ref_logprobs", "entropy", "old_entropy", "ref_entropy",
-                     "sampler_logprobs"):
+                     "sampler_logprobs", "token_advantages"):
             t = getattr(self, name)
             if t is not None and t.shape != (B, T):
                 raise ValueError(f"PolicyBatch.{name} must have shape ({B}, {T}), got {tuple(t.shape)}")
@@ -48,7 +51,8 @@ class PolicyBatch:
             raise ValueError(f"PolicyBatch.max_length must be >= 1, got {self.max_length}")
         self.mask = self.mask.to(self.logprobs.dtype)
         # constants by definition: no objective can leak gradient into them
-        for name in ("old_logprobs", "advantages", "ref_logprobs", "old_entropy", "ref_entropy", "sampler_logprobs"):
+        for name in ("old_logprobs", "advantages", "ref_logprobs", "old_entropy", "ref_entropy", "sampler_logprobs",
+                     "token_advantages"):
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, t.detach())
@@ -63,6 +67,19 @@ class PolicyBatch:
     @property
     def lengths(self) -> torch.Tensor:  # (B,) |y_i|
         return self.mask.sum(-1)
+
+
+def has_advantage(advantages: torch.Tensor, token_advantages: torch.Tensor | None = None,
+                  mask: torch.Tensor | None = None) -> torch.Tensor:
+    """(B,) bool: the completions with a nonzero advantage, the ones a zero-advantage skip keeps
+    (``Objective.skips_zero_advantage``): Â_i != 0, or with per-token advantages Â_it != 0 on some completion token
+    (a completion is skippable only when every one of its tokens has Â_it = 0)."""
+    if token_advantages is None:
+        return advantages != 0
+    live = token_advantages != 0
+    if mask is not None:
+        live = live & (mask > 0)
+    return live.any(-1)
 
 
 def batch_for(objective: Objective, engine: str, *, logprobs: torch.Tensor, old_logprobs: torch.Tensor,

@@ -226,7 +226,8 @@ class PolicyGradient(Objective):
         c = self.config
         batch, is_w, keep, batch_metrics = prepare(batch, c)
         ratio = self.ratio(batch)
-        adv = batch.advantages[:, None]  # (B, 1)
+        # (B, 1) Â_i broadcast over the tokens, or (B, T) Â_it for an objective with per-token advantages (PPO)
+        adv = batch.require("token_advantages", self.name) if self.uses_token_advantages else batch.advantages[:, None]
         pg, low, high, term_metrics = self._checked_term(self.policy_term(batch, ratio, adv, is_w), batch)
         pg = pg.expand_as(batch.logprobs)
         pg, penalty, extra_metrics = self.select(pg, batch, generator)

@@ -214,6 +214,17 @@ def _advantage_inputs(obj, pb: ProbeBatch) -> dict[str, torch.Tensor]:
     return out
 
 
+def _token_advantages(obj, pb: ProbeBatch) -> torch.Tensor:
+    """Per-token advantages of an objective with a critic (PPO), from synthetic values: a critic that has learned
+    each prompt's success rate (its group's mean reward) up to per-token noise of 0.1 (an untrained critic, V ≡ 0,
+    would make GAE with γ = λ = 1 REINFORCE++'s whitened reward)."""
+    P, G = pb.rewards.shape
+    g = torch.Generator().manual_seed(0)
+    values = pb.rewards.mean(-1, keepdim=True).expand(P, G).reshape(-1, 1) + 0.1 * torch.randn(
+        pb.mask.shape, generator=g, dtype=torch.float64)
+    return obj.advantages_from_values(pb.rewards.reshape(-1), values * pb.mask, pb.mask)[0]
+
+
 def _gradient_one(name: str, overrides: dict[str, Any], pb: ProbeBatch, seed: int
                   ) -> tuple[torch.Tensor, dict[str, float]]:
     obj = get_objective(name, **overrides)
@@ -222,9 +233,10 @@ def _gradient_one(name: str, overrides: dict[str, Any], pb: ProbeBatch, seed: in
     adv = obj.advantages(pb.rewards, **_advantage_inputs(obj, pb)).reshape(-1).to(torch.float64)  # (B,)
     lp = pb.logprobs.clone().requires_grad_(True)
     ent = pb.entropy.clone().requires_grad_(True)
+    token_adv = _token_advantages(obj, pb) if obj.uses_token_advantages else None
     batch = PolicyBatch(logprobs=lp, old_logprobs=pb.old_logprobs, advantages=adv, mask=pb.mask,
                         max_length=pb.max_length, ref_logprobs=pb.ref_logprobs, entropy=ent,
-                        old_entropy=pb.old_entropy, ref_entropy=pb.ref_entropy)
+                        old_entropy=pb.old_entropy, ref_entropy=pb.ref_entropy, token_advantages=token_adv)
     loss, metrics = obj.checked_loss(batch, generator=torch.Generator().manual_seed(seed))
     g_lp, g_ent = torch.autograd.grad(loss, [lp, ent], allow_unused=True)
     g_lp = torch.zeros_like(lp) if g_lp is None else g_lp

@@ -28,8 +28,9 @@ def random_batch(B: int = 6, T: int = 7, seed: int = 0, max_length: int = 10, *,
     old_ent = ent + 0.3 * torch.randn(B, T, generator=g)
     ref_ent = ent + 0.3 * torch.randn(B, T, generator=g)
     adv = torch.randn(B, generator=g)
+    token_adv = torch.randn(B, T, generator=g)  # (per-token advantages: read only by objectives that declare them)
     t = dict(logprobs=lp, old_logprobs=old, ref_logprobs=ref, entropy=ent, old_entropy=old_ent, ref_entropy=ref_ent,
-             advantages=adv, mask=mask)
+             advantages=adv, mask=mask, token_advantages=token_adv)
     if requires_grad:
         t = {k: v.clone().requires_grad_(True) if k != "mask" else v for k, v in t.items()}
     t["max_length"] = max_length

@@ -10,7 +10,7 @@ from algorithms import PolicyBatch, get_objective, list_objectives
 from .conftest import as_batch, random_batch
 
 ALL = list_objectives()
-NO_GRAD_FIELDS = ("old_logprobs", "ref_logprobs", "old_entropy", "ref_entropy", "advantages")
+NO_GRAD_FIELDS = ("old_logprobs", "ref_logprobs", "old_entropy", "ref_entropy", "advantages", "token_advantages")
 
 
 def run(name: str, t: dict, seed: int = 0):
@@ -140,7 +140,8 @@ def _builds(name: str, overrides: dict) -> bool:
     return True
 
 
-OPTIONAL = ("ref_logprobs", "entropy", "old_entropy", "ref_entropy", "sampler_logprobs", "truncated")
+OPTIONAL = ("ref_logprobs", "entropy", "old_entropy", "ref_entropy", "sampler_logprobs", "truncated",
+            "token_advantages")
 
 
 def _batch_with(fields, seed: int = 5) -> PolicyBatch:

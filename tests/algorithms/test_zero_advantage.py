@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from algorithms import PolicyBatch, get_objective, list_objectives
+from algorithms import PolicyBatch, get_objective, has_advantage, list_objectives
 
 from .conftest import random_batch
 
@@ -32,6 +32,8 @@ CASES = [(name, {}) for name in list_objectives()] + [
     ("tepo", {"kl_mask": "adv", "adv_threshold": 0.3}),
     ("tepo", {"kl_coef": 0.0, "kl_mask": "all"}),
     ("tepo-mask-all", {"kl_target": "old"}),
+    ("ppo", {"kl_coef": 0.04}),
+    ("ppo", {"entropy_coef": 1e-3}),
 ]
 IDS = [name + "".join(f"-{k}={v}" for k, v in ov.items()) for name, ov in CASES]
 
@@ -55,6 +57,11 @@ def zero_advantage_batch(seed: int, selective: bool = False) -> dict:
         t["logprobs"] = lp
     adv[DEAD] = 0.0
     t["advantages"] = adv
+    token_adv = t["token_advantages"].clone()  # (per-token advantages, PPO's: every token of a dead row has Â = 0)
+    if selective:
+        token_adv = token_adv + 1.5
+    token_adv[DEAD] = 0.0
+    t["token_advantages"] = token_adv
     t["sampler_logprobs"] = (t["old_logprobs"] + 0.2 * torch.randn(12, 9, generator=g, dtype=torch.float64)
                              ).clamp(max=-1e-3)
     t["truncated"] = torch.tensor([False, True, False, True, False, False, True, False, False, False, True, False])
@@ -70,7 +77,8 @@ def gradients(obj, t: dict, skip: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if not skip:
         loss, _ = obj.loss(PolicyBatch(**t), generator=gen)
     else:
-        live = t["advantages"] != 0
+        live = has_advantage(t["advantages"], t["token_advantages"] if obj.uses_token_advantages else None,
+                             t["mask"])
         part = {k: (v[live] if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
         w_all = obj.loss_weight(t["mask"], t["truncated"])
         w_live = obj.loss_weight(part["mask"], part["truncated"])

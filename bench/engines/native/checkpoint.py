@@ -1,6 +1,6 @@
 """Checkpoints of a training run: model, optimizer and scheduler state, step, MLflow run id, wall-clock, the RNG
 state, the metrics not yet sent to MLflow and the objective's state (``objective_state``: a controller's, empty for a
-pure objective).
+pure objective); for an objective with a critic (PPO) also ``critic.pt``, the critic's weights and optimizer state.
 
 Writing: every file goes into a temporary folder (``ckpt-N.tmp``), is flushed to disk, and its size and SHA-256 are
 recorded in ``state.json`` (written last); then the folder is renamed to ``ckpt-N``. A failure on the way (disk
@@ -41,6 +41,7 @@ PREFIX = "ckpt-"
 FINAL_TMP = ".final.tmp"  # the final weights are written here, then renamed to ``final``
 FORMAT = 2            # state.json records "files": {name: [size, sha256]} (format 1 had none)
 OPTIM_KEPT = 2        # newest checkpoints that keep their optimizer state
+CRITIC = "critic.pt"  # an objective's critic (PPO's value function): weights and optimizer state
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
@@ -231,15 +232,21 @@ def clear_leftover(tmp: Path) -> None:
 
 
 def save(run_dir: str | Path, step: int, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         scheduler: Any, state: dict[str, Any], keep: int = 1) -> Path:
+         scheduler: Any, state: dict[str, Any], keep: int = 1, critic: Any = None) -> Path:
+    """Checkpoint ``step``; ``critic`` (an objective's value function, bench/engines/native/critic.py): its weights and
+    optimizer state go into ``critic.pt`` (a checkpoint of a run without one holds no such file)."""
     def fill(tmp: Path) -> dict[str, list]:
-        return {"model.pt": _save_tensors(_weights(model), tmp / "model.pt"),  # with LoRA: the adapter only
-                "optim.pt": _save_tensors({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                                           "torch_rng": torch.get_rng_state()}, tmp / "optim.pt")}
+        files = {"model.pt": _save_tensors(_weights(model), tmp / "model.pt"),  # with LoRA: the adapter only
+                 "optim.pt": _save_tensors({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                                            "torch_rng": torch.get_rng_state()}, tmp / "optim.pt")}
+        if critic is not None:
+            files[CRITIC] = _save_tensors(critic.state_dict(), tmp / CRITIC)
+        return files
 
     final, kept = _commit(Path(run_dir), step, state, fill, keep)
-    for old in kept[:-OPTIM_KEPT]:  # the newest OPTIM_KEPT keep the optimizer state a resume reads
-        (old / "optim.pt").unlink(missing_ok=True)
+    for old in kept[:-OPTIM_KEPT]:  # the newest OPTIM_KEPT keep the optimizer state a resume reads (the critic's
+        (old / "optim.pt").unlink(missing_ok=True)  # too: an older checkpoint cannot be resumed)
+        (old / CRITIC).unlink(missing_ok=True)
     return final
 
 
@@ -335,8 +342,9 @@ def _torch_load(path: Path, device: Any) -> Any:
         raise CheckpointError(f"{path} cannot be read ({type(e).__name__}: {first})") from None
 
 
-def _read(ckpt: Path, device: Any) -> tuple[dict[str, Any], Any, dict[str, Any]]:
-    """A checkpoint's state, weights and optimizer state, each verified; CheckpointError naming what is wrong."""
+def _read(ckpt: Path, device: Any, critic: bool = False) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+    """A checkpoint's state, weights and optimizer state (with ``critic``, the critic's under ``extra["critic"]``),
+    each verified; CheckpointError naming what is wrong."""
     state = _read_state(ckpt)
     if state.get("engine") not in (None, "native"):
         raise _Foreign(f"{ckpt} is a checkpoint of the {state['engine']} engine: the native loop cannot resume it")
@@ -349,6 +357,13 @@ def _read(ckpt: Path, device: Any) -> tuple[dict[str, Any], Any, dict[str, Any]]
     extra = _torch_load(ckpt / "optim.pt", "cpu")  # (the optimizer moves its state to its parameters' device)
     if not isinstance(extra, dict) or not {"optimizer", "scheduler", "torch_rng"} <= set(extra):
         raise CheckpointError(f"{ckpt}/optim.pt is not a pobench optimizer state (entries missing)")
+    if critic:
+        if not (ckpt / CRITIC).exists():
+            raise CheckpointError(f"{ckpt} holds no critic ({CRITIC}): it is not a checkpoint of this objective")
+        _verify(ckpt / CRITIC, files.get(CRITIC))
+        extra["critic"] = _torch_load(ckpt / CRITIC, device)
+        if not isinstance(extra["critic"], dict) or not {"model", "optimizer"} <= set(extra["critic"]):
+            raise CheckpointError(f"{ckpt}/{CRITIC} is not a pobench critic state (entries missing)")
     return state, weights, extra
 
 
@@ -370,8 +385,8 @@ def _none_resumable(path: Path, skipped: list[str]) -> NoneResumable:
                            f"{path.parent} to train this run from the start, or pass another --run-name")
 
 
-def load(path: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
-         ) -> dict[str, Any]:
+def load(path: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+         critic: Any = None) -> dict[str, Any]:
     """Resume from checkpoint ``path`` (normally :func:`latest`), else from the newest older one of the same run that
     can be resumed (each one skipped is named on stderr); returns its state. CheckpointError when none can."""
     path = Path(path)
@@ -379,7 +394,7 @@ def load(path: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Opt
     skipped: list[str] = []
     for ckpt in _candidates(path):
         try:
-            state, weights, extra = _read(ckpt, device)
+            state, weights, extra = _read(ckpt, device, critic=critic is not None)
         except _Foreign:
             raise
         except CheckpointError as e:
@@ -395,6 +410,8 @@ def load(path: str | Path, *, model: torch.nn.Module, optimizer: torch.optim.Opt
             optimizer.load_state_dict(extra["optimizer"])
             scheduler.load_state_dict(extra["scheduler"])
             torch.set_rng_state(extra["torch_rng"])
+            if critic is not None:
+                critic.load_state_dict(extra["critic"])
         except (RuntimeError, KeyError, ValueError) as e:  # another model or optimizer than this config's
             raise CheckpointError(f"{ckpt} does not fit this run's model / optimizer "
                                   f"({str(e).strip().splitlines()[0][:200]}); was the config changed?") from None

@@ -28,6 +28,7 @@ from bench.data import TrainData, eval_problems
 from bench.engines.base import CAPABILITIES, Hooks, StopTraining, TrainResult
 from bench.engines.lifecycle import end_unresumable, finish_run, open_run, recorded, run_folder, seed_and_threads
 from bench.engines.native import checkpoint
+from bench.engines.native.critic import Critic
 from bench.engines.native.scale import Reference, is_peft, merged_for_export, prepare_policy, trainable_parameters
 from bench.engines.native.step import collect_rollouts, roll_samples, step_tokens, update
 from bench.engines.stats import machine_load, throughput
@@ -77,6 +78,8 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=cfg.lr, betas=tuple(cfg.adam_betas),
                                   weight_decay=cfg.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    # the critic the objective declares (PPO's value function), from the policy's initial weights; None: no critic
+    critic = Critic(model, objective.critic) if objective.critic is not None else None
 
     # --- data: same prompts at the same step for every objective and seed-matched run
     data = TrainData(cfg.task, seed=cfg.seed, steps=cfg.steps, prompts_per_step=cfg.prompts_per_step,
@@ -90,7 +93,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     state = None
     if last is not None:
         try:
-            state = checkpoint.load(last, model=model, optimizer=optimizer, scheduler=scheduler)
+            state = checkpoint.load(last, model=model, optimizer=optimizer, scheduler=scheduler, critic=critic)
         except checkpoint.NoneResumable as e:  # its MLflow run is not left RUNNING
             raise checkpoint.NoneResumable(f"{e}{end_unresumable(cfg, run_dir, e)}") from None
         sampler.update_weights(model)
@@ -117,7 +120,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
             checkpoint.save(run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler,
                             state={"run_id": logger.run_id, "elapsed": elapsed, "cpu_s": cpu_s,
                                    "pending": logger.pending, "objective_state": objective.state},
-                            keep=cfg.keep_checkpoints)
+                            keep=cfg.keep_checkpoints, critic=critic)
         except checkpoint.DiskFull:
             full = True  # (no second try on the way out)
             raise
@@ -164,7 +167,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
                 t_step, c_step = time.perf_counter(), time.process_time()
                 groups, roll = collect_rollouts(cfg, objective, sampler, tok, data, step)
                 t_rollout = time.perf_counter() - t_step
-                upd = update(cfg, objective, model, ref_model, optimizer, sampler, groups, step)
+                upd = update(cfg, objective, model, ref_model, optimizer, sampler, groups, step, critic=critic)
                 advance_lr(scheduler)
                 step_s, step_cpu = time.perf_counter() - t_step, time.process_time() - c_step
                 elapsed += step_s

@@ -14,11 +14,12 @@ from typing import Any
 
 import torch
 
-from algorithms import PolicyBatch, batch_for
+from algorithms import PolicyBatch, batch_for, has_advantage
 from bench.config import TrainConfig
 from bench.data import TrainData, derive_seed
 from bench.engines.base import TrainingDiverged
 from bench.engines.native.batching import length_grouped
+from bench.engines.native.critic import Critic, score_values, update_critic
 from bench.engines.stats import UpdateStats, entropy_summary, rollout_summary
 from bench.model import format_prompt
 from bench.rollout import Sampler, SamplingParams
@@ -140,7 +141,7 @@ def advantage_inputs(cfg: TrainConfig, objective, sampler: Sampler, tok, data: T
 
 
 def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sampler, groups: list[Group],
-           step: int) -> dict[str, float]:
+           step: int, critic: Critic | None = None) -> dict[str, float]:
     """μ epochs over `cfg.minibatches` minibatches, each gradient-accumulated over micro-batches.
 
     Two exact savings (docs/SCALE.md): with ``cfg.shared_prefix`` every pass forwards each prompt once per micro-batch
@@ -148,7 +149,12 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
     no gradient (``Objective.skips_zero_advantage``) those sequences get no forward / backward with gradient: their
     loss weight stays in the minibatch's total, so the gradient is the full computation's, and they enter the metrics
     through a pass without gradient (none before a rollout's first optimizer step, when the sampling policy's
-    log-probs, the rollout's or the scoring pass's, are the current policy's)."""
+    log-probs, the rollout's or the scoring pass's, are the current policy's).
+
+    With a ``critic`` (an objective that declares one: PPO) the critic scores the rollouts first, the objective turns
+    its values and the rewards into per-token advantages and returns (``advantages_from_values``), the critic trains
+    on them (bench/engines/native/critic.py), and the policy update reads the per-token advantages; during the
+    critic's warm-up steps the policy is not updated."""
     if not groups:  # dynamic sampling found no informative group in its rounds: nothing to learn from
         return {K.SKIPPED: 1.0, K.SCORING_S: 0.0}
     prompts = [g.prompt_ids for g in groups for _ in g.completion_ids]
@@ -168,6 +174,29 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
     scorer = score_shared if cfg.shared_prefix else score  # the same numbers (bench/rollout/prefix.py)
     skip = cfg.skip_zero_advantage and objective.skips_zero_advantage
     params = [p for p in model.parameters() if p.requires_grad]
+
+    # --- the critic (PPO): values of the sampling policy's completions -> per-token advantages and returns -> the
+    # critic's update; the per-completion advantage is then the token mean of Â_it (samples, zero-advantage count)
+    tok_adv: torch.Tensor | None = None
+    critic_metrics: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if critic is not None:
+        T_all = max(1, max(c_len))
+        full_mask = pad([torch.ones(n) for n in c_len], T_all)  # (N, T)
+        old_values = pad(score_values(critic, prompts, completions, mb), T_all)  # (N, T)
+        rewards = torch.cat([g.rewards for g in groups]).float()
+        tok_adv, returns = objective.advantages_from_values(rewards, old_values, full_mask)
+        adv = (tok_adv * full_mask).sum(-1) / full_mask.sum(-1).clamp(min=1.0)
+        start = 0
+        for g in groups:
+            g.advantages = adv[start:start + len(g.completion_ids)]
+            start += len(g.completion_ids)
+        critic_metrics = update_critic(cfg, objective, critic, prompts, completions, old_values, returns, full_mask,
+                                       step)
+        critic_metrics["critic/warmup"] = float(step <= critic.spec.warmup_steps)
+        if step <= critic.spec.warmup_steps:  # the critic's warm-up: the policy waits
+            return {**critic_metrics, K.SCORING_S: time.perf_counter() - t0}
+    live_rows = has_advantage(adv, tok_adv, full_mask if tok_adv is not None else None)  # (N,): what a skip keeps
 
     # --- the sampling policy (when off-policy updates follow): the rollout's own log-probs and entropies when the
     # sampler's are exact for the training module (HF sampler), otherwise one scoring pass without gradient; reference
@@ -196,15 +225,16 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
             ref_entropy=None if ref_ent is None else pad([ref_ent[i] for i in ids], T).to(device),
             entropy=ent if with_grad else ent.detach(),
             sampler_logprobs=None if samp_lp is None else pad([torch.tensor(samp_lp[i]) for i in ids], T).to(device),
-            truncated=truncated[ids].to(device))
+            truncated=truncated[ids].to(device),
+            token_advantages=None if tok_adv is None else tok_adv[ids, :T].to(device))
 
     for epoch in range(cfg.update_epochs):
         order = torch.randperm(N, generator=torch.Generator().manual_seed(derive_seed(cfg.seed, "perm", step, epoch)))
         for j, minibatch in enumerate(torch.tensor_split(order, min(cfg.minibatches, N))):  # (dynamic sampling may
             # keep < M rows) before the first optimizer step the policy is the sampling policy: on-policy in fact
             sampling_policy = on_policy or (epoch == 0 and j == 0)
-            live = minibatch[adv[minibatch] != 0] if skip else minibatch  # (skipped: Â = 0, no gradient)
-            dead = minibatch[adv[minibatch] == 0] if skip else minibatch[:0]
+            live = minibatch[live_rows[minibatch]] if skip else minibatch  # (skipped: Â = 0, no gradient)
+            dead = minibatch[~live_rows[minibatch]] if skip else minibatch[:0]
             grouped = cfg.length_grouped_micro_batches and objective.split_invariant
             micro = (length_grouped(live, c_len, p_len, mb)  # less padding, same gradient (batching.py)
                      if grouped else torch.split(live, mb)) if len(live) else ()
@@ -252,7 +282,7 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
             optimizer.step()
             objective.state = objective.next_state(objective.state, state_sums)  # (stateless: unchanged)
             sampler.update_weights(model)
-    return {**stats.summary(), K.SCORING_S: scoring_s}
+    return {**stats.summary(), **critic_metrics, K.SCORING_S: scoring_s}
 
 
 def _score_rows(model, prompts, completions, temperature, mb, chunk_mb: float = 256.0, scorer=score

@@ -56,6 +56,9 @@ def check_supported(cfg: TrainConfig) -> None:
             raise ValueError(f"--engine trl does not support objective {cfg.algo!r} with `{name}`="
                              f"{getattr(objective.config, name)!r} ({why}); override it (objective_overrides "
                              f"{{{name}: {off!r}}}) or use --engine native")
+    if objective.critic is not None:
+        raise ValueError(f"--engine trl does not support objective {cfg.algo!r}: it trains a value function (critic) "
+                         "for per-token GAE advantages, and TRL's GRPOTrainer has no value model; use --engine native")
     if objective.initial_state():
         raise ValueError(f"--engine trl does not support objective {cfg.algo!r} with its controller state "
                          f"({', '.join(sorted(objective.state))}: {STATEFUL_WHY}); use --engine native")

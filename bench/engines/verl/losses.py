@@ -90,6 +90,9 @@ def plan(name: str, overrides: dict | None = None, *, max_length: int | None = N
     def no(mode: str, why: str) -> VerlPlan:
         return VerlPlan(name, mode, reason=why)
 
+    if objective.critic is not None:
+        return no("unsupported", "it trains pobench's critic for per-token GAE advantages; verl's own critic "
+                                 "(adv_estimator=gae) is not wired to pobench's objective")
     if objective.initial_state():
         return no("unsupported", f"it carries state across optimizer steps ({', '.join(sorted(objective.state))}: "
                                  "e.g. the adaptive entropy coefficient of entropy_target > 0), which verl's actor "

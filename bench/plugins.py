@@ -357,7 +357,7 @@ def identity(specs: Sequence[str]) -> list[str]:
     return [p.label for p in load_plugins(specs)]
 
 
-def record(specs: Sequence[str]) -> str:
+def plugins_tag(specs: Sequence[str]) -> str:
     """The ``pobench.plugins`` tag of a run: ``<file>@<digest>`` of each plugin named and each installed one."""
     return ",".join(p.recorded for p in [*load_plugins(specs), *_ENTRY_POINTS])
 

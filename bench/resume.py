@@ -113,7 +113,7 @@ def train_folder(cfg):
                                run_name=cfg.run_name or f"{cfg.algo}-s{cfg.seed}-{key(cfg)}")
 
 
-def preflight(cfg, root: str | Path) -> None:
+def check_resume(cfg, root: str | Path) -> None:
     """Before any work: ``check`` the run ``cfg`` resumes; a ``--resume`` with no checkpoint in its folder is refused,
     naming what differs from the newest checkpointed run of the same objective and seed under ``root`` (the
     ``--output-dir``: every experiment), unless the folder names its MLflow run (``run.json``: a run stopped before

@@ -2,7 +2,7 @@
 
 ``bench eval --comparison ID --benchmarks a,b`` logs one eval run per (training run, benchmark), nested under the
 training run (``mlflow.parentRunId``) and tagged ``pobench.kind=eval``, ``pobench.benchmark`` and
-``pobench.eval_key`` (:func:`eval_key` of the evaluation settings). A FINISHED eval run with the same parent and key
+``pobench.eval_key`` (:func:`settings_key` of the evaluation settings). A FINISHED eval run with the same parent and key
 is a stored result: it is reused, never recomputed. The report's ``benchmarks`` table takes, per benchmark, the
 settings key that covers the most runs (the newest on a tie) and gives each objective's mean ± 95% t interval over
 its seeds, with the mean and IQM over benchmarks (stratified bootstrap: seeds resampled within each benchmark).
@@ -23,7 +23,7 @@ METRICS = ("greedy_acc", "pass_at_1")  # the first one an eval run has is the ta
 SHOWN_PARAMS = ("split", "limit", "k", "temperature", "max_new_tokens", "prompt_template", "seed")
 
 
-def eval_key(settings: dict) -> str:
+def settings_key(settings: dict) -> str:
     """The hash of one benchmark's evaluation settings (benchmark, version, data source, sampling, prompt, ...)."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
@@ -110,7 +110,7 @@ def benchmark_table(cmp, records: list[EvalRecord], units: Units) -> tuple[Table
             csv_cells += [m, h, len(vals)]
             col_values[j].append(m)
             strata.append(vals)
-        agg = [stats.bootstrap_ci([s for s in strata if s], st) for st in ("mean", "iqm")]
+        agg = [stats.stratified_bootstrap([s for s in strata if s], st) for st in ("mean", "iqm")]
         for j, e in zip((2 + len(benches), 3 + len(benches)), agg):
             col_values[j].append(e.value)
         cells += [f"{units.acc(e.value)} {units.interval(e.low, e.high)}" for e in agg]

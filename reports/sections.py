@@ -60,7 +60,7 @@ def aggregates_table(groups: Groups, units: Units) -> Table:
     rows, csv_rows, means, iqms = [], [], [], []
     for obj, rs in groups.items():
         vals = [d.final_acc for _, d in rs if d.final_acc is not None]
-        est = [stats.bootstrap_ci([vals], s) for s in ("mean", "iqm")]
+        est = [stats.stratified_bootstrap([vals], s) for s in ("mean", "iqm")]
         rows.append([obj, str(len(vals)), *[f"{units.acc(e.value)} {units.interval(e.low, e.high)}" for e in est]])
         csv_rows.append([obj, len(vals), *[x for e in est for x in (e.value, e.low, e.high)]])
         means.append(est[0].value)

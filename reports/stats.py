@@ -7,7 +7,7 @@
   on the raw values of a skewed positive quantity runs below 0 with few seeds);
 - ``iqm``: interquartile mean, the mean of the middle 50% of the scores (``scipy.stats.trim_mean(x, 0.25)``, as
   rliable's IQM, Agarwal et al. 2021, arXiv 2108.13264); with fewer than 4 scores nothing is trimmed (it is the mean);
-- ``bootstrap_ci``: a stratified-bootstrap percentile interval: every stratum (a benchmark; the seeds of one
+- ``stratified_bootstrap``: a stratified-bootstrap percentile interval: every stratum (a benchmark; the seeds of one
   objective on one task are one stratum) is resampled with replacement on its own, the statistic is computed on the
   pooled resample (``scipy.stats.bootstrap`` with one sample per stratum, which resamples each independently);
 - ``prob_improvement``: P(X > Y) of an objective X over the baseline Y, the Mann-Whitney U statistic over all pairs of
@@ -109,7 +109,7 @@ def _bootstrap(samples: tuple, statistic, seed: int) -> tuple[float, float] | No
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def bootstrap_ci(strata: Sequence[Sequence[float]], statistic: str = "mean", seed: int = 0) -> Estimate:
+def stratified_bootstrap(strata: Sequence[Sequence[float]], statistic: str = "mean", seed: int = 0) -> Estimate:
     """``statistic`` ("mean" | "iqm") of the pooled scores with its stratified-bootstrap 95% percentile interval."""
     samples = tuple(np.asarray(s, dtype=float) for s in strata if len(s))
     if not samples:

@@ -22,7 +22,7 @@ from bench.model import format_prompt, load_policy
 from bench.rollout import make_sampler
 from bench.tracking import check_reachable
 from evaluators import get_benchmark
-from reports.evals import benchmark_table, eval_key, find_stored, load_evals
+from reports.evals import benchmark_table, find_stored, load_evals, settings_key
 from reports.load import load_comparison
 from reports.paths import contained, safe_component
 from reports.record import BENCHMARK, COMPARISON, EVAL_KEY, open_client
@@ -78,7 +78,7 @@ def run(args) -> int:
         template = args.prompt_template or r.params.get("prompt_template") or "auto"
         missing = []
         for b, problems, source in loaded:
-            key = eval_key(settings_of(args, b, source, len(problems), template))
+            key = settings_key(settings_of(args, b, source, len(problems), template))
             if find_stored(client, cmp.experiment_id, r.run_id, key):
                 reused += 1
             else:

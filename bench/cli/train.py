@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     root = cfg.output_dir
     cfg = resume.train_folder(cfg)  # <output_dir>/<experiment>/<algo>-s<seed>-<configuration key>
-    resume.preflight(cfg, root)  # --resume: the run's own configuration, or one line naming what differs
+    resume.check_resume(cfg, root)  # --resume: the run's own configuration, or one line naming what differs
     check_reachable(cfg.tracking_uri)  # an unreachable server: one line now, not minutes later after the model loads
     faults.check_output_folder(root, "--output-dir")  # a file in its place, a read-only file system: one line now
     engines.check(cfg)

@@ -39,7 +39,7 @@ from bench.config import TrainConfig
 from bench.engines.base import RunStopped, TrainingDiverged
 from bench.engines.native import checkpoint
 from bench.folders import check_claimable, claim_run_folder
-from bench.plugins import record
+from bench.plugins import plugins_tag
 from bench.tracking import (
     RunLogger,
     StoreUnreachable,
@@ -104,7 +104,7 @@ def run_tags_and_params(cfg: TrainConfig, objective, tags: dict[str, str] | None
            MODEL: cfg.model, TASK: cfg.task, CONTROL: cfg.control or "none",
            **({CONTROL_OF: base} if (base := get_spec(cfg.algo).control_of) else {}),
            **({COMPARISON: cfg.comparison} if cfg.comparison else {}), **(tags or {}),
-           **({PLUGINS: plugins} if (plugins := record(cfg.plugins)) else {}),
+           **({PLUGINS: plugins} if (plugins := plugins_tag(cfg.plugins)) else {}),
            **{k: str(v) for k, v in cfg.tags.items()}}
     params = {**flatten(cfg.to_dict()), **flatten({"objective": dataclasses.asdict(objective.config)}),
               **{k: v for k, v in written_by.items() if not k.startswith("mlflow.")},

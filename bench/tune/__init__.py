@@ -7,7 +7,7 @@ sampled ``objective_overrides`` through ``bench.engines.entry.train`` and scores
 
 =================  ===================================================================================================
 ``space``          search-space grammar: declared ranges, ``--space`` (``Range``, ``resolve_space``)
-``metric``         metric grammar: ``--metric`` / ``--direction`` and a seed's score (``TuneMetric``, ``parse_metric``)
+``metric``         metric grammar: ``--metric`` / ``--direction``: a seed's value (``trial_value``)
 ``storage``        Optuna storage URL, heartbeats and re-queueing, pruner, trial counts (``open_storage``)
 ``spec``           what one worker needs (``TuneSpec``)
 ``study``          the study loop: create / join / resume, trials, pruning reports (``run_study``)
@@ -18,7 +18,7 @@ sampled ``objective_overrides`` through ``bench.engines.entry.train`` and scores
 """
 
 from bench.tune.confirm import ConfirmStopped, ConfirmSummary, check_seeds, run_confirm, summarize, write_confirm
-from bench.tune.metric import TuneMetric, parse_metric, score
+from bench.tune.metric import TuneMetric, parse_metric, trial_value
 from bench.tune.outputs import Importance, best_params_yaml, importances, leaderboard, print_leaderboard, write_outputs
 from bench.tune.runs import StudyRuns, log_outputs
 from bench.tune.space import Range, declared_space, objective_config, parse_space, resolve_space
@@ -32,5 +32,5 @@ __all__ = [
     "TuneMetric", "TuneSpec", "best_params_yaml", "check_seeds", "count", "declared_space", "default_storage_url",
     "importances", "leaderboard", "log_outputs", "make_pruner", "objective_config", "open_storage", "open_study",
     "parse_metric", "parse_space", "print_leaderboard", "redact", "resolve_space", "run_confirm", "run_study",
-    "run_workers", "score", "seed_config", "summarize", "write_confirm", "write_outputs",
+    "run_workers", "seed_config", "trial_value", "summarize", "write_confirm", "write_outputs",
 ]

@@ -34,7 +34,7 @@ from bench.compare.plan import Pair, comparison_id, finished_run, new_pair
 from bench.engines import entry as engines
 from bench.plugins import check_shippable, with_plugins
 from bench.tracking import store_client
-from bench.tune.metric import TuneMetric, parse_metric, score
+from bench.tune.metric import TuneMetric, parse_metric, trial_value
 from bench.tune.spec import TuneSpec
 from reports import metric_keys as K
 from reports.record import CONFIRM_OF, get_or_create_experiment, tracking_uri
@@ -176,7 +176,7 @@ def run_score(client: Any, run_id: str, metric: TuneMetric, steps: int) -> float
         elapsed = {int(m.step): float(m.value) for m in client.get_metric_history(run_id, K.ELAPSED_S)}
         for step, row in curve.items():
             row[K.ELAPSED_S] = elapsed.get(step, 0.0)
-    return score(metric, curve, steps)
+    return trial_value(metric, curve, steps)
 
 
 # ------------------------------------------------------------------ the result

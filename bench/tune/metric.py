@@ -51,7 +51,7 @@ def parse_metric(text: str, direction: str | None = None) -> TuneMetric:
     return TuneMetric(m["key"], kind, float(m["thr"]) if m["thr"] else None, direction or default)
 
 
-def score(metric: TuneMetric, curve: dict[int, dict[str, float]], steps: int) -> float:
+def trial_value(metric: TuneMetric, curve: dict[int, dict[str, float]], steps: int) -> float:
     """One seed's objective value from its evaluation curve {step: metrics}; ``steps``: the training budget."""
     key = metric.key
     if not curve:

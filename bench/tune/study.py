@@ -40,7 +40,7 @@ from bench.engines import StopTraining, TrainingDiverged
 from bench.engines import entry as engines
 from bench.engines.base import RunStopped
 from bench.folders import lock_file
-from bench.tune.metric import TuneMetric, score
+from bench.tune.metric import TuneMetric, trial_value
 from bench.tune.runs import DEAD_REASON, StudyRuns
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url, make_pruner, open_storage, redact
@@ -240,7 +240,7 @@ def _run_trials(spec: TuneSpec, study: optuna.Study, runs: StudyRuns, train_fn: 
                 if _train_one(cfg, spec.metric, train_fn, curve, report, step_offset=si * (spec.base.steps + 1)):
                     runs.end_trial(run_id, "PRUNED", curves, None, spec)
                     raise optuna.TrialPruned(f"pruned at seed {seed}")
-                finals.append(score(spec.metric, curve, spec.base.steps))
+                finals.append(trial_value(spec.metric, curve, spec.base.steps))
             value = float(sum(finals) / len(finals))
             runs.end_trial(run_id, "COMPLETE", curves, value, spec)
             return value

@@ -205,13 +205,13 @@ def test_verl_train_hands_evaluations_to_on_eval_and_fails_loudly(tmp_path, monk
 
 
 def test_what_a_verl_run_cannot_do_is_refused(tmp_path, capsys):
-    from bench.engines.verl.run import preflight
+    from bench.engines.verl.run import check_options
 
     verl_env = {"n_gpus_per_node": 1, "python": _fake_python(tmp_path)}
     with pytest.raises(ValueError, match="--resume is not supported"):
-        preflight(_config(tmp_path, resume=True, engine_args=verl_env))
+        check_options(_config(tmp_path, resume=True, engine_args=verl_env))
     with pytest.raises(ValueError, match="built-in toy task"):
-        preflight(_config(tmp_path, task="arith", data=None, eval_data=None, engine_args=verl_env))
+        check_options(_config(tmp_path, task="arith", data=None, eval_data=None, engine_args=verl_env))
     cfg = _config(tmp_path, engine_args=verl_env)
     cfg.save(tmp_path / "run.yaml")
     for extra in (["--workers", "2"], ["--executor", "ray"]):

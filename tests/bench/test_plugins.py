@@ -111,9 +111,9 @@ def test_a_plugin_s_identity_covers_the_local_modules_it_imports(tmp_path):
     code = f"""
         import json
         from bench.config import TrainConfig
-        from bench.plugins import record
-        print(json.dumps([TrainConfig(plugins=[{str(plugin)!r}]).comparison_hash(), record([{str(plugin)!r}]),
-                          record([{str(alone)!r}])]))
+        from bench.plugins import plugins_tag
+        print(json.dumps([TrainConfig(plugins=[{str(plugin)!r}]).comparison_hash(), plugins_tag([{str(plugin)!r}]),
+                          plugins_tag([{str(alone)!r}])]))
     """
 
     def identity() -> list[str]:

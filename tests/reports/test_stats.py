@@ -58,7 +58,7 @@ def _exact_quantiles(strata, statistic, qs):
 @pytest.mark.parametrize("statistic,fn", [("mean", np.mean), ("iqm", lambda v: stats.trim_mean(v, 0.25))])
 def test_stratified_bootstrap_matches_the_exact_bootstrap_distribution(statistic, fn):
     strata = [[0.61, 0.70, 0.64, 0.58], [0.30, 0.41, 0.35]]
-    est = S.bootstrap_ci(strata, statistic)
+    est = S.stratified_bootstrap(strata, statistic)
     assert est.value == pytest.approx(fn(np.concatenate(strata)))
     (lo, hi), vals = _exact_quantiles(strata, fn, [0.025, 0.975])
     # a Monte-Carlo percentile of a discrete distribution: within the atoms around the exact quantile
@@ -70,9 +70,9 @@ def test_stratified_bootstrap_matches_the_exact_bootstrap_distribution(statistic
 
 
 def test_bootstrap_needs_two_seeds_and_constant_data_gives_a_point():
-    one = S.bootstrap_ci([[0.5]])
+    one = S.stratified_bootstrap([[0.5]])
     assert one.value == 0.5 and not one.has_interval and "2 seeds" in one.why
-    same = S.bootstrap_ci([[0.6, 0.6, 0.6]])
+    same = S.stratified_bootstrap([[0.6, 0.6, 0.6]])
     assert (same.low, same.high) == (pytest.approx(0.6), pytest.approx(0.6))
 
 

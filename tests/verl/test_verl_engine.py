@@ -46,7 +46,7 @@ def tensors(seed: int = 0):
     return lp, old, ref, entropy, adv, mask
 
 
-def actor_config(p: engine.VerlPlan, **kw) -> ActorConfig:
+def actor_config(p: engine.VerlMapping, **kw) -> ActorConfig:
     """verl's ActorConfig as make_verl_config sets it for the objective's plan."""
     fields = {k.rpartition(".")[2]: v for k, v in p.native.items() if k.startswith("actor_rollout_ref.actor.")}
     if fields.get("loss_scale_factor") == "L_max":
@@ -191,7 +191,7 @@ def test_generated_config_validates_with_verl(algo, tmp_path):
     actor = omega_conf_to_dataclass(config.actor_rollout_ref.actor)
     algorithm = omega_conf_to_dataclass(config.algorithm, AlgoConfig)
     rollout = omega_conf_to_dataclass(config.actor_rollout_ref.rollout, RolloutConfig)
-    p = engine.plan(algo, cfg.objective_overrides, max_length=cfg.max_new_tokens)
+    p = engine.mapping(algo, cfg.objective_overrides, max_length=cfg.max_new_tokens)
     assert actor.policy_loss.loss_mode == f"pobench_{algo}"
     assert actor.loss_agg_mode == p.native["actor_rollout_ref.actor.loss_agg_mode"]
     assert (actor.ppo_mini_batch_size, actor.ppo_epochs, actor.optim.lr) == (16, 1, 1e-6)
@@ -268,7 +268,7 @@ def test_registration_applies_overrides_from_the_environment(monkeypatch):
         engine.register_all()
         lp, old, _, _, adv, mask = tensors()
         x = lp.clone().requires_grad_(True)
-        p = engine.plan("gspo", {"clip_high": 2e-3})
+        p = engine.mapping("gspo", {"clip_high": 2e-3})
         loss, _ = core_algos.get_policy_loss_fn("pobench_gspo")(old, x, adv[:, None] * mask, mask.bool(),
                                                                 "seq-mean-token-mean", actor_config(p))
         torch.testing.assert_close(loss.detach(), ours("gspo", lp, old, adv, mask, clip_high=2e-3)[0], **TOL)

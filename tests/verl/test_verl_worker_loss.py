@@ -145,7 +145,7 @@ def run_update(loss_fn, data: TensorDict, micro_batch_size: int, model=MODEL, pg
     return total
 
 
-def plan_actor_config(p: engine.VerlPlan) -> ActorConfig:
+def plan_actor_config(p: engine.VerlMapping) -> ActorConfig:
     fields = {k.rpartition(".")[2]: v for k, v in p.native.items() if k.startswith("actor_rollout_ref.actor.")}
     fields["policy_loss"] = {"loss_mode": p.loss_mode}
     return ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, **fields)
@@ -164,7 +164,7 @@ def test_worker_loss_equals_objective(name, overrides, monkeypatch):
     """The replaced actor loss over verl's micro-batches (two, one for objectives that select tokens per micro-batch)
     sums to our objective on the whole batch: loss and gradients of the model's parameters."""
     monkeypatch.setenv(engine.OVERRIDES_ENV, json.dumps({name: overrides}))
-    p = engine.plan(name, overrides)
+    p = engine.mapping(name, overrides)
     assert p.mode == "worker-loss" and p.runs
     data = tu.list_of_dict_to_tensordict([actor_step_fields(i) for i in range(B)])
     micro_batch_size = B // 2 if get_objective(name, **overrides).split_invariant else B
@@ -187,19 +187,19 @@ def test_tepo_mask_uses_both_entropies():
 
 def test_verl_ppo_loss_refuses_a_worker_loss_objective():
     """Without pobench's trainer, verl's own ppo_loss calls the registered stub: it raises, naming the fix."""
-    p = engine.plan("tepo")
+    p = engine.mapping("tepo")
     data = tu.list_of_dict_to_tensordict([actor_step_fields(i) for i in range(B)])
     tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=int(MASK.sum()), global_batch_size=B)
     with pytest.raises(ValueError, match="worker loss.*trainer.v1.trainer_mode=pobench_sync"):
         ppo_loss(plan_actor_config(p), engine_output(MODEL, list(range(B))), data)
     with pytest.raises(ValueError, match="runs on verl as 'registered'"):
-        worker_loss_fn(plan_actor_config(engine.plan("grpo")))(model_output=engine_output(MODEL, list(range(B))),
+        worker_loss_fn(plan_actor_config(engine.mapping("grpo")))(model_output=engine_output(MODEL, list(range(B))),
                                                                data=data)
     assert core_algos.get_policy_loss_fn("pobench_grpo") is not None
 
 
 def test_worker_loss_names_a_missing_field():
-    p = engine.plan("tepo")
+    p = engine.mapping("tepo")
     data = tu.list_of_dict_to_tensordict([{k: v for k, v in actor_step_fields(i).items() if k != REF_ENTROPY}
                                           for i in range(B)])
     with pytest.raises(ValueError, match="ref_entropy.*pobench's trainer"):

@@ -31,7 +31,7 @@ from bench.engines.native import checkpoint
 from bench.engines.native.critic import Critic
 from bench.engines.native.scale import Reference, is_peft, merged_for_export, prepare_policy, trainable_parameters
 from bench.engines.native.step import collect_rollouts, roll_samples, step_tokens, update
-from bench.engines.stats import machine_load, throughput
+from bench.engines.step_stats import machine_load, throughput
 from bench.evaluate import eval_metrics, held_out_result
 from bench.model import load_policy, warn_unknown_characters
 from bench.rollout import make_sampler

@@ -20,7 +20,7 @@ from bench.data import TrainData, derive_seed
 from bench.engines.base import TrainingDiverged
 from bench.engines.native.batching import length_grouped
 from bench.engines.native.critic import Critic, score_values, update_critic
-from bench.engines.stats import UpdateStats, entropy_summary, rollout_summary
+from bench.engines.step_stats import UpdateStats, entropy_summary, rollout_summary
 from bench.model import format_prompt
 from bench.rollout import Sampler, SamplingParams
 from bench.rollout.prefix import score_shared

@@ -12,7 +12,7 @@ from algorithms import PolicyBatch, batch_for
 from bench.config import TrainConfig
 from bench.data import derive_seed
 from bench.engines.native.loop import lr_lambda
-from bench.engines.stats import UpdateStats, entropy_summary, machine_load, rollout_summary, throughput
+from bench.engines.step_stats import UpdateStats, entropy_summary, machine_load, rollout_summary, throughput
 from reports import metric_keys as K
 
 

@@ -10,11 +10,11 @@ Three parts, each usable alone:
    ``ppo_loss``). So an objective's β·KL (every token, unmasked) and α·H terms run as verl's own ``use_kl_loss`` /
    ``entropy_coeff`` and its registered loss is the objective with those two terms at 0; the advantage estimator,
    DAPO's dynamic sampling and overlong shaping run as verl's ``algorithm.adv_estimator``,
-   ``algorithm.filter_groups`` and the ``dapo`` reward manager. ``plan(name)`` says how one objective runs;
+   ``algorithm.filter_groups`` and the ``dapo`` reward manager. ``mapping(name)`` says how one objective runs;
    ``objective_table()`` lists all. This module is importable as verl's ``actor_rollout_ref.model.external_lib``
    (verl imports it in every worker); registration is idempotent.
 
-   **Worker loss** (``plan(name).mode == "worker-loss"``): an objective whose loss needs more than verl hands a
+   **Worker loss** (``mapping(name).mode == "worker-loss"``): an objective whose loss needs more than verl hands a
    policy loss (current / old / reference entropies, π_ref log-probs under a mask, r·KL: TEPO and its masked
    ablations, forking tokens) runs as ``worker_loss.pobench_worker_loss``, which replaces verl's ``ppo_loss`` in the
    actor workers (same signature: ``(config, model_output, data, dp_group) -> (loss, metrics)``) and computes the
@@ -40,7 +40,7 @@ Three parts, each usable alone:
    worker, whose environment has no MLflow.
 
 Entry point: ``python -m bench.engines.verl --algo NAME --seed N [--config run.yaml] --print-config|--launch``.
-verl is imported lazily: without it, ``plan``, ``objective_table`` and ``make_verl_config`` still work
+verl is imported lazily: without it, ``mapping``, ``objective_table`` and ``make_verl_config`` still work
 (``trainer.py`` alone imports verl's V1 trainer at import).
 """
 
@@ -68,10 +68,10 @@ from bench.engines.verl.losses import (
     TRAINER_MODE,
     TRAINER_MODULE,
     WORKER_FIELDS,
-    VerlPlan,
+    VerlMapping,
     make_policy_loss,
+    mapping,
     objective_table,
-    plan,
     register_all,
     table_markdown,
 )
@@ -79,9 +79,9 @@ from bench.engines.verl.worker_loss import pobench_worker_loss, worker_loss_fn
 from bench.plugins import load_plugins, plugins_from_env
 
 __all__ = ["ADV_ESTIMATORS", "EXTERNAL_LIB", "KL_TYPES", "OVERRIDES_ENV", "PREFIX", "ROLLOUT_ENGINES",
-           "TOKEN_ADV_ESTIMATORS", "TRAINER_MODE", "TRAINER_MODULE", "WORKER_FIELDS", "VerlOptions", "VerlPlan",
+           "TOKEN_ADV_ESTIMATORS", "TRAINER_MODE", "TRAINER_MODULE", "WORKER_FIELDS", "VerlOptions", "VerlMapping",
            "compute_score", "hydra_overrides", "main_ppo_command", "make_policy_loss", "make_verl_config",
-           "objective_table", "plan", "pobench_worker_loss", "problem_rows", "register_all", "run_name",
+           "mapping", "objective_table", "pobench_worker_loss", "problem_rows", "register_all", "run_name",
            "table_markdown", "worker_loss_fn", "write_data"]
 
 # in a verl worker: the run's plugins ($POBENCH_PLUGINS, set by make_verl_config) before the objectives are registered

@@ -17,7 +17,7 @@ from bench.engines.verl.losses import (
     OVERRIDES_ENV,
     ROLLOUT_ENGINES,
     TRAINER_MODULE,
-    plan,
+    mapping,
 )
 from bench.model import format_string
 from bench.plugins import PLUGINS_ENV, normalized
@@ -101,7 +101,7 @@ def make_verl_config(cfg, options: VerlOptions | None = None) -> dict[str, Any]:
     random-reward control, a linear LR schedule, prompts_per_step not divisible by minibatches)."""
     o = options or VerlOptions()
     cfg.validate()
-    p = plan(cfg.algo, cfg.objective_overrides, max_length=cfg.max_new_tokens)
+    p = mapping(cfg.algo, cfg.objective_overrides, max_length=cfg.max_new_tokens)
     if not p.runs:
         raise ValueError(f"objective {cfg.algo!r} does not run on verl ({p.mode}): {p.reason}")
     if cfg.model.startswith("builtin:"):

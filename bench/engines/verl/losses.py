@@ -1,4 +1,4 @@
-"""pobench objectives as verl policy losses: how each objective runs on verl (``plan``), the registered
+"""pobench objectives as verl policy losses: how each objective runs on verl (``mapping``), the registered
 loss functions and their registration (part 1 of the package docstring)."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ ROLLOUT_ENGINES = ("vllm", "sglang")
 
 # ------------------------------------------------------------------------------------------------ objectives
 @dataclass(frozen=True)
-class VerlPlan:
+class VerlMapping:
     """How one pobench objective (with its overrides) runs on verl."""
 
     objective: str
@@ -80,15 +80,15 @@ class VerlPlan:
         return f"registered loss `{self.loss_mode}`; verl: " + ", ".join(items)
 
 
-def plan(name: str, overrides: dict | None = None, *, max_length: int | None = None) -> VerlPlan:
+def mapping(name: str, overrides: dict | None = None, *, max_length: int | None = None) -> VerlMapping:
     """How objective ``name`` (with config ``overrides``) runs on verl. ``max_length``: L_max, for DAPO's overlong
     buffer length."""
     objective = get_objective(name, **dict(overrides or {}))
     c = objective.config
     native: dict[str, Any] = {"actor_rollout_ref.actor.loss_agg_mode": c.aggregation}
 
-    def no(mode: str, why: str) -> VerlPlan:
-        return VerlPlan(name, mode, reason=why)
+    def no(mode: str, why: str) -> VerlMapping:
+        return VerlMapping(name, mode, reason=why)
 
     if objective.critic is not None:
         return no("unsupported", "it trains pobench's critic for per-token GAE advantages; verl's own critic "
@@ -136,7 +136,7 @@ def plan(name: str, overrides: dict | None = None, *, max_length: int | None = N
         else:
             native["actor_rollout_ref.actor.use_kl_loss"] = False
         native["actor_rollout_ref.actor.entropy_coeff"] = entropy_coef
-        return VerlPlan(name, "registered", loss_over, {**native, **later})
+        return VerlMapping(name, "registered", loss_over, {**native, **later})
 
     # 2. pobench's worker loss: the whole objective (its KL and entropy terms included) replaces verl's ppo_loss, and
     # pobench's trainer puts H_old and H_ref into the batch (bench/engines/verl/worker_loss.py, trainer.py)
@@ -154,15 +154,15 @@ def plan(name: str, overrides: dict | None = None, *, max_length: int | None = N
         "actor_rollout_ref.actor.kl_loss_coef": 0.0, "actor_rollout_ref.actor.entropy_coeff": 0.0,
         "actor_rollout_ref.actor.calculate_entropy": "entropy" in needs or objective.needs_entropy_grad,
         **later, "trainer.use_v1": True, "trainer.v1.trainer_mode": TRAINER_MODE})
-    return VerlPlan(name, "worker-loss", {}, native, reason=why)
+    return VerlMapping(name, "worker-loss", {}, native, reason=why)
 
 
-def objective_table(names: list[str] | None = None) -> list[VerlPlan]:
-    """The plan of every registered objective (registry defaults), in registration order."""
-    return [plan(n) for n in (names or list_objectives())]
+def objective_table(names: list[str] | None = None) -> list[VerlMapping]:
+    """The mapping of every registered objective (registry defaults), in registration order."""
+    return [mapping(n) for n in (names or list_objectives())]
 
 
-def table_markdown(plans: list[VerlPlan] | None = None) -> str:
+def table_markdown(plans: list[VerlMapping] | None = None) -> str:
     rows = ["| objective | on verl |", "|---|---|"]
     rows += [f"| `{p.objective}` | {p.how()} |" for p in (plans or objective_table())]
     return "\n".join(rows)
@@ -200,7 +200,7 @@ def _global_scale(aggregation: str, mask: torch.Tensor, config) -> torch.Tensor 
     return rows / float(total) * dp
 
 
-def _check_config(p: VerlPlan, loss_agg_mode: str, config) -> None:
+def _check_config(p: VerlMapping, loss_agg_mode: str, config) -> None:
     """Refuse a verl config that does not run the objective as planned (aggregation, KL, entropy bonus)."""
     want = p.native["actor_rollout_ref.actor.loss_agg_mode"]
     if loss_agg_mode != want:
@@ -224,7 +224,7 @@ def _check_config(p: VerlPlan, loss_agg_mode: str, config) -> None:
 def make_policy_loss(name: str, overrides: dict | None = None):
     """verl policy-loss function for objective ``name``: builds a ``PolicyBatch`` from verl's tensors and returns the
     objective's loss, scaled to verl's global-batch normalisation, and its metrics."""
-    p = plan(name, overrides)
+    p = mapping(name, overrides)
     if p.mode != "registered":
         why = (f"it runs as pobench's worker loss ({p.reason}): verl's ppo_loss called it, so the actor's loss "
                f"function was not replaced; run with trainer.v1.trainer_mode={TRAINER_MODE} and "
@@ -263,7 +263,7 @@ def make_policy_loss(name: str, overrides: dict | None = None):
 
 def register_all() -> list[str]:
     """Register every pobench objective with verl as ``pobench_<name>`` (overrides from ``$POBENCH_VERL_OBJECTIVE_
-    OVERRIDES``); objectives that run as pobench's worker loss (``plan(name).mode == "worker-loss"``) or not at all
+    OVERRIDES``); objectives that run as pobench's worker loss (``mapping(name).mode == "worker-loss"``) or not at all
     get a stub that raises with the reason. Idempotent. Returns the names."""
     from verl.trainer.ppo.core_algos import register_policy_loss
 

@@ -64,7 +64,7 @@ def eval_points(client, run_id: str) -> dict[int, dict[str, float]]:
     return out
 
 
-def preflight(cfg) -> VerlOptions:
+def check_options(cfg) -> VerlOptions:
     """What `bench train` / `bench run` check before any work starts: the options, verl's own refusals
     (``make_verl_config``: objective, model, task, schedule, batch shape), and that the interpreter imports verl."""
     options = options_from(cfg.engine_args)
@@ -81,7 +81,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     is FAILED with the exit code in ``pobench.failure``). Of ``hooks`` only ``on_eval`` is called, after the job, in
     step order (no live steps; verl evaluates the starting policy itself: val_before_train)."""
     hooks = hooks or Hooks()
-    options = preflight(cfg)
+    options = check_options(cfg)
     rc, run_id = launch_run(cfg, options)
     if rc:
         raise RuntimeError(f"verl exited with {rc} (MLflow run {run_id}: its log is verl's console output)")
@@ -104,7 +104,7 @@ class VerlEngine:
     capabilities = CAPABILITIES[name]
 
     def check(self, cfg: TrainConfig) -> None:
-        preflight(cfg)
+        check_options(cfg)
 
     def train(self, cfg: TrainConfig, hooks: Hooks) -> TrainResult:
         return train(cfg, hooks)

@@ -25,7 +25,7 @@ from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.workers.utils.padding import response_from_nested
 
 import bench.engines.verl  # noqa: F401  (registers the policy losses: the worker-loss names as stubs)
-from bench.engines.verl.losses import PREFIX, TRAINER_MODE, _env_overrides, plan
+from bench.engines.verl.losses import PREFIX, TRAINER_MODE, _env_overrides, mapping
 from bench.engines.verl.worker_loss import OLD_ENTROPY, REF_ENTROPY, REF_LOG_PROB, worker_loss_fn
 
 
@@ -47,7 +47,7 @@ def uses_worker_loss(config) -> bool:
     if not loss_mode.startswith(PREFIX):
         return False
     name = loss_mode[len(PREFIX):]
-    return plan(name, _env_overrides().get(name)).mode == "worker-loss"
+    return mapping(name, _env_overrides().get(name)).mode == "worker-loss"
 
 
 def _put(batch, fields: TensorDict):

@@ -1,5 +1,5 @@
 """pobench's replacement of verl's actor loss, for the objectives whose loss needs more than verl hands a policy loss
-(``plan(name).mode == "worker-loss"``: TEPO's entropy-masked KL, forking tokens, r·KL; part 1b of the package
+(``mapping(name).mode == "worker-loss"``: TEPO's entropy-masked KL, forking tokens, r·KL; part 1b of the package
 docstring). ``trainer.py`` installs it in the actor workers and puts H_old and H_ref into the batch.
 
 Where verl 0.9.1 computes the actor loss, and what this module replaces (V1 trainer, the default
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from algorithms import batch_for, get_objective
-from bench.engines.verl.losses import PREFIX, VerlPlan, _check_config, _env_overrides, _global_scale, plan
+from bench.engines.verl.losses import PREFIX, VerlMapping, _check_config, _env_overrides, _global_scale, mapping
 from reports import metric_keys as K
 
 #: fields pobench's trainer writes to the batch (TransferQueue), response positions only
@@ -57,14 +57,14 @@ def _objective(loss_mode: str, overrides_json: str):
                          f"does not start with {PREFIX!r}")
     name = loss_mode[len(PREFIX):]
     overrides = json.loads(overrides_json)
-    p = plan(name, overrides)
+    p = mapping(name, overrides)
     if p.mode != "worker-loss":
         raise ValueError(f"pobench objective {name!r} runs on verl as {p.mode!r}, not through the worker loss"
                          + (f": {p.reason}" if p.reason else " (keep verl's ppo_loss)"))
     return p, get_objective(name, **overrides)
 
 
-def worker_objective(loss_mode: str) -> tuple[VerlPlan, Any]:
+def worker_objective(loss_mode: str) -> tuple[VerlMapping, Any]:
     """(plan, objective) that the worker loss runs for verl's ``actor.policy_loss.loss_mode`` (``pobench_<name>``),
     with the overrides from ``$POBENCH_VERL_OBJECTIVE_OVERRIDES`` as the registered losses read them."""
     name = loss_mode[len(PREFIX):] if loss_mode.startswith(PREFIX) else loss_mode

@@ -293,9 +293,9 @@ def test_verl_workers_load_the_plugins_before_the_objective_is_resolved(tmp_path
     assert json.loads(env[PLUGINS_ENV]) == [OBJECTIVES, TASK]
     result = _python("""
         import torch
-        from bench.engines.verl import compute_score, make_policy_loss, plan
+        from bench.engines.verl import compute_score, make_policy_loss, mapping
         from algorithms import get_objective, PolicyBatch
-        assert plan("sign-pg").mode == "registered", plan("sign-pg")
+        assert mapping("sign-pg").mode == "registered", mapping("sign-pg")
         g = torch.Generator().manual_seed(1)
         old = torch.randn(3, 4, generator=g) * 0.1
         lp = old + torch.randn(3, 4, generator=g) * 0.05

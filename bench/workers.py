@@ -9,9 +9,12 @@ since a remote node has neither; local stores get absolute paths (``absolute_tra
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.util
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -84,19 +87,54 @@ class _StoreErrorsRaised(logging.Filter):
 
 
 def quiet_libraries() -> None:
-    """No per-file progress bars from transformers / hub downloads in our output (our own displays remain)."""
+    """No per-file progress bars from transformers / hub downloads in our output (our own displays remain).
+    Transformers is quietened once it is imported (``_quiet_transformers``): importing it here would cost every
+    process seconds of CPU, also those that never load a model (`bench --help`, a report, a pool process of a
+    command whose trainer needs none)."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     db_log = logging.getLogger("mlflow.store.db.utils")  # MLflow logs each database error it raises with its
     if not any(isinstance(f, _StoreErrorsRaised) for f in db_log.filters):  # traceback: the error is raised to us
         db_log.addFilter(_StoreErrorsRaised())
-    try:
-        from transformers.utils import logging as hf_logging  # (loaded lazily: transformers takes seconds to import)
+    if _HF_LOGGING in sys.modules:
+        _quiet_transformers(sys.modules[_HF_LOGGING])
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(_HF_LOGGING, _quiet_transformers))
 
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
-    except ImportError:
-        pass
+
+_HF_LOGGING = "transformers.utils.logging"
+
+
+def _quiet_transformers(hf_logging: Any) -> None:
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``then(module)`` once the module ``name`` has been executed by its own loader, the first time anything
+    imports it (then steps out of ``sys.meta_path``)."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)  # (the finders after this one: it has left sys.meta_path)
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run, then = loader.exec_module, self.then
+
+        def exec_module(module: Any) -> None:
+            del loader.exec_module  # (this module's loader instance: its own method again)
+            run(module)
+            then(module)
+
+        loader.exec_module = exec_module
+        return spec
 
 
 def one_thread() -> None:

@@ -39,10 +39,11 @@ def pytest_configure(config):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """``POBENCH_TEST_CPU=<file>``: append each test's CPU seconds (this process's and its reaped children's: the
-    commands and pool processes it started) as ``seconds<TAB>test id`` lines, to find where the suite's CPU goes
-    (the suite's budget is in CPU seconds: 700 for `pytest -n 2`)."""
-    out = os.environ.get("POBENCH_TEST_CPU")
+    """``POBENCH_CPU_LOG=<file>`` (or ``POBENCH_TEST_CPU``): append each test's CPU seconds (this process's and its
+    reaped children's: the commands and pool processes it started) as ``seconds<TAB>test id`` lines, to find where
+    the suite's CPU goes (the suite's budget is in CPU seconds: 700 for `pytest -n 2`). A session fixture's setup
+    and teardown count in the test that ran them (the first and the last of its worker)."""
+    out = os.environ.get("POBENCH_CPU_LOG") or os.environ.get("POBENCH_TEST_CPU")
     if not out:
         yield
         return

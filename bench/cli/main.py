@@ -6,41 +6,41 @@ A subcommand module defines `register(sub)` which adds its parser and sets `func
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import sys
 
 import bench
 from bench import faults, stop
-from bench.cli import compare as compare_cmd
-from bench.cli import eval as eval_cmd
 from bench.cli import interrupt
-from bench.cli import list as list_cmd
-from bench.cli import report as report_cmd
-from bench.cli import run as run_cmd
-from bench.cli import train as train_cmd
-from bench.cli import tune as tune_cmd
-from bench.cli import warmstart as warmstart_cmd
 from bench.cli.flags import load_cli_plugins
 from bench.plugins import plugin_failure
 from bench.resume import rerun_command
 from bench.workers import quiet_libraries
 
-# the subcommands, in the order `bench --help` lists them
-COMMANDS = [list_cmd, train_cmd, warmstart_cmd, eval_cmd, run_cmd, report_cmd, compare_cmd, tune_cmd]
+# the subcommands (the modules of this package), in the order `bench --help` lists them
+COMMANDS = ["list", "train", "warmstart", "eval", "run", "report", "compare", "tune"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of `bench`: every subcommand's, or, given ``command``, that one's in full and the others by name
+    only, their modules not imported (a process runs one command: the others' imports, Optuna's among them, would
+    cost it seconds of CPU; their flags and help lines are read only by `bench --help` and `bench COMMAND --help`)."""
     parser = argparse.ArgumentParser(prog="bench", description="pobench: policy-optimization ablations for LLM RL")
     parser.add_argument("--version", action="version", version=f"pobench {bench.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in COMMANDS:
-        module.register(sub)
+    for name in COMMANDS:
+        if command is None or name == command:
+            importlib.import_module(f"bench.cli.{name}").register(sub)
+        else:
+            sub.add_parser(name)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     quiet_libraries()  # (MLflow's own tracebacks of the store's errors among them: the fault's line says it)
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

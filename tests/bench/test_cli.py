@@ -158,3 +158,42 @@ def test_docs_state_the_default_comparison():
             objs = re.search(r"(?:train )?([a-z]+(?:, [a-z]+)+)", m["comment"])
             if objs and "--algos" not in m["flags"] and "--ablation" not in m["flags"]:
                 assert objs.group(1).split(", ") == list(DEFAULTS.algos), f"{doc.name}: {line.strip()}"
+
+
+@pytest.mark.parametrize("name", _subcommands())
+def test_a_commands_parser_is_the_same_without_the_other_commands(name):
+    """`bench NAME ...` builds NAME's parser only (the other commands by name: their modules are not imported); its
+    flags, defaults and help are those of the full parser's NAME."""
+    def sub_of(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        assert list(sub.choices) == _subcommands()
+        return sub.choices[name]
+
+    full, alone = sub_of(cli.build_parser()), sub_of(cli.build_parser(name))
+    assert alone.format_help() == full.format_help()
+    assert [(a.dest, a.default, a.required) for a in alone._actions] == \
+        [(a.dest, a.default, a.required) for a in full._actions]
+
+
+def test_transformers_is_quietened_once_imported(tmp_path, monkeypatch):
+    """``quiet_libraries`` does not import transformers (seconds of CPU for every process): its hook quietens the
+    module when something imports it; one that is loaded already is quietened at once."""
+    import sys
+
+    from bench import workers
+
+    (tmp_path / "loud.py").write_text("level = 'info'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delitem(sys.modules, "loud", raising=False)
+    seen = []
+    sys.meta_path.insert(0, workers._AfterImport("loud", lambda m: seen.append(m.level)))
+    import loud
+
+    assert seen == ["info"] and loud.__loader__.exec_module.__name__ == "exec_module"
+    assert not [f for f in sys.meta_path if isinstance(f, workers._AfterImport) and f.name == "loud"]  # (once)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_info()
+    workers.quiet_libraries()
+    assert hf_logging.get_verbosity() == hf_logging.ERROR and not hf_logging.is_progress_bar_enabled()

@@ -95,11 +95,11 @@ def estimator_names() -> tuple[str, ...]:
 
 def check_selectable(name: str) -> None:
     """Refuse (ValueError, one line) a per-token estimator as an objective's ``advantage_estimator``: it is known,
-    but its advantages do not fit ``PolicyBatch.advantages`` (one value per completion)."""
+    but nothing gives it its inputs yet (log π_old and Σπ_old² at every token, when advantages are computed)."""
     if name in TOKEN_ESTIMATORS:
         raise ValueError(f"advantage estimator {name!r} gives one advantage per TOKEN (a baseline for every position "
-                         "of a completion), and needs log π_old and Σ_v π_old² at every token; PolicyBatch.advantages "
-                         "holds one value per completion, so no objective can select it yet "
+                         "of a completion), and needs log π_old and Σ_v π_old² at every token when the advantages "
+                         "are computed, which no engine gives an estimator yet, so no objective can select it "
                          "(algorithms.token_baseline_advantages computes it; docs/objectives.md)")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import csv
+import io
 import json
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from evaluators.tasks import Problem, Task
 from evaluators.verify import answer_key, judge
 from reports import metric_keys as K
 from reports import record
+from reports.paths import replace_file
 from reports.record import KIND, get_or_create_experiment, log_batch, open_client
 
 if TYPE_CHECKING:
@@ -156,21 +158,35 @@ CSV_FIELDS = ("id", "reference", "greedy_answer", "greedy_correct", "greedy_fini
               "greedy_completion")
 
 
+def _drop_earlier(out: Path, now: set[str]) -> None:
+    """Remove the ``<benchmark>.csv`` an earlier evaluation into ``out`` wrote (its results.json lists them) for the
+    benchmarks this one does not evaluate: left there, they would sit beside results that no longer list them."""
+    try:
+        before = json.loads((out / "results.json").read_text())["benchmarks"]
+        names = {b["benchmark"] for b in before if isinstance(b, dict) and isinstance(b.get("benchmark"), str)}
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    for name in names - now:
+        path = out / f"{name}.csv"
+        if path.is_file() and not path.is_symlink() and path.parent == out:
+            path.unlink()
+
+
 def write_outputs(results: list[EvalResult], out_dir: str | Path, meta: dict[str, Any]) -> list[Path]:
     """``results.json`` (metrics + every per-problem row) and one ``<benchmark>.csv`` per benchmark."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "results.json"]
-    paths[0].write_text(json.dumps({**meta, "benchmarks": [r.to_dict() for r in results]}, indent=2, default=str))
-    for r in results:
-        path = out / f"{r.benchmark}.csv"
-        with open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-            writer.writeheader()
-            for row in r.rows:
-                writer.writerow({**row, "sample_answers": json.dumps(row.get("sample_answers"))})
-        paths.append(path)
-    return paths
+    paths = []
+    _drop_earlier(out, {r.benchmark for r in results})
+    for r in results:  # (each file whole or not at all, replacing a link rather than writing through it)
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for row in r.rows:
+            writer.writerow({**row, "sample_answers": json.dumps(row.get("sample_answers"))})
+        paths.append(replace_file(out / f"{r.benchmark}.csv", text.getvalue()))
+    results_json = json.dumps({**meta, "benchmarks": [r.to_dict() for r in results]}, indent=2, default=str)
+    return [replace_file(out / "results.json", results_json), *paths]  # (results.json last: it lists the others)
 
 
 def format_table(results: list[EvalResult], extra_columns: dict[str, dict[str, float]] | None = None) -> str:

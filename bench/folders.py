@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -96,7 +97,10 @@ def check_out_is_ours(folder: str | Path, flag: str) -> None:
     writes files of fixed names: best.yaml, summary.csv, results.json, ...) exists, holds something and is not
     pobench's (no marker): its files of those names would be overwritten. Asked before any work."""
     folder = Path(folder)
-    if folder.is_dir() and not folder.is_symlink() and not is_owned(folder) and any(folder.iterdir()):
+    if folder.is_symlink():  # (its target is not a folder pobench made, whatever it holds: never marked or written)
+        raise UnsafePath(f"{flag} {folder} is a symbolic link (to {os.readlink(folder)}): not writing through it; give "
+                         "a real folder, new or pobench's")
+    if folder.is_dir() and not is_owned(folder) and any(folder.iterdir()):
         raise UnsafePath(f"{flag} {folder} exists and holds files pobench did not write (no {MARKER} file): not "
                          "writing into it (files of the names pobench writes would be overwritten); give a new or "
                          "empty folder")
@@ -156,6 +160,8 @@ def remove_written(folder: str | Path) -> list[Path]:
     write stays (returned), with the folders that hold it and, for ``final``, its listing (so that what is left is
     known to be a user's). A folder that holds nothing else goes whole."""
     folder = Path(folder)
+    if folder.is_symlink():  # (put there by someone else: what it points to is not pobench's to delete)
+        return [folder]
     kept = _not_listed(folder)
     if not kept:
         shutil.rmtree(folder)

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from bench.folders import claim_output_folder
 from bench.model import build_char_tokenizer, format_prompt, tiny_config
 from bench.rollout import SamplingParams, make_sampler
 from evaluators.arith import ArithTask
@@ -89,6 +90,7 @@ def warmstart(out: str | Path, recipe: Recipe = Recipe(), *, force: bool = False
     if not force and meta_path.exists() and (out / "model.safetensors").exists():
         if json.loads(meta_path.read_text()).get("recipe") == asdict(recipe):
             return out
+    claim_output_folder(out, "--out")  # a user's folder or a link: one line, before training
     task = ArithTask(recipe.difficulty)
     tokenizer = build_char_tokenizer()
     threads = torch.get_num_threads()
@@ -133,7 +135,7 @@ def warmstart(out: str | Path, recipe: Recipe = Recipe(), *, force: bool = False
 
 
 def _save(model, tokenizer, out: Path, recipe: Recipe, losses, prints, seconds: float) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_folder(out, "--out")  # (a snapshot's step-<k> inside the claimed folder, new)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     meta = {"recipe": asdict(recipe), "steps_done": len(losses), "seconds": round(seconds, 1),

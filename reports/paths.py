@@ -72,6 +72,22 @@ def contained(root: str | Path, *parts: str) -> Path:
     return path
 
 
+def replace_file(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` whole or not at all: into a temporary file beside it, then renamed over it. A link at
+    ``path`` (a user's hard link or symbolic link to a file of theirs) is replaced, never written through, and a
+    fault while writing (a full disk, a file-size limit) leaves the earlier file as it was."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
 def make_owned(folder: str | Path, kind: str = "") -> Path:
     """Create ``folder`` (and its parents) and mark it as pobench's: :func:`remove_owned` may delete it later."""
     folder = Path(folder)

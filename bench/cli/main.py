@@ -70,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"bench {args.command}: stopped: {line}", file=sys.stderr)
         return 1
+    except BaseException as e:  # a plugin's own BaseException subclass (or GeneratorExit): its one line
+        plugin = plugin_failure(e)
+        if plugin is None:
+            raise
+        print(f"bench {args.command}: error: {plugin}", file=sys.stderr)
+        return 1
 
 
 def entry() -> None:

@@ -8,6 +8,7 @@ same whatever trains, so its tests run on a fake trainer and only a few train fo
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -120,7 +121,12 @@ def comparison_run(client, exp_id: str, cid: str, cfg: TrainConfig, algos: list[
         run = client.create_run(exp_id, run_name=f"comparison-{cid}", tags={
             KIND: "comparison", COMPARISON: cid, CONFIG_HASH: cfg.comparison_hash(),
             OBJECTIVES: ",".join(algos), SEEDS: ",".join(map(str, seeds))})
-    client.log_text(run.info.run_id, yaml.safe_dump(cfg.to_dict(), sort_keys=False), "config.yaml")
+    try:
+        client.log_text(run.info.run_id, yaml.safe_dump(cfg.to_dict(), sort_keys=False), "config.yaml")
+    except BaseException:  # (its artifact store refused it: the run is not left RUNNING behind the one line)
+        with contextlib.suppress(Exception):
+            client.set_terminated(run.info.run_id, status="FAILED")
+        raise
     return run.info.run_id
 
 

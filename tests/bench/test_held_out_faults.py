@@ -498,3 +498,82 @@ def test_a_run_folder_deleted_while_training_fails_the_run_in_one_line_and_the_r
     for extra in ([], ["--resume"]):
         rc, out, err = bench_here([*argv(2), *extra], tmp_path)
         assert rc == 2 and "is not a pobench run folder" in err and "move it away" in err, err[-3000:]
+
+
+# ------------------------------------------------------------------ held-out round 6: links, reused --out folders
+def test_a_symlinked_out_folder_is_refused_and_its_target_untouched(tmp_path, bench_here):
+    """Round 6: `bench eval --out link` (and `bench tune --out link`), `link` a symbolic link to a folder of the
+    user's: their results.json was overwritten and the folder marked as pobench's. Now one line, nothing written."""
+    paper = tmp_path / "paper"
+    paper.mkdir()
+    (paper / "results.json").write_text("mine")
+    (tmp_path / "out").symlink_to(paper)
+    rc, out, err = bench_here(["eval", "--benchmarks", "arith", "--limit", "2", "--k", "1", "--no-mlflow", "--out",
+                               "out"], tmp_path)
+    assert rc == 2 and "is a symbolic link" in err and "Traceback" not in err, err[-3000:]
+    assert sorted(p.name for p in paper.iterdir()) == ["results.json"] and (paper / "results.json").read_text() == \
+        "mine"
+
+
+def test_warmstart_into_a_users_model_folder_is_refused_before_training(tmp_path, bench_here):
+    """Round 6: `bench warmstart --out mymodel` overwrote the user's config.json / model.safetensors, unchecked."""
+    mine = tmp_path / "mymodel"
+    mine.mkdir()
+    (mine / "config.json").write_text("{\"mine\": 1}")
+    rc, out, err = bench_here(["warmstart", "--out", "mymodel", "--steps", "2", "--eval", "0", "--no-progress"],
+                              tmp_path)
+    assert rc == 2 and "holds files pobench did not write" in err, err[-3000:]
+    assert sorted(p.name for p in mine.iterdir()) == ["config.json"]
+
+
+def test_eval_outputs_replace_links_and_drop_the_files_of_benchmarks_no_longer_evaluated(tmp_path, bench_here):
+    """Round 6: a rerun of `bench eval --out E` wrote through the user's hard link (E/results.json) and symbolic link
+    (E/arith.csv) into their own files; and a benchmark evaluated before but not now kept its CSV beside results
+    that no longer listed it. Now each file is replaced whole (a link is replaced, not written through) and the
+    earlier benchmark's CSV goes."""
+    plugin = Path(__file__).resolve().parents[2] / "examples" / "plugins" / "mod7_task.py"
+    base = ["eval", "--limit", "2", "--k", "1", "--no-mlflow", "--out", "E"]
+    rc, out, err = bench_here([*base[:1], "--plugin", str(plugin), "--benchmarks", "arith,mod7", *base[1:]], tmp_path)
+    assert rc == 0 and (tmp_path / "E" / "mod7.csv").exists(), err[-3000:]
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    os.link(tmp_path / "E" / "results.json", keep / "base.json")
+    (keep / "mine.csv").write_text("mine")
+    (tmp_path / "E" / "arith.csv").unlink()
+    (tmp_path / "E" / "arith.csv").symlink_to(keep / "mine.csv")
+    before = (keep / "base.json").read_text()
+    rc, out, err = bench_here([*base[:1], "--benchmarks", "arith", "--seed", "1", *base[1:]], tmp_path)
+    assert rc == 0, err[-3000:]
+    assert (keep / "base.json").read_text() == before and (keep / "mine.csv").read_text() == "mine"
+    assert not (tmp_path / "E" / "arith.csv").is_symlink() and not (tmp_path / "E" / "mod7.csv").exists()
+    assert [b["benchmark"] for b in json.loads((tmp_path / "E" / "results.json").read_text())["benchmarks"]] == \
+        ["arith"]
+
+
+def test_a_symlinked_checkpoint_is_never_followed_when_checkpoints_rotate(tmp_path):
+    """Round 6: a checkpoint folder moved to another disk and linked back: the rotation deleted model.pt / state.json
+    in the link's target (outside the run folder), or with nothing else there died on rmtree's refusal of a link.
+    Now the link and its target are left alone."""
+    run = claim_run_folder(tmp_path / "run")
+    checkpoint.save_state(run, 1, {"note": "x"})
+    elsewhere = tmp_path / "bigdisk" / "ckpt1"
+    elsewhere.parent.mkdir()
+    (run / "ckpt-0000001").rename(elsewhere)
+    (run / "ckpt-0000001").symlink_to(elsewhere)
+    for with_note in (False, True):
+        if with_note:
+            (elsewhere / "notes.txt").write_text("n")
+        checkpoint.save_state(run, 2 + with_note, {"note": "y"})
+        assert (elsewhere / "state.json").exists() and (run / "ckpt-0000001").is_symlink()
+    assert checkpoint.step_of(checkpoint.latest(run)) == 3
+
+
+def test_a_comparison_run_whose_config_cannot_be_stored_is_not_left_running(tmp_path, bench_here):
+    """Round 6: `mlartifacts/pobench` a file: `bench run` stopped in one line but left the comparison run RUNNING."""
+    uri = fresh_store(tmp_path)
+    (tmp_path / "mlartifacts").mkdir(exist_ok=True)
+    (tmp_path / "mlartifacts" / "pobench").write_text("x")
+    rc, out, err = bench_here(["run", "--algos", "grpo", "--seeds", "0", "--no-controls", "--no-progress",
+                               "--no-report", "--tracking-uri", uri, *TINY], tmp_path)
+    assert rc != 0 and "Traceback" not in err, err[-3000:]
+    assert "RUNNING" not in statuses(uri, "pobench"), statuses(uri, "pobench")

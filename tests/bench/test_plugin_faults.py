@@ -45,6 +45,15 @@ class NoTermPG(PolicyGradient):
     pass
 
 
+class Boom(BaseException):
+    pass
+
+
+class BoomPG(PolicyGradient):
+    def policy_term(self, batch, ratio, adv, is_w):
+        raise Boom("x")
+
+
 class BadKeyPG(ClippedPG):
     def loss(self, batch, generator=None):
         loss, metrics = super().loss(batch, generator)
@@ -60,6 +69,7 @@ register("shape-pg-{n}", ShapePG, description="returns a policy term of the wron
 register("init-pg-{n}", InitPG, description="raises in __init__ (a broken plugin)")
 register("nonscalar-pg-{n}", NonScalarPG, description="returns a loss of shape (3,) (a broken plugin)")
 register("noterm-pg-{n}", NoTermPG, description="has no policy_term (a broken plugin)")
+register("boom-pg-{n}", BoomPG, description="raises its own BaseException subclass (a broken plugin)")
 register("badkey-pg-{n}", BadKeyPG, description="returns a metric MLflow cannot name (a broken plugin)")
 register_advantage("exploding-{n}", exploding, description="raises (a broken plugin)")
 register("adv-pg-{n}", base="grpo", description="grpo with the raising estimator", advantage_estimator="exploding-{n}")
@@ -72,6 +82,7 @@ BROKEN = {  # what each broken plugin objective's one line says
     "init": "plugin broken.py raised RuntimeError: boom in init at ",
     "nonscalar": "loss returned a tensor of shape (3,), expected a scalar",
     "noterm": "NoTermPG does not implement policy_term",
+    "boom": "plugin broken.py raised Boom: x at ",
     "badkey": "metric name 'bad key!?*<>' cannot be an MLflow key",
     "adv": "plugin broken.py raised RuntimeError: estimator exploded at ",
 }

@@ -164,7 +164,7 @@ def test_a_registered_estimator_is_checked_and_names_are_unique(plugin_estimator
 
 
 def test_verl_refuses_a_plugin_estimator_before_any_work(plugin_estimator):
-    from bench.engines.verl.losses import plan
+    from bench.engines.verl.losses import mapping
 
-    p = plan("grpo", {"advantage_estimator": "test-above-min"})
+    p = mapping("grpo", {"advantage_estimator": "test-above-min"})
     assert p.mode == "unsupported" and "'test-above-min' has no verl counterpart" in p.reason

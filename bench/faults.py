@@ -94,6 +94,9 @@ def check_store(uri: str) -> None:
         return
     if db.exists() and not db.is_file():
         raise StoreFault(f"the MLflow store {db} ({uri}) is not a file; give --tracking-uri sqlite:///<a file>")
+    if db.is_symlink() and not db.exists():  # (SQLite would create nothing there: MLflow retries, then fails)
+        raise StoreFault(f"the MLflow store {db} is a symbolic link to {os.readlink(db)}, which does not exist: "
+                         "restore its target, or remove the link (a new store starts) or give another --tracking-uri")
     folder = _existing(db.parent)
     if not folder.is_dir():
         raise StoreFault(f"the MLflow store {db}: {folder} is a file, not a folder; give another --tracking-uri")

@@ -155,9 +155,26 @@ def read_yaml(path: str | Path, what: str = "--config") -> Any:
     except OSError as e:
         raise ValueError(f"{what} {path}: cannot be read ({e.strerror or e})") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeys)
     except yaml.YAMLError as e:
         raise ValueError(f"{what} {path}: invalid YAML{_where(e)}") from None
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error (the plain loader keeps the last one
+    silently: `algo: grpo` then `algo: dapo` trained dapo without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:  # (its own keys, before a merge `<<: *base` adds the keys it may override)
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = (key_node.tag, key_node.value)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"the key {key_node.value!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _where(e: yaml.YAMLError) -> str:

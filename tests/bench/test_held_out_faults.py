@@ -577,3 +577,40 @@ def test_a_comparison_run_whose_config_cannot_be_stored_is_not_left_running(tmp_
                                "--no-report", "--tracking-uri", uri, *TINY], tmp_path)
     assert rc != 0 and "Traceback" not in err, err[-3000:]
     assert "RUNNING" not in statuses(uri, "pobench"), statuses(uri, "pobench")
+
+
+def test_a_key_given_twice_in_a_config_is_one_line_and_merge_keys_still_override(tmp_path):
+    """Round 6: `algo: grpo` then `algo: dapo` in one --config trained dapo without a word (YAML's loader keeps the
+    last). Now one line naming the key and its line; a `<<: *base` merge overridden by a key stays valid YAML."""
+    from bench.inputs import read_yaml
+
+    (tmp_path / "twice.yaml").write_text("algo: grpo\nsteps: 2\nalgo: dapo\n")
+    with pytest.raises(ValueError, match=r"at line 3, column 1: the key 'algo' is given twice"):
+        read_yaml(tmp_path / "twice.yaml")
+    (tmp_path / "merge.yaml").write_text("base: &b {lr: 1, steps: 2}\nrun:\n  <<: *b\n  lr: 3\n")
+    assert read_yaml(tmp_path / "merge.yaml")["run"] == {"lr": 3, "steps": 2}
+
+
+def test_a_store_that_is_a_dangling_symbolic_link_is_one_line_before_any_work(tmp_path):
+    """Round 6: `mlflow.db` a link to a missing file: ~100 s of MLflow's retries, then "deleted while in use"."""
+    from bench import faults
+
+    (tmp_path / "mlflow.db").symlink_to(tmp_path / "gone" / "x.db")
+    with pytest.raises(faults.StoreFault, match="is a symbolic link to .*which does not exist"):
+        faults.check_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+
+def test_a_final_folder_moved_away_and_linked_back_is_replaced_and_its_target_kept(tmp_path):
+    """Round 6: `final` moved to a model zoo and symlinked back: the next final left pobench's own `.final.old` link,
+    which a later resume refused as "something not pobench's". Now the link goes, the zoo's copy stays."""
+    run = claim_run_folder(tmp_path / "run")
+    checkpoint.save_final(run, lambda d: (d / "w.bin").write_bytes(b"1"))
+    zoo = tmp_path / "zoo" / "m"
+    zoo.parent.mkdir()
+    (run / "final").rename(zoo)
+    (run / "final").symlink_to(zoo)
+    for n in (b"2", b"3"):
+        checkpoint.save_final(run, lambda d, n=n: (d / "w.bin").write_bytes(n))
+        assert not (run / ".final.old").exists() and not (run / ".final.old").is_symlink()
+        assert not (run / "final").is_symlink() and (run / "final" / "w.bin").read_bytes() == n
+    assert (zoo / "w.bin").read_bytes() == b"1"

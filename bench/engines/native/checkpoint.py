@@ -293,11 +293,14 @@ def save_final(run_dir: str | Path, write: Callable[[Path], None]) -> Path:
         if is_full(e):
             raise _full(e, dest) from None
         raise
-    if dest.exists():
+    if dest.exists() or dest.is_symlink():
         dest.rename(old)
     tmp.rename(dest)
     _fsync_dir(run_dir)
-    carry_over(old, dest)  # a user's file in the old final moves to the new one; pobench's go
+    if old.is_symlink():  # a final the user moved away and linked back: the link goes, what it points to stays
+        old.unlink()
+    else:
+        carry_over(old, dest)  # a user's file in the old final moves to the new one; pobench's go
     return dest
 
 

@@ -32,6 +32,7 @@ import os
 import site
 import sys
 import sysconfig
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,6 +244,22 @@ def _plugin_files() -> dict[str, Plugin]:
         paths = [p.path] + [getattr(sys.modules.get(m), "__file__", None) for m in (p.module, *p.imports)]
         files.update({os.path.realpath(f): p for f in paths if f})
     return files
+
+
+def plugin_threads() -> list[tuple[threading.Thread, Plugin]]:
+    """The live non-daemon threads a loaded plugin started (their target, or their class's ``run``, is in a plugin's
+    file): the interpreter would wait for them at exit for ever, deaf to Ctrl-C."""
+    files, out = _plugin_files(), []
+    for t in threading.enumerate():
+        if t is threading.main_thread() or t.daemon or not t.is_alive():
+            continue
+        for fn in (getattr(t, "_target", None), type(t).run):
+            code = getattr(fn, "__code__", None)
+            plugin = files.get(os.path.realpath(code.co_filename)) if code is not None else None
+            if plugin is not None:
+                out.append((t, plugin))
+                break
+    return out
 
 
 def plugin_failure(error: BaseException, causes: bool = True) -> str | None:

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
+import time
 
 import bench
 from bench import faults, stop
 from bench.cli import interrupt
 from bench.cli.flags import load_cli_plugins
-from bench.plugins import plugin_failure
+from bench.plugins import plugin_failure, plugin_threads
 from bench.resume import rerun_command
 from bench.workers import quiet_libraries
 
@@ -97,7 +99,29 @@ def entry() -> None:
         interrupt.finished()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
+    _leave_plugin_threads(code)
     sys.exit(code)
+
+
+PLUGIN_THREAD_GRACE_S = 5.0
+
+
+def _leave_plugin_threads(code: int) -> None:
+    """A non-daemon thread a plugin started would keep the process alive after the command, for ever and deaf to
+    SIGINT / SIGTERM: given ``PLUGIN_THREAD_GRACE_S`` to end, then named in one line and left behind (the process
+    exits with the command's code, its outputs written and flushed)."""
+    left = plugin_threads()
+    deadline = time.monotonic() + PLUGIN_THREAD_GRACE_S
+    for t, _ in left:
+        t.join(max(0.0, deadline - time.monotonic()))
+    left = [(t, p) for t, p in left if t.is_alive()]
+    if left:
+        names = ", ".join(f"{t.name} (plugin {p.spec})" for t, p in left)
+        print(f"bench: warning: thread(s) {names} still running after the command ended: not waiting for them (a "
+              "plugin's background thread should be a daemon, or end with the work)", file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":

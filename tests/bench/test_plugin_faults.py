@@ -225,3 +225,26 @@ def test_a_plugin_tasks_reward_that_raises_or_is_not_a_number_is_one_line(tmp_pa
         assert f"task '{kind}-{n}'" in text, text[-3000:]
     assert len([ln for ln in _lines(err) if not ln.startswith("bench: warning")]) == 1, err[-3000:]
     assert "RUNNING" not in statuses(f"sqlite:///{tmp_path}/mlflow.db", "pobench")
+
+
+def test_a_plugins_non_daemon_thread_does_not_keep_bench_alive(tmp_path):
+    """Held-out round 6: a plugin starting a non-daemon thread at import made `bench list --plugin thr.py` print its
+    output and then hang for ever, deaf to SIGINT and SIGTERM (only SIGKILL ended it). Now the thread gets a few
+    seconds, then one line names it and the command exits with its own code."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.bench.test_signals import env
+
+    (tmp_path / "thr.py").write_text(
+        "import threading, time\n"
+        "from algorithms import register\n"
+        "threading.Thread(target=lambda: [time.sleep(1) for _ in iter(int, 1)], name='forever').start()\n"
+        "register('thr-pg', base='grpo', description='grpo, with a thread that never ends')\n")
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "bench.cli", "list", "--plugin", "thr.py"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env=env())
+    assert done.returncode == 0 and "thr-pg" in done.stdout, done.stderr[-3000:]
+    assert time.monotonic() - t0 < 60
+    assert "thread(s) forever (plugin thr.py) still running after the command ended" in done.stderr, done.stderr

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from bench import faults, folders, preflight
 from bench.cli import eval_comparison
-from bench.cli.eval_inputs import DEFAULT_MAX_NEW_TOKENS, max_new_tokens, resolve_data
 from bench.cli.flags import add_plugin_flag
 from bench.cli.interrupt import Stopped, rerun
 from bench.config import BUILTIN_MODEL, TRACKING_URI_DEFAULT
+from bench.eval_inputs import DEFAULT_MAX_NEW_TOKENS, max_new_tokens, resolve_data
 from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
 from bench.inputs import check_seed
 from bench.model import format_prompt, load_policy, resolve_device, resolve_model_path, warn_unknown_characters

@@ -52,6 +52,15 @@ def test_eval_comparison_evaluates_each_final_model_once_and_the_report_tabulate
     assert main([*args, "--limit", "8"]) == 0
     assert "4 stored, 0 to evaluate" in capsys.readouterr().err
     assert len(_evals(client, exp_id)) == 4
+    # a notebook's call of the library, with the settings those flags give: the same evaluations, all reused
+    from bench.comparison_evals import EvalSettings, plan_evaluations
+
+    plan = plan_evaluations("ev", cid, ["arith"], EvalSettings(limit=8, temperature=0.0, max_new_tokens=16), uri,
+                            client)
+    assert (plan.reused, plan.missing, plan.total) == (4, 0, 4)
+    plan = plan_evaluations("ev", cid, ["arith"], EvalSettings(limit=8, temperature=0.0, max_new_tokens=17), uri,
+                            client)
+    assert (plan.reused, plan.missing) == (0, 4)
     # other settings are another evaluation
     assert main([*args, "--limit", "6"]) == 0
     assert "0 stored, 4 to evaluate" in capsys.readouterr().err

@@ -1,0 +1,165 @@
+"""Every final model of a comparison on benchmarks (`bench eval --comparison ID`, or a notebook's call), each
+evaluation stored once and reused after.
+
+Each training run's final weights (``<output_dir>/<run name>/final``, where `bench run` left them) are evaluated on
+each benchmark with the shared rollout sampler, unless a FINISHED evaluation with the same settings is already stored
+under that run (``reports.evals``: tags ``pobench.benchmark`` / ``pobench.eval_key``, the hash of
+:meth:`EvalSettings.key_fields`): stored results are reused, never recomputed. Each evaluation is one MLflow run
+nested under its training run; `bench report` then adds the ``benchmarks`` table. The prompt template defaults to
+the one the runs trained with.
+
+:func:`plan_evaluations` settles what is stored and what is missing, and checks every final model needed is there,
+before any work; :func:`evaluate_missing` evaluates and stores the rest, one at a time.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.eval_inputs import max_new_tokens, resolve_data
+from bench.evaluate import evaluate, log_to_mlflow, write_outputs
+from bench.model import format_prompt, load_policy
+from bench.rollout import make_sampler
+from evaluators import get_benchmark
+from reports.evals import find_stored, settings_key
+from reports.load import Comparison, load_comparison
+from reports.paths import contained, safe_component
+from reports.record import BENCHMARK, COMPARISON, EVAL_KEY
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How each final model is evaluated (the flags of `bench eval`); all but the last four make two evaluations of
+    one model on one benchmark the same (:meth:`key_fields`)."""
+
+    split: str = "test"
+    limit: int | None = None
+    skip_bad_rows: bool = False
+    k: int = 1
+    samples: int | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    greedy: bool = True
+    max_new_tokens: int | None = None
+    prompt_template: str | None = None  # None: the template each run trained with
+    seed: int = 0
+    backend: str = "hf"
+    data: tuple[str, ...] = ()
+    device: str = "auto"
+    dtype: str = "auto"
+    batch_size: int | None = None
+
+    @property
+    def n_samples(self) -> int:
+        return self.samples or self.k
+
+    def key_fields(self, bench, source: str, n_problems: int, template: str) -> dict[str, Any]:
+        """What makes two evaluations of one model on one benchmark the same (hashed into ``pobench.eval_key``)."""
+        return {"benchmark": bench.name, "version": str(bench.version), "split": self.split, "limit": self.limit,
+                "source": source, "problems": n_problems, "skip_bad_rows": self.skip_bad_rows, "k": self.k,
+                "n_samples": self.n_samples, "temperature": self.temperature, "top_p": self.top_p,
+                "greedy": self.greedy, "max_new_tokens": self.max_new_tokens, "prompt_template": template,
+                "seed": self.seed, "backend": self.backend}
+
+
+@dataclass
+class EvalPlan:
+    """What :func:`plan_evaluations` found: the comparison, each benchmark's problems, the evaluations already stored
+    (``reused``) and, per run that lacks some, its final model, prompt template and the missing benchmarks."""
+
+    comparison: Comparison
+    benchmarks: list[tuple[Any, list, str]]  # (task, problems, source)
+    reused: int = 0
+    todo: list[tuple[Any, Path, str, list]] = field(default_factory=list)  # (run, final, template, missing)
+
+    @property
+    def total(self) -> int:
+        return len(self.comparison.runs) * len(self.benchmarks)
+
+    @property
+    def missing(self) -> int:
+        return sum(len(m) for _, _, _, m in self.todo)
+
+
+def final_model(run) -> Path:
+    """The run's final weights: ``<output_dir>/<run name>/final`` (the run name as one safe path component)."""
+    out = run.params.get("output_dir")
+    if not out:
+        raise ValueError(f"run {run.name} ({run.run_id}) did not record output_dir: cannot find its final model")
+    return contained(out, safe_component(run.name, "run name"), "final")
+
+
+def plan_evaluations(experiment: str, comparison: str | None, benchmarks: list[str], settings: EvalSettings,
+                     uri: str, client) -> EvalPlan:
+    """The comparison's stored and missing evaluations on ``benchmarks``; ValueError (one line) for an unknown
+    benchmark, bad settings, or a final model that is needed and absent, before any work."""
+    if settings.k < 1 or (settings.samples is not None and settings.samples < settings.k):
+        raise ValueError(f"--k {settings.k} / --samples {settings.samples}: need k >= 1 and samples >= k")
+    if not benchmarks:
+        raise ValueError("--benchmarks: give at least one benchmark name")
+    tasks = [get_benchmark(n) for n in benchmarks]
+    cmp = load_comparison(experiment, comparison, uri, client=client, with_series=False)
+    data = resolve_data(tasks, list(settings.data))
+    plan = EvalPlan(cmp, [])
+    for b in tasks:
+        problems, source = b.load_rows(settings.split, data=data[b.name], limit=settings.limit,
+                                       skip_bad_rows=settings.skip_bad_rows)
+        plan.benchmarks.append((b, problems, source.source))
+    for r in cmp.runs:
+        template = settings.prompt_template or r.params.get("prompt_template") or "auto"
+        missing = []
+        for b, problems, source in plan.benchmarks:
+            key = settings_key(settings.key_fields(b, source, len(problems), template))
+            if find_stored(client, cmp.experiment_id, r.run_id, key):
+                plan.reused += 1
+            else:
+                missing.append((b, problems, source, key))
+        if missing:
+            plan.todo.append((r, final_model(r), template, missing))
+    absent = [f"{r.name}: {path}" for r, path, _, _ in plan.todo if not (path / "config.json").is_file()]
+    if absent:
+        raise ValueError(f"{len(absent)} final model(s) not found (run bench eval from the folder bench run ran in): "
+                         + "; ".join(absent[:3]) + ("; ..." if len(absent) > 3 else ""))
+    return plan
+
+
+def evaluate_missing(plan: EvalPlan, settings: EvalSettings, experiment: str, uri: str, out_root: str | Path
+                     ) -> Iterator[str]:
+    """Evaluate and store each missing (run, benchmark) of ``plan``; yields the MLflow run id of each once it is
+    stored (so a stop keeps every evaluation stored before it)."""
+    cmp = plan.comparison
+    max_new_of: dict[tuple[str, str], int] = {}  # (benchmark, template) -> max new tokens (warned about once)
+    for r, path, template, missing in plan.todo:
+        model, tokenizer = load_policy(str(path), settings.device, settings.dtype)
+        options = ({"max_batch_size": settings.batch_size} if settings.batch_size and settings.backend == "hf"
+                   else {})
+        sampler = make_sampler(settings.backend, model, tokenizer, **options)
+        for b, problems, source, key in missing:
+            if (b.name, template) not in max_new_of:  # the runs of a comparison share their model's architecture
+                prompts = [format_prompt(tokenizer, p.question, template) for p in problems]
+                max_new_of[(b.name, template)] = max_new_tokens(settings.max_new_tokens, model,
+                                                                [len(tokenizer(x)["input_ids"]) for x in prompts])
+            max_new = max_new_of[(b.name, template)]
+            res = evaluate(sampler, tokenizer, b, problems, k=settings.k, temperature=settings.temperature,
+                           seed=settings.seed, n_samples=settings.n_samples if settings.temperature > 0 else 0,
+                           greedy=settings.greedy, max_new_tokens=max_new, top_p=settings.top_p,
+                           prompt_template=template)
+            res.source = source
+            meta = {"model": str(path), "split": settings.split, "limit": settings.limit, "k": settings.k,
+                    "n_samples": settings.n_samples, "temperature": settings.temperature, "top_p": settings.top_p,
+                    "max_new_tokens": max_new, "prompt_template": template, "seed": settings.seed,
+                    "backend": settings.backend}
+            out_dir = contained(out_root, safe_component(cmp.comparison_id, "--comparison"),
+                                safe_component(r.name, "run name"), safe_component(b.name, "benchmark"))
+            paths = write_outputs([res], out_dir, meta)
+            run_id = log_to_mlflow([res], params={**meta, "benchmarks": b.name}, artifacts=paths,
+                                   run_name=f"eval-{b.name}-{r.name}", experiment=experiment, tracking_uri=uri,
+                                   parent_run_id=r.run_id, tags={BENCHMARK: b.name, EVAL_KEY: key,
+                                                                 COMPARISON: cmp.comparison_id})
+            acc = res.metrics.get("greedy_acc") or res.metrics.get("pass@1")
+            print(f"bench eval: {r.name} on {b.name}: {100 * acc.value:.1f}% in {res.seconds:.1f}s", file=sys.stderr)
+            yield run_id

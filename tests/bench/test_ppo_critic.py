@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
 
 from bench.config import TrainConfig
 from bench.engines.entry import check, train
 from bench.engines.native.checkpoint import CRITIC
 from bench.model import load_policy
 from reports import metric_keys as K
+from tests.bench.test_objective_state import _history  # (the metric histories, machine-dependent ones left out)
 from tests.conftest import fresh_store
 
 CRITIC_KEYS = ("critic/value_loss", "critic/value_clip_frac", "critic/explained_var", "critic/grad_norm",
@@ -32,10 +32,6 @@ def _cfg(tmp_path: Path, uri: str, name: str, **kw) -> TrainConfig:
     return TrainConfig(**base)
 
 
-def _history(run_id: str, uri: str) -> dict[str, list[tuple[int, float]]]:
-    c = MlflowClient(uri)
-    return {k: sorted((m.step, m.value) for m in c.get_metric_history(run_id, k))
-            for k in c.get_run(run_id).data.metrics if not k.startswith(K.TIMING_PREFIXES)}
 
 
 def _critic(run_dir: Path, step: int) -> dict[str, torch.Tensor]:

@@ -68,7 +68,7 @@ class TrainConfig:
     model: str = _f(BUILTIN_MODEL, "Policy: `builtin:tiny-arith` (shipped warm-started tiny model), a local folder "
                                    "or a Hugging Face hub id.")
     revision: str | None = _f(None, "Hub revision of --model (branch, tag or commit; default: main), resolved to its "
-                                    "commit, which is part of the run's identity (bench/identity.py).")
+                                    "commit, which is part of the run's identity (bench/runs/identity.py).")
     prompt_template: str = _f("auto", "`auto` (chat template if the tokenizer has one, else plain), `chat`, `plain`, "
                                       "or a format string with {question}.")
     dtype: str = _f("float32", "Parameter dtype: float32 | bfloat16 | float16.")
@@ -265,16 +265,16 @@ class TrainConfig:
     def run_dir(self) -> Path:
         """The run's folder: ``output_dir / run_label()`` as ONE safe path component (a name with ``/``, ``..`` or an
         absolute path becomes a slug plus a hash: reports/paths.py), never outside ``output_dir``; relative when
-        ``output_dir`` is. (bench/folders.py's ``under`` for the run folder; spelled out here because bench.folders
-        imports this module.)"""
+        ``output_dir`` is. (bench/runs/folders.py's ``under`` for the run folder; spelled out here because
+        bench.runs.folders imports this module.)"""
         component = safe_component(self.run_label(), "--run-name")
         contained(self.output_dir, component)
         return Path(self.output_dir) / component
 
     def comparison_hash(self) -> str:
         """Hash of every field that must be identical across the runs of one comparison, and of the content of its
-        inputs (data files, model files or hub revision, task versions: ``bench.identity.input_digests``)."""
-        from bench.identity import input_digests  # (imports bench.model, hence torch, when asked)
+        inputs (data files, model files or hub revision, task versions: ``bench.runs.identity.input_digests``)."""
+        from bench.runs.identity import input_digests  # (imports bench.model, hence torch, when asked)
 
         d = {k: v for k, v in self.to_dict().items() if k not in PER_RUN_FIELDS}
         d["inputs"] = input_digests(self)

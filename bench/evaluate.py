@@ -24,7 +24,7 @@ from mlflow.entities import Param
 from bench.data import derive_seed
 from bench.model import format_prompt
 from bench.rollout import Sampler, SamplingParams
-from bench.tracking import version_tags
+from bench.runs.tracking import version_tags
 from evaluators.metrics import Metric, summarize
 from evaluators.tasks import Problem, Task
 from evaluators.verify import answer_key, judge

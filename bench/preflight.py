@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from algorithms import default_config
-from bench import identity
+from bench.runs import identity
 from evaluators import get_task
 from evaluators.sources import looks_like_hub_id
 from evaluators.verify import to_number

@@ -21,10 +21,10 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from bench.folders import claim_output_folder
 from bench.model import build_char_tokenizer, format_prompt, tiny_config
 from bench.rollout import SamplingParams, make_sampler
 from evaluators.arith import ArithTask
+from reports.paths import claim_output_folder
 
 FINGERPRINT_STEPS = (50, 100)  # besides the last step: the reproducibility test replays this prefix
 

@@ -25,12 +25,12 @@ from urllib.parse import urlparse
 import torch
 
 import bench
-from bench import stop
 from bench.config import TrainConfig
 from bench.engines.entry import engine_for
 from bench.inputs import check_seed
 from bench.model import resolve_device
 from bench.plugins import load_plugins
+from bench.runs import stop
 
 RAY_INSTALL = "pip install 'pobench[ray]'"
 # environment variables a Ray task gets from the driver (a remote node does not have the driver's environment)
@@ -195,7 +195,7 @@ def busy():
 
 def stop_pool_workers(pool: Any) -> None:
     """SIGTERM to every live process of a ``ProcessPoolExecutor`` (busy ones checkpoint and end KILLED, idle ones
-    ignore it); a scheduler may have signalled them already: a second SIGTERM is ignored (``bench.stop``)."""
+    ignore it); a scheduler may have signalled them already: a second SIGTERM is ignored (``bench.runs.stop``)."""
     for proc in list((getattr(pool, "_processes", None) or {}).values()):
         if proc.is_alive():
             with contextlib.suppress(ProcessLookupError):

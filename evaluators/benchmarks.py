@@ -75,7 +75,8 @@ class Benchmark:
     id_fields: tuple[str, ...] = ("id", "unique_id", "idx")
     data_dir: str | None = None
     """A local file or folder of the task's own problems (a plugin's data files), read when no ``data`` is given and
-    ``$POBENCH_DATA_DIR`` has no folder of it; its content digest is part of a run's identity (bench/identity.py)."""
+    ``$POBENCH_DATA_DIR`` has no folder of it; its content digest is part of a run's identity
+    (bench/runs/identity.py)."""
 
     @property
     def splits(self) -> tuple[str, ...]:

@@ -284,3 +284,38 @@ def replace_owned(tmp: str | Path, dest: str | Path, root: str | Path) -> Path:
                 shutil.rmtree(old, ignore_errors=True)
         _let_go(tmp)
     return dest
+
+
+def under(root: str | Path, name: object, what: str) -> Path:
+    """``root / name`` with ``name`` made ONE safe component (``what`` names the flag in errors), checked to stay
+    under ``root``; relative when ``root`` is (as the user wrote it: it is recorded in config.yaml and MLflow)."""
+    component = safe_component(name, what)
+    contained(root, component)
+    return Path(root) / component
+
+
+def lock_file(folder: str | Path, name: str) -> Path:
+    """``<folder>/.locks/<name>.lock``, ``name`` (made of user or plugin names: a run, a study, an objective)
+    through the one containment helper, so a lock file stays in ``.locks`` whatever the name."""
+    return under(Path(folder) / ".locks", f"{name}.lock", "lock name")
+
+
+def check_out_is_ours(folder: str | Path, flag: str) -> None:
+    """UnsafePath (one line) when ``folder`` (a user-given ``--out`` of `bench tune` / `bench eval`, where pobench
+    writes files of fixed names: best.yaml, summary.csv, results.json, ...) exists, holds something and is not
+    pobench's (no marker): its files of those names would be overwritten. Asked before any work."""
+    folder = Path(folder)
+    if folder.is_symlink():  # (its target is not a folder pobench made, whatever it holds: never marked or written)
+        raise UnsafePath(f"{flag} {folder} is a symbolic link (to {os.readlink(folder)}): not writing through it; give "
+                         "a real folder, new or pobench's")
+    if folder.is_dir() and not is_owned(folder) and any(folder.iterdir()):
+        raise UnsafePath(f"{flag} {folder} exists and holds files pobench did not write (no {MARKER} file): not "
+                         "writing into it (files of the names pobench writes would be overwritten); give a new or "
+                         "empty folder")
+
+
+def claim_output_folder(folder: str | Path, flag: str) -> Path:
+    """Create (or take, when empty or pobench's already) the output folder ``folder`` and mark it as pobench's, so
+    the same command writes into it again; any other folder: UnsafePath (:func:`check_out_is_ours`)."""
+    check_out_is_ours(folder, flag)
+    return make_owned(folder, "out")

@@ -148,6 +148,45 @@ def test_only_the_command_line_imports_it():
     assert not found, f"library modules import the command line: {found}"
 
 
+# ------------------------------------------------------------------ one training run's life: bench/runs
+RUN_INSIDE = ("bench.runs.checkpoint", "bench.runs.folders", "bench.runs.locks", "bench.runs.lifecycle")
+
+
+def outside_run_package(graph: dict[str, set[str]]) -> list[str]:
+    """Modules outside ``bench/runs`` that import its checkpoint, folder, lock or lifecycle code (they go through
+    ``bench.runs.run``: the ``Run`` an engine enters, and what a command may ask of a run folder)."""
+    return sorted(f"{m} -> {d}" for m, deps in graph.items() if not m.startswith("bench.runs")
+                  for d in deps if d in RUN_INSIDE)
+
+
+def test_checkpoint_folder_and_lock_code_is_reached_through_the_run_only():
+    found = outside_run_package(import_graph("bench"))
+    assert not found, "checkpoint / folder / lock code imported outside bench/runs:\n" + "\n".join(found)
+
+
+def test_the_run_package_rule_sees_a_lazy_import(tmp_path, monkeypatch):
+    """The rule above, on a tree where an engine imports the checkpoint module inside a function."""
+    for d in ("bench", "bench/runs", "bench/engines"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "__init__.py").write_text("")
+    for name in ("checkpoint", "run"):
+        (tmp_path / "bench" / "runs" / f"{name}.py").write_text("")
+    (tmp_path / "bench" / "engines" / "loop.py").write_text("def f():\n    from bench.runs import checkpoint\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert outside_run_package(import_graph("bench")) == ["bench.engines.loop -> bench.runs.checkpoint"]
+    (tmp_path / "bench" / "engines" / "loop.py").write_text("from bench.runs.run import Run\n")
+    assert outside_run_package(import_graph("bench")) == []
+
+
+def test_the_engines_hold_only_their_step_and_adapter():
+    """No engine folder holds run-life code: nothing in ``bench/engines`` defines checkpoint writing, folder claims
+    or locks (they are ``bench/runs``')."""
+    words = ("def save_final", "def claim_run_folder", "FileLock(", "def latest(", "def open_run")
+    found = [f"{f.relative_to(ROOT)}: {w}" for f in sorted((ROOT / "bench" / "engines").rglob("*.py"))
+             for w in words if w in f.read_text()]
+    assert not found, found
+
+
 # ------------------------------------------------------------------ the documented layout is the tree
 def documented_layout(text: str) -> set[str]:
     """Paths listed in the code block under "## Layout" of docs/ARCHITECTURE.md: one entry per line, indented two

@@ -19,7 +19,7 @@ from algorithms.registry import default_config
 from bench.cli.flags import add_units_flag
 from bench.cli.interrupt import Stopped, rerun
 from bench.config import TRACKING_URI_DEFAULT, TrainConfig
-from bench.tracking import check_reachable, flatten
+from bench.runs.tracking import check_reachable, flatten
 from reports.compare import compare_comparisons, parse_spec
 from reports.paths import user_files
 from reports.report import ReportOptions, missing_note
@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 @functools.cache
 def default_params(objective: str) -> dict[str, str]:
-    """The params a run of ``objective`` records with every default, spelled as bench/engines/lifecycle.py's
+    """The params a run of ``objective`` records with every default, spelled as bench/runs/lifecycle.py's
     ``run_tags_and_params`` writes them: TrainConfig's fields and the objective's config (``objective.*``; none for an
     objective not registered in this process). What `bench compare` counts a setting a run did not record as."""
     try:

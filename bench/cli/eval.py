@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench import faults, folders, preflight
+from bench import faults, preflight
 from bench.cli import eval_comparison
 from bench.cli.flags import add_plugin_flag
 from bench.cli.interrupt import Stopped, rerun
@@ -26,8 +26,9 @@ from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
 from bench.inputs import check_seed
 from bench.model import format_prompt, load_policy, resolve_device, resolve_model_path, warn_unknown_characters
 from bench.rollout import make_sampler
-from bench.tracking import check_reachable
+from bench.runs.tracking import check_reachable
 from evaluators import get_benchmark, list_benchmarks
+from reports.paths import check_out_is_ours, claim_output_folder
 
 if TYPE_CHECKING:
     from evaluators import Task
@@ -104,7 +105,7 @@ def run(args) -> int:
 
     if args.out:  # a file in its place, a read-only one, a folder of the user's files: refused now, not after
         faults.check_output_folder(args.out, "--out")
-        folders.check_out_is_ours(args.out, "--out")
+        check_out_is_ours(args.out, "--out")
     names = [n.strip() for n in args.benchmarks.split(",") if n.strip()]
     if not names:
         raise ValueError("--benchmarks: give at least one benchmark name")
@@ -137,7 +138,7 @@ def run(args) -> int:
                             "n_samples": n_samples, "temperature": args.temperature, "top_p": args.top_p,
                             "max_new_tokens": max_new, "prompt_template": args.prompt_template, "seed": args.seed,
                             "backend": args.backend}
-    out_dir = (folders.claim_output_folder(args.out, "--out") if args.out
+    out_dir = (claim_output_folder(args.out, "--out") if args.out
                else Path(".pobench") / "eval" / time.strftime("%Y%m%d-%H%M%S"))
 
     results = []

@@ -1,6 +1,6 @@
 """Ctrl-C (SIGINT) and SIGTERM in the command line: one line saying what the command kept and how to go on.
 
-``bench.cli.main.entry`` installs :func:`on_signal` for both signals (``bench.stop``: KeyboardInterrupt, SIGTERM
+``bench.cli.main.entry`` installs :func:`on_signal` for both signals (``bench.runs.stop``: KeyboardInterrupt, SIGTERM
 once); a command that keeps something catches the KeyboardInterrupt and raises :class:`Stopped` with what it kept and
 the command to resume or rerun; ``main`` prints :func:`line` and exits 130 (SIGINT) or 143 (SIGTERM). A command calls
 :func:`finished` once its result is written (``bench report``), after which a signal no longer changes the exit code.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench import stop
-from bench.resume import rerun_command
+from bench.runs import stop
+from bench.runs.resume import rerun_command
 
 # set once the command's result is written (`finished`): from then on a signal no longer interrupts the process
 _FINISHED = {"done": False}
@@ -34,7 +34,7 @@ def finished() -> None:
 
 
 def on_signal(signum: int, frame: Any = None) -> None:
-    """SIGINT / SIGTERM handler: KeyboardInterrupt while the command works (``bench.stop.interrupt``), nothing once
+    """SIGINT / SIGTERM handler: KeyboardInterrupt while the command works (``bench.runs.stop.interrupt``), nothing once
     it has :func:`finished`."""
     if not _FINISHED["done"]:
         stop.interrupt(signum, frame)

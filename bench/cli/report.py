@@ -12,7 +12,7 @@ from bench import faults
 from bench.cli.flags import add_plugin_flag, add_report_flags, report_options
 from bench.cli.interrupt import Stopped, finished, rerun
 from bench.config import TRACKING_URI_DEFAULT
-from bench.tracking import check_reachable
+from bench.runs.tracking import check_reachable
 from reports.load import _client, get_experiment, list_comparisons, resolve_tracking_uri
 from reports.report import build_report
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import faults, preflight, resume
+from bench import faults, preflight
 from bench.cli.flags import add_config_flags, config_from_args
 from bench.cli.interrupt import Stopped, rerun
 from bench.cli.progress import TrainProgress
 from bench.engines import RunStopped, TrainingDiverged
 from bench.engines import entry as engines
-from bench.engines.native import checkpoint
-from bench.tracking import check_reachable
+from bench.runs import resume
+from bench.runs.run import last_checkpoint
+from bench.runs.tracking import check_reachable
 from reports import metric_keys as K
 
 
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
 def stopped(cfg) -> Stopped:
     """What a stopped `bench train` kept: its newest checkpoint (resume with ``--resume``), or nothing (rerun)."""
-    last = checkpoint.latest(cfg.run_dir())
+    last = last_checkpoint(cfg.run_dir())
     if last is None:
         return Stopped("nothing: no checkpoint yet; the run restarts from step 0", rerun())
-    return Stopped(f"{last} (step {checkpoint.step_of(last)})", rerun(resume_flag=True))
+    return Stopped(f"{last[0]} (step {last[1]})", rerun(resume_flag=True))

@@ -9,19 +9,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench import faults, folders, preflight, tune
+from bench import faults, preflight, tune
 from bench.cli import interrupt
 from bench.cli.flags import add_config_flags, add_preset_flag, config_from_args
 from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.config import TrainConfig
 from bench.engines import RunStopped
-from bench.folders import study_dir
 from bench.inputs import check_seed
-from bench.tracking import check_reachable
+from bench.runs.tracking import check_reachable
 from bench.tune.confirm import summary_of
-from bench.tune.outputs import print_leaderboard, write_outputs
+from bench.tune.outputs import print_leaderboard, study_dir, write_outputs
 from bench.tune.outputs import show as show_study
 from bench.workers import parse_seeds
+from reports.paths import check_out_is_ours, claim_output_folder
 
 # TrainConfig fields a study sets itself per trial (the rest come from --config and the flags)
 SKIP = ("algo", "seed", "run_name", "comparison", "resume")
@@ -141,7 +141,7 @@ def main(args: argparse.Namespace) -> int:
     faults.check_output_folder(spec.base.output_dir, "--output-dir")  # a file in its place, read-only: one line now
     if args.out:  # a folder of the user's holding other files: refused now, not after the study
         faults.check_output_folder(args.out, "--out")
-        folders.check_out_is_ours(args.out, "--out")
+        check_out_is_ours(args.out, "--out")
     faults.note(storage=tune.redact(spec.storage or tune.default_storage_url()))
     for warning in preflight.check_inputs(spec.base):  # every source read, answers and prompt lengths counted
         print(f"bench tune: warning: {warning}", file=sys.stderr)
@@ -154,7 +154,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"bench tune: stopped: {e}", file=sys.stderr)
         return 1
     try:  # the study is complete from here: a stop while its outputs are written keeps it (the rerun finds it done)
-        out = folders.claim_output_folder(args.out, "--out") if args.out else study_dir(tune.DEFAULT_DIR, spec.study)
+        out = claim_output_folder(args.out, "--out") if args.out else study_dir(tune.DEFAULT_DIR, spec.study)
         paths = write_outputs(study, out)  # (before the confirm: a stopped confirm leaves the study's outputs written)
         print_leaderboard(study)
     except KeyboardInterrupt:
@@ -199,6 +199,6 @@ def _print_confirm(record: dict | None) -> int:
 def show(args: argparse.Namespace) -> int:
     if args.study is not None:
         study_name(args)
-    out = show_study(args.study, args.storage, folders.claim_output_folder(args.out, "--out") if args.out else None)
+    out = show_study(args.study, args.storage, claim_output_folder(args.out, "--out") if args.out else None)
     print(f"outputs in {out}")
     return 0

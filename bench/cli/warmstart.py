@@ -12,7 +12,7 @@ import argparse
 from bench.cli.interrupt import Stopped, rerun
 from bench.inputs import check_seed
 from bench.model import load_policy
-from bench.resume import rerun_command
+from bench.runs.resume import rerun_command
 from bench.warmstart import Recipe, held_out_accuracy, warmstart
 
 

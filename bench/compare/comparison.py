@@ -27,11 +27,19 @@ from bench.compare.plan import DEFAULTS, Pair, plan, run_dir
 from bench.compare.store import lock_file, pair_lock
 from bench.config import TrainConfig
 from bench.engines import entry as engines
-from bench.engines.lifecycle import RunFolderBusy, folder_held, folder_in_use, has_checkpoint
-from bench.folders import check_claimable, check_removable, experiment_dir, remove_run_folder
-from bench.identity import written_by_note
 from bench.plugins import check_shippable, with_plugins
-from bench.tracking import check_reachable, store_client, version_tags
+from bench.runs.identity import written_by_note
+from bench.runs.run import (
+    RunFolderBusy,
+    check_claimable,
+    check_removable,
+    experiment_dir,
+    folder_held,
+    folder_in_use,
+    has_checkpoint,
+    remove_run_folder,
+)
+from bench.runs.tracking import check_reachable, store_client, version_tags
 from reports.record import (
     COMPARISON,
     CONFIG_HASH,
@@ -237,7 +245,7 @@ def _train(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pai
                 client.set_tag(r.info.run_id, member_tag(cid), "0")
             with folder_held(run_dir(cfg, p)):  # (no training starts in it while it goes; one running: refused)
                 kept = remove_run_folder(run_dir(cfg, p), experiment_dir(cfg.output_dir, cfg.experiment))
-            if kept:  # a user's files in a pobench run folder stay (bench/folders.py RUN_LAYOUT)
+            if kept:  # a user's files in a pobench run folder stay (bench/runs/folders.py RUN_LAYOUT)
                 names = ", ".join(str(k.relative_to(run_dir(cfg, p))) for k in kept[:5])
                 more = f" and {len(kept) - 5} more" if len(kept) > 5 else ""
                 print(f"--force: kept {names}{more} in {run_dir(cfg, p)}: pobench did not write them", file=sys.stderr)

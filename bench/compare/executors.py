@@ -38,8 +38,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.config import TrainConfig
-from bench.engines.lifecycle import sigterm_as_interrupt
 from bench.faults import exit_called
+from bench.runs.stop import sigterm_as_interrupt
 from bench.workers import (
     RAY_INSTALL,
     Notify,

@@ -23,12 +23,12 @@ from bench.compare.store import lock_file, pair_lock
 from bench.config import TrainConfig
 from bench.data import derive_seed, eval_problems
 from bench.engines import RunStopped, TrainingDiverged, TrainResult
-from bench.engines.lifecycle import has_checkpoint, seed_and_threads
 from bench.evaluate import eval_metrics, held_out_result
 from bench.model import load_policy
 from bench.plugins import plugin_failure
 from bench.rollout import make_sampler
-from bench.tracking import store_client
+from bench.runs.run import has_checkpoint, seed_and_threads
+from bench.runs.tracking import store_client
 from bench.workers import Notify
 from evaluators.metrics import summarize
 from reports import metric_keys as K

@@ -24,9 +24,9 @@ from typing import Any
 from algorithms import list_objectives, objective_groups, resolve_names
 from algorithms.registry import default_config
 from bench.config import TrainConfig, config_file
-from bench.engines.lifecycle import has_checkpoint
-from bench.folders import experiment_dir, under
 from bench.inputs import read_yaml, typed_overrides
+from bench.runs.run import experiment_dir, has_checkpoint
+from reports.paths import under
 from reports.record import OVERRIDES, VARIANT, member_tag
 
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from bench.folders import experiment_dir
-from bench.folders import lock_file as _lock_file
+from bench.runs.run import experiment_dir
+from reports.paths import lock_file as _lock_file
 
 __all__ = ["lock_file", "pair_lock"]
 

@@ -138,5 +138,5 @@ class TrainingEngine(Protocol):
         ...
 
     def train(self, cfg: Any, hooks: Hooks) -> TrainResult:
-        """Train ``cfg`` (checked first); log to MLflow through bench/engines/lifecycle.py; return the result."""
+        """Train ``cfg`` (checked first); log to MLflow through bench/runs/lifecycle.py; return the result."""
         ...

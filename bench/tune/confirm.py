@@ -33,7 +33,7 @@ from bench.compare.pairs import PairContext, PairJob, PairResult, run_pair
 from bench.compare.plan import Pair, comparison_id, finished_run, new_pair
 from bench.engines import entry as engines
 from bench.plugins import check_shippable, with_plugins
-from bench.tracking import store_client
+from bench.runs.tracking import store_client
 from bench.tune.metric import TuneMetric, parse_metric, trial_value
 from bench.tune.spec import TuneSpec
 from reports import metric_keys as K

@@ -24,9 +24,9 @@ from optuna.trial import TrialState
 from rich.console import Console
 from rich.table import Table
 
-from bench.folders import study_dir
 from bench.tune.confirm import write_confirm
 from bench.tune.storage import DEFAULT_DIR, default_storage_url, open_storage, redact
+from reports.paths import under
 
 # what fANOVA importance can and cannot say: importance.md and docs/TUNING.md
 IMPORTANCE_MEANING = (
@@ -37,6 +37,11 @@ IMPORTANCE_MEANING = (
     "the score among the trials sampled; it does not say whether the best setting beats the default (the confirm "
     "step, `--confirm-seeds`, measures that on fresh seeds), and with few trials or noisy trial values (few seeds) "
     "the forest may credit noise to a parameter.")
+
+
+def study_dir(root: str | Path, study: str) -> Path:
+    """A study's output folder under ``root`` (``.pobench/tune``), the name made safe."""
+    return under(root, study, "--study")
 
 
 def show(study_name: str | None, storage_url: str | None = None, out: Path | None = None) -> Path:

@@ -14,7 +14,7 @@ from mlflow.entities import Metric as MlMetric
 from mlflow.entities import RunTag
 from optuna.trial import TrialState
 
-from bench.tracking import store_client, version_tags
+from bench.runs.tracking import store_client, version_tags
 from bench.tune.confirm import ATTR as CONFIRM_ATTR
 from bench.tune.confirm import summary_of
 from bench.tune.outputs import Importance, importances

@@ -34,17 +34,17 @@ import sqlalchemy.exc
 from filelock import FileLock, Timeout
 from optuna.trial import TrialState
 
-from bench import stop
 from bench.config import TrainConfig
 from bench.engines import StopTraining, TrainingDiverged
 from bench.engines import entry as engines
 from bench.engines.base import RunStopped
-from bench.folders import lock_file
+from bench.runs import stop
 from bench.tune.metric import TuneMetric, trial_value
 from bench.tune.runs import DEAD_REASON, StudyRuns
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url, make_pruner, open_storage, redact
 from reports import metric_keys as K
+from reports.paths import lock_file
 from reports.record import STUDY, TRIAL, retry_locked, tracking_uri
 
 
@@ -89,8 +89,8 @@ HOST = "host"  # the trial's user attribute naming the host its worker runs on
 
 class _QuietWhileStopping(logging.Filter):
     """Optuna logs a trial that Ctrl-C / SIGTERM stopped as a failure, with its traceback; once a stop signal came
-    (``bench.stop``) the trial is queued again and the command says so in one line, so those records are dropped; so
-    are those of a trial that failed because the storage did (the command's line names that)."""
+    (``bench.runs.stop``) the trial is queued again and the command says so in one line, so those records are
+    dropped; so are those of a trial that failed because the storage did (the command's line names that)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         failed = record.exc_info[1] if record.exc_info else None

@@ -29,10 +29,10 @@ from typing import Any
 import optuna
 
 from bench.engines import RunStopped
-from bench.engines.lifecycle import sigterm_as_interrupt
 from bench.inputs import SEED_MAX
 from bench.plugins import check_shippable, with_plugins
-from bench.tracking import store_client
+from bench.runs.stop import sigterm_as_interrupt
+from bench.runs.tracking import store_client
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url, redact
 from bench.tune.study import fail_dead_trials, open_study, run_study

@@ -3,8 +3,8 @@ resume, ``--force``, failures, Ctrl-C and executors are the same whatever trains
 (``ComparisonSpec(train_fn=fake_train, step0_fn=fake_step0)``) and run in seconds; tests/bench/test_train.py,
 test_harness.py's end-to-end comparison and the Ray tests train for real.
 
-Everything but the model is real: the run's MLflow record is written by bench/engines/lifecycle.py, as every engine's
-(tags, params, config artifact; FINISHED / KILLED / FAILED), state-only checkpoints (bench/engines/native/checkpoint.py)
+Everything but the model is real: the run's MLflow record is written by bench/runs/lifecycle.py, as every engine's
+(tags, params, config artifact; FINISHED / KILLED / FAILED), state-only checkpoints (bench/runs/checkpoint.py)
 are what `bench run` resumes from, and the hooks are called as an engine calls them (an ``on_eval`` may raise
 StopTraining, KeyboardInterrupt or an error). Its metrics are a pure function of (objective, overrides, seed, step),
 so two executors must log the same numbers. ``$FAKE_STEP_S`` seconds per step (default 0) make it slow enough to
@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, w
 
 from algorithms import get_objective  # noqa: E402
 from bench.engines import Hooks, StopTraining, TrainResult  # noqa: E402
-from bench.engines.lifecycle import finish_run, open_run, recorded, run_folder  # noqa: E402
-from bench.engines.native import checkpoint  # noqa: E402
+from bench.runs import checkpoint  # noqa: E402
+from bench.runs.lifecycle import finish_run, open_run, recorded, run_folder  # noqa: E402
 from reports import metric_keys as K  # noqa: E402
 
 FAKE_METRICS = {K.REWARD_MEAN, K.ELAPSED_S, K.EVAL_ACCURACY}  # all it logs

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.engines.native import checkpoint
-from bench.engines.native.checkpoint import CheckpointError
-from bench.folders import claim_run_folder
+from bench.runs import checkpoint
+from bench.runs.checkpoint import CheckpointError
+from bench.runs.folders import claim_run_folder
 from tests.conftest import fresh_store
 
 STATE = {"run_id": "r", "elapsed": 0.0, "pending": []}
@@ -206,9 +206,9 @@ def test_planted_pickle_is_refused_and_never_runs(tmp_path, record):
 @pytest.mark.slow
 def test_bench_train_resume_refuses_a_planted_pickle_in_one_line(tmp_path, bench_here):
     """The issue's reproduction: a payload in optim.pt of a real run, `bench train --resume` as a user runs it."""
-    from bench import resume
     from bench.config import TrainConfig
     from bench.engines.entry import train
+    from bench.runs import resume
 
     flags = dict(steps=2, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0, samples_every=0,
                  checkpoint_every=1, output_dir=str(tmp_path / "runs"), tracking_uri=fresh_store(tmp_path),
@@ -229,9 +229,9 @@ def test_bench_train_resume_refuses_a_planted_pickle_in_one_line(tmp_path, bench
 def test_bench_train_resume_falls_back_from_a_corrupt_newest_checkpoint(tmp_path, bench_here):
     from mlflow import MlflowClient
 
-    from bench import resume
     from bench.config import TrainConfig
     from bench.engines.entry import train
+    from bench.runs import resume
 
     flags = dict(steps=3, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=0, samples_every=0,
                  checkpoint_every=1, keep_checkpoints=2, output_dir=str(tmp_path / "runs"),
@@ -252,8 +252,8 @@ def test_bench_train_resume_falls_back_from_a_corrupt_newest_checkpoint(tmp_path
 # ------------------------------------------------------------------ atomic writes, full disk
 FULL_DISK = textwrap.dedent("""
     import resource, sys, torch
-    from bench.engines.native import checkpoint
-    from bench.folders import claim_run_folder
+    from bench.runs import checkpoint
+    from bench.runs.folders import claim_run_folder
     model = torch.nn.Linear(256, 256)
     opt = torch.optim.AdamW(model.parameters())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
@@ -351,8 +351,9 @@ def test_an_unresumable_folder_being_trained_by_another_process_keeps_its_run(tm
     from mlflow import MlflowClient
 
     from bench.config import TrainConfig
-    from bench.engines.lifecycle import end_unresumable, folder_held
-    from bench.tracking import write_run_record
+    from bench.runs.lifecycle import end_unresumable
+    from bench.runs.locks import folder_held
+    from bench.runs.tracking import write_run_record
     from reports.record import get_or_create_experiment
 
     cfg = TrainConfig(steps=1, output_dir=str(tmp_path / "runs"), tracking_uri=fresh_store(tmp_path), run_name="r",

@@ -149,9 +149,9 @@ def test_a_stop_while_the_report_is_built_says_no_report_was_written(tmp_path, s
     """The deterministic form of the timed tests above: the signal comes while the report is built."""
     import shlex
 
-    from bench import stop
     from bench.cli import main
     from bench.cli import report as report_cmd
+    from bench.runs import stop
 
     monkeypatch.setitem(stop._RECEIVED, "signal", None)
     monkeypatch.setattr(report_cmd, "build_report", lambda *a, **k: stop.interrupt(signal.SIGTERM))

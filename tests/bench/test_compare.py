@@ -274,13 +274,14 @@ def test_a_run_folder_being_trained_is_not_trained_into_and_once_killed_its_run_
                                                                                                    bench_here,
                                                                                                    monkeypatch):
     """A training process holds its run folder's lock while its MLflow run is open (every engine:
-    bench/engines/lifecycle.py). Two trainings into one folder at once (two `bench train --run-name r`, a job array
+    bench/runs/lifecycle.py). Two trainings into one folder at once (two `bench train --run-name r`, a job array
     given one name) wrote their checkpoints into one folder: two runs mixed, and a resume could continue the other's.
     Now the second is refused with one line naming the folder, before it creates a run, and `bench run --force`
     refuses to delete the folder. Then SIGKILL (out of memory, a scheduler's hard kill) before the first checkpoint
     leaves the run RUNNING with nothing to resume: the same command trains the pair again in a new run and ends the
     abandoned one FAILED, saying so (it stayed RUNNING beside the new one: a run nobody would ever end)."""
-    from bench.engines.lifecycle import ABANDONED, RunFolderBusy, folder_in_use
+    from bench.runs.lifecycle import ABANDONED
+    from bench.runs.locks import RunFolderBusy, folder_in_use
 
     from .fake_trainer import inject
 
@@ -332,8 +333,8 @@ def test_a_run_whose_end_fails_lets_its_folder_go(tmp_path, monkeypatch):
     same: a retry in the same process (a notebook, `bench run`'s next pair) is not told another process trains there."""
     from mlflow.exceptions import MlflowException
 
-    from bench.engines.lifecycle import folder_in_use
-    from bench.tracking import RunLogger
+    from bench.runs.locks import folder_in_use
+    from bench.runs.tracking import RunLogger
 
     cfg = tiny(tmp_path, "end-fails", steps=1, eval_every=0)
     cfg = replace(cfg, run_name="r")

@@ -1,5 +1,5 @@
 """User-given names never write or delete outside their folder: run names, experiments and studies become one safe
-path component (reports/paths.py, through bench/folders.py), and `--force` deletes only pobench's run folders. The
+path component (reports/paths.py, through bench/runs/folders.py), and `--force` deletes only pobench's run folders. The
 issue's reproductions run as a user runs them: `bench ...` in a scratch folder, three levels deep, and
 every file outside the working folder is checked to be untouched. (The commands run in the test's process, in that
 folder: the paths do not depend on the process, and a new one costs seconds of imports.)"""
@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from bench.config import TrainConfig
-from bench.folders import claim_run_folder, experiment_dir, remove_run_folder, study_dir
+from bench.runs.folders import claim_run_folder, experiment_dir, remove_run_folder
+from bench.tune.outputs import study_dir
 from reports.paths import MARKER, UnsafePath
 from tests.conftest import fresh_store
 
@@ -187,7 +188,7 @@ def test_an_unmarked_folder_is_never_claimed(tmp_path):
     assert claim_run_folder(tmp_path / "fresh") == tmp_path / "fresh" and (tmp_path / "fresh" / MARKER).is_file()
 
 
-# ------------------------------------------------------------------ issue 29: no "adopted" folder (bench/folders.py)
+# ------------------------------------------------------------- issue 29: no "adopted" folder (bench/runs/folders.py)
 def _looks_like_an_old_run(folder: Path) -> Path:
     """A folder of the user's that only looks like a run folder of an earlier pobench: a commented ``config.yaml``
     whose keys are all TrainConfig fields, and the user's own work in ``final/``."""

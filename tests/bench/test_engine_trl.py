@@ -177,7 +177,7 @@ def test_liger_is_refused(tmp_path):
 
 
 def test_the_engine_is_part_of_the_hash():
-    """(The hash of runs from before engines existed is gone: the inputs' digests, bench/identity.py, changed every
+    """(The hash of runs from before engines existed is gone: the inputs' digests, bench/runs/identity.py, changed every
     hash once; issue 20.)"""
     cfg = TrainConfig()
     assert cfg.comparison_hash() != dataclasses.replace(cfg, engine="trl").comparison_hash()

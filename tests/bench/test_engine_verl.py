@@ -21,7 +21,7 @@ from mlflow import MlflowClient
 
 from bench.cli import main
 from bench.config import TrainConfig
-from bench.tracking import version_tags
+from bench.runs.tracking import version_tags
 
 GSM8K_ROWS = [{"question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
                "answer": f"{a} + {b} = {a + b}\n#### {a + b}"} for a, b in ((2, 3), (4, 5), (1, 7), (6, 2))]
@@ -131,9 +131,9 @@ def test_launch_takes_its_run_folder_through_the_one_lifecycle(tmp_path, monkeyp
 @pytest.mark.parametrize("rc", [0, 3])
 def test_launch_path_records_a_native_looking_run(tmp_path, monkeypatch, rc):
     from algorithms import get_objective
-    from bench.engines.lifecycle import folder_in_use, folder_lock_path
     from bench.engines.verl.launch import launch_run
     from bench.engines.verl.run import options_from
+    from bench.runs.locks import folder_in_use, folder_lock_path
 
     monkeypatch.setenv("FAKE_VERL_OUT", str(tmp_path / "verl-call.json"))
     monkeypatch.setenv("FAKE_VERL_RC", str(rc))

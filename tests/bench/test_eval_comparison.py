@@ -10,7 +10,7 @@ import pytest
 from mlflow import MlflowClient
 
 from bench.cli import main
-from bench.tracking import version_tags
+from bench.runs.tracking import version_tags
 from tests.conftest import fresh_store
 
 RUN = ["run", "--algos", "grpo,tepo", "--seeds", "0,1", "--steps", "2", "--prompts-per-step", "2", "--group-size",

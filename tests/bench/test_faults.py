@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from bench.engines.native import checkpoint
-from bench.tracking import RunLogger, StoreUnreachable
+from bench.runs import checkpoint
+from bench.runs.tracking import RunLogger, StoreUnreachable
 from tests.conftest import MlflowServer
 from tests.net import free_port
 
@@ -247,8 +247,8 @@ def test_file_size_limit_at_the_first_checkpoint_ends_the_run_and_the_resume_con
 # and every end of the MLflow run is logged with whether the final weights were complete at that moment
 AT_FINAL = textwrap.dedent("""
     import os, resource, sys
-    from bench import tracking
-    from bench.engines.native import checkpoint
+    from bench.runs import tracking
+    from bench.runs import checkpoint
     steps, log = int(os.environ["LAST_STEP"]), os.environ["END_LOG"]
 
     def limit_after(write):
@@ -298,7 +298,7 @@ def test_full_disk_at_the_final_weights_leaves_the_run_failed_not_finished(tmp_p
     assert log.read_text().split() == ["FAILED", "absent"]  # never FINISHED on the way
 
     # the resume (no limit), in this process: its end logged as AT_FINAL logs it
-    from bench import tracking
+    from bench.runs import tracking
     from tests.bench.ends_log import logging_end
 
     monkeypatch.setattr(tracking.RunLogger, "end", logging_end(tracking.RunLogger.end, str(log)))

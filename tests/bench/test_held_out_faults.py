@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.engines.native import checkpoint
-from bench.folders import LISTING, claim_run_folder, not_written, remove_run_folder
+from bench.runs import checkpoint
+from bench.runs.folders import LISTING, claim_run_folder, not_written, remove_run_folder
 from reports.paths import MARKER
 from tests.bench.test_signals import FAKE_CLI, Proc, checkpointed, statuses
 from tests.conftest import fresh_store

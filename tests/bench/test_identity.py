@@ -1,6 +1,7 @@
-"""A run's identity by content (bench/identity.py): rewritten data, changed model files or another hub revision make a
-new comparison that is trained, never a stale reuse; the datasets are logged with mlflow.log_input; a run reused from
-another pobench version or commit is named as such. Orchestration on the fake trainer (tests/bench/fake_trainer.py)."""
+"""A run's identity by content (bench/runs/identity.py): rewritten data, changed model files or another hub revision
+make a new comparison that is trained, never a stale reuse; the datasets are logged with mlflow.log_input; a run reused
+from another pobench version or commit is named as such. Orchestration on the fake trainer
+(tests/bench/fake_trainer.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from bench import identity
 from bench.compare import ComparisonSpec, base_config, run_comparison
 from bench.config import TrainConfig
 from bench.model import BUILTIN_MODELS
+from bench.runs import identity
 from tests.conftest import fresh_store
 
 from .fake_trainer import fake_step0, fake_train

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.engines.native import checkpoint
-from bench.folders import claim_run_folder
+from bench.runs import checkpoint
+from bench.runs.folders import claim_run_folder
 from tests.bench.test_held_out_faults import TINY
 from tests.bench.test_plugins import _registries_as_they_were  # noqa: F401  (autouse: the plugin's mod7 leaves)
 from tests.bench.test_signals import statuses

@@ -15,8 +15,8 @@ from mlflow.tracking import MlflowClient
 
 from bench.config import TrainConfig
 from bench.engines.entry import check, train
-from bench.engines.native.checkpoint import CheckpointError
 from bench.model import load_policy
+from bench.runs.checkpoint import CheckpointError
 from reports import metric_keys as K
 from tests.conftest import fresh_store
 

@@ -123,13 +123,13 @@ def test_a_plugin_objective_that_exits_or_returns_a_wrong_shape_is_one_line(tmp_
 
 
 def test_sys_exit_inside_a_runs_training_fails_the_run_in_one_line(tmp_path):
-    """The training of every run (bench.engines.lifecycle.recorded): a plugin's sys.exit(0) met there ends the run
+    """The training of every run (bench.runs.lifecycle.recorded): a plugin's sys.exit(0) met there ends the run
     FAILED with the line as its cause (it ended KILLED, and the command exited 0), and the command gets that line."""
     from mlflow import MlflowClient
 
     from bench import faults
-    from bench.engines.lifecycle import recorded
-    from bench.tracking import RunLogger
+    from bench.runs.lifecycle import recorded
+    from bench.runs.tracking import RunLogger
 
     uri = fresh_store(tmp_path)
     log = RunLogger(uri, "x")

@@ -184,7 +184,7 @@ def test_a_plugin_task_s_own_data_is_part_of_the_identity(tmp_path):
     rows = sum(1 for line in (copy / "mod7" / "train.jsonl").read_text().splitlines() if line.strip())
     done = _python(f"""
         import json
-        from bench import identity
+        from bench.runs import identity
         from bench.config import TrainConfig
         from bench.plugins import load_plugins
         load_plugins([{str(copy / "mod7_task.py")!r}])

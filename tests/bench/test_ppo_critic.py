@@ -14,8 +14,8 @@ import torch
 
 from bench.config import TrainConfig
 from bench.engines.entry import check, train
-from bench.engines.native.checkpoint import CRITIC
 from bench.model import load_policy
+from bench.runs.checkpoint import CRITIC
 from reports import metric_keys as K
 from tests.bench.test_objective_state import _history  # (the metric histories, machine-dependent ones left out)
 from tests.conftest import fresh_store

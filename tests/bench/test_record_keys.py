@@ -12,7 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 from bench.cli import main
-from bench.tracking import version_tags
+from bench.runs.tracking import version_tags
 from tests.conftest import fresh_store
 
 DERIVED = ("acc_collapse_step", "acc_drawdown", "best_acc", "entropy_blowup_step", "entropy_change",
@@ -44,7 +44,7 @@ COMMON_METRICS = {
     "time/elapsed_s", "time/eval_s", "time/rollout_s", "time/scoring_s", "time/step_s", "time/update_s",
     "train/abs_log_ratio", "train/abs_log_ratio_max", "train/abs_seq_log_ratio", "train/grad_norm", "train/kl_ref",
     "train/loss", "train/lr",
-    # MLflow's system metrics of a machine without a GPU (bench/system_metrics.py)
+    # MLflow's system metrics of a machine without a GPU (bench/runs/system_metrics.py)
     "system/cpu_utilization_percentage", "system/system_memory_usage_megabytes",
     "system/system_memory_usage_percentage", "system/disk_usage_percentage", "system/disk_usage_megabytes",
     "system/disk_available_megabytes", "system/network_receive_megabytes", "system/network_transmit_megabytes",

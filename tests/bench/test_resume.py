@@ -1,4 +1,4 @@
-"""Safe resume (bench/resume.py): `bench train --resume` continues a run only under its own configuration (a larger
+"""Safe resume (bench/runs/resume.py): `bench train --resume` continues a run only under its own configuration (a larger
 --steps is the one change, recorded); each experiment and configuration has its own `bench train` folder."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from bench import identity
 from bench.cli import main
+from bench.runs import identity
 from reports import metric_keys as K
 from tests.conftest import fresh_store
 

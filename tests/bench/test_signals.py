@@ -116,7 +116,7 @@ def statuses(uri: str, experiment: str, kind: str | None = None) -> list[str]:
 # ------------------------------------------------------------------ the handler and the line (in this process)
 @pytest.fixture
 def fresh_stop(monkeypatch):
-    from bench import stop
+    from bench.runs import stop
 
     monkeypatch.setitem(stop._RECEIVED, "signal", None)
     monkeypatch.setitem(stop._HELD, "pending", False)
@@ -124,7 +124,7 @@ def fresh_stop(monkeypatch):
 
 
 def test_sigterm_interrupts_once_and_sigint_every_time(fresh_stop):
-    from bench.engines.lifecycle import sigterm_as_interrupt
+    from bench.runs.stop import sigterm_as_interrupt
 
     with sigterm_as_interrupt():
         with pytest.raises(KeyboardInterrupt):
@@ -146,8 +146,8 @@ def test_a_signal_during_a_store_call_interrupts_once_the_call_is_complete(fresh
     """The stuck `bench tune` of CI: a worker's SIGTERM cut an MLflow write to SQLite in the middle, its transaction
     stayed open with the database's lock, and both workers waited minutes on it. A signal that comes during a call
     of the store now interrupts once the call has returned: the metrics are written, the lock released."""
-    from bench.engines.lifecycle import sigterm_as_interrupt
-    from bench.tracking import RunLogger
+    from bench.runs.stop import sigterm_as_interrupt
+    from bench.runs.tracking import RunLogger
 
     log = RunLogger(fresh_store(tmp_path), "held")
     log.start("r", {}, {})
@@ -184,7 +184,7 @@ def test_a_signal_during_bench_runs_own_store_write_stops_the_comparison_once_th
     from sqlalchemy.engine import Engine
 
     from bench.compare import ComparisonSpec, ComparisonStopped, base_config, run_comparison
-    from bench.engines.lifecycle import sigterm_as_interrupt
+    from bench.runs.stop import sigterm_as_interrupt
 
     cfg = base_config(None, steps=2, eval_every=1, checkpoint_every=1, samples_every=0, experiment="held",
                       tracking_uri=fresh_store(tmp_path), output_dir=str(tmp_path / "runs"))

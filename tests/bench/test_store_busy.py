@@ -15,7 +15,7 @@ import time
 import pytest
 from mlflow import MlflowClient
 
-from bench.tracking import RunLogger
+from bench.runs.tracking import RunLogger
 from reports.record import retry_locked
 from tests.conftest import fresh_store
 

@@ -1,12 +1,12 @@
 """MLflow's system metrics in every training run (issue 30, part 1): sampled by MLflow's monitors, written with the
-run's own metrics (bench/system_metrics.py)."""
+run's own metrics (bench/runs/system_metrics.py)."""
 
 from __future__ import annotations
 
 import pytest
 from mlflow import MlflowClient
 
-from bench.system_metrics import ENV, SystemMetrics
+from bench.runs.system_metrics import ENV, SystemMetrics
 from tests.bench.test_held_out_faults import TINY
 from tests.conftest import fresh_store
 

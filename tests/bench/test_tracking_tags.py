@@ -1,6 +1,6 @@
-"""The version tags of every run (bench/tracking.py ``version_tags``): pobench's version, the commit of the checkout
-it runs from under pobench's and MLflow's names, and whether that checkout had uncommitted changes; read with a real
-git in a scratch repository standing in for the package's folder."""
+"""The version tags of every run (bench/runs/tracking.py ``version_tags``): pobench's version, the commit of the
+checkout it runs from under pobench's and MLflow's names, and whether that checkout had uncommitted changes; read with a
+real git in a scratch repository standing in for the package's folder."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 import bench
-from bench import tracking
+from bench.runs import tracking
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 

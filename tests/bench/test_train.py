@@ -181,7 +181,7 @@ def test_an_interrupt_while_the_run_is_opened_ends_it_killed(tmp_path, uri, monk
     """A SIGTERM (here its KeyboardInterrupt) after the MLflow run was created and before the training's guard, e.g.
     while the config artifact is sent: the run ends KILLED, not left RUNNING (CI: `bench train` stopped with exit 143
     and its run RUNNING)."""
-    from bench.tracking import RunLogger
+    from bench.runs.tracking import RunLogger
 
     if engine == "trl":
         pytest.importorskip("trl")
@@ -214,7 +214,7 @@ def test_out_of_range_config_fails_before_any_work(tmp_path, capsys):
 def test_existing_checkpoints_need_resume(tmp_path, uri):
     """Checkpoints in pobench's run folder: continued only with --resume. In a folder pobench did not mark, the
     same files are refused whatever the flags (it may not write there)."""
-    from bench.folders import claim_run_folder
+    from bench.runs.folders import claim_run_folder
     from reports.paths import UnsafePath
 
     run = tmp_path / "runs" / "grpo-s0"

@@ -8,7 +8,7 @@
                        (then the metrics go to MLflow)
 
 Objectives differ only in `algorithms/`: this file never branches on an objective's name. The run's folder, MLflow
-record, interruption and end are bench/engines/lifecycle.py's, as for every engine.
+record, checkpoints, interruption and end are the Run's (bench/runs/run.py), as for every engine.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ from algorithms import get_objective
 from bench.config import TrainConfig
 from bench.data import TrainData, eval_problems
 from bench.engines.base import CAPABILITIES, Hooks, StopTraining, TrainResult
-from bench.engines.lifecycle import end_unresumable, finish_run, open_run, recorded, run_folder, seed_and_threads
-from bench.engines.native import checkpoint
 from bench.engines.native.critic import Critic
 from bench.engines.native.scale import Reference, is_peft, merged_for_export, prepare_policy, trainable_parameters
 from bench.engines.native.step import collect_rollouts, roll_samples, step_tokens, update
@@ -35,7 +33,8 @@ from bench.engines.step_stats import machine_load, throughput
 from bench.evaluate import eval_metrics, held_out_result
 from bench.model import load_policy, warn_unknown_characters
 from bench.rollout import make_sampler
-from bench.tracking import StoreUnreachable
+from bench.runs.run import CheckpointError, DiskFull, Run
+from bench.runs.tracking import StoreUnreachable
 from reports import metric_keys as K
 
 
@@ -66,8 +65,8 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     hooks = hooks or Hooks()
     cfg.validate()  # out-of-range config: error before any work starts
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
-    _, run_dir, last = run_folder(cfg)
-    seed_and_threads(cfg)
+    run = Run.enter(cfg, objective)  # the run folder (claimed), seed and threads: bench/runs
+    run_dir = run.folder
 
     # --- policy, reference, rollout sampler, optimizer
     model, tok = load_policy(cfg.model, cfg.device, cfg.dtype, cfg.revision)
@@ -90,17 +89,13 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     warn_unknown_characters(tok, [p.question for p in eval_set], "held-out prompts")
 
     # --- MLflow run (new, or the same one when resuming from the newest checkpoint)
-    state = None
-    if last is not None:
-        try:
-            state = checkpoint.load(last, model=model, optimizer=optimizer, scheduler=scheduler, critic=critic)
-        except checkpoint.NoneResumable as e:  # its MLflow run is not left RUNNING
-            raise checkpoint.NoneResumable(f"{e}{end_unresumable(cfg, run_dir, e)}") from None
+    state = run.load(model=model, optimizer=optimizer, scheduler=scheduler, critic=critic)  # None: a new run
+    if state is not None:
         sampler.update_weights(model)
         try:  # the objective's controller where the checkpoint left it (nothing for a stateless objective)
             objective.restore_state(state.get("objective_state"))
         except ValueError as e:
-            raise checkpoint.CheckpointError(f"{run_dir}, checkpoint of step {state['step']}: {e}") from None
+            raise CheckpointError(f"{run_dir}, checkpoint of step {state['step']}: {e}") from None
     start_step, elapsed = (state["step"], state["elapsed"]) if state is not None else (0, 0.0)
     # CPU seconds of the training steps, continued like elapsed (None: a checkpoint written before time/cpu_s existed
     # holds none, so the resumed run logs none rather than a count restarted from 0)
@@ -117,11 +112,11 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
         the store (when it cannot take them, they stay in the checkpoint and a resume logs them)."""
         nonlocal saved, full
         try:
-            checkpoint.save(run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler,
-                            state={"run_id": logger.run_id, "elapsed": elapsed, "cpu_s": cpu_s,
-                                   "pending": logger.pending, "objective_state": objective.state},
-                            keep=cfg.keep_checkpoints, critic=critic)
-        except checkpoint.DiskFull:
+            run.save(step, model=model, optimizer=optimizer, scheduler=scheduler,
+                     state={"run_id": logger.run_id, "elapsed": elapsed, "cpu_s": cpu_s,
+                            "pending": logger.pending, "objective_state": objective.state},
+                     keep=cfg.keep_checkpoints, critic=critic)
+        except DiskFull:
             full = True  # (no second try on the way out)
             raise
         saved = step
@@ -154,9 +149,9 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
                 pass
 
     step_hook = optimizer.register_step_pre_hook(model_changed)  # (before: an interrupt inside step() counts)
-    logger = open_run(cfg, objective, run_dir, resume_state=state)  # (ends its run itself if interrupted inside)
+    logger = run.open(resume_state=state)  # (ends its run itself if interrupted inside)
     try:
-        with recorded(logger, on_error=keep_last_step):  # (at once: no code between the open run and its guard)
+        with run.recorded(on_error=keep_last_step):  # (at once: no code between the open run and its guard)
             if start_step == 0 and cfg.eval_every > 0:
                 final_eval = evaluate_now(0, hooks.step0_eval)
                 try:
@@ -195,8 +190,8 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
                     save_checkpoint(step)
                 if stopped_early:
                     break
-            checkpoint.save_final(run_dir, write_final)  # <run>/final complete (or absent: the run FAILED) ...
-            finish_run(logger, stopped_early)  # ... before the run is FINISHED
+            run.save_final(write_final)  # <run>/final complete (or absent: the run FAILED) ...
+            run.finish(stopped_early)  # ... before the run is FINISHED
     finally:
         step_hook.remove()
     return TrainResult(logger.run_id, step, run_dir, final_eval, stopped_early)

@@ -12,7 +12,7 @@ pobench decides everything an objective owns:
   adds what TRL never computes: H_old (from the π_old scoring pass) and log π_ref / H_ref (pobench's own frozen copy of
   the initial policy, so TRL's ``beta`` stays 0);
 - the record: one MLflow run per training run, written by the main process only, with the tags, params and metric
-  names of every engine (bench/engines/lifecycle.py, bench/engines/step_stats.py: ``objective/*``, ``train/*``,
+  names of every engine (bench/runs/lifecycle.py, bench/engines/step_stats.py: ``objective/*``, ``train/*``,
   ``rollout/*``, ``time/*``, ``eval/*`` at pobench steps:
   one step = one generation batch of ``prompts_per_step × group_size`` completions, ``minibatches × update_epochs``
   optimizer steps), so ``bench report`` reads it unchanged. The same metrics go through ``self._metrics`` to every

@@ -7,11 +7,11 @@ import os
 import signal
 import sys
 
-from bench import stop
 from bench.cli.flags import add_config_flags, config_from_args
-from bench.engines.native import checkpoint
 from bench.engines.trl.run import train
-from bench.resume import rerun_command
+from bench.runs import stop
+from bench.runs.resume import rerun_command
+from bench.runs.run import last_checkpoint
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = dataclasses.replace(config_from_args(args), engine="trl")
     try:
         res = train(cfg)
-    except KeyboardInterrupt:  # the last finished step is checkpointed, the run ended KILLED (lifecycle.recorded)
+    except KeyboardInterrupt:  # the last finished step is checkpointed, the run ended KILLED (Run.recorded)
         if int(os.environ.get("RANK", "0")) == 0:
             print(stopped_line(cfg, sys.argv[1:] if argv is None else argv), file=sys.stderr)
         return stop.exit_code()
@@ -35,12 +35,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def stopped_line(cfg, argv: list[str]) -> str:
     """The one line of a stopped run: its newest checkpoint and the command that resumes it, or nothing kept."""
-    last = checkpoint.latest(cfg.run_dir())
+    last = last_checkpoint(cfg.run_dir())
     head = f"python -m bench.engines.trl: stopped by {stop.name()}; kept "
     if last is None:
         return head + f"nothing: no checkpoint yet; the run restarts from step 0; rerun: {rerun_command(argv=argv)}"
     command = rerun_command(resume_flag=True, argv=argv).replace("bench ", "python -m bench.engines.trl ", 1)
-    return head + f"{last} (step {checkpoint.step_of(last)}); resume with (under the same launcher, " \
+    return head + f"{last[0]} (step {last[1]}); resume with (under the same launcher, " \
         f"e.g. torchrun): {command}"
 
 

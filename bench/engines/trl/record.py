@@ -9,7 +9,6 @@ import torch
 
 from bench.config import TrainConfig
 from bench.engines.base import Hooks, StopTraining
-from bench.engines.native import checkpoint
 from bench.engines.trl.support import PREFIXES
 from bench.evaluate import eval_metrics, held_out_result
 from bench.rollout import make_sampler
@@ -24,14 +23,14 @@ def _callback_class():
     class PobenchRecord(TrainerCallback):
         """pobench's MLflow run (main process only) and held-out evaluations at pobench steps."""
 
-        def __init__(self, cfg: TrainConfig, logger, tok, eval_set, hooks: Hooks, run_dir=None, start_step: int = 0):
+        def __init__(self, cfg: TrainConfig, logger, tok, eval_set, hooks: Hooks, run=None, start_step: int = 0):
             self.cfg, self.logger, self.tok, self.eval_set, self.hooks = cfg, logger, tok, eval_set, hooks
             self.k = cfg.minibatches * cfg.update_epochs
             self.trainer = None
             self.final_eval: dict[str, float] = {}
             self.stopped_early = False
             self.steps_done = start_step  # > 0: resumed from the checkpoint of that step
-            self.run_dir = run_dir
+            self.run = run  # (bench.runs.run.Run: its checkpoints)
 
         def _evaluate(self, step: int, given: dict[str, float] | None = None) -> None:
             from trl.models import unwrap_model_for_generation
@@ -68,7 +67,7 @@ def _callback_class():
             if self.logger is None or state.global_step % self.k:
                 return
             trl_dir = Path(args.output_dir).resolve() / f"checkpoint-{state.global_step}"
-            checkpoint.save_state(self.run_dir, state.global_step // self.k, {
+            self.run.save_state(state.global_step // self.k, {
                 "run_id": self.logger.run_id, "pending": self.logger.pending, "elapsed": self.trainer.pobench_elapsed,
                 "cpu_s": self.trainer.pobench_cpu_s, "trl_checkpoint": str(trl_dir), "engine": "trl"},
                 keep=self.cfg.keep_checkpoints)

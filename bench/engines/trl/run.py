@@ -12,13 +12,12 @@ from algorithms import get_objective
 from bench.config import TrainConfig
 from bench.data import TrainData, eval_problems
 from bench.engines.base import CAPABILITIES, Hooks, TrainingDiverged, TrainResult
-from bench.engines.lifecycle import end_unresumable, finish_run, open_run, recorded, run_folder, seed_and_threads
-from bench.engines.native import checkpoint
 from bench.engines.trl.record import _callback_class, reward_function
 from bench.engines.trl.support import check_supported, layout
 from bench.engines.trl.trainer import _trainer_class
 from bench.model import format_prompt, load_policy
 from bench.rollout import stop_token_ids
+from bench.runs.run import FINAL_TMP, Run
 from reports import metric_keys as K
 from reports.record import ENGINE, ENGINE_DISTRIBUTED, ENGINE_PROCESSES
 
@@ -37,7 +36,7 @@ def grpo_config(cfg: TrainConfig, run_dir: Path, world: int):
         top_p=cfg.top_p, seed=cfg.seed, shuffle_dataset=False, logging_steps=geo["updates_per_step"],
         save_strategy="steps" if cfg.checkpoint_every else "no",
         save_steps=max(1, cfg.checkpoint_every) * geo["updates_per_step"], save_total_limit=None,  # (rotated by
-        # pobench after its own checkpoint points at the new one: checkpoint.save_state)
+        # pobench after its own checkpoint points at the new one: Run.save_state)
         save_only_model=False, use_cpu=cfg.device == "cpu", beta=0.0, loss_type="grpo",
         mask_truncated_completions=False, vllm_importance_sampling_correction=False,
         **({"gradient_checkpointing": True} if cfg.activation_checkpointing else {}), report_to="none",
@@ -48,8 +47,8 @@ def grpo_config(cfg: TrainConfig, run_dir: Path, world: int):
     return GRPOConfig(**kw)
 
 
-def save_final(trainer, tok, run_dir: Path, main: bool) -> None:
-    """``<run>/final``: written into a temporary folder and swapped in by the main process (checkpoint.save_final),
+def export_model(trainer, tok, run: Run, main: bool) -> None:
+    """``<run>/final``: written into a temporary folder and swapped in by the main process (Run.save_final),
     so it is complete or absent. Every process takes part in ``save_model`` (a sharded model is gathered for it);
     only the main one writes."""
     def write(folder: Path) -> None:
@@ -57,9 +56,9 @@ def save_final(trainer, tok, run_dir: Path, main: bool) -> None:
         tok.save_pretrained(folder)
 
     if main:
-        checkpoint.save_final(run_dir, write)
+        run.save_final(write)
     else:
-        trainer.save_model(str(run_dir / checkpoint.FINAL_TMP))  # (writes nothing outside the main process)
+        trainer.save_model(str(run.folder / FINAL_TMP))  # (writes nothing outside the main process)
 
 
 def world_size() -> int:
@@ -74,12 +73,9 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     cfg.validate()
     check_supported(cfg)
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
-    _, run_dir, last = run_folder(cfg)
-    try:
-        resumed = checkpoint.load_state(last, "trl") if last is not None else None  # verified; an older one if need
-    except checkpoint.NoneResumable as e:  # its MLflow run is not left RUNNING
-        raise checkpoint.NoneResumable(f"{e}{end_unresumable(cfg, run_dir, e)}") from None
-    seed_and_threads(cfg)
+    run = Run.enter(cfg, objective)  # the run folder (claimed), seed and threads: bench/runs
+    run_dir = run.folder
+    resumed = run.load_state("trl")  # verified; an older one if need be; None: a new run
     args = grpo_config(cfg, run_dir, world_size())
     model, tok = load_policy(cfg.model, "cpu", cfg.dtype, cfg.revision)  # the Trainer places it
     need_ref = objective.needs_reference or cfg.track_ref_kl
@@ -105,15 +101,15 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
     logger = None
     if main:  # the same MLflow run when resuming, with the metrics its checkpoint had not yet written
         acc = trainer.accelerator
-        logger = open_run(cfg, objective, run_dir, resume_state=resumed, tags={
+        logger = run.open(resume_state=resumed, tags={
             ENGINE: "trl", ENGINE_DISTRIBUTED: str(acc.distributed_type).split(".")[-1],
             ENGINE_PROCESSES: str(acc.num_processes)})
     # (on an error, metrics no checkpoint covers are not written: a resume trains those steps again)
-    with recorded(logger):  # (at once: no code between the open run and its guard)
+    with run.recorded():  # (at once: no code between the open run and its guard)
         if resumed is not None:
             trainer.pobench_elapsed = resumed["elapsed"]
             trainer.pobench_cpu_s = resumed.get("cpu_s")  # (None in a checkpoint from before time/cpu_s)
-        record = _callback_class()(cfg, logger, tok, eval_set, hooks, run_dir=run_dir,
+        record = _callback_class()(cfg, logger, tok, eval_set, hooks, run=run,
                                    start_step=resumed["step"] if resumed is not None else 0)
         record.trainer = trainer
         trainer.add_callback(record)
@@ -122,9 +118,9 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
                       if k == K.LOSS and isinstance(v, float))
         if not loss_ok:
             raise TrainingDiverged(f"the loss became non-finite ({K.LOSS})")
-        save_final(trainer, tok, run_dir, main)  # complete (or absent: the run FAILED) ...
+        export_model(trainer, tok, run, main)  # complete (or absent: the run FAILED) ...
         if main:
-            finish_run(logger, record.stopped_early)  # ... before the run is FINISHED
+            run.finish(record.stopped_early)  # ... before the run is FINISHED
     run_id = logger.run_id if logger is not None else ""
     return TrainResult(run_id, record.steps_done, run_dir, record.final_eval, record.stopped_early)
 

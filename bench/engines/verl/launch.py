@@ -13,8 +13,8 @@ from mlflow.entities import Metric
 
 from algorithms import get_objective
 from bench.engines.base import VerlOptions
-from bench.engines.lifecycle import end_run, folder_lock_fds, open_run, recorded, run_folder, run_tags_and_params
 from bench.engines.verl.config import main_ppo_command, make_verl_config, write_data
+from bench.runs.run import Run, run_tags_and_params
 from reports import metric_keys as K
 from reports import record
 from reports.record import ENGINE
@@ -44,7 +44,7 @@ VAL_PATTERN = re.compile(r"^val-core/(?P<source>[^/]+)/acc/mean(?:@|_at_)(?P<n>\
 
 
 def pobench_tags(cfg) -> dict[str, str]:
-    """The tags of a verl-trained run: every engine's (bench/engines/lifecycle.py), with ``pobench.engine=verl``."""
+    """The tags of a verl-trained run: every engine's (bench/runs/lifecycle.py), with ``pobench.engine=verl``."""
     return run_tags_and_params(cfg, get_objective(cfg.algo, **cfg.objective_overrides), ENGINE_TAGS)[0]
 
 
@@ -90,22 +90,22 @@ def verl_python(options: VerlOptions | None, python: str | None = None) -> str:
 
 def launch_run(cfg, options: VerlOptions | None = None, *, python: str | None = None) -> tuple[int, str]:
     """``launch``, returning (verl's exit code, the MLflow run id). The run's record is every engine's
-    (bench/engines/lifecycle.py): Ctrl-C / SIGTERM while verl runs stops verl and ends the run KILLED; a failed
+    (bench/runs/run.py): Ctrl-C / SIGTERM while verl runs stops verl and ends the run KILLED; a failed
     translation ends it FAILED; a non-zero exit of verl ends it FAILED with the code in ``pobench.failure``."""
     config = make_verl_config(cfg, options)
-    _, run_dir, _ = run_folder(cfg)  # created and marked as pobench's before anything is written into it
-    write_data(cfg, Path(config["data"]["train_files"]).parent)
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
-    logger = open_run(cfg, objective, run_dir, tags=ENGINE_TAGS)
+    run = Run.enter(cfg, objective, seed=False)  # created and marked as pobench's before anything is written into it
+    write_data(cfg, Path(config["data"]["train_files"]).parent)
+    logger = run.open(tags=ENGINE_TAGS)
     run_id = logger.run_id
-    with recorded(logger):  # (at once: no code between the open run and its guard)
+    with run.recorded():  # (at once: no code between the open run and its guard)
         env_vars = config["ray_kwargs"]["ray_init"]["runtime_env"]["env_vars"]
         env_vars.update({"MLFLOW_TRACKING_URI": logger.uri, "MLFLOW_RUN_ID": run_id})
         command = main_ppo_command(config, verl_python(options, python))
         env = {**os.environ, **env_vars}
         if os.environ.get("PYTHONPATH"):  # pobench's source tree first, then what the user had
             env["PYTHONPATH"] = os.pathsep.join([env_vars["PYTHONPATH"], os.environ["PYTHONPATH"]])
-        proc = subprocess.Popen(command, env=env, pass_fds=folder_lock_fds(logger))  # (verl holds the folder too)
+        proc = subprocess.Popen(command, env=env, pass_fds=run.lock_fds())  # (verl holds the folder too)
         try:
             rc = proc.wait()
         except BaseException:
@@ -116,5 +116,5 @@ def launch_run(cfg, options: VerlOptions | None = None, *, python: str | None = 
                 proc.kill()
             raise
         translate_metrics(logger.client, run_id, eval_source=cfg.eval_task or cfg.task)
-        end_run(logger, f"verl main_ppo exited with {rc}" if rc else None)  # (inside: an end that fails is recorded)
+        run.end(f"verl main_ppo exited with {rc}" if rc else None)  # (inside: an end that fails is recorded)
     return rc, run_id

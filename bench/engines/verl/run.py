@@ -1,5 +1,5 @@
 """``--engine verl`` of `bench train` / `bench run`: one (objective, seed) pair trained by verl, recorded as a native
-run is (same tags, params and metric names: bench/engines/lifecycle.py, ``launch.METRIC_MAP``).
+run is (same tags, params and metric names: bench/runs/lifecycle.py, ``launch.METRIC_MAP``).
 
 verl runs as its own job (``python -m verl.trainer.main_ppo`` on a Ray cluster, GPUs): pobench waits for it, then
 copies its metrics under pobench's names and hands the held-out evaluations to ``on_eval`` afterwards, in step order.

@@ -1,8 +1,10 @@
-"""Where runs, experiments and studies live on disk, and which of those folders pobench may write into or delete.
+"""Where runs and experiments live on disk, and which run folders pobench may write into or delete (inside
+``bench/runs`` only: other modules reach it through ``bench.runs.run``).
 
 Every user-given name becomes ONE safe path component under its root through ``reports.paths`` (the one helper):
 an experiment under ``output_dir`` (:func:`experiment_dir`), a run under its output folder
-(``TrainConfig.run_dir``), a study under ``.pobench/tune`` (:func:`study_dir`).
+(``TrainConfig.run_dir``). A command's ``--out`` folder (`bench eval`, `bench tune`, `bench warmstart`) is claimed
+by ``reports.paths.claim_output_folder``, a study's by ``bench.tune.outputs.study_dir``.
 
 A run folder is pobench's when it holds the marker ``reports.paths.MARKER``, written when pobench creates it
 (:func:`claim_run_folder`). pobench writes into, marks and deletes only such folders (and an empty one, which holds
@@ -22,11 +24,10 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import os
 import shutil
 from pathlib import Path
 
-from reports.paths import LISTING, MARKER, UnsafePath, contained, is_owned, make_owned, remove_owned, safe_component
+from reports.paths import LISTING, MARKER, UnsafePath, is_owned, make_owned, remove_owned, under
 
 RUN_KIND = "run"
 
@@ -39,28 +40,9 @@ RUN_LAYOUT = (MARKER, "config.yaml", "run.json", "run.json.tmp", "inputs.json", 
 LISTED = ("ckpt-[0-9]*", "final", ".final.old")
 
 
-def under(root: str | Path, name: object, what: str) -> Path:
-    """``root / name`` with ``name`` made ONE safe component (``what`` names the flag in errors), checked to stay
-    under ``root``; relative when ``root`` is (as the user wrote it: it is recorded in config.yaml and MLflow)."""
-    component = safe_component(name, what)
-    contained(root, component)
-    return Path(root) / component
-
-
-def lock_file(folder: str | Path, name: str) -> Path:
-    """``<folder>/.locks/<name>.lock``, ``name`` (made of user or plugin names: a run, a study, an objective)
-    through the one containment helper, so a lock file stays in ``.locks`` whatever the name."""
-    return under(Path(folder) / ".locks", f"{name}.lock", "lock name")
-
-
 def experiment_dir(output_dir: str | Path, experiment: str) -> Path:
     """``output_dir / experiment`` (`bench run`: the pairs' run folders and ``.locks``), the name made safe."""
     return under(output_dir, experiment, "--experiment")
-
-
-def study_dir(root: str | Path, study: str) -> Path:
-    """A study's output folder under ``root`` (``.pobench/tune``), the name made safe."""
-    return under(root, study, "--study")
 
 
 def is_run_folder(folder: str | Path) -> bool:
@@ -90,27 +72,6 @@ def check_removable(run_dir: str | Path) -> None:
     run_dir = Path(run_dir)
     if (run_dir.exists() or run_dir.is_symlink()) and not is_run_folder(run_dir):
         raise _refuse(run_dir, "deleting")
-
-
-def check_out_is_ours(folder: str | Path, flag: str) -> None:
-    """UnsafePath (one line) when ``folder`` (a user-given ``--out`` of `bench tune` / `bench eval`, where pobench
-    writes files of fixed names: best.yaml, summary.csv, results.json, ...) exists, holds something and is not
-    pobench's (no marker): its files of those names would be overwritten. Asked before any work."""
-    folder = Path(folder)
-    if folder.is_symlink():  # (its target is not a folder pobench made, whatever it holds: never marked or written)
-        raise UnsafePath(f"{flag} {folder} is a symbolic link (to {os.readlink(folder)}): not writing through it; give "
-                         "a real folder, new or pobench's")
-    if folder.is_dir() and not is_owned(folder) and any(folder.iterdir()):
-        raise UnsafePath(f"{flag} {folder} exists and holds files pobench did not write (no {MARKER} file): not "
-                         "writing into it (files of the names pobench writes would be overwritten); give a new or "
-                         "empty folder")
-
-
-def claim_output_folder(folder: str | Path, flag: str) -> Path:
-    """Create (or take, when empty or pobench's already) the output folder ``folder`` and mark it as pobench's, so
-    the same command writes into it again; any other folder: UnsafePath (:func:`check_out_is_ours`)."""
-    check_out_is_ours(folder, flag)
-    return make_owned(folder, "out")
 
 
 def check_claimable(run_dir: str | Path) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from bench.folders import LISTING, MARKER, carry_over, remove_written
+from bench.runs.folders import LISTING, MARKER, carry_over, remove_written
 from reports.paths import is_owned
 
 PREFIX = "ckpt-"
@@ -63,7 +63,7 @@ class FolderLost(CheckpointError):
 
 
 def _check_folder(run_dir: Path) -> None:
-    """FolderLost (one line) unless ``run_dir`` is still the run folder pobench marked (``bench.folders``): a
+    """FolderLost (one line) unless ``run_dir`` is still the run folder pobench marked (``bench.runs.folders``): a
     checkpoint is never written into a folder pobench no longer owns (it recreated the folder, unmarked, and a rerun
     then met checkpoints in a folder it may not write into)."""
     if not (run_dir.is_dir() and not run_dir.is_symlink() and is_owned(run_dir)):
@@ -204,7 +204,7 @@ def _commit(run_dir: Path, step: int, state: dict[str, Any], fill: Callable[[Pat
         engine_dir = _engine_dir(old, run_dir)
         if engine_dir is not None:  # a state-only checkpoint's engine folder goes with it
             shutil.rmtree(engine_dir, ignore_errors=True)
-        remove_written(old)  # its files; a user's file put in it stays (bench/folders.py)
+        remove_written(old)  # its files; a user's file put in it stays (bench/runs/folders.py)
     return final, done[-keep:]
 
 
@@ -282,7 +282,7 @@ def save_final(run_dir: str | Path, write: Callable[[Path], None]) -> Path:
         tmp.mkdir(parents=True)
         write(tmp)
         written = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if not p.is_dir())
-        (tmp / LISTING).write_text(json.dumps(written))  # what `--force` may delete in it (bench/folders.py)
+        (tmp / LISTING).write_text(json.dumps(written))  # what `--force` may delete in it (bench/runs/folders.py)
         for p in tmp.rglob("*"):
             if p.is_file():
                 with open(p, "rb") as fh:

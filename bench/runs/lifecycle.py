@@ -11,9 +11,9 @@ FAILED with the cause in ``pobench.failure``.
         checkpoint.save_final(run_dir, write_final)  # complete weights first: FINISHED means they are there
         finish_run(logger, stopped_early)
 
-The run folder's ``run.json`` (bench/tracking.py) names the MLflow run as soon as it is opened, so a resume continues
-that run even before the first checkpoint (a run whose first checkpoint failed resumes from step 0 in the same run).
-An end that could not be sent (the MLflow server gone) is recorded there and applied at the next contact, when the
+The run folder's ``run.json`` (bench/runs/tracking.py) names the MLflow run as soon as it is opened, so a resume
+continues that run even before the first checkpoint (a run whose first checkpoint failed resumes from step 0 in the same
+run). An end that could not be sent (the MLflow server gone) is recorded there and applied at the next contact, when the
 run is opened again (``open_run``). A fault outside the run (the server gone, a full disk) ends it as
 :class:`RunStopped`: one line with the cause, the checkpoint kept and how the MLflow run was ended.
 """
@@ -23,24 +23,24 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from filelock import FileLock, Timeout
+from filelock import FileLock
 from mlflow.exceptions import MlflowException
 
 from algorithms import get_spec
-from bench import faults, identity, resume, stop
+from bench import faults
 from bench.config import TrainConfig
 from bench.engines.base import RunStopped, TrainingDiverged
-from bench.engines.native import checkpoint
-from bench.folders import check_claimable, claim_run_folder
 from bench.plugins import plugins_tag
-from bench.tracking import (
+from bench.runs import checkpoint, identity, resume, stop
+from bench.runs.folders import check_claimable, claim_run_folder
+from bench.runs.locks import RunFolderBusy, _hold_folder, folder_held
+from bench.runs.tracking import (
     RunLogger,
     StoreUnreachable,
     flatten,
@@ -68,7 +68,8 @@ from reports.record import (
 def run_folder(cfg: TrainConfig) -> tuple[str, Path, Path | None]:
     """The run's name, its folder and newest checkpoint (every engine): the folder is one safe component under
     ``output_dir`` (``cfg.run_dir()``), created and marked as pobench's (a folder in the way that is not pobench's is
-    refused: bench/folders.py); a checkpoint there without ``cfg.resume`` is refused, so a run is never overwritten."""
+    refused: bench/runs/folders.py); a checkpoint there without ``cfg.resume`` is refused, so a run is never
+    overwritten."""
     run_dir = cfg.run_dir()
     check_claimable(run_dir)  # a folder pobench did not mark: one line first, whatever it holds (no dead end)
     last = checkpoint.latest(run_dir)
@@ -112,54 +113,8 @@ def run_tags_and_params(cfg: TrainConfig, objective, tags: dict[str, str] | None
     return out, params
 
 
-class RunFolderBusy(ValueError):
-    """Another process is training a run in this run folder now (one line; exit 2)."""
-
-
 ABANDONED = ("its process ended before the run's first checkpoint without ending the run (killed: SIGKILL, out of "
              "memory, the machine lost); the run folder was trained again in a new run")
-
-
-def folder_lock_path(run_dir: Path) -> Path:
-    """The lock a training process holds on its run folder while its MLflow run is open:
-    ``<parent>/.locks/<run folder>.run.lock`` (beside `bench run`'s pair locks; outside the folder, which
-    ``--force`` deletes)."""
-    return Path(run_dir).parent / ".locks" / f"{Path(run_dir).name}.run.lock"
-
-
-def folder_in_use(run_dir: Path) -> bool:
-    """True when a process holds ``run_dir``'s run lock now (it trains a run there)."""
-    if not folder_lock_path(run_dir).exists():
-        return False
-    try:
-        _hold_folder(run_dir).release()
-    except RunFolderBusy:
-        return True
-    return False
-
-
-@contextlib.contextmanager
-def folder_held(run_dir: Path) -> Iterator[None]:
-    """Inside, no training can start in ``run_dir`` (its run lock held); RunFolderBusy when one runs there now."""
-    lock = _hold_folder(run_dir)
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-def _hold_folder(run_dir: Path) -> FileLock:
-    """Take ``run_dir``'s run lock, or RunFolderBusy: two processes writing checkpoints into one folder would mix
-    two runs (a resume could continue the other's). ``fcntl`` locks: released by the kernel when the holder dies."""
-    path = folder_lock_path(run_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path), thread_local=False)  # (held by the run, whichever thread ends it)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise RunFolderBusy(f"{run_dir} is in use: another process is training a run there now (lock {path}); wait "
-                            "for it to end, or choose another --run-name / --output-dir") from None
-    return lock
 
 
 def open_run(cfg: TrainConfig, objective, run_dir: Path, *, resume_state: dict[str, Any] | None = None,
@@ -314,22 +269,6 @@ def finish_run(logger: RunLogger, stopped_early: bool = False) -> None:
     end_run(logger)
 
 
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """Inside: SIGTERM raises KeyboardInterrupt (``bench.stop.interrupt``: once; a second SIGTERM while stopping is
-    ignored, so it cannot break the checkpoint the first one writes), so a terminated run (or a `bench run` whose
-    workers must stop) takes the Ctrl-C path (main thread only; elsewhere nothing changes)."""
-    try:
-        previous = signal.signal(signal.SIGTERM, stop.interrupt)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def is_fault(e: BaseException) -> bool:
     """A fault outside the run that a resume gets past: the MLflow server gone, a full disk or file-size limit, a
     fault of the file system or the store (read-only, something in the way: ``bench.faults.describe``)."""
@@ -361,7 +300,7 @@ def recorded(logger: RunLogger | None, on_error: Callable[[], None] | None = Non
     e.g. checkpoint the last finished step; its own failure is a warning), then ends the run (``end_run``) and is
     raised again; a fault outside the run (``is_fault``) as :class:`RunStopped`. ``logger`` None: a process that
     writes no record (a non-main process of a distributed run)."""
-    with sigterm_as_interrupt():
+    with stop.sigterm_as_interrupt():
         try:
             yield
         except BaseException as e:

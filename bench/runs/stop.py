@@ -1,7 +1,7 @@
 """How a process of pobench stops on SIGINT (Ctrl-C) and SIGTERM (what a cluster scheduler sends, SLURM to every
 process of the job, Kubernetes to the container's first one, then SIGKILL after a grace period): both take the same
 path, a KeyboardInterrupt where the process is, so a training run checkpoints its last finished step and ends its
-MLflow run KILLED (bench/engines/lifecycle.py), a pool's parent stops its workers (bench/compare/executors.py), and the
+MLflow run KILLED (bench/runs/lifecycle.py), a pool's parent stops its workers (bench/compare/executors.py), and the
 command line prints one line and exits 128 + the signal's number (130, 143: bench/cli/main.py).
 
 A SIGTERM that comes while the process is already stopping is ignored: the parent of a pool forwards SIGTERM to its
@@ -67,3 +67,19 @@ def exit_code() -> int:
 def name() -> str:
     """``SIGTERM`` / ``SIGINT``: the signal that stopped the process (SIGINT when none came)."""
     return signal.Signals(received() or signal.SIGINT).name
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Inside: SIGTERM raises KeyboardInterrupt (:func:`interrupt`: once; a second SIGTERM while stopping is
+    ignored, so it cannot break the checkpoint the first one writes), so a terminated run (or a `bench run` whose
+    workers must stop) takes the Ctrl-C path (main thread only; elsewhere nothing changes)."""
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

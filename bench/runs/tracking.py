@@ -6,7 +6,7 @@ seconds (default 5): every call of a :class:`RunLogger` runs with MLflow's own H
 timeout at that bound (MLflow's defaults retry for minutes), and a refused connection is tried again every half
 second until the bound; then :class:`StoreUnreachable`. (MLflow's ``MLFLOW_HTTP_REQUEST_*`` variables set by the user
 win.) The run folder keeps ``run.json`` (:func:`read_run_record`): the MLflow run's id, written as soon as the run is
-opened, and the end that could not be sent (applied at the next contact: bench/engines/lifecycle.py).
+opened, and the end that could not be sent (applied at the next contact: bench/runs/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from mlflow.entities import Metric, RunStatus
 from mlflow.exceptions import MlflowException
 
 import bench
-from bench import faults, stop
+from bench import faults
 from bench.inputs import check_tracking_scheme
-from bench.system_metrics import SystemMetrics
+from bench.runs import stop
+from bench.runs.system_metrics import SystemMetrics
 from reports import record
 from reports.record import GIT_COMMIT, GIT_DIRTY, SOURCE_GIT_COMMIT, VERSION, get_or_create_experiment, open_client
 
@@ -40,8 +41,8 @@ RETRY_EVERY_S = 0.5  # a refused connection is tried again after this, until the
 
 
 class UninterruptedClient:
-    """An ``MlflowClient`` whose every call a stop signal does not cut in the middle (``bench.stop.uninterrupted``):
-    the signal's KeyboardInterrupt comes once the call has returned."""
+    """An ``MlflowClient`` whose every call a stop signal does not cut in the middle
+    (``bench.runs.stop.uninterrupted``): the signal's KeyboardInterrupt comes once the call has returned."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
@@ -201,7 +202,7 @@ class RunLogger:
         self.timeout = timeout_s() if self.remote else 0.0
         self.unreachable: str | None = None  # why the server did not answer (set once a call gave up)
         self.run_dir: Path | None = None  # the run's folder, where run.json lives (set by the lifecycle)
-        self.folder_lock: Any = None  # the run folder's lock while the run is open (bench/engines/lifecycle.py)
+        self.folder_lock: Any = None  # the run folder's lock while the run is open (bench/runs/lifecycle.py)
         self.client = self.call(open_client, self.uri)  # a fresh local store is created under a lock
         self.experiment_id = self.call(get_or_create_experiment, self.client, self.uri, experiment)
         self.run_id: str | None = None
@@ -264,7 +265,8 @@ class RunLogger:
         self.flush()
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        """Buffer ``metrics`` at ``step``, with a sample of the machine when one is due (``bench.system_metrics``)."""
+        """Buffer ``metrics`` at ``step``, with a sample of the machine when one is due
+        (``bench.runs.system_metrics``)."""
         ts = int(time.time() * 1000)
         metrics = {**metrics, **self.system.due()}
         self.pending.extend((k, float(v), ts, step) for k, v in metrics.items())

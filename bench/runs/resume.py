@@ -1,7 +1,7 @@
 """Safe resume: a checkpointed run continues only under the configuration it was started with.
 
 ``check`` compares the new configuration with the one the run saved (``<run>/config.yaml``, and ``<run>/inputs.json``:
-the digests of its data and model, bench/identity.py) and refuses every difference in one line naming each field;
+the digests of its data and model, bench/runs/identity.py) and refuses every difference in one line naming each field;
 a larger ``steps`` (with a constant learning-rate schedule, which does not depend on it) is the one change allowed, and
 ``record_extension`` records it on the run (tag ``pobench.steps_extended``, the updated ``config.yaml``).
 
@@ -23,10 +23,9 @@ from typing import Any
 
 import yaml
 
-from bench import identity
-from bench.engines.native import checkpoint
-from bench.folders import experiment_dir
-from bench.tracking import read_run_record
+from bench.runs import checkpoint, identity
+from bench.runs.folders import experiment_dir
+from bench.runs.tracking import read_run_record
 from reports.record import STEPS_EXTENDED
 
 # fields a resume may change: they locate the run or change no number of it

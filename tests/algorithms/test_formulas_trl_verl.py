@@ -499,10 +499,12 @@ def test_cfpo_optimum_is_the_clip_edge_and_the_penalty_pulls_back_past_it(adv):
     obj = get_objective("cfpo", kl_coef=0.0, aggregation="token-mean", tv_eps=eps)
     grpo = get_objective("grpo", kl_coef=0.0, aggregation="token-mean")
     edge = 1 + math.copysign(eps, adv)
+
+    def one_token(r: float) -> PolicyBatch:
+        return batch(lp=[[-1.0] * 3], old=[[-1.0 - math.log(r)] * 3], ref=[[-1.0] * 3], adv=[adv], mask=[[1, 0, 0]])
+
     for r, sign in ((edge, 0), (edge + math.copysign(0.1, adv), 1), (1 + math.copysign(0.05, adv), -1)):
-        mk = lambda: batch(lp=[[-1.0, -1.0, -1.0]], old=[[-1.0 - math.log(r)] * 3], ref=[[-1.0] * 3], adv=[adv],  # noqa: E731
-                           mask=[[1, 0, 0]])
-        b = mk()
+        b = one_token(r)
         g = grad(obj.loss(b)[0], b)[0, 0].item()
         assert g == pytest.approx(cfpo_grad(r, adv, eps), abs=1e-12)
         if sign == 0:
@@ -510,7 +512,7 @@ def test_cfpo_optimum_is_the_clip_edge_and_the_penalty_pulls_back_past_it(adv):
         else:  # sign(∂loss/∂lp)·sign(Â): +1 past the edge (pulled back), −1 inside (pushed towards it)
             assert math.copysign(1, g) * math.copysign(1, adv) == sign
         if sign == 1:
-            b1 = mk()
+            b1 = one_token(r)
             assert grad(grpo.loss(b1)[0], b1)[0, 0].item() == 0.0  # (the zero-gradient region CFPO removes)
 
 

@@ -24,7 +24,7 @@ from .base import Objective, ObjectiveConfig, param
 from .batch import PolicyBatch, batch_for, has_advantage
 from .critic import CriticSpec
 from .kl import kl_estimate
-from .pg_variants import CISPO, DPPOKL, DPPOTV, DRO, GMPO, GPG, SAPO, TOPR, UP, VESPO
+from .pg_variants import CFPO, CISPO, DPPOKL, DPPOTV, DRO, GMPO, GPG, SAPO, TOPR, UP, VESPO
 from .policy_gradient import GSPO, ClippedPG, PolicyGradient
 from .ppo import PPO
 from .registry import (
@@ -161,6 +161,9 @@ register("dppo_kl", DPPOKL, paper="arXiv 2602.04879",
 register("dro", DRO, paper="arXiv 2405.19107",
          description="DRO as verl's 'dro' loss: −(Â·lp − ½β(lp − old)²), β = 0.05, token-mean: REINFORCE with a "
                      "quadratic pull of every token back to π_old (Â = 0 tokens included).")
+register("cfpo", CFPO, paper="arXiv 2601.22801",
+         description="CFPO: the clipped surrogate replaced by −(r·Â − |Â|·(r − 1)²/(2ε)), ε = 0.2 (a concave penalty "
+                     "whose optimum is the clip edge r = 1 ± ε, no zero-gradient region); otherwise grpo's settings.")
 
 # --- positive controls: GRPO with its credit assignment broken on purpose, so that a comparison can show that it
 # could have detected a difference (`bench run --controls`; the report's controls section; docs/objectives.md)

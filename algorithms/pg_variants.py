@@ -10,6 +10,7 @@ aggregation, rollout correction and the batch options come from there):
 - DPPO (arXiv 2602.04879, verl ``dppo_tv`` / ``dppo_kl``): −sg[M_it · min(r_it, C)] · Â · lp, M_it = 0 on tokens whose
   binary divergence between π_θ(y_t) and π_old(y_t) left the trust region δ in the direction Â pushes
 - DRO (arXiv 2405.19107, verl ``dro``): −(Â · lp − ½ β (lp − old)²)
+- CFPO (arXiv 2601.22801, its authors' verl PR #5252): −(r · Â − |Â| · (r − 1)² / (2ε)), no clip
 """
 
 from __future__ import annotations
@@ -390,3 +391,38 @@ class UP(ClippedPG):
         term = torch.where(positive, -adv * anchored, term)
         metrics["objective/unbounded_frac"] = masked_mean(positive.to(batch.mask.dtype), batch.mask)
         return term, low, high & ~positive, metrics
+
+
+@dataclass(frozen=True)
+class CFPOConfig(PGConfig):
+    tv_eps: float = param(0.2, "ε: the trust region the quadratic penalty |Â|·(r − 1)²/(2ε) enforces in place of the "
+                          "clip; a token's objective peaks at r = 1 + sign(Â)·ε, PPO's clip edge (the authors' verl "
+                          "PR #5252 reads verl's symmetric clip_ratio, 0.2).", paper="arXiv 2601.22801",
+                          search=(0.05, 0.4, False))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_epsilon("tv_eps")
+
+
+#: |log r| beyond which the authors' code clamps the log-ratio before exp (verl PR #5252: ±20); its gradient is 0 there
+CFPO_LOG_RATIO_CLAMP = 20.0
+
+
+class CFPO(PolicyGradient):
+    """Clipping-free policy optimization: the clipped surrogate is replaced by r·Â − |Â|·(r − 1)²/(2ε), a concave
+    function of r with its maximum at r = 1 + sign(Â)·ε (where PPO's clip starts). Inside that point the gradient
+    pushes r towards it, past it the penalty pulls r back (the clip would only stop it): no zero-gradient region."""
+
+    config_class = CFPOConfig
+    policy_term_vanishes_at_zero_advantage = True  # both terms carry the factor Â or |Â|
+
+    def policy_term(self, batch, ratio, adv, is_w):
+        eps = self.config.tv_eps
+        r = ratio.clamp(math.exp(-CFPO_LOG_RATIO_CLAMP), math.exp(CFPO_LOG_RATIO_CLAMP))
+        term = -(r * adv - adv.abs() * (r - 1.0).square() / (2.0 * eps))
+        shape = batch.logprobs.shape
+        # past the penalty's optimum on the advantage's side: the tokens PPO's clip would stop, which CFPO pulls back
+        high = ((r > 1.0 + eps) & (adv > 0)).expand(shape)
+        low = ((r < 1.0 - eps) & (adv < 0)).expand(shape)
+        return term.expand(shape), low, high, {}

@@ -455,3 +455,80 @@ def test_up_grpo_without_dual_clip_is_the_clipped_surrogate_on_negatives():
     terms = up_expected(BIG, c=0.0)
     assert terms[(1, 0)] == pytest.approx(math.exp(1.5))
     assert loss.item() == pytest.approx(sum(terms.values()) / N_TOK, abs=1e-12)
+
+
+# ------------------------------------------------------------------ CFPO (arXiv 2601.22801, its authors' verl PR #5252)
+def cfpo_term(r: float, a: float, eps: float = 0.2) -> float:
+    return -(r * a - abs(a) * (r - 1) ** 2 / (2 * eps))
+
+
+def cfpo_grad(r: float, a: float, eps: float = 0.2) -> float:
+    """∂/∂lp of cfpo_term at r = exp(lp − old): −r·(Â − |Â|(r − 1)/ε)."""
+    return -r * (a - abs(a) * (r - 1) / eps)
+
+
+def test_cfpo_value_and_gradient_token_mean():
+    b = batch()
+    loss, m = get_objective("cfpo", kl_coef=0.0, aggregation="token-mean").loss(b)
+    r = {(i, t): math.exp(DELTA[i][t]) for i, t in tokens()}
+    assert loss.item() == pytest.approx(sum(cfpo_term(r[k], ADV[k[0]]) for k in r) / N_TOK, abs=1e-12)
+    g = grad(loss, b)
+    for (i, t), rv in r.items():
+        assert g[i, t].item() == pytest.approx(cfpo_grad(rv, ADV[i]) / N_TOK, abs=1e-12)
+    assert g[0, 2].item() == pytest.approx(-ADV[0] / N_TOK, abs=1e-12)  # at r = 1 the penalty's slope is 0
+    assert g[1, 2].item() == 0.0  # padding
+    # past the optimum on the advantage's side: (0, 0) r = e^0.3 > 1.2 with Â > 0, (1, 0) r = e^-0.4 < 0.8 with Â < 0
+    assert m["objective/clip_frac_high"].item() == pytest.approx(1 / 5)
+    assert m["objective/clip_frac_low"].item() == pytest.approx(1 / 5)
+
+
+def test_cfpo_defaults_are_grpo_but_for_the_policy_term():
+    b = batch()
+    loss, _ = get_objective("cfpo").loss(b)
+    terms = {(i, t): cfpo_term(math.exp(DELTA[i][t]), ADV[i]) + 0.04 * k3(LP[i][t], REF[i][t]) for i, t in tokens()}
+    assert loss.item() == pytest.approx(seq_mean(terms), abs=1e-12)
+
+
+@pytest.mark.parametrize("adv", [1.0, -1.0])
+def test_cfpo_optimum_is_the_clip_edge_and_the_penalty_pulls_back_past_it(adv):
+    """A token's objective r·Â − |Â|(r − 1)²/(2ε) peaks at r = 1 + sign(Â)·ε: zero gradient there; past it the
+    gradient turns (descent moves r back towards it), where GRPO's clip gives exactly 0; inside, the push is the
+    unclipped one shrunk by the penalty. An |Â| written as Â, a 1/ε for 1/(2ε), a flipped penalty sign or a detached
+    penalty ratio each move or remove this optimum."""
+    eps = 0.2
+    obj = get_objective("cfpo", kl_coef=0.0, aggregation="token-mean", tv_eps=eps)
+    grpo = get_objective("grpo", kl_coef=0.0, aggregation="token-mean")
+    edge = 1 + math.copysign(eps, adv)
+
+    def one_token(r: float) -> PolicyBatch:
+        return batch(lp=[[-1.0] * 3], old=[[-1.0 - math.log(r)] * 3], ref=[[-1.0] * 3], adv=[adv], mask=[[1, 0, 0]])
+
+    for r, sign in ((edge, 0), (edge + math.copysign(0.1, adv), 1), (1 + math.copysign(0.05, adv), -1)):
+        b = one_token(r)
+        g = grad(obj.loss(b)[0], b)[0, 0].item()
+        assert g == pytest.approx(cfpo_grad(r, adv, eps), abs=1e-12)
+        if sign == 0:
+            assert g == pytest.approx(0.0, abs=1e-12)
+        else:  # sign(∂loss/∂lp)·sign(Â): +1 past the edge (pulled back), −1 inside (pushed towards it)
+            assert math.copysign(1, g) * math.copysign(1, adv) == sign
+        if sign == 1:
+            b1 = one_token(r)
+            assert grad(grpo.loss(b1)[0], b1)[0, 0].item() == 0.0  # (the zero-gradient region CFPO removes)
+
+
+def test_cfpo_group_of_one_and_far_ratios():
+    # a group of one completion has Â = 0: no policy gradient, only the KL (grpo's β = 0.04) reaches it
+    b = batch(adv=[0.0, 0.0])
+    g = grad(get_objective("cfpo", kl_coef=0.0).loss(b)[0], b)
+    assert torch.count_nonzero(g) == 0
+    assert get_objective("cfpo", kl_coef=0.0).skips_zero_advantage
+    assert not get_objective("cfpo").skips_zero_advantage
+    # ratios e^±60: the log-ratio is clamped at ±20 as in the authors' code, so the loss stays finite
+    far = [[60.0, -60.0, 0.0], [-60.0, 60.0, 0.0]]
+    b = batch(old=[[LP[i][t] - far[i][t] for t in range(3)] for i in range(2)])
+    loss, _ = get_objective("cfpo", kl_coef=0.0).loss(b)
+    assert math.isfinite(loss.item())
+    g = grad(loss, b)
+    assert torch.isfinite(g).all() and g[0, 0].item() == 0.0 and g[1, 1].item() == 0.0
+    with pytest.raises(ValueError, match="tv_eps"):
+        get_objective("cfpo", tv_eps=0.0)

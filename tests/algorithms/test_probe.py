@@ -125,3 +125,30 @@ def test_probe_advantage_inputs_are_the_batch_lengths_and_the_majority_outcome()
     greedy = _advantage_inputs(get_objective("remax"), pb)["greedy_rewards"]
     assert greedy.tolist() == [1.0 if 2 * row.sum() > G else 0.0 for row in pb.rewards]
     assert _advantage_inputs(get_objective("grpo"), pb) == {}
+
+
+# the objectives issue 31 added (and grpo, their common base): where `bench list --compare` places them
+ISSUE31 = ["grpo", "maxrl", "topr", "up_grpo", "cfpo", "ppo", "dppo_tv", "dppo_kl", "dro"]
+
+
+def test_objectives_added_since_trl_and_verl_are_placed_in_the_table():
+    """On-policy, CFPO's penalty has zero slope at r = 1 and UP-GRPO's self-anchored ratio is the ratio, so both are
+    grpo; DPPO's masks and DRO's penalty are empty at r = 1, so the three are token-mean REINFORCE. Off-policy (the
+    default regime) no two coincide; ppo (per-token GAE advantages from its critic's zero-initialised head) is
+    placed in both."""
+    on = probe(ISSUE31, ONE_UPDATE, ablations=False)
+    assert {frozenset(g) for g in on.groups} == {frozenset({"grpo", "up_grpo", "cfpo"}),
+                                                 frozenset({"dppo_tv", "dppo_kl", "dro"})}
+    off = probe(ISSUE31, DEFAULT, ablations=False)
+    assert off.groups == [] and off.labels == ISSUE31
+    assert all(v == v and v > 1e3 * off.tolerance for v in off.distance.values())
+
+
+def test_bench_list_compare_prints_a_row_for_ppo_and_cfpo(capsys):
+    from bench.cli import main
+
+    assert main(["list", "--compare", "ppo,cfpo,grpo", "--minibatches", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines()[2:] if line.strip() and not line.startswith("WARNING")}
+    assert set(rows) == {"ppo", "cfpo", "grpo"}
+    assert "cfpo == grpo" in out

@@ -23,8 +23,8 @@ from bench.compare import (
     resolve_algos,
     run_comparison,
 )
-from bench.compare.executors import EXECUTORS, make_executor
 from bench.config import TrainConfig
+from bench.executors import EXECUTORS, make_executor
 from bench.presets import get_preset
 from bench.workers import parse_seeds
 

@@ -21,12 +21,12 @@ import yaml
 from bench import faults, preflight
 from bench.compare.display import LiveDisplay
 from bench.compare.distinguish import warn_before_run
-from bench.compare.executors import Job, WorkerDied, make_executor
 from bench.compare.pairs import PairContext, PairJob, PairResult, TrainFn, initial_evals, run_pair, step0_task
 from bench.compare.plan import DEFAULTS, Pair, plan, run_dir
 from bench.compare.store import lock_file, pair_lock
 from bench.config import TrainConfig
 from bench.engines import entry as engines
+from bench.executors import Job, WorkerDied, make_executor
 from bench.plugins import check_shippable, with_plugins
 from bench.runs.identity import written_by_note
 from bench.runs.run import (

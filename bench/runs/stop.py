@@ -1,7 +1,7 @@
 """How a process of pobench stops on SIGINT (Ctrl-C) and SIGTERM (what a cluster scheduler sends, SLURM to every
 process of the job, Kubernetes to the container's first one, then SIGKILL after a grace period): both take the same
 path, a KeyboardInterrupt where the process is, so a training run checkpoints its last finished step and ends its
-MLflow run KILLED (bench/runs/lifecycle.py), a pool's parent stops its workers (bench/compare/executors.py), and the
+MLflow run KILLED (bench/runs/lifecycle.py), a pool's parent stops its workers (bench/executors.py), and the
 command line prints one line and exits 128 + the signal's number (130, 143: bench/cli/main.py).
 
 A SIGTERM that comes while the process is already stopping is ignored: the parent of a pool forwards SIGTERM to its

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from algorithms.registry import default_config
-from bench.compare.executors import Job, make_executor
 from bench.compare.pairs import PairContext, PairJob, PairResult, run_pair
 from bench.compare.plan import Pair, comparison_id, finished_run, new_pair
 from bench.engines import entry as engines
+from bench.executors import Job, make_executor
 from bench.plugins import check_shippable, with_plugins
 from bench.runs.tracking import store_client
 from bench.tune.metric import TuneMetric, parse_metric, trial_value

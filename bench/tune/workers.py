@@ -19,16 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import multiprocessing
-import os
 import warnings
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
-from typing import Any
 
 import optuna
 
 from bench.engines import RunStopped
+from bench.executors import Job, WorkerDied, make_executor, worker_lost
 from bench.inputs import SEED_MAX
 from bench.plugins import check_shippable, with_plugins
 from bench.runs.stop import sigterm_as_interrupt
@@ -36,18 +32,7 @@ from bench.runs.tracking import store_client
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url, redact
 from bench.tune.study import fail_dead_trials, open_study, run_study
-from bench.workers import (
-    absolute_tracking_uri,
-    busy,
-    import_ray,
-    init_ray,
-    pool_worker_setup,
-    resolve_workers,
-    stop_pool_workers,
-    task_context,
-    task_resources,
-    task_setup,
-)
+from bench.workers import Notify, resolve_workers
 from reports.record import retry_locked, tracking_uri
 
 EXECUTORS = ("local", "ray")
@@ -70,14 +55,11 @@ class StudyStopped(KeyboardInterrupt):
         self.study, self.finished, self.trials, self.storage = study, finished, trials, storage
 
 
-def _worker(spec: TuneSpec, i: int, ctx: dict[str, Any] | None = None) -> int:
-    """One worker, in a pool process or a Ray task; returns the number of trials the study holds finished."""
-    if ctx is not None:  # a Ray task: the driver's environment and working folder, as a pair's task gets them
-        task_setup(ctx, lambda *event: print(f"[worker {i}] {event[-1]}", flush=True), i)
-    else:  # a pool process: as a pair's (bench/compare/executors.py); SIGTERM ends its trial FAIL, queued again
-        pool_worker_setup(spec.base.plugins)
-    with busy():
-        study = run_study(spec, log=lambda m: print(f"[worker {i}] {m}", flush=True), worker=str(i))
+def _worker(notify: Notify, spec: TuneSpec, i: int) -> int:
+    """One worker, a job of the executor (a pool process or a Ray task, set up as a pair's job is: bench/executors.py;
+    SIGTERM ends its trial FAIL, queued again); its lines go to the command's output through ``notify``. Returns
+    the number of trials the study holds finished."""
+    study = run_study(spec, log=lambda m: notify("msg", i, f"[worker {i}] {m}"), worker=str(i))
     return count(study, *FINISHED)
 
 
@@ -127,69 +109,36 @@ def _worker_died(study: optuna.Study, spec: TuneSpec, runs) -> RunStopped:
 
 
 def _run_workers(spec: TuneSpec, workers: int, n: int, executor: str, ray_address: str | None, log) -> optuna.Study:
-    """``run_workers`` once its flags are checked: ``n`` workers at most (``resolve_workers``)."""
+    """``run_workers`` once its flags are checked: ``n`` workers at most (``resolve_workers``), as jobs of the one
+    executor `bench run` uses (bench/executors.py)."""
     if executor == "local" and workers == 1:
         return run_study(spec, log=log)
     check_shippable(spec.base, [spec.algo])  # a notebook's objective: one line before any worker starts
+    ex = make_executor(executor, workers=n if executor == "local" else workers, ray_address=ray_address)
     if executor == "ray":
-        import_ray()  # not installed: one line now
         storage = spec.storage or default_storage_url()
         if ray_address and storage.startswith("sqlite"):
             raise ValueError(f"--storage {storage}: a SQLite file is not shared by the nodes of a Ray cluster; give "
                              "a PostgreSQL URL every node reaches (docs/TUNING.md)")
-        spec = dataclasses.replace(spec, storage=storage, base=dataclasses.replace(
-            spec.base, tracking_uri=absolute_tracking_uri(spec.base.tracking_uri),
-            output_dir=os.path.abspath(spec.base.output_dir)))
+        spec = dataclasses.replace(spec, storage=storage, base=ex.prepare(spec.base))  # (absolute paths)
     study, runs = open_study(spec)  # created (with its MLflow parent run) once, before the workers join it
     fail_dead_trials(study, spec, runs)  # trials of a process killed just now: queued again for these workers
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
     missing = max(1, spec.trials - count(study, *FINISHED))
-    if executor == "ray":
-        _run_ray(spec, workers, missing, ray_address, runs.parent_id, log)
-    else:
-        n = min(n, missing)
-        if n == 1:
-            return run_study(spec, log=log)
-        log(f"study {spec.study!r}: {n} local workers (parent MLflow run {runs.parent_id})")
-        try:
-            with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
-                futures = [pool.submit(_worker, worker_spec(spec, i), i) for i in range(n)]
-                try:
-                    for f in futures:
-                        f.result()  # a worker's error: raised here, after the others have finished their trials
-                except KeyboardInterrupt:  # SIGTERM to every worker (a scheduler may have sent it too: once is taken)
-                    stop_pool_workers(pool)
-                    raise  # (leaving the pool waits for the workers, each having queued its trial again)
-        except BrokenProcessPool:  # a worker killed (the OOM killer, kill -9): the pool stops the others (SIGTERM)
-            raise _worker_died(study, spec, runs) from None
-    return optuna.load_study(study_name=spec.study, storage=spec.storage or default_storage_url())
-
-
-def _run_ray(spec: TuneSpec, workers: int, missing: int, address: str | None, parent_id: str, log) -> None:
-    """``workers`` Ray tasks (0: one per CPU, or per GPU when the cluster has GPUs, of the cluster), at most
-    ``missing``."""
-    ray = import_ray()
-    owned = False
-    if not ray.is_initialized():  # a program already connected to Ray (a notebook, a test) keeps its connection
-        init_ray(address, workers or None, None)
-        owned = not address
+    if executor == "local" and min(n, missing) == 1:
+        return run_study(spec, log=log)
     try:
-        cluster = ray.cluster_resources()
-        options = task_resources(cluster, spec.base.device)
-        slots = int(cluster.get("GPU" if "num_gpus" in options else "CPU", 1))
-        n = max(1, min(workers or slots, missing))
-        log(f"study {spec.study!r}: {n} ray workers (parent MLflow run {parent_id})")
-        ctx = task_context(spec.base.tracking_uri, options, spec.base.plugins)
-        task = ray.remote(_worker).options(**options, max_retries=0)
-        refs = [task.remote(worker_spec(spec, i), i, ctx) for i in range(n)]
-        try:
-            ray.get(refs)
-        except KeyboardInterrupt:  # Ctrl-C: each worker's running trial ends FAIL and is queued again
-            for r in refs:
-                ray.cancel(r)
-            raise
+        n = ex.start(min(workers or missing, missing), spec.base)  # (Ray: at most one per CPU / GPU of the cluster)
+        log(f"study {spec.study!r}: {n} {executor} workers (parent MLflow run {runs.parent_id})")
+        jobs = [Job(i, _worker, (worker_spec(spec, i), i)) for i in range(n)]
+        results = ex.run(jobs, lambda *event: log(str(event[-1])))  # Ctrl-C: each running trial queued again
     finally:
-        if owned:
-            ray.shutdown()
+        ex.close()
+    for r in results.values():
+        if isinstance(r, WorkerDied):  # a worker process killed (the OOM killer, kill -9), or its own error
+            if worker_lost(r.error):
+                raise _worker_died(study, spec, runs) from None
+            raise r.error if r.error is not None else RuntimeError(r.why)
+    return optuna.load_study(study_name=spec.study, storage=spec.storage or default_storage_url())

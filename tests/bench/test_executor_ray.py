@@ -17,7 +17,7 @@ from mlflow import MlflowClient
 
 from bench.cli import main
 from bench.compare import ComparisonSpec, run_comparison
-from bench.compare.executors import EXECUTORS, make_executor
+from bench.executors import EXECUTORS, make_executor
 from bench.workers import absolute_tracking_uri, task_resources
 from tests.conftest import ON_RAY
 

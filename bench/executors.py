@@ -1,23 +1,24 @@
-"""Where the tasks of `bench run` (its step-0 evaluation, its (objective, seed) pairs: pairs.py) run: ``local`` (this
-machine: one after another in this process, or a pool of processes) or ``ray`` (one Ray task each, on a local Ray
-instance or an existing cluster).
+"""Where the jobs of `bench run` (its step-0 evaluation, its (objective, seed) pairs: bench/compare/pairs.py) and of
+`bench tune` (its workers: bench/tune/workers.py) run: ``local`` (this machine: one after another in this process,
+or a pool of processes) or ``ray`` (one Ray task each, on a local Ray instance or an existing cluster). The one
+executor of N jobs: both commands start, wait for, stop and lose their workers the same way.
 
 Every executor runs the same functions, so reuse, resume, ``--force`` and the MLflow records are the same whichever
-trains the pairs, and a pair trained by one executor is reused by the other. They differ only in how a task is
+trains the pairs, and a pair trained by one executor is reused by the other. They differ only in how a job is
 started, waited for, and cancelled (a ``_Backend``); the wait / drain loop (``Executor.run``) is one: it collects each
-task's result as it ends, passes the progress events the tasks sent (start / step / eval / msg) to ``notify``, and on
-Ctrl-C (or SIGTERM) cancels the running tasks, lets them checkpoint, and raises KeyboardInterrupt.
+job's result as it ends, passes the progress events the jobs sent (start / step / eval / msg) to ``notify``, and on
+Ctrl-C (or SIGTERM) cancels the running jobs, lets them checkpoint, and raises KeyboardInterrupt.
 
 Local pool: ``spawn`` processes (no fork of a process holding torch / MLflow state), one torch thread each, SIGINT
-ignored in the workers: Ctrl-C reaches the parent, which stops handing out pairs and sends SIGTERM to the busy
+ignored in the workers: Ctrl-C reaches the parent, which stops handing out jobs and sends SIGTERM to the busy
 workers; the training loop turns that into its interrupt path (checkpoint the last finished step, run KILLED), so
 rerunning the command resumes exactly there. Results are identical to running the pairs one after another: every
 random draw of a run is a pure function of its config and seed, and every run uses one intra-op thread either way.
 
-Ray (optional: ``pip install 'pobench[ray]'``): each task gets one GPU when the cluster has GPUs (and the config does
-not ask for ``device: cpu``), else one CPU. Tasks are not retried by Ray (``max_retries=0``): a pair whose task fails
+Ray (optional: ``pip install 'pobench[ray]'``): each job gets one GPU when the cluster has GPUs (and the config does
+not ask for ``device: cpu``), else one CPU. Jobs are not retried by Ray (``max_retries=0``): a pair whose job fails
 is reported with the pair named and the error, the other pairs go on, and rerunning the command resumes or retrains it
-like any failed pair. Ctrl-C cancels the tasks with a KeyboardInterrupt inside them, so each busy pair takes the
+like any failed pair. Ctrl-C cancels the jobs with a KeyboardInterrupt inside them, so each busy pair takes the
 training loop's interrupt path exactly as under the local pool. Without ``--ray-address`` a local Ray instance is
 started with ``--workers`` CPUs (0: every usable core) and stopped at the end; with an address (``auto``,
 ``HOST:PORT``, ``ray://HOST:10001``) the command connects to that cluster. Every node needs pobench and its
@@ -87,6 +88,19 @@ class WorkerDied:
 
     why: str      # one line, e.g. "worker process ended (BrokenProcessPool: ...)"
     detail: str   # the error in full
+    error: BaseException | None = None  # the exception itself (the job's own error, or the executor's: worker_lost)
+
+
+def worker_lost(e: BaseException | None) -> bool:
+    """Whether ``e`` says the worker itself was lost (its process killed: the out-of-memory killer, kill -9; a Ray
+    worker or node gone), not that the job raised an error of its own."""
+    if isinstance(e, cf.BrokenExecutor):
+        return True
+    try:
+        from ray.exceptions import NodeDiedError, WorkerCrashedError
+    except ImportError:
+        return False
+    return isinstance(e, (WorkerCrashedError, NodeDiedError))
 
 
 def make_executor(name: str | None = None, *, workers: int | None = None, ray_address: str | None = None):
@@ -191,7 +205,7 @@ class _Backend:
 def _died(task: Job, what: str, e: BaseException) -> Any:
     text = str(e).strip().splitlines()
     why = f"{what} ended ({type(e).__name__}: {text[0] if text else ''})".replace(": )", ")")
-    return WorkerDied(why, str(e)) if task.failed is None else task.failed(why, str(e))
+    return WorkerDied(why, str(e), e) if task.failed is None else task.failed(why, str(e))
 
 
 # ------------------------------------------------------------------ local: this process, or a process pool

@@ -1,5 +1,5 @@
 """What `bench eval` settles before it evaluates, the same for one model and for every final model of a comparison
-(``bench/comparison_evals.py``): each benchmark's ``--data`` source and the completion length limit."""
+(``bench/comparison/evals.py``): each benchmark's ``--data`` source and the completion length limit."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Where the jobs of `bench run` (its step-0 evaluation, its (objective, seed) pairs: bench/compare/pairs.py) and of
+"""Where the jobs of `bench run` (its step-0 evaluation, its (objective, seed) pairs: bench/comparison/pairs.py) and of
 `bench tune` (its workers: bench/tune/workers.py) run: ``local`` (this machine: one after another in this process,
 or a pool of processes) or ``ray`` (one Ray task each, on a local Ray instance or an existing cluster). The one
 executor of N jobs: both commands start, wait for, stop and lose their workers the same way.

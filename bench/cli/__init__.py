@@ -1,7 +1,7 @@
 """The `bench` command line (console script ``bench = bench.cli:entry``, which runs ``main``): ``main`` dispatches
 to one module per command (``list``, ``train``, ``warmstart``, ``eval``, ``run``, ``report``, ``tune``); ``flags``
 holds the flags several commands share. Command modules parse and check flags and call the library (bench/*.py,
-bench/compare/, bench/engines/, bench/tune/, reports/); nothing outside this package (and the entry points
+bench/comparison/, bench/engines/, bench/tune/, reports/); nothing outside this package (and the entry points
 ``__main__``) imports it."""
 
 import os

@@ -1,5 +1,5 @@
 """`bench eval --comparison ID --benchmarks math500,aime24,gsm8k`: every final model of a comparison on benchmarks,
-each evaluation stored once and reused after (the library: ``bench/comparison_evals.py``; here the flags, the
+each evaluation stored once and reused after (the library: ``bench/comparison/evals.py``; here the flags, the
 stop and the output)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from bench.cli.interrupt import Stopped, rerun_to_resume
-from bench.comparison_evals import EvalSettings, evaluate_missing, plan_evaluations
+from bench.comparison.evals import EvalSettings, evaluate_missing, plan_evaluations
 from bench.runs.tracking import check_reachable
 from reports.evals import benchmark_table, load_evals
 from reports.record import open_client

@@ -16,8 +16,8 @@ from algorithms import (
 )
 from algorithms.describe import defaults_markdown, details_text
 from bench.cli.flags import add_plugin_flag
-from bench.compare.distinguish import probe_config
-from bench.compare.plan import base_config, load_params, resolve_algos
+from bench.comparison.distinguish import probe_config
+from bench.comparison.plan import base_config, load_params, resolve_algos
 from bench.plugins import describe_module, objective_source, task_source
 from evaluators import get_benchmark, list_benchmarks
 

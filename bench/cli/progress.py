@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from bench.compare.display import progress_every
+from bench.comparison.display import progress_every
 from reports import metric_keys as K
 
 

@@ -2,7 +2,7 @@
 
 Every (objective, seed) pair is one MLflow run with the same model, data order, rollout sampler and evaluation
 schedule; finished pairs are reused, interrupted ones resumed (``--force`` redoes them); then the report is written
-(``bench report``). Settings: `bench run` defaults (bench/compare/plan.py RunDefaults) < ``--config`` file < flags.
+(``bench report``). Settings: `bench run` defaults (bench/comparison/plan.py RunDefaults) < ``--config`` file < flags.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from algorithms import list_controls
 from bench.cli.flags import add_config_flags, add_preset_flag, add_report_flags, report_options
 from bench.cli.interrupt import Stopped, rerun_to_resume
-from bench.compare import (
+from bench.comparison import (
     DEFAULTS,
     ComparisonSpec,
     ComparisonStopped,
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     flags = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig) if f.name not in SKIP}
     cfg = base_config(args.config, preset=preset.path if preset else None, **flags)
     baseline = run_baseline(args.baseline, args.ablation, algos)
-    # (every check before any work is the library's, run_comparison's first step: bench.compare.check_comparison)
+    # (every check before any work is the library's, run_comparison's first step: bench.comparison.check_comparison)
     spec = ComparisonSpec(cfg, algos, seeds, params, force=args.force, workers=args.workers, executor=args.executor,
                           ray_address=args.ray_address, report=not args.no_report, baseline=baseline,
                           target_acc=args.target_acc, out_root=args.out_root, report_options=report_options(args),

@@ -9,7 +9,7 @@ flags): with its registered defaults for the searched fields ("default") and wit
 Student-t interval ``reports.stats.mean_ci``, paired t-test ``reports.tables.paired_test``). The verdict follows the
 interval: better (it lies on the better side of 0), worse (on the worse side), else unresolved.
 
-The two settings are the variants of a two-variant comparison (bench/compare/): each (setting, seed) is a ``Pair``
+The two settings are the variants of a two-variant comparison (bench/comparison/): each (setting, seed) is a ``Pair``
 run by ``run_pair`` under its claim, through the executor of the study's ``--workers`` / ``--executor``. A FINISHED
 run of the same identity (experiment, config hash, objective, overrides, seed) is reused, a checkpointed one resumed,
 so a rerun of the command trains only what is missing. The runs are nested under the study's MLflow run and tagged
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from algorithms.registry import default_config
-from bench.compare.pairs import PairContext, PairJob, PairResult, run_pair
-from bench.compare.plan import Pair, comparison_id, finished_run, new_pair
+from bench.comparison.pairs import PairContext, PairJob, PairResult, run_pair
+from bench.comparison.plan import Pair, comparison_id, finished_run, new_pair
 from bench.engines import entry as engines
 from bench.executors import Job, make_executor
 from bench.plugins import check_shippable, with_plugins
@@ -43,7 +43,7 @@ from reports.tables import fmt_p, paired_test
 
 ATTR = "confirm"                      # the study's user attribute holding the confirm's record
 SETTINGS = ("default", "best")
-KEPT = ("reused", "finished", "stopped early")  # outcomes of a run that has a result (as bench/compare's)
+KEPT = ("reused", "finished", "stopped early")  # outcomes of a run that has a result (as bench/comparison's)
 
 
 class ConfirmStopped(KeyboardInterrupt):

@@ -1,4 +1,4 @@
-"""A stand-in for the training itself, for the orchestration tests of `bench run` (bench/compare/): its plan, reuse,
+"""A stand-in for the training itself, for the orchestration tests of `bench run` (bench/comparison/): its plan, reuse,
 resume, ``--force``, failures, Ctrl-C and executors are the same whatever trains, so these tests inject this trainer
 (``ComparisonSpec(train_fn=fake_train, step0_fn=fake_step0)``) and run in seconds; tests/bench/test_train.py,
 test_harness.py's end-to-end comparison and the Ray tests train for real.

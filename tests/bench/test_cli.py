@@ -93,7 +93,7 @@ def test_tracking_uri_default_is_the_stated_one(tmp_path, monkeypatch):
 
 
 def test_bench_run_help_shows_the_defaults_it_uses(capsys):
-    from bench.compare.plan import DEFAULTS
+    from bench.comparison.plan import DEFAULTS
 
     entries = _option_entries(["run"], capsys)
     for name, value in DEFAULTS.train.items():
@@ -106,7 +106,7 @@ def _effective_default(cmd: str, flag: str):
     """The value a subcommand uses when `flag` is not given."""
     import dataclasses
 
-    from bench.compare.plan import DEFAULTS
+    from bench.comparison.plan import DEFAULTS
     from bench.config import TrainConfig
 
     parser = cli.build_parser()
@@ -143,7 +143,7 @@ def test_docs_state_the_default_comparison():
     import re
     from pathlib import Path
 
-    from bench.compare.plan import DEFAULTS
+    from bench.comparison.plan import DEFAULTS
 
     root = Path(__file__).resolve().parents[2]
     for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:

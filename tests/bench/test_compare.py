@@ -1,4 +1,4 @@
-"""`bench run`'s orchestration (bench/compare/) on the injected fake trainer (tests/bench/fake_trainer.py): reuse,
+"""`bench run`'s orchestration (bench/comparison/) on the injected fake trainer (tests/bench/fake_trainer.py): reuse,
 resume, ``--force``, variants, failures named by their pair, Ctrl-C, the local pool against one pair after another,
 two commands on one folder. Real MLflow stores (SQLite), real processes, the real command line; only the training is
 a stand-in. What needs a real model (learning, resume exactness, engine parity, Ray) is in test_train.py,
@@ -19,7 +19,7 @@ import pytest
 import yaml
 from mlflow import MlflowClient
 
-from bench.compare import ComparisonSpec, base_config, run_comparison, variant_label
+from bench.comparison import ComparisonSpec, base_config, run_comparison, variant_label
 from reports.metric_keys import TIMING_PREFIXES
 from tests.conftest import fresh_store
 

@@ -13,7 +13,7 @@ import pytest
 
 from bench import cli
 from bench.cli.flags import config_from_args
-from bench.compare.plan import load_params
+from bench.comparison.plan import load_params
 from bench.config import TrainConfig
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.compare.plan import base_config, load_params, resolve_algos
+from bench.comparison.plan import base_config, load_params, resolve_algos
 from bench.config import TrainConfig
 from bench.model import format_prompt
 

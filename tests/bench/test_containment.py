@@ -123,7 +123,7 @@ def test_bench_run_force_refuses_a_foreign_folder_before_any_record(scratch, ben
     before the comparison's MLflow run exists (no run is left RUNNING)."""
     from mlflow import MlflowClient
 
-    from bench.compare.plan import base_config, plan, run_dir
+    from bench.comparison.plan import base_config, plan, run_dir
 
     root, work = scratch
     flags = ["--algos", "grpo", "--seeds", "0", "--workers", "1", "--no-progress", "--no-report", "--eval-every",
@@ -201,7 +201,7 @@ def _looks_like_an_old_run(folder: Path) -> Path:
 def test_bench_run_force_never_deletes_an_unmarked_folder_that_looks_like_an_old_run(scratch, bench_here):
     """`bench run --force` deleted ``final/thesis.tex`` through a pair's folder that pobench never marked: it is
     refused in one line naming the folder, and every file in it stays."""
-    from bench.compare.plan import base_config, plan, run_dir
+    from bench.comparison.plan import base_config, plan, run_dir
 
     root, work = scratch
     cfg = base_config(None, steps=1, prompts_per_step=2, group_size=2, max_new_tokens=8, samples_every=0,
@@ -265,7 +265,7 @@ def test_a_name_that_is_not_one_path_component_is_refused_at_registration(name, 
 
 def test_a_plugin_objective_named_to_escape_is_refused_before_any_file_is_written(scratch, bench_here, registries):
     """An objective registered as ``../../../../../x`` made `bench run` create its pair's lock file outside the
-    working folder (bench/compare/pairs.py built it from the raw name): the plugin is refused in one line."""
+    working folder (bench/comparison/pairs.py built it from the raw name): the plugin is refused in one line."""
     root, work = scratch
     (work / "escape.py").write_text("from algorithms import register\n"
                                     "register('../../../../../x', base='grpo', description='escapes')\n")

@@ -13,8 +13,8 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from bench.cli import main
-from bench.compare.distinguish import probe_config, regime_of, warn_before_run
-from bench.compare.plan import DEFAULTS, base_config
+from bench.comparison.distinguish import probe_config, regime_of, warn_before_run
+from bench.comparison.plan import DEFAULTS, base_config
 from bench.config import TrainConfig
 from bench.engines.entry import train
 from bench.model import format_prompt, load_policy

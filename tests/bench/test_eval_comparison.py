@@ -53,7 +53,7 @@ def test_eval_comparison_evaluates_each_final_model_once_and_the_report_tabulate
     assert "4 stored, 0 to evaluate" in capsys.readouterr().err
     assert len(_evals(client, exp_id)) == 4
     # a notebook's call of the library, with the settings those flags give: the same evaluations, all reused
-    from bench.comparison_evals import EvalSettings, plan_evaluations
+    from bench.comparison.evals import EvalSettings, plan_evaluations
 
     plan = plan_evaluations("ev", cid, ["arith"], EvalSettings(limit=8, temperature=0.0, max_new_tokens=16), uri,
                             client)

@@ -16,7 +16,7 @@ import yaml
 from mlflow import MlflowClient
 
 from bench.cli import main
-from bench.compare import ComparisonSpec, run_comparison
+from bench.comparison import ComparisonSpec, run_comparison
 from bench.executors import EXECUTORS, make_executor
 from bench.workers import absolute_tracking_uri, task_resources
 from tests.conftest import ON_RAY

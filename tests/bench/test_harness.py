@@ -11,8 +11,8 @@ import torch
 import yaml
 from mlflow import MlflowClient
 
-from bench.compare import ComparisonSpec, run_comparison
-from bench.compare.plan import DEFAULTS, base_config, comparison_id, load_params, resolve_algos, variant_label
+from bench.comparison import ComparisonSpec, run_comparison
+from bench.comparison.plan import DEFAULTS, base_config, comparison_id, load_params, resolve_algos, variant_label
 from bench.workers import parse_seeds
 from tests.conftest import fresh_store
 

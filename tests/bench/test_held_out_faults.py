@@ -196,7 +196,7 @@ def test_a_storage_damaged_mid_study_is_not_told_to_wait_for_it():
 def test_the_comparison_run_is_finished_only_once_its_report_is_written(tmp_path, bench_here, monkeypatch):
     from mlflow import MlflowClient
 
-    from bench.compare import comparison
+    from bench.comparison import comparison
     from tests.bench import fake_trainer
 
     fake_trainer.inject(monkeypatch.setattr)
@@ -233,7 +233,7 @@ def test_bench_run_refuses_a_foreign_folder_in_a_pairs_place_before_any_record(t
     comparison's MLflow run was open (and the pair failed with a traceback): one line, exit 2, before any record."""
     from mlflow import MlflowClient
 
-    from bench.compare.plan import base_config, plan, run_dir
+    from bench.comparison.plan import base_config, plan, run_dir
 
     fresh_store(tmp_path)
     cfg = base_config(None, steps=1, prompts_per_step=2, group_size=2, max_new_tokens=8, samples_every=0,

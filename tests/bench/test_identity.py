@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
-from bench.compare import ComparisonSpec, base_config, run_comparison
+from bench.comparison import ComparisonSpec, base_config, run_comparison
 from bench.config import TrainConfig
 from bench.model import BUILTIN_MODELS
 from bench.runs import identity

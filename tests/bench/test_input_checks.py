@@ -66,7 +66,7 @@ def test_degenerate_config_is_refused_naming_the_field(argv, field, capsys, tmp_
 
 
 def test_empty_algos_is_an_error_not_the_defaults(capsys, tmp_path, monkeypatch):
-    from bench.compare.plan import resolve_algos
+    from bench.comparison.plan import resolve_algos
 
     for given in ("", " , ", []):
         with pytest.raises(ValueError, match="names no objective"):

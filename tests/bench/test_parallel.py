@@ -15,7 +15,7 @@ import pytest
 import torch
 from mlflow import MlflowClient
 
-from bench.compare import DEFAULTS, base_config
+from bench.comparison import DEFAULTS, base_config
 from bench.workers import resolve_workers
 from reports import metric_keys as K
 from tests.conftest import fresh_store
@@ -82,7 +82,7 @@ def test_resolve_workers_defaults_to_cores_capped_by_pairs():
 def test_shared_step0_eval_equals_each_runs_own(tmp_path, model_dir):
     """A run given the comparison's shared step-0 evaluation logs exactly what it logs when it evaluates
     itself (interval bounds included), and trains exactly the same afterwards."""
-    from bench.compare.pairs import initial_evals
+    from bench.comparison.pairs import initial_evals
     from bench.data import eval_problems
     from bench.engines.entry import train
     from bench.evaluate import eval_metrics, held_out_result

@@ -236,7 +236,7 @@ def test_a_notebook_objective_gets_one_line_and_an_imported_module_reaches_the_w
         import sys
         sys.path[:0] = [{str(tmp_path)!r}, {str(ROOT / 'tests' / 'bench')!r}]
         from algorithms import register
-        from bench.compare import ComparisonSpec, base_config, run_comparison
+        from bench.comparison import ComparisonSpec, base_config, run_comparison
         from fake_trainer import fake_step0, fake_train
         register("grpo-nokl-nb", base="grpo", description="notebook", kl_coef=0.0)
         cfg = base_config(None, steps=2, eval_every=1, tracking_uri="sqlite:///{tmp_path}/m.db",
@@ -347,7 +347,7 @@ def test_bench_run_trains_a_plugin_objective_and_task_in_two_spawned_workers(tmp
 @pytest.mark.slow
 @ON_RAY
 def test_ray_tasks_train_a_plugin_objective_and_task(tmp_path, model_dir, ray_local):  # noqa: F811
-    from bench.compare import ComparisonSpec, run_comparison
+    from bench.comparison import ComparisonSpec, run_comparison
 
     cfg = tiny(tmp_path, model_dir, "plug-ray", steps=1, plugins=[OBJECTIVES, TASK], task="mod7")
     res = run_comparison(ComparisonSpec(cfg, ["grpo", "sign-pg"], [0], executor="ray", progress=False,

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from bench import cli, preflight
-from bench.compare.plan import load_params
+from bench.comparison.plan import load_params
 from bench.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import yaml
 from mlflow import MlflowClient
 
 from algorithms import list_controls
-from bench.compare import base_config
+from bench.comparison import base_config
 from bench.config import TrainConfig
 from bench.model import BUILTIN_MODELS, load_policy
 from bench.presets import PRESETS, get_preset

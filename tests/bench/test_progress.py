@@ -10,7 +10,7 @@ import pytest
 
 from bench.cli import main
 from bench.cli.progress import TrainProgress
-from bench.compare import ComparisonSpec, base_config, run_comparison
+from bench.comparison import ComparisonSpec, base_config, run_comparison
 from tests.conftest import fresh_store
 
 from .fake_trainer import fake_step0, fake_train

@@ -183,7 +183,7 @@ def test_a_signal_during_bench_runs_own_store_write_stops_the_comparison_once_th
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
-    from bench.compare import ComparisonSpec, ComparisonStopped, base_config, run_comparison
+    from bench.comparison import ComparisonSpec, ComparisonStopped, base_config, run_comparison
     from bench.runs.stop import sigterm_as_interrupt
 
     cfg = base_config(None, steps=2, eval_every=1, checkpoint_every=1, samples_every=0, experiment="held",

@@ -463,7 +463,7 @@ def test_real_three_trial_study_on_the_tiny_model(tmp_path, mlflow_server, tiny_
         assert [m.step for m in history] == [0, 1] and r["value"] == history[-1].value
     assert "No difference resolved with 1 seed." in (out / "confirm.md").read_text()
     # `bench run` takes it: its --params reader resolves the overrides, and a 1-step comparison runs with them
-    from bench.compare.plan import load_params
+    from bench.comparison.plan import load_params
 
     assert load_params(out / "best.yaml", ["tepo"]) == {"tepo": best["objective_overrides"]}
     assert cli_main(["run", "--algos", "tepo", "--seeds", "0", "--params", str(out / "best.yaml"), "--steps", "1",

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from bench import faults
-from bench.compare.plan import Pair, finished_run, pair_config, run_dir
-from bench.compare.store import lock_file, pair_lock
+from bench.comparison.plan import Pair, finished_run, pair_config, run_dir
+from bench.comparison.store import lock_file, pair_lock
 from bench.config import TrainConfig
 from bench.data import derive_seed, eval_problems
 from bench.engines import RunStopped, TrainingDiverged, TrainResult

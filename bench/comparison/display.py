@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from bench.compare.plan import Pair
+from bench.comparison.plan import Pair
 
 
 class LiveDisplay:
@@ -62,7 +62,7 @@ class LiveDisplay:
             print(text, file=self.err)
 
     def event(self, kind: str, i: int, *payload: Any) -> None:
-        """``notify`` of bench.compare.pairs: start / step / eval / msg events of pair ``i`` (-1: the comparison)."""
+        """``notify`` of bench.comparison.pairs: start / step / eval / msg events of pair ``i`` (-1: the comparison)."""
         if kind == "msg":
             self.print(f"  {payload[0]}")  # messages name their pair
             return

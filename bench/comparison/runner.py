@@ -19,11 +19,11 @@ from typing import Any
 import yaml
 
 from bench import faults, preflight
-from bench.compare.display import LiveDisplay
-from bench.compare.distinguish import warn_before_run
-from bench.compare.pairs import PairContext, PairJob, PairResult, TrainFn, initial_evals, run_pair, step0_task
-from bench.compare.plan import DEFAULTS, Pair, plan, run_dir
-from bench.compare.store import lock_file, pair_lock
+from bench.comparison.display import LiveDisplay
+from bench.comparison.distinguish import warn_before_run
+from bench.comparison.pairs import PairContext, PairJob, PairResult, TrainFn, initial_evals, run_pair, step0_task
+from bench.comparison.plan import DEFAULTS, Pair, plan, run_dir
+from bench.comparison.store import lock_file, pair_lock
 from bench.config import TrainConfig
 from bench.engines import entry as engines
 from bench.executors import Job, WorkerDied, make_executor

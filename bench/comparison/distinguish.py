@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from algorithms.probe import ProbeResult, Regime, probe
-from bench.compare.plan import variant_label
+from bench.comparison.plan import variant_label
 from bench.config import TrainConfig
 
 

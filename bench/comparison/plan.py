@@ -9,7 +9,7 @@ The comparison id is a pure function of the config hash, the objectives (with th
 rerunning the same command finds the same comparison. Its runs carry ``pobench.comparison=<id>`` (the comparison
 that trained them) and ``pobench.in.<id>=1`` (membership, also set on reused runs) and are nested under the
 comparison's own MLflow run (``pobench.kind=comparison``), which receives the report as artifacts
-(comparison.py).
+(runner.py).
 """
 
 from __future__ import annotations

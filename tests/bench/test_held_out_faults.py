@@ -196,7 +196,7 @@ def test_a_storage_damaged_mid_study_is_not_told_to_wait_for_it():
 def test_the_comparison_run_is_finished_only_once_its_report_is_written(tmp_path, bench_here, monkeypatch):
     from mlflow import MlflowClient
 
-    from bench.comparison import comparison
+    from bench.comparison import runner as comparison
     from tests.bench import fake_trainer
 
     fake_trainer.inject(monkeypatch.setattr)

@@ -9,10 +9,11 @@ module)."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 from typing import Any
 
 from bench.runs import stop
-from bench.runs.resume import rerun_command
 
 # set once the command's result is written (`finished`): from then on a signal no longer interrupts the process
 _FINISHED = {"done": False}
@@ -60,3 +61,12 @@ def line(command: str, stopped: Stopped | None = None) -> str:
 def exit_code() -> int:
     """130 (SIGINT) or 143 (SIGTERM)."""
     return stop.exit_code()
+
+
+def rerun_command(resume_flag: bool = False, argv: list[str] | None = None) -> str:
+    """The command this process was started with, as the user types it (``bench <command> ...``), plus ``--resume``
+    when ``resume_flag`` and it is not there yet: what the one-line message of a stopped run tells the user to run."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if resume_flag and "--resume" not in args:
+        args.append("--resume")
+    return shlex.join(["bench", *args])

@@ -16,9 +16,9 @@ import bench
 from bench import faults
 from bench.cli import interrupt
 from bench.cli.flags import load_cli_plugins
+from bench.cli.interrupt import rerun_command
 from bench.plugins import plugin_failure, plugin_threads
 from bench.runs import stop
-from bench.runs.resume import rerun_command
 from bench.workers import quiet_libraries
 
 # the subcommands (the modules of this package), in the order `bench --help` lists them

@@ -7,7 +7,7 @@ import sys
 
 from bench import faults, preflight
 from bench.cli.flags import add_config_flags, config_from_args
-from bench.cli.interrupt import Stopped, rerun
+from bench.cli.interrupt import Stopped, rerun, rerun_command
 from bench.cli.progress import TrainProgress
 from bench.engines import RunStopped, TrainingDiverged
 from bench.engines import entry as engines
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"bench train: training diverged: {e}", file=sys.stderr)
         return 3
     except RunStopped as e:  # the MLflow server gone, a full disk: what was kept, and how to go on
-        print(f"bench train: stopped: {e}; resume with: {resume.rerun_command(resume_flag=True)}", file=sys.stderr)
+        print(f"bench train: stopped: {e}; resume with: {rerun_command(resume_flag=True)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # SIGINT / SIGTERM: the last finished step is checkpointed, the run ended KILLED
         raise stopped(cfg) from None

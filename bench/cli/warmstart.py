@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from bench.cli.interrupt import Stopped, rerun
+from bench.cli.interrupt import Stopped, rerun, rerun_command
 from bench.inputs import check_seed
 from bench.model import load_policy
-from bench.runs.resume import rerun_command
 from bench.warmstart import Recipe, held_out_accuracy, warmstart
 
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -134,12 +132,3 @@ def check_resume(cfg, root: str | Path) -> None:
     raise ValueError(f"--resume: no checkpoint of this configuration in {run_dir}; {newest} holds a checkpoint of "
                      f"{cfg.algo} seed {cfg.seed} with another configuration: {what}. Resume that run with its own "
                      "settings, or drop --resume to start this one")
-
-
-def rerun_command(resume_flag: bool = False, argv: list[str] | None = None) -> str:
-    """The command this process was started with, as the user types it (``bench <command> ...``), plus ``--resume``
-    when ``resume_flag`` and it is not there yet: what the one-line message of a stopped run tells the user to run."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if resume_flag and "--resume" not in args:
-        args.append("--resume")
-    return shlex.join(["bench", *args])

@@ -8,9 +8,9 @@ import signal
 import sys
 
 from bench.cli.flags import add_config_flags, config_from_args
+from bench.cli.interrupt import rerun_command
 from bench.engines.trl.run import train
 from bench.runs import stop
-from bench.runs.resume import rerun_command
 from bench.runs.run import last_checkpoint
 
 

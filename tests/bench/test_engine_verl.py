@@ -249,3 +249,14 @@ def test_a_pruner_cannot_cut_a_verl_trial_short():
         assert _train_one(TrainConfig(steps=2), parse_metric("eval/accuracy"), engine(stops), curve,
                           lambda value, step: True, 0) is pruned
         assert sorted(curve) == steps
+
+
+def test_docs_table_is_the_code_table():
+    """docs/SCALE.md's objective table is `python -m bench.engines.verl --table`: a row for every registered objective,
+    checked here in the project's own environment (the mapping needs no verl), so a newly registered objective without
+    its row fails the main suite and not only `tox -e verl`."""
+    from bench.engines.verl import objective_table
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "SCALE.md").read_text()
+    for p in objective_table():
+        assert f"| `{p.objective}` | {p.how()} |" in doc, p.objective

@@ -276,10 +276,3 @@ def test_registration_applies_overrides_from_the_environment(monkeypatch):
     finally:
         monkeypatch.delenv(engine.OVERRIDES_ENV)
         engine.register_all()
-
-
-def test_docs_table_is_the_code_table():
-    """docs/SCALE.md's objective table is `python -m bench.engines.verl --table` (rows of every objective)."""
-    doc = (ROOT / "docs" / "SCALE.md").read_text()
-    for p in PLANS.values():
-        assert f"| `{p.objective}` | {p.how()} |" in doc, p.objective

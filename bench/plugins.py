@@ -61,6 +61,7 @@ class Plugin:
     entry_point: bool = False
     imports: tuple[str, ...] = ()   # the local modules its digest covers besides its own source
     unknown: tuple[str, ...] = ()   # where it imports by a computed name (``file:line``): not in its digest
+    moved_cwd: str = ""             # the folder it changed the working folder to while imported (changed back)
 
     @property
     def label(self) -> str:
@@ -214,23 +215,43 @@ def _new_modules(before: set[str]) -> list[str]:
     return [m for m in list(sys.modules) if m not in before]
 
 
+class _KeepCwd:
+    """Around a plugin's import: a plugin that changes the working folder (``os.chdir``) would make every relative
+    path of the command (its run folder, data, store, the plugin file itself) name another file, and pobench report
+    them as deleted. The folder is changed back at once; ``moved`` names where the plugin went (a warning)."""
+
+    def __enter__(self) -> _KeepCwd:
+        self.cwd, self.moved = os.getcwd(), ""
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            now = os.getcwd()
+        except OSError:  # (it went into a folder since removed)
+            now = "(a removed folder)"
+        if now != self.cwd:
+            self.moved = now
+            os.chdir(self.cwd)
+
+
 def _import_file(spec: str) -> Plugin:
     path = Path(spec).expanduser().resolve()
     if not path.is_file():
         raise ValueError(f"plugin {spec}: no such file")
     name = file_module_name(path)
     before = set(sys.modules)
-    if name not in sys.modules:
-        loader_spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[name] = module
-        try:
-            loader_spec.loader.exec_module(module)
-        except BaseException as e:
-            del sys.modules[name]
-            raise _failed(spec, e) from e
+    with _KeepCwd() as cwd:
+        if name not in sys.modules:
+            loader_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[name] = module
+            try:
+                loader_spec.loader.exec_module(module)
+            except BaseException as e:
+                del sys.modules[name]
+                raise _failed(spec, e) from e
     digest, imports, unknown = plugin_digest(path, [m for m in _new_modules(before) if m != name])
-    return Plugin(spec, name, str(path), digest, imports=imports, unknown=unknown)
+    return Plugin(spec, name, str(path), digest, imports=imports, unknown=unknown, moved_cwd=cwd.moved)
 
 
 #: set (to anything but 0) to see the traceback of an exception a plugin's code raised, instead of its one line
@@ -300,20 +321,21 @@ def _failed(spec: str, e: BaseException) -> BaseException:
 
 def _import_module(spec: str, entry_point: bool = False) -> Plugin:
     before = set(sys.modules)
-    try:
-        module = importlib.import_module(spec)
-    except ModuleNotFoundError as e:
-        if e.name and spec.startswith(e.name):
-            raise ValueError(f"plugin {spec!r}: no module named {e.name!r} (give an importable module or a .py "
-                             "file)") from None
-        raise _failed(spec, e) from e
-    except BaseException as e:
-        raise _failed(spec, e) from e
+    with _KeepCwd() as cwd:
+        try:
+            module = importlib.import_module(spec)
+        except ModuleNotFoundError as e:
+            if e.name and spec.startswith(e.name):
+                raise ValueError(f"plugin {spec!r}: no module named {e.name!r} (give an importable module or a .py "
+                                 "file)") from None
+            raise _failed(spec, e) from e
+        except BaseException as e:
+            raise _failed(spec, e) from e
     source = _source_of(module)
     if not source:
-        return Plugin(spec, module.__name__, source, "none", entry_point)
+        return Plugin(spec, module.__name__, source, "none", entry_point, moved_cwd=cwd.moved)
     digest, imports, unknown = plugin_digest(source, _new_modules(before))
-    return Plugin(spec, module.__name__, source, digest, entry_point, imports, unknown)
+    return Plugin(spec, module.__name__, source, digest, entry_point, imports, unknown, cwd.moved)
 
 
 def load_entry_points() -> list[Plugin]:

@@ -72,17 +72,18 @@ def contained(root: str | Path, *parts: str) -> Path:
     return path
 
 
-def replace_file(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` whole or not at all: into a temporary file beside it, then renamed over it. A link at
-    ``path`` (a user's hard link or symbolic link to a file of theirs) is replaced, never written through, and a
-    fault while writing (a full disk, a file-size limit) leaves the earlier file as it was."""
+def replace_file(path: str | Path, text: str | bytes) -> Path:
+    """Write ``text`` (str, or bytes written as they are) to ``path`` whole or not at all: into a temporary file
+    beside it, then renamed over it. A link at ``path`` (a user's hard link or symbolic link to a file of theirs) is
+    replaced, never written through, and a fault while writing (a full disk, a file-size limit) leaves the earlier
+    file as it was."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     umask = os.umask(0)
     os.umask(umask)
     os.fchmod(fd, 0o666 & ~umask)  # (mkstemp's file is private: the result gets the mode a plain write would give)
     try:
-        with os.fdopen(fd, "w", newline="") as fh:
+        with (os.fdopen(fd, "wb") if isinstance(text, bytes) else os.fdopen(fd, "w", newline="")) as fh:
             fh.write(text)
         os.replace(tmp, path)
     except OSError as e:

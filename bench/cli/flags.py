@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import typing
 
@@ -72,6 +73,10 @@ def load_cli_plugins(args: argparse.Namespace) -> None:
                   f"time ({', '.join(plugin.unknown)}): their code is not in its identity (the comparison hash), so a "
                   "change there may reuse runs; import them by name, or pass --force after changing them",
                   file=sys.stderr)
+        if plugin.moved_cwd:  # (changed back: the command's relative paths keep their meaning)
+            print(f"bench {args.command}: warning: plugin {plugin.spec} changed the working folder to "
+                  f"{plugin.moved_cwd} while imported; pobench changed it back to {os.getcwd()}, where the "
+                  "command's relative paths are read (a plugin should not call os.chdir)", file=sys.stderr)
     if hasattr(args, "plugins"):
         args.plugins = normalized(specs) or None
 

@@ -21,6 +21,7 @@ written, by the command and by ``bench tune --show``.
 from __future__ import annotations
 
 import csv
+import io
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -37,6 +38,7 @@ from bench.runs.tracking import store_client
 from bench.tune.metric import TuneMetric, parse_metric, trial_value
 from bench.tune.spec import TuneSpec
 from reports import metric_keys as K
+from reports.paths import replace_file
 from reports.record import CONFIRM_OF, get_or_create_experiment, tracking_uri
 from reports.stats import mean_ci
 from reports.tables import fmt_p, paired_test
@@ -292,13 +294,12 @@ def write_confirm(study: Any, out: Path) -> dict[str, Path]:
                "not resolved with these seeds, whatever its sign. The runs form comparison "
                f"`{record['comparison']}` of experiment `{record['experiment']}` (`bench report --comparison "
                f"{record['comparison']}` reports it in full).", ""]
-    (out / "confirm.md").write_text("\n".join(md))
-    with open(out / "confirm.csv", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["seed", "default", "best", "diff", "default_run", "best_run", "diff_low", "diff_high", "p",
-                    "verdict"])
-        w.writerows(["" if v is None else (repr(v) if isinstance(v, float) else v) for v in r] for r in rows)
-    return {"confirm.md": out / "confirm.md", "confirm.csv": out / "confirm.csv"}
+    text = io.StringIO()
+    w = csv.writer(text)
+    w.writerow(["seed", "default", "best", "diff", "default_run", "best_run", "diff_low", "diff_high", "p", "verdict"])
+    w.writerows(["" if v is None else (repr(v) if isinstance(v, float) else v) for v in r] for r in rows)
+    return {"confirm.md": replace_file(out / "confirm.md", "\n".join(md)),
+            "confirm.csv": replace_file(out / "confirm.csv", text.getvalue())}
 
 
 def _mean(values: dict[int, float]) -> float | None:

@@ -7,11 +7,17 @@ importances as numbers, or why there are none), ``history.png``, ``importance.pn
 matplotlib plots; a plot that cannot be drawn yet, e.g. importances with fewer than two complete trials, is listed in
 ``summary.md`` with the reason), and ``confirm.md`` / ``confirm.csv`` once the study has a confirm result
 (``bench.tune.confirm``). See docs/TUNING.md.
+
+Each call writes every output whole (a temporary file renamed over it: a link the user put there is replaced, not
+written through) and removes the outputs of an earlier call into the same folder that this one does not write (a
+``best.yaml``, plot or confirm table of another study, or of the same study before its trials failed): a folder
+never shows outputs of two different states of a study side by side.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import sys
 import warnings
 from dataclasses import dataclass, field
@@ -26,7 +32,11 @@ from rich.table import Table
 
 from bench.tune.confirm import write_confirm
 from bench.tune.storage import DEFAULT_DIR, default_storage_url, open_storage, redact
-from reports.paths import under
+from reports.paths import replace_file, under
+
+#: every file ``write_outputs`` may write into a study's output folder (the confirm tables included)
+OUTPUT_NAMES = ("best.yaml", "summary.csv", "summary.md", "importance.csv", "importance.md", "history.png",
+                "importance.png", "contour.png", "confirm.md", "confirm.csv")
 
 # what fANOVA importance can and cannot say: importance.md and docs/TUNING.md
 IMPORTANCE_MEANING = (
@@ -122,16 +132,15 @@ def write_outputs(study: Any, out: Path) -> dict[str, Path]:
     notes: list[str] = []
     rows = leaderboard(study)
     cols = list(dict.fromkeys(k for r in rows for k in r))
-    with open(out / "summary.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
-    paths["summary.csv"] = out / "summary.csv"
+    text = io.StringIO()
+    w = csv.DictWriter(text, fieldnames=cols)
+    w.writeheader()
+    w.writerows(rows)
+    paths["summary.csv"] = replace_file(out / "summary.csv", text.getvalue())
     imp = importances(study)
     paths.update(write_importance(study, imp, out))
     try:
-        (out / "best.yaml").write_text(best_params_yaml(study))
-        paths["best.yaml"] = out / "best.yaml"
+        paths["best.yaml"] = replace_file(out / "best.yaml", best_params_yaml(study))
     except ValueError as e:
         notes.append(f"best.yaml not written: {e}")
     from optuna.visualization import matplotlib as ovm  # (matplotlib: only when a study's outputs are drawn)
@@ -153,9 +162,10 @@ def write_outputs(study: Any, out: Path) -> dict[str, Path]:
                 ax = make()
             fig = (ax.flat[0] if hasattr(ax, "flat") else ax).figure
             fig.set_size_inches(max(fig.get_size_inches()[0], 7), max(fig.get_size_inches()[1], 5))
-            fig.savefig(out / name, dpi=110, bbox_inches="tight")
+            png = io.BytesIO()
+            fig.savefig(png, format="png", dpi=110, bbox_inches="tight")
             plt.close(fig)
-            paths[name] = out / name
+            paths[name] = replace_file(out / name, png.getvalue())
         except (ValueError, RuntimeError, ZeroDivisionError) as e:
             notes.append(f"{name} not drawn: {e}")
         plt.close("all")
@@ -166,12 +176,22 @@ def write_outputs(study: Any, out: Path) -> dict[str, Path]:
           "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     md += ["| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |" for r in rows]
     md += ["", *[f"- {n}" for n in notes]]
-    (out / "summary.md").write_text("\n".join(md) + "\n")
-    paths["summary.md"] = out / "summary.md"
+    paths["summary.md"] = replace_file(out / "summary.md", "\n".join(md) + "\n")
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     paths.update(write_confirm(study, out))
+    drop_earlier_outputs(out, set(paths))
     return paths
+
+
+def drop_earlier_outputs(out: Path, written: set[str]) -> None:
+    """Remove the outputs (``OUTPUT_NAMES``) an earlier call left in ``out`` that this one did not write: a stale
+    best.yaml beside a summary that no longer has a best trial would be read as this study's. (The folder is
+    pobench's: ``--out`` is checked, the default is under ``.pobench/``.) A link is removed, never followed."""
+    for name in set(OUTPUT_NAMES) - written:
+        path = out / name
+        if path.is_symlink() or path.is_file():
+            path.unlink()
 
 
 @dataclass(frozen=True)
@@ -227,10 +247,11 @@ def few_trials(n_params: int) -> int:
 def write_importance(study: Any, imp: Importance, out: Path) -> dict[str, Path]:
     """``importance.csv`` (one row per parameter; only the header when there are none) and ``importance.md`` (the
     table, the trials it rests on and what it means, or why there is none)."""
-    with open(out / "importance.csv", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["parameter", "importance", "variance_fraction", "n_complete"])
-        w.writerows([k, repr(v), repr(imp.variance[k]), imp.n_complete] for k, v in imp.normalized.items())
+    text = io.StringIO()
+    w = csv.writer(text)
+    w.writerow(["parameter", "importance", "variance_fraction", "n_complete"])
+    w.writerows([k, repr(v), repr(imp.variance[k]), imp.n_complete] for k, v in imp.normalized.items())
+    replace_file(out / "importance.csv", text.getvalue())
     n_all = len(study.get_trials(deepcopy=False))
     md = [f"# Parameter importance (fANOVA): study `{study.study_name}`", "",
           f"Metric `{study.user_attrs.get('metric', '?')}` ({study.direction.name.lower()}); rests on "
@@ -247,7 +268,7 @@ def write_importance(study: Any, imp: Importance, out: Path) -> dict[str, Path]:
         md += [f"| {k} | {v:.3f} | {imp.variance[k]:.3f} |" for k, v in imp.normalized.items()]
         md += [f"| (interactions) | | {max(0.0, 1 - sum(imp.variance.values())):.3f} |", ""]
     md += [IMPORTANCE_MEANING, ""]
-    (out / "importance.md").write_text("\n".join(md))
+    replace_file(out / "importance.md", "\n".join(md))
     return {"importance.csv": out / "importance.csv", "importance.md": out / "importance.md"}
 
 

@@ -248,3 +248,19 @@ def test_a_plugins_non_daemon_thread_does_not_keep_bench_alive(tmp_path):
     assert done.returncode == 0 and "thr-pg" in done.stdout, done.stderr[-3000:]
     assert time.monotonic() - t0 < 60
     assert "thread(s) forever (plugin thr.py) still running after the command ended" in done.stderr, done.stderr
+
+
+def test_a_plugin_changing_the_working_folder_at_import_does_not_move_the_commands_paths(tmp_path, bench_here):
+    """Issue 29 (round 6): a plugin calling os.chdir at import moved every relative path of the command (its run
+    folder, its store, the plugin file), and the command reported them as deleted. pobench changes the folder back
+    at once and says so in a warning; the run is trained where the user ran the command, nothing lands elsewhere."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "cd.py").write_text(f"import os\nos.chdir({str(elsewhere)!r})\nfrom algorithms import register\n"
+                                    "register('cd-pg', base='grpo', description='grpo, from a plugin that moves')\n")
+    rc, _, err = bench_here(["train", "--plugin", "cd.py", "--algo", "cd-pg", "--run-name", "r", *TINY], tmp_path)
+    assert rc == 0, err[-3000:]
+    assert f"plugin cd.py changed the working folder to {elsewhere} while imported" in err, err
+    assert list(elsewhere.iterdir()) == []
+    assert (tmp_path / "mlflow.db").is_file()
+    assert statuses(f"sqlite:///{tmp_path}/mlflow.db", "pobench", "train") == ["FINISHED"]

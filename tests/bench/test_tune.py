@@ -508,3 +508,31 @@ def test_readme_postgresql_url_works_against_a_real_server(postgres, capsys):
     assert cli.main(["tune", "--storage", plain, "--show"]) == 2  # connects, lists the studies, asks for --study
     err = capsys.readouterr().err
     assert f"studies in {plain}: readme" in err, err
+
+
+def test_outputs_of_an_earlier_study_state_are_not_left_beside_the_new_ones(tmp_path):
+    """Issue 29 (round 6): `bench tune --out O` (or `--show`) wrote its files over the earlier ones but left those
+    it did not write this time: a best.yaml, contour and confirm table of a study whose trials now all failed (or of
+    another study) stayed beside a summary without a best trial. Every output is also replaced whole, so a link the
+    user put in the folder is replaced, and the file it points to untouched."""
+    out = tmp_path / "out"
+    first = _scored_study([0.1, 0.5, 0.3, 0.2], params=("kl_coef", "entropy_threshold"))
+    first.set_user_attr("algo", "grpo")
+    first.set_user_attr("confirm", {"same": True, "metric": "eval/accuracy", "seeds": [5], "trial": 1,
+                                    "trial_value": 0.5, "fields": {"kl_coef": [0.0, 0.0]}, "runs": [],
+                                    "direction": "maximize"})
+    before = write_outputs(first, out)
+    assert {"best.yaml", "contour.png", "importance.png", "history.png", "confirm.md", "confirm.csv"} <= set(before)
+    mine = tmp_path / "mine.md"
+    mine.write_text("my notes\n")
+    (out / "summary.md").unlink()
+    (out / "summary.md").symlink_to(mine)  # a link of the user's in place of an output
+
+    second = _scored_study([], params=("kl_coef", "entropy_threshold"), pruned=2)  # no complete trial
+    second.set_user_attr("algo", "grpo")
+    now = write_outputs(second, out)
+    assert {"best.yaml", "contour.png", "importance.png", "confirm.md", "confirm.csv"}.isdisjoint(now)
+    left = sorted(p.name for p in out.iterdir())
+    assert left == sorted(now), left  # nothing of the first study's state is left
+    assert "best.yaml not written" in (out / "summary.md").read_text()
+    assert not (out / "summary.md").is_symlink() and mine.read_text() == "my notes\n"

@@ -128,6 +128,21 @@ def test_ctrl_c_before_the_report_is_written_is_one_line_and_130(tmp_path, store
                                  f"{tmp_path / 'out'}"), err
 
 
+def test_a_sigterm_striking_inside_c_run_python_still_exits_143(tmp_path):
+    """The flaky end of the test above: a SIGTERM that struck while a C extension ran Python through
+    ``PyRun_String`` (as some do while imported) made the process, after its one line, end by SIGINT (-2, 130 to a
+    shell) instead of 143, because CPython marks such an interrupt as unhandled. Made deterministic with a plugin
+    that signals itself from inside ``PyRun_SimpleString``."""
+    (tmp_path / "cee.py").write_text(
+        "import ctypes\n"
+        "ctypes.pythonapi.PyRun_SimpleString(b'import os, signal; os.kill(os.getpid(), signal.SIGTERM)')\n"
+        "raise KeyboardInterrupt  # (what the interrupt would have done outside PyRun_String)\n")
+    done = subprocess.run([sys.executable, "-m", "bench.cli", "list", "--plugin", "cee.py"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 128 + signal.SIGTERM, (done.returncode, done.stderr[-2000:])
+    assert _lines(done.stderr)[-1].startswith("bench list: stopped by SIGTERM; kept nothing"), done.stderr
+
+
 def test_ctrl_c_after_the_report_is_written_exits_0(tmp_path, store):
     proc = _report(tmp_path, store)
     first = proc.stdout.readline()

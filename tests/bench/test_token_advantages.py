@@ -224,3 +224,16 @@ def test_trl_and_verl_refuse_a_token_estimator_before_any_work(tmp_path, engine,
     with pytest.raises(ValueError, match=why):
         check(cfg)
     assert not any(tmp_path.iterdir())
+
+
+def test_a_short_native_run_trains_with_a_token_estimator(tmp_path):
+    """Two steps of the native loop end to end (sampling, the scoring pass, the update, metrics, samples)."""
+    from bench.engines.entry import train
+    from tests.conftest import fresh_store
+
+    cfg = TrainConfig(algo="dapo", objective_overrides={"advantage_estimator": OTB}, steps=2, prompts_per_step=4,
+                      group_size=4, max_new_tokens=16, eval_every=0, checkpoint_every=0, samples_every=1,
+                      output_dir=str(tmp_path / "run"), tracking_uri=fresh_store(tmp_path / "mlflow"),
+                      experiment="test-otb", run_name="otb")
+    res = train(cfg)
+    assert res.steps_done == 2

@@ -16,6 +16,7 @@ from .advantages import (
     group_advantages,
     register_advantage,
     registered_advantage,
+    sum_pi_squared,
     token_baseline_advantages,
     unregister_advantage,
 )
@@ -47,8 +48,8 @@ __all__ = [
     "PolicyGradient", "aggregate", "aggregation_weight",
     "default_config", "estimator_names", "get_objective", "get_spec", "group_advantages", "kl_estimate",
     "list_controls", "list_objectives", "objective_groups", "param", "register", "register_advantage",
-    "registered_advantage", "resolve_names", "search_space", "TOKEN_ESTIMATORS", "token_baseline_advantages",
-    "unregister", "unregister_advantage",
+    "registered_advantage", "resolve_names", "search_space", "sum_pi_squared", "TOKEN_ESTIMATORS",
+    "token_baseline_advantages", "unregister", "unregister_advantage",
 ]
 
 register("grpo", ClippedPG, paper="arXiv 2402.03300",

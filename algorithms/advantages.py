@@ -13,8 +13,10 @@ gets exactly the inputs ``needs`` declares and returns (P, G) advantages; an obj
 ``advantage_estimator`` field, in every engine that can provide what it needs (docs/PLUGINS.md).
 
 verl's per-token optimal baselines (``TOKEN_ESTIMATORS``, ``token_baseline_advantages``) are the exception: one
-advantage per token, from π_old's per-token statistics, so they are computed here but no objective can select them
-(docs/objectives.md, "Not included").
+advantage per token, from π_old's per-token statistics (log π_old and Σ_v π_old² at every token), which exist only
+once the rollout is scored. An objective selects them by ``advantage_estimator`` like the others; its
+``advantages_from_token_stats`` computes them after the engine's scoring pass, and its loss reads
+``PolicyBatch.token_advantages`` (docs/objectives.md, "Per-token optimal baselines").
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ ESTIMATOR_NEEDS: dict[str, tuple[str, ...]] = {
 }
 INPUTS = ("lengths", "greedy_rewards")  # what an estimator may declare it needs
 #: per-token estimators (verl's optimal token baselines, ``token_baseline_advantages``): the baseline changes from one
-#: token of a completion to the next, so their advantages are (P, G, T), and ``PolicyBatch.advantages`` holds one value
-#: per completion. They are computed and tested here (parity with verl), listed by ``bench list``, and refused as an
-#: objective's ``advantage_estimator`` (``check_selectable``) until the batch carries per-token advantages.
+#: token of a completion to the next, so their advantages are (P, G, T). An objective that selects one computes them in
+#: ``Objective.advantages_from_token_stats`` once π_old has scored the rollout, and reads them from
+#: ``PolicyBatch.token_advantages`` (``group_advantages`` refuses them: ``check_selectable``).
 TOKEN_ESTIMATORS = ("optimal-token-baseline", "tir-optimal-token-baseline")
 #: what they read beyond the rewards, per token of the sampling policy: log π_old(y_t) and Σ_v π_old(v)², a
 #: full-vocabulary quantity no engine keeps (``sum_pi_squared`` computes it from the logits)
@@ -89,18 +91,19 @@ def unregister_advantage(name: str) -> None:
 
 
 def estimator_names() -> tuple[str, ...]:
-    """Every valid ``advantage_estimator``: the built-in ones, then those plugins registered."""
-    return (*ADVANTAGE_ESTIMATORS, *_REGISTERED)
+    """Every valid ``advantage_estimator``: the built-in ones (per-token ones included), then those plugins
+    registered."""
+    return (*ADVANTAGE_ESTIMATORS, *TOKEN_ESTIMATORS, *_REGISTERED)
 
 
 def check_selectable(name: str) -> None:
-    """Refuse (ValueError, one line) a per-token estimator as an objective's ``advantage_estimator``: it is known,
-    but nothing gives it its inputs yet (log π_old and Σπ_old² at every token, when advantages are computed)."""
+    """Refuse (ValueError, one line) a per-token estimator where one advantage per completion is computed from the
+    rewards alone (``group_advantages``): it needs log π_old and Σπ_old² at every token, after the scoring pass."""
     if name in TOKEN_ESTIMATORS:
         raise ValueError(f"advantage estimator {name!r} gives one advantage per TOKEN (a baseline for every position "
-                         "of a completion), and needs log π_old and Σ_v π_old² at every token when the advantages "
-                         "are computed, which no engine gives an estimator yet, so no objective can select it "
-                         "(algorithms.token_baseline_advantages computes it; docs/objectives.md)")
+                         "of a completion) from log π_old and Σ_v π_old² at every token, not one per completion from "
+                         "the rewards: Objective.advantages_from_token_stats computes it once the rollout is scored "
+                         "(algorithms.token_baseline_advantages; docs/objectives.md)")
 
 
 def registered_advantage(name: str) -> AdvantageSpec | None:

@@ -15,7 +15,14 @@ import torch
 
 from evaluators.hints import is_metric_key
 
-from .advantages import check_selectable, estimator_names, estimator_needs, group_advantages
+from .advantages import (
+    TOKEN_ESTIMATOR_NEEDS,
+    TOKEN_ESTIMATORS,
+    estimator_names,
+    estimator_needs,
+    group_advantages,
+    token_baseline_advantages,
+)
 from .aggregation import AGGREGATIONS, aggregation_weight
 from .batch import PolicyBatch
 from .correction import BATCH_OPTIONS, ROLLOUT_CORRECTIONS
@@ -64,7 +71,6 @@ class ObjectiveConfig:
                                              paper="arXiv 2512.02556", search=(0.05, 2.0, True), switch=True)
 
     def __post_init__(self) -> None:
-        check_selectable(self.advantage_estimator)  # a per-token estimator: known, but not one an objective can use
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             if callable(choices):  # a set that plugins extend (advantage estimators): read at validation time
@@ -83,6 +89,10 @@ class ObjectiveConfig:
             self._bad("rollout_correction_cap", "must be > 1")
         if self.off_policy_mask_threshold < 0:
             self._bad("off_policy_mask_threshold", "must be >= 0 (0 disables the mask)")
+        if self.off_policy_mask_threshold != 0 and self.advantage_estimator in TOKEN_ESTIMATORS:
+            self._bad("off_policy_mask_threshold", "the off-policy sequence mask reads one advantage per completion "
+                                                   f"(Â_i < 0), and advantage_estimator={self.advantage_estimator!r} "
+                                                   "gives one per token; leave it at 0")
 
     def _bad(self, name: str, why: str) -> None:
         raise ValueError(f"{type(self).__name__}.{name}={getattr(self, name)!r}: {why}")
@@ -155,6 +165,9 @@ class Objective:
                                      f"leave it at {off!r}")
         self.config = config
         self.name = name or type(self).__name__
+        if self.token_estimator is not None and (why := self.token_advantage_refusal()):
+            raise ValueError(f"objective {self.name!r} cannot use advantage_estimator={self.token_estimator!r} (one "
+                             f"advantage per token): {why}")
         #: what the objective carries from one optimizer step to the next (``initial_state``; empty: nothing)
         self.state: dict[str, float] = self.initial_state()
 
@@ -202,8 +215,60 @@ class Objective:
     @property
     def uses_token_advantages(self) -> bool:
         """Whether the loss reads one advantage per token (``PolicyBatch.token_advantages``) instead of one per
-        completion (``PolicyBatch.advantages`` broadcast over its tokens)."""
-        return False
+        completion (``PolicyBatch.advantages`` broadcast over its tokens): with a per-token estimator selected
+        (``token_estimator``), or for an objective whose advantages are per token by construction (PPO's GAE)."""
+        return self.token_estimator is not None
+
+    # --- per-token advantage estimators (verl's optimal token baselines, algorithms.advantages.TOKEN_ESTIMATORS)
+    @property
+    def token_estimator(self) -> str | None:
+        """The per-token estimator the config selects (``advantage_estimator`` in ``TOKEN_ESTIMATORS``), else None."""
+        est = self.config.advantage_estimator
+        return est if est in TOKEN_ESTIMATORS else None
+
+    @property
+    def token_advantage_needs(self) -> tuple[str, ...]:
+        """What ``advantages_from_token_stats`` needs of the sampling policy π_old at every completion token, once the
+        rollout is scored: ``old_logprobs`` and ``sum_pi_squared`` (Σ_v π_old(v)²) with a per-token estimator, nothing
+        otherwise (then an engine computes nothing more)."""
+        return TOKEN_ESTIMATOR_NEEDS if self.token_estimator is not None else ()
+
+    def token_advantage_refusal(self) -> str | None:
+        """Why this objective's loss cannot train on per-token advantages (one line), or None when it can: then a
+        per-token estimator may be selected and the loss reads ``PolicyBatch.token_advantages`` in place of Â_i.
+        Checked when the objective is built. The default refuses: a loss must say it reads per-token advantages
+        (``PolicyGradient``'s skeleton does, through its policy term)."""
+        return "its loss reads one advantage per completion (PolicyBatch.advantages), not PolicyBatch.token_advantages"
+
+    def advantages_from_token_stats(self, rewards: torch.Tensor, mask: torch.Tensor, old_logprobs: torch.Tensor,
+                                    sum_pi_squared: torch.Tensor, *, group_size: int,
+                                    is_weights: torch.Tensor | None = None) -> torch.Tensor:
+        """(N,) shaped outcome rewards (N = P·G completions, prompt-major: the G completions of a prompt adjacent),
+        their (N, T) mask, π_old's (N, T) log-probs and Σ_v π_old(v)² at every token, and optional (N, T) or (N, 1)
+        rollout-correction IS weights -> (N, T) per-token advantages of the selected per-token estimator
+        (``algorithms.token_baseline_advantages``: each reward on its completion's last counted token, the rows grouped
+        (P, G, T)), constants, 0 on padding."""
+        from .critic import outcome_token_rewards
+
+        est = self.token_estimator
+        if est is None:
+            raise ValueError(f"objective {self.name!r}: advantage_estimator={self.config.advantage_estimator!r} is not "
+                             f"a per-token estimator ({', '.join(TOKEN_ESTIMATORS)})")
+        N, T = mask.shape
+        if group_size < 1 or N % group_size:
+            raise ValueError(f"advantages_from_token_stats: {N} completions do not split into groups of {group_size}")
+        dtype = old_logprobs.dtype if old_logprobs.is_floating_point() else torch.float32
+        mask = mask.to(dtype)
+        token_rewards = outcome_token_rewards(rewards.to(dtype), mask)
+        if is_weights is not None:
+            is_weights = is_weights.to(dtype).expand(N, T)
+
+        def grouped(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.reshape(N // group_size, group_size, T)
+
+        adv, _ = token_baseline_advantages(est, grouped(token_rewards), grouped(mask), grouped(old_logprobs.to(dtype)),
+                                           grouped(sum_pi_squared.to(dtype)), is_weights=grouped(is_weights))
+        return adv.reshape(N, T)
 
     @property
     def critic(self) -> CriticSpec | None:
@@ -336,7 +401,10 @@ class Objective:
     def advantages(self, rewards: torch.Tensor, *, lengths: torch.Tensor | None = None,
                    greedy_rewards: torch.Tensor | None = None) -> torch.Tensor:
         """(P, G) rewards -> (P, G) advantages (``lengths`` (P, G) and ``greedy_rewards`` (P,) when the estimator
-        declares it needs them: ``advantage_needs``)."""
+        declares it needs them: ``advantage_needs``). With a per-token estimator: the rewards themselves (its
+        advantages are ``advantages_from_token_stats``', once π_old has scored the completions)."""
+        if self.token_estimator is not None:
+            return rewards.clone()
         return group_advantages(rewards, self.config.advantage_estimator, lengths=lengths,
                                 greedy_rewards=greedy_rewards)
 

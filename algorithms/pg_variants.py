@@ -121,6 +121,10 @@ class GMPO(PolicyGradient):
     policy_term_vanishes_at_zero_advantage = True  # −Â·exp(mean_t sgn(Â)·…) = −Â·1 at Â = 0
     folds_is_weights = True
 
+    def token_advantage_refusal(self) -> str | None:
+        return ("its term is −Â_i times one sequence ratio, the geometric mean over the tokens clipped by the sign "
+                "of Â_i: one advantage per completion")
+
     def policy_term(self, batch, ratio, adv, is_w):
         c = self.config
         log_r = batch.logprobs - batch.old_logprobs
@@ -194,6 +198,10 @@ class VESPO(PolicyGradient):
     policy_term_vanishes_at_zero_advantage = True  # −sg[φ]·Â·lp, φ finite (nan_to_num)
     folds_is_weights = True
 
+    def token_advantage_refusal(self) -> str | None:
+        return ("its weight φ of the sequence ratio takes its shape (k, λ) from the sign of the per-completion Â_i: "
+                "one weight per completion")
+
     def policy_term(self, batch, ratio, adv, is_w):
         c = self.config
         floor = math.log(1e-8)
@@ -242,6 +250,10 @@ class TOPR(PolicyGradient):
 
     config_class = TOPRConfig
     policy_term_vanishes_at_zero_advantage = True  # −sg[w]·Â·lp with w ∈ [0, 1]
+
+    def token_advantage_refusal(self) -> str | None:
+        return ("it tapers a whole completion (its sequence ratio truncated at 1) by the sign of the per-completion "
+                "Â_i")
 
     def policy_term(self, batch, ratio, adv, is_w):
         log_r = ((batch.logprobs - batch.old_logprobs).detach() * batch.mask).sum(-1, keepdim=True)  # (B, 1)

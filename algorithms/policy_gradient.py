@@ -111,6 +111,12 @@ class PolicyGradient(Objective):
     #: only the KL and entropy terms can give such a sequence gradient (``zero_advantage_terms``)
     policy_term_vanishes_at_zero_advantage = False
 
+    def token_advantage_refusal(self) -> str | None:
+        """None: the skeleton hands ``policy_term`` Â as (B, T) ``token_advantages`` when a per-token estimator is
+        selected, and a policy term that treats Â token by token (the clipped surrogate, CISPO, SAPO, ...) is then the
+        per-token loss. A subclass whose policy term or selection reads Â_i per completion refuses (one line why)."""
+        return None
+
     def zero_advantage_terms(self) -> tuple[str, ...]:
         c = self.config
         terms = [] if self.split_invariant else [SELECTS_ACROSS_BATCH]
@@ -226,7 +232,8 @@ class PolicyGradient(Objective):
         c = self.config
         batch, is_w, keep, batch_metrics = prepare(batch, c)
         ratio = self.ratio(batch)
-        # (B, 1) Â_i broadcast over the tokens, or (B, T) Â_it for an objective with per-token advantages (PPO)
+        # (B, 1) Â_i broadcast over the tokens, or (B, T) Â_it for an objective with per-token advantages (PPO, or a
+        # per-token estimator: ``token_estimator``)
         adv = batch.require("token_advantages", self.name) if self.uses_token_advantages else batch.advantages[:, None]
         pg, low, high, term_metrics = self._checked_term(self.policy_term(batch, ratio, adv, is_w), batch)
         pg = pg.expand_as(batch.logprobs)

@@ -65,6 +65,9 @@ class PPO(ClippedPG):
     def uses_token_advantages(self) -> bool:
         return True
 
+    def token_advantage_refusal(self) -> str | None:
+        return "PPO's per-token advantages are GAE's, from its critic's values"
+
     @property
     def critic(self) -> CriticSpec:
         c = self.config

@@ -215,10 +215,18 @@ def _advantage_inputs(obj, pb: ProbeBatch) -> dict[str, torch.Tensor]:
 
 
 def _token_advantages(obj, pb: ProbeBatch) -> torch.Tensor:
-    """Per-token advantages of an objective with a critic (PPO), from synthetic values: a critic that has learned
-    each prompt's success rate (its group's mean reward) up to per-token noise of 0.1 (an untrained critic, V ≡ 0,
-    would make GAE with γ = λ = 1 REINFORCE++'s whitened reward)."""
+    """Per-token advantages of an objective that reads them. With a per-token estimator (``token_estimator``): its
+    ``advantages_from_token_stats`` on the batch's rewards, mask and π_old log-probs, with Σ_v π_old² synthesised
+    from H_old as exp(−H_old) (Σπ² = exp(−H₂) >= exp(−H)), kept inside what a distribution with π_old(y) can have,
+    [π², π² + (1 − π)²]. With a critic (PPO), from synthetic values: a critic that has learned each prompt's success
+    rate (its group's mean reward) up to per-token noise of 0.1 (an untrained critic, V ≡ 0, would make GAE with
+    γ = λ = 1 REINFORCE++'s whitened reward)."""
     P, G = pb.rewards.shape
+    if obj.token_estimator is not None:
+        p = pb.old_logprobs.exp()
+        s2 = torch.minimum(torch.maximum(torch.exp(-pb.old_entropy), p.square()), p.square() + (1 - p).square())
+        return obj.advantages_from_token_stats(pb.rewards.reshape(-1), pb.mask, pb.old_logprobs, s2 * pb.mask,
+                                               group_size=G)
     g = torch.Generator().manual_seed(0)
     values = pb.rewards.mean(-1, keepdim=True).expand(P, G).reshape(-1, 1) + 0.1 * torch.randn(
         pb.mask.shape, generator=g, dtype=torch.float64)

@@ -80,6 +80,10 @@ class ClipCov(ClippedPG):
     config_class = ClipCovConfig
     split_invariant = False
 
+    def token_advantage_refusal(self) -> str | None:
+        return ("its selection ranks tokens by the covariance of log π with the per-completion Â_i "
+                "(centred_covariance) and reads the clip masks of Â_i")
+
     def select(self, pg, batch, generator):
         c = self.config
         valid = batch.mask > 0
@@ -126,6 +130,10 @@ class KLCov(ClippedPG):
 
     config_class = KLCovConfig
     split_invariant = False
+
+    def token_advantage_refusal(self) -> str | None:
+        return ("its selection ranks tokens by the covariance of log π with the per-completion Â_i "
+                "(centred_covariance), and its unclipped surrogate is −r·Â_i")
 
     def select(self, pg, batch, generator):
         c = self.config

@@ -65,6 +65,10 @@ class TEPOConfig(ObjectiveConfig):
 class TEPOObjective(Objective):
     config_class = TEPOConfig
 
+    def token_advantage_refusal(self) -> str | None:
+        return ("its loss builds its own per-token advantages from the per-completion Â_i (likelihood credit) and "
+                "masks its KL by Â_i > τ_A")
+
     def zero_advantage_terms(self) -> tuple[str, ...]:
         """The surrogate is 0 at Â_i = 0 (likelihood credit scales Â_i); the masked KL reaches such a sequence unless
         its mask requires Â_i > τ_A with τ_A >= 0."""

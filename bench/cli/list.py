@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
         needs = f" (needs {', '.join(spec.needs)})" if spec.needs else ""
         print(f"\nadvantage estimator {spec.name}: {spec.description}{needs} [{describe_module(spec.module)}]")
     print(f"\nadvantage estimators (advantage_estimator): {', '.join(estimator_names())}")
-    print(f"per-token advantage estimators (not selectable yet: no engine gives them log π_old and Σπ² per token; "
-          f"docs/objectives.md): {', '.join(TOKEN_ESTIMATORS)}")
+    print(f"per-token advantage estimators (selectable by advantage_estimator; one more scoring pass for log π_old and "
+          f"Σπ² per token; native engine only, not every objective: docs/objectives.md): {', '.join(TOKEN_ESTIMATORS)}")
     for root, members in objective_groups().items():
         print(f"\ngroup @{root} (bench run --ablation {root}): {', '.join(members)}")
     return 0

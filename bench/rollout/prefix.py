@@ -60,16 +60,18 @@ def cache_argument(net) -> str:
 
 
 def score_shared(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], temperature: float = 1.0,
-                 grad: bool = False, pad_id: int = 0, chunk_mb: float = DEFAULT_CHUNK_MB
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``score``'s (logprobs (B, T), entropies (B, T), mask (B, T)) with each distinct prompt forwarded once.
+                 grad: bool = False, pad_id: int = 0, chunk_mb: float = DEFAULT_CHUNK_MB, sum_pi_squared: bool = False
+                 ) -> tuple[torch.Tensor, ...]:
+    """``score``'s (logprobs (B, T), entropies (B, T), mask (B, T)) with each distinct prompt forwarded once; with
+    ``sum_pi_squared`` also ``score``'s fourth tensor, Σ_v π(v)² per token.
 
     `prompt_ids` has one prompt per completion (rows of the same prompt need not be adjacent), or P prompts for P*n
     completions (prompt-major, as in ``Rollouts``). Falls back to ``score`` where ``can_share`` says no.
     """
     prompt_ids = one_prompt_per_completion(prompt_ids, completion_ids)
     if not can_share(model, grad):
-        return score(model, prompt_ids, completion_ids, temperature, grad=grad, pad_id=pad_id, chunk_mb=chunk_mb)
+        return score(model, prompt_ids, completion_ids, temperature, grad=grad, pad_id=pad_id, chunk_mb=chunk_mb,
+                     sum_pi_squared=sum_pi_squared)
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -110,9 +112,8 @@ def score_shared(model, prompt_ids: list[list[int]], completion_ids: list[list[i
         if parts is not None:
             head = parts[1]
             pred = torch.cat([first.last_hidden_state[:, -1:][rows], rest.last_hidden_state[:, :-1]], dim=1)
-            logprobs, entropies = head_stats(head, pred, c_ids, mask, temperature, chunk_mb)  # (B, T), (B, T)
+            stats = head_stats(head, pred, c_ids, mask, temperature, chunk_mb, sum_pi_squared)  # (B, T) each
         else:
             logits = torch.cat([first.logits[:, -1:][rows], rest.logits[:, :-1]], dim=1)  # (B, T, V)
-            logprobs, entropies = token_stats(logits, c_ids, temperature)
-            logprobs, entropies = logprobs * mask, entropies * mask
-    return logprobs, entropies, mask
+            stats = tuple(x * mask for x in token_stats(logits, c_ids, temperature, sum_pi_squared))
+    return (*stats[:2], mask, *stats[2:])

@@ -21,6 +21,8 @@ import warnings
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from algorithms.advantages import sum_pi_squared as pi_squared
+
 # model types whose logits are exactly lm_head(last hidden state): no soft-capping or scaling after the head
 CHUNKABLE = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe"})
 DEFAULT_CHUNK_MB = 256.0  # float32 logits per chunk: 441 tokens at Qwen2.5's vocabulary of 151,936
@@ -64,22 +66,29 @@ def layout(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id:
     return ids.to(device), mask.to(device), positions.to(device), lp, lc
 
 
-def token_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def token_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float, sum_pi_squared: bool = False
+                ) -> tuple[torch.Tensor, ...]:
     """Log-prob of `targets` and full-vocabulary entropy under softmax(logits / temperature), in float32.
 
-    logits (..., V), targets (...) -> (logprobs (...), entropies (...)); temperature 0 (greedy) counts as 1.
+    logits (..., V), targets (...) -> (logprobs (...), entropies (...)); temperature 0 (greedy) counts as 1. With
+    ``sum_pi_squared`` a third tensor (...): Σ_v π(v)² of the same temperature-scaled distribution
+    (``algorithms.sum_pi_squared``; what the per-token optimal baselines weigh tokens by).
     """
     t = temperature if temperature > 0 else 1.0
-    logp = torch.log_softmax(logits.float() / t, dim=-1)                 # (..., V)
+    scaled = logits.float() / t                                          # (..., V)
+    logp = torch.log_softmax(scaled, dim=-1)                             # (..., V)
     chosen = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)          # (...)
     entropy = -(logp.exp() * logp).sum(-1)                               # (...)
+    if sum_pi_squared:
+        return chosen, entropy, pi_squared(scaled)
     return chosen, entropy
 
 
 def score(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], temperature: float = 1.0,
-          grad: bool = False, pad_id: int = 0, chunk_mb: float = DEFAULT_CHUNK_MB
-          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token (logprobs (B,T), entropies (B,T), mask (B,T)) of the completions; zeros where mask is 0.
+          grad: bool = False, pad_id: int = 0, chunk_mb: float = DEFAULT_CHUNK_MB, sum_pi_squared: bool = False
+          ) -> tuple[torch.Tensor, ...]:
+    """Per-token (logprobs (B,T), entropies (B,T), mask (B,T)) of the completions; zeros where mask is 0. With
+    ``sum_pi_squared`` a fourth (B, T) tensor: Σ_v π(v)² of the same distribution at every token (0 on padding).
 
     Log-probs and entropies are those of softmax(logits / temperature) (temperature 0 counts as 1), in float32.
     `grad` keeps the autograd graph (the current policy); otherwise it runs under ``torch.no_grad``.
@@ -97,40 +106,43 @@ def score(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], t
             # logits of the last lc+1 positions: those at lp-1 .. lp+lc-2 predict completion tokens 0 .. lc-1
             out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=lc + 1)
             logits = out.logits[:, :-1, :]                               # (B, T, V)
-            logprobs, entropies = token_stats(logits, targets, temperature)  # (B, T), (B, T)
-            return logprobs * mask, entropies * mask, mask
+            stats = token_stats(logits, targets, temperature, sum_pi_squared)  # (B, T) each
+            return (*(x * mask for x in stats[:2]), mask, *(x * mask for x in stats[2:]))
         backbone, head = parts
         hidden = backbone(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
-        logprobs, entropies = head_stats(head, hidden[:, lp - 1:-1, :], targets, mask, temperature, chunk_mb)
-    return logprobs, entropies, mask
+        stats = head_stats(head, hidden[:, lp - 1:-1, :], targets, mask, temperature, chunk_mb, sum_pi_squared)
+    return (*stats[:2], mask, *stats[2:])
 
 
 def head_stats(head, hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, temperature: float,
-               chunk_mb: float) -> tuple[torch.Tensor, torch.Tensor]:
+               chunk_mb: float, sum_pi_squared: bool = False) -> tuple[torch.Tensor, ...]:
     """(logprobs (B, T), entropies (B, T)) of ``targets`` from the hidden states that predict them (B, T, H), through
     the output head in chunks of at most ``chunk_mb`` MiB of float32 logits (real tokens only: zeros where mask is 0);
-    with gradient each chunk is recomputed in the backward pass (module docstring)."""
+    with gradient each chunk is recomputed in the backward pass (module docstring). With ``sum_pi_squared`` a third
+    (B, T) tensor, Σ_v π(v)² (``token_stats``)."""
     real = mask.bool()                                                   # (B, T)
     h = hidden[real]                                                     # (N, H): states predicting real tokens
     y = targets[real]                                                    # (N,)
     rows = max(1, int(chunk_mb * 2**20) // (4 * head.out_features))
-    lps, ents = [], []
+    chunks = []
     for s in range(0, h.shape[0], rows):
         if torch.is_grad_enabled() and h.requires_grad:
-            c_lp, c_ent = checkpoint(_head_stats, head, h[s:s + rows], y[s:s + rows], temperature,
-                                     use_reentrant=False)
+            chunks.append(checkpoint(_head_stats, head, h[s:s + rows], y[s:s + rows], temperature, sum_pi_squared,
+                                     use_reentrant=False))
         else:
-            c_lp, c_ent = _head_stats(head, h[s:s + rows], y[s:s + rows], temperature)
-        lps.append(c_lp)
-        ents.append(c_ent)
+            chunks.append(_head_stats(head, h[s:s + rows], y[s:s + rows], temperature, sum_pi_squared))
     where = real.nonzero(as_tuple=True)
     zeros = torch.zeros_like(mask)
-    return zeros.index_put(where, torch.cat(lps)), zeros.index_put(where, torch.cat(ents))  # (B, T), (B, T)
+    n_out = 3 if sum_pi_squared else 2
+    if not chunks:  # no real token at all
+        return tuple(zeros.clone() for _ in range(n_out))
+    return tuple(zeros.index_put(where, torch.cat([c[k] for c in chunks])) for k in range(n_out))  # (B, T) each
 
 
-def _head_stats(head, h: torch.Tensor, y: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chosen-token log-probs and entropies of one chunk: h (n, H), y (n,) -> (n,), (n,)."""
-    return token_stats(head(h), y, temperature)
+def _head_stats(head, h: torch.Tensor, y: torch.Tensor, temperature: float, sum_pi_squared: bool = False
+                ) -> tuple[torch.Tensor, ...]:
+    """Chosen-token log-probs and entropies (and Σπ²) of one chunk: h (n, H), y (n,) -> (n,) each."""
+    return token_stats(head(h), y, temperature, sum_pi_squared)
 
 
 _warned: set[str] = set()

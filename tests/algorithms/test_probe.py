@@ -152,3 +152,20 @@ def test_bench_list_compare_prints_a_row_for_ppo_and_cfpo(capsys):
     rows = {line.split()[0]: line for line in out.splitlines()[2:] if line.strip() and not line.startswith("WARNING")}
     assert set(rows) == {"ppo", "cfpo", "grpo"}
     assert "cfpo == grpo" in out
+
+
+def test_a_per_token_estimator_is_probed_with_its_token_advantages():
+    """DAPO with the optimal token baseline, on-policy: ∂L/∂lp_it = −Â_it·m_it / Σ m, Â_it its
+    ``advantages_from_token_stats`` on the probe batch (Σπ² from H_old, within [π², π² + (1 − π)²]); a gradient of its
+    own, not DAPO's."""
+    pb = make_batch(ONE_UPDATE)
+    otb = {"advantage_estimator": "optimal-token-baseline"}
+    g, _ = gradient("dapo", otb, [pb])
+    obj = get_objective("dapo", **otb)
+    p = pb.old_logprobs.exp()
+    s2 = torch.exp(-pb.old_entropy).clamp(min=p.square()).minimum(p.square() + (1 - p).square()) * pb.mask
+    tok = obj.advantages_from_token_stats(pb.rewards.reshape(-1), pb.mask, pb.old_logprobs, s2,
+                                          group_size=pb.rewards.shape[1])
+    n = pb.mask.numel()
+    assert torch.allclose(g[:n].view_as(pb.mask), -tok * pb.mask / pb.mask.sum(), atol=1e-15)
+    assert relative_difference(g, gradient("dapo", {}, [pb])[0]) > 0.05

@@ -1,5 +1,7 @@
 """The per-token optimal baselines (``optimal-token-baseline``, ``tir-optimal-token-baseline``): hand-computed small
-groups, and why no objective can select them. Parity with verl: tests/verl/test_verl_token_baseline.py."""
+groups; which objectives may select them (``Objective.advantages_from_token_stats``, the loss on
+``PolicyBatch.token_advantages``) and which refuse, and why. Parity with verl: tests/verl/test_verl_token_baseline.py;
+the native engine's step: tests/bench/test_token_advantages.py."""
 
 from __future__ import annotations
 
@@ -160,19 +162,95 @@ def test_inputs_are_checked():
 
 
 @pytest.mark.parametrize("estimator", TOKEN_ESTIMATORS)
-def test_no_objective_can_select_a_per_token_estimator(estimator):
-    """Known names, refused with the reason (not 'unknown'): their advantages are (P, G, T), PolicyBatch's one per
-    completion."""
-    assert estimator not in estimator_names()
-    with pytest.raises(ValueError, match="one advantage per TOKEN"):
-        get_objective("grpo", advantage_estimator=estimator)
+def test_an_objective_selects_a_per_token_estimator_by_its_advantage_estimator(estimator):
+    """Valid names now: grpo with one reads token_advantages and declares what the engine must score; the per-completion
+    path (group_advantages) still refuses them with the reason, and a plugin cannot take their names."""
+    assert estimator in estimator_names()
+    obj = get_objective("grpo", advantage_estimator=estimator)
+    assert obj.token_estimator == estimator and obj.uses_token_advantages
+    assert "token_advantages" in obj.batch_fields
+    assert obj.token_advantage_needs == ("old_logprobs", "sum_pi_squared")
+    plain = get_objective("grpo")
+    assert plain.token_estimator is None and not plain.uses_token_advantages and plain.token_advantage_needs == ()
     with pytest.raises(ValueError, match="one advantage per TOKEN"):
         group_advantages(torch.zeros(2, 3), estimator)
     with pytest.raises(ValueError, match="already registered"):
         register_advantage(estimator, lambda rewards: rewards, description="x")
 
 
+@pytest.mark.parametrize("name, why", [
+    ("tepo", "likelihood credit"), ("clip_cov", "covariance"), ("kl_cov", "covariance"), ("gmpo", "sequence ratio"),
+    ("vespo", "sign of the per-completion"), ("topr", "tapers a whole completion"), ("ppo", "GAE"),
+])
+def test_objectives_whose_loss_reads_the_per_completion_advantage_refuse_them(name, why):
+    with pytest.raises(ValueError, match=why):
+        get_objective(name, advantage_estimator=OTB)
+
+
+def test_the_off_policy_mask_is_refused_with_a_per_token_estimator():
+    """The mask drops sequences with Â_i < 0: with per-token advantages there is no Â_i to read."""
+    with pytest.raises(ValueError, match="off_policy_mask_threshold.*one advantage per completion"):
+        get_objective("grpo", advantage_estimator=OTB, off_policy_mask_threshold=0.5)
+    get_objective("grpo", off_policy_mask_threshold=0.5)  # (without one: as before)
+
+
+def test_advantages_from_token_stats_groups_rows_and_puts_the_reward_on_the_last_token():
+    """(N,) rewards of P·G prompt-major rows -> the (P, G, T) computation, reshaped; (N, 1) IS weights broadcast."""
+    obj = get_objective("dr_grpo", advantage_estimator=OTB)
+    g = torch.Generator().manual_seed(0)
+    P, G, T = 3, 4, 5
+    lengths = torch.randint(1, T + 1, (P * G,), generator=g)
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(torch.float64)
+    rewards = torch.randint(0, 2, (P * G,), generator=g).to(torch.float64)
+    old = -torch.rand(P * G, T, generator=g, dtype=torch.float64) * mask
+    s2 = (old.exp() ** 2 + 0.1) * mask
+    rho = 0.5 + torch.rand(P * G, 1, generator=g, dtype=torch.float64)
+    got = obj.advantages_from_token_stats(rewards, mask, old, s2, group_size=G, is_weights=rho)
+    r = torch.zeros(P * G, T, dtype=torch.float64)
+    r[torch.arange(P * G), lengths - 1] = rewards
+    want = token_baseline_advantages(OTB, r.view(P, G, T), mask.view(P, G, T), old.view(P, G, T), s2.view(P, G, T),
+                                     is_weights=rho.expand(P * G, T).reshape(P, G, T))[0].view(P * G, T)
+    torch.testing.assert_close(got, want)
+    assert not torch.equal(got, obj.advantages_from_token_stats(rewards, mask, old, s2, group_size=G))  # ρ counts
+    with pytest.raises(ValueError, match="groups of 5"):
+        obj.advantages_from_token_stats(rewards, mask, old, s2, group_size=5)
+    with pytest.raises(ValueError, match="not a per-token estimator"):
+        get_objective("dr_grpo").advantages_from_token_stats(rewards, mask, old, s2, group_size=G)
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "cispo", "dppo_tv", "forking_tokens"])
+def test_the_loss_reads_token_advantages_in_place_of_the_broadcast_one(name):
+    """With a per-token estimator the loss is the one on PolicyBatch.token_advantages: equal to the plain objective's
+    when Â_it = Â_i on every token, and it moves with Â_it (PolicyBatch.advantages unread)."""
+    from algorithms import PolicyBatch
+
+    g = torch.Generator().manual_seed(1)
+    B, T = 4, 6
+    mask = torch.ones(B, T, dtype=torch.float64)
+    mask[1, 4:] = 0
+    lp = (-torch.rand(B, T, generator=g, dtype=torch.float64)).requires_grad_(True)
+    old = lp.detach() - 0.05 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    a = torch.tensor([1.0, -0.5, 0.25, -1.0], dtype=torch.float64)
+
+    def batch(adv, tok=None):
+        return PolicyBatch(logprobs=lp, old_logprobs=old, advantages=adv, mask=mask, max_length=T,
+                           ref_logprobs=old, entropy=lp.detach(), old_entropy=-old, token_advantages=tok)
+
+    gen = torch.Generator().manual_seed(0)
+    plain = get_objective(name).checked_loss(batch(a), generator=gen)[0]
+    obj = get_objective(name, advantage_estimator=OTB)
+    tok = a[:, None].expand(B, T).clone()
+    same = obj.checked_loss(batch(torch.zeros(B), tok), generator=torch.Generator().manual_seed(0))[0]
+    torch.testing.assert_close(same, plain)
+    tok = tok + torch.linspace(0.5, 3.0, B * T, dtype=torch.float64).view(B, T)  # every token moves
+    moved = obj.checked_loss(batch(a, tok), generator=torch.Generator().manual_seed(0))[0]
+    assert not torch.allclose(moved, plain)
+    with pytest.raises(ValueError, match="token_advantages"):
+        obj.checked_loss(batch(a))
+
+
 def test_bench_list_names_them(capsys):
     assert main(["list"]) == 0
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("per-token advantage estimators")]
     assert len(line) == 1 and all(e in line[0] for e in TOKEN_ESTIMATORS)
+    assert "advantage_estimator" in line[0] and "not selectable" not in line[0]

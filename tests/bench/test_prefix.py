@@ -122,3 +122,15 @@ def test_activation_checkpointing_with_gradient_falls_back_to_the_unshared_pass(
 
 def test_distinct_prompts_in_order_of_first_appearance():
     assert distinct_prompts([[1, 2], [3], [1, 2], [3], [4]]) == ([[1, 2], [3], [4]], [0, 1, 0, 1, 2])
+
+
+@pytest.mark.parametrize("chunk_mb", [0.0, 256.0])
+def test_shared_prefix_sum_pi_squared_equals_the_unshared_pass(chunk_mb):
+    model = _model("qwen2")
+    prompts, comps = _rows(3)
+    a = score(model, prompts, comps, 0.8, chunk_mb=chunk_mb, sum_pi_squared=True)
+    b = score_shared(model, prompts, comps, 0.8, chunk_mb=chunk_mb, sum_pi_squared=True)
+    assert len(a) == len(b) == 4 and torch.equal(a[2], b[2])
+    for x, y in zip(a, b):
+        torch.testing.assert_close(y, x, atol=1e-5, rtol=1e-5)
+    assert (a[3] > 0).sum() == a[2].sum()  # Σπ² > 0 on every completion token, 0 on padding

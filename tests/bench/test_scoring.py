@@ -102,3 +102,25 @@ def test_peak_memory_of_a_scoring_pass_with_qwen_vocabulary_stays_under_the_boun
     # control: the same measurement sees the one-piece (B, T, V) logits, so the bound above is not vacuous
     full, _ = _peak_mib(0)
     assert full > 3 * FULL_TENSOR_MIB, full
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk_mb", [0.0, 3 * 300 * 4 / 2**20])
+def test_sum_pi_squared_is_that_of_the_temperature_scaled_logits(temperature, chunk_mb):
+    """``sum_pi_squared=True``: a fourth (B, T) tensor, Σ_v softmax(z / τ)_v² at every completion token from the
+    model's own logits (computed here in one piece), 0 on padding; the other three outputs unchanged."""
+    from algorithms import sum_pi_squared
+
+    model = _model(vocab=300)
+    lp, ent, mask, s2 = score(model, PROMPTS, COMPS, temperature=temperature, chunk_mb=chunk_mb, sum_pi_squared=True)
+    lp0, ent0, mask0 = score(model, PROMPTS, COMPS, temperature=temperature, chunk_mb=chunk_mb)
+    assert torch.equal(mask, mask0) and torch.equal(lp, lp0) and torch.equal(ent, ent0)
+    for i, (p, c) in enumerate(zip(PROMPTS, COMPS)):
+        if not c:
+            assert (s2[i] == 0).all()
+            continue
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1:-1].float()  # predict c
+        want = sum_pi_squared(logits / temperature)
+        torch.testing.assert_close(s2[i, :len(c)], want, atol=1e-5, rtol=1e-5)
+        assert (s2[i, len(c):] == 0).all()

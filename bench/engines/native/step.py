@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from algorithms import PolicyBatch, batch_for, has_advantage
+from algorithms.correction import is_weights
 from bench.config import TrainConfig
 from bench.data import TrainData, derive_seed
 from bench.engines.base import TrainingDiverged
@@ -154,7 +155,13 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
     With a ``critic`` (an objective that declares one: PPO) the critic scores the rollouts first, the objective turns
     its values and the rewards into per-token advantages and returns (``advantages_from_values``), the critic trains
     on them (bench/engines/native/critic.py), and the policy update reads the per-token advantages; during the
-    critic's warm-up steps the policy is not updated."""
+    critic's warm-up steps the policy is not updated.
+
+    With a per-token advantage estimator (``Objective.token_advantage_needs``: verl's optimal token baselines) one
+    scoring pass of the sampling policy gives log π_old, H_old and Σ_v π_old² at every token (on-policy too: the
+    rollout records no Σπ²); the objective turns them, the rewards and the rollout-correction IS weights (if any) into
+    per-token advantages (``advantages_from_token_stats``), which the policy update reads, and the same pass is the
+    update's π_old. Objectives without one run no such pass."""
     if not groups:  # dynamic sampling found no informative group in its rounds: nothing to learn from
         return {K.SKIPPED: 1.0, K.SCORING_S: 0.0}
     prompts = [g.prompt_ids for g in groups for _ in g.completion_ids]
@@ -196,13 +203,22 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
         critic_metrics["critic/warmup"] = float(step <= critic.spec.warmup_steps)
         if step <= critic.spec.warmup_steps:  # the critic's warm-up: the policy waits
             return {**critic_metrics, K.SCORING_S: time.perf_counter() - t0}
-    live_rows = has_advantage(adv, tok_adv, full_mask if tok_adv is not None else None)  # (N,): what a skip keeps
 
     # --- the sampling policy (when off-policy updates follow): the rollout's own log-probs and entropies when the
-    # sampler's are exact for the training module (HF sampler), otherwise one scoring pass without gradient; reference
+    # sampler's are exact for the training module (HF sampler), otherwise one scoring pass without gradient; with a
+    # per-token advantage estimator that pass always runs, with Σπ², and gives the per-token advantages; reference
     t0 = time.perf_counter()
     old_lp = old_ent = ref_lp = ref_ent = None
-    if exact_sampler_lp and (not on_policy or skip):  # (on-policy they stand in for skipped rows in the metrics)
+    if objective.token_advantage_needs:
+        old_lp, old_ent, old_s2 = _score_rows(model, prompts, completions, temp, mb, cfg.scoring_chunk_mb, scorer,
+                                              sum_pi_squared=True)
+        tok_adv, full_mask = _token_advantages(cfg, objective, groups, old_lp, old_s2, samp_lp)
+        adv = (tok_adv * full_mask).sum(-1) / full_mask.sum(-1).clamp(min=1.0)  # (metrics, samples)
+        start = 0
+        for g in groups:
+            g.advantages = adv[start:start + len(g.completion_ids)]
+            start += len(g.completion_ids)
+    elif exact_sampler_lp and (not on_policy or skip):  # (on-policy they stand in for skipped rows in the metrics)
         old_lp = [torch.tensor(x) for g in groups for x in g.logprobs]
         old_ent = [torch.tensor(x) for g in groups for x in g.entropies]
     elif not on_policy:
@@ -211,6 +227,7 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
         with ref_model.policy() as ref:
             ref_lp, ref_ent = _score_rows(ref, prompts, completions, temp, mb, cfg.scoring_chunk_mb, scorer)
     scoring_s = time.perf_counter() - t0
+    live_rows = has_advantage(adv, tok_adv, full_mask if tok_adv is not None else None)  # (N,): what a skip keeps
 
     stats = UpdateStats()  # weighted objective metrics, train/loss, KL to π_ref, how far the policy moved from π_old
 
@@ -285,22 +302,47 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
     return {**stats.summary(), **critic_metrics, K.SCORING_S: scoring_s}
 
 
-def _score_rows(model, prompts, completions, temperature, mb, chunk_mb: float = 256.0, scorer=score
-                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Per-completion 1-D log-prob and entropy tensors (no gradient), scored in micro-batches of similar lengths
-    (less padding; batching.py) by `scorer` (``score`` or ``score_shared``), returned in the input order."""
+def _score_rows(model, prompts, completions, temperature, mb, chunk_mb: float = 256.0, scorer=score,
+                sum_pi_squared: bool = False) -> tuple[list[torch.Tensor], ...]:
+    """Per-completion 1-D log-prob and entropy tensors (no gradient), and with ``sum_pi_squared`` Σ_v π(v)² ones,
+    scored in micro-batches of similar lengths (less padding; batching.py) by `scorer` (``score`` or
+    ``score_shared``), returned in the input order."""
     n = len(completions)
     order = sorted(range(n), key=lambda i: (len(completions[i]), len(prompts[i])))
-    lps: list[torch.Tensor] = [torch.zeros(0)] * n
-    ents: list[torch.Tensor] = [torch.zeros(0)] * n
+    out: list[list[torch.Tensor]] = [[torch.zeros(0)] * n for _ in range(3 if sum_pi_squared else 2)]
     for s in range(0, n, mb):
         rows = order[s:s + mb]
-        lp, ent, _ = scorer(model, [prompts[i] for i in rows], [completions[i] for i in rows], temperature,
-                            grad=False, chunk_mb=chunk_mb)
+        lp, ent, _, *s2 = scorer(model, [prompts[i] for i in rows], [completions[i] for i in rows], temperature,
+                                 grad=False, chunk_mb=chunk_mb, **({"sum_pi_squared": True} if sum_pi_squared else {}))
         for j, i in enumerate(rows):
-            lps[i] = lp[j, : len(completions[i])].cpu()
-            ents[i] = ent[j, : len(completions[i])].cpu()
-    return lps, ents
+            for k, x in enumerate((lp, ent, *s2)):
+                out[k][i] = x[j, : len(completions[i])].cpu()
+    return tuple(out)
+
+
+def _token_advantages(cfg: TrainConfig, objective, groups: list[Group], old_lp: list[torch.Tensor],
+                      old_s2: list[torch.Tensor], samp_lp: list | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """((N, T) per-token advantages, (N, T) mask) of a per-token estimator: the groups' shaped rewards, π_old's
+    log-probs and Σπ² from the scoring pass, and the objective's rollout-correction IS weights exp(old − sampler)
+    (truncated / masked as its ``rollout_correction`` says) when it has one, over every completion token."""
+    c_len = [len(x) for x in old_lp]
+    T = max(1, max(c_len))
+    mask = pad([torch.ones(n) for n in c_len], T)  # (N, T)
+    old = pad(old_lp, T)
+    rho = None
+    c = objective.config
+    if c.rollout_correction != "none" and samp_lp is not None:
+        sampler = pad([torch.tensor(x, dtype=torch.float32) for x in samp_lp], T)
+        rho, _ = is_weights(PolicyBatch(logprobs=old, old_logprobs=old, advantages=torch.zeros(len(c_len)), mask=mask,
+                                        max_length=cfg.max_new_tokens, sampler_logprobs=sampler),
+                            c.rollout_correction, c.rollout_correction_cap)
+    sizes = {len(g.completion_ids) for g in groups}
+    if len(sizes) != 1:
+        raise ValueError(f"per-token advantages need groups of one size, got sizes {sorted(sizes)}")
+    rewards = torch.cat([g.rewards for g in groups]).float()
+    tok_adv = objective.advantages_from_token_stats(rewards, mask, old, pad(old_s2, T), group_size=sizes.pop(),
+                                                    is_weights=rho)
+    return tok_adv, mask
 
 
 def step_tokens(groups: list[Group]) -> int:

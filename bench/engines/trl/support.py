@@ -51,6 +51,11 @@ def check_supported(cfg: TrainConfig) -> None:
             raise ValueError(f"--engine trl does not support config field `{name}`={getattr(cfg, name)!r} ({why}); "
                              f"leave it at {getattr(defaults, name)!r} or use --engine native")
     objective = get_objective(cfg.algo, **cfg.objective_overrides)
+    if objective.token_estimator is not None:
+        raise ValueError(f"--engine trl does not support objective {cfg.algo!r} with advantage_estimator="
+                         f"{objective.token_estimator!r}: a per-token estimator needs log π_old and Σ_v π_old² at "
+                         "every token from a scoring pass, and TRL's GRPOTrainer computes one advantage per completion "
+                         "before it; use --engine native")
     for name, (off, why) in OBJECTIVE_UNSUPPORTED.items():
         if getattr(objective.config, name) != off:
             raise ValueError(f"--engine trl does not support objective {cfg.algo!r} with `{name}`="

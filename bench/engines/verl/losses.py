@@ -33,12 +33,14 @@ ADV_ESTIMATORS: dict[str, tuple[str, bool]] = {
     "grpo-passk": ("grpo_passk", True), "opo": ("opo", True), "gpg": ("gpg", True), "remax": ("remax", True),
 }
 # pobench per-token estimator (algorithms.advantages.TOKEN_ESTIMATORS) -> verl algorithm.adv_estimator; parity tested in
-# tests/verl/test_verl_token_baseline.py. Not in ADV_ESTIMATORS: no objective can select them (PolicyBatch.advantages is
-# one value per completion), and pobench's loss on verl averages verl's per-token advantages over each completion
-# (``make_policy_loss``, worker_loss.py), which would turn their baseline into another one without a word. Running
-# them also needs verl's actor.calculate_sum_pi_squared=True (Σπ² of π_old at every token).
+# tests/verl/test_verl_token_baseline.py. Not in ADV_ESTIMATORS: an objective that selects one runs on the native engine
+# only (``mapping`` says unsupported, with TOKEN_ADV_WHY): pobench's loss on verl averages verl's per-token advantages
+# over each completion (``make_policy_loss``, worker_loss.py), which would turn their baseline into another one without
+# a word. Running them also needs verl's actor.calculate_sum_pi_squared=True (Σπ² of π_old at every token).
 TOKEN_ADV_ESTIMATORS: dict[str, str] = {"optimal-token-baseline": "optimal_token_baseline",
                                         "tir-optimal-token-baseline": "tir_optimal_token_baseline"}
+TOKEN_ADV_WHY = ("pobench's loss on verl averages verl's per-token advantages over each completion, which would "
+                 "replace the per-token baseline B_t by its mean (use --engine native)")
 # pobench KL estimator -> verl actor.kl_loss_type (verl's k3 'low_var_kl' clamps the per-token value to [-10, 10])
 KL_TYPES = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}
 ROLLOUT_ENGINES = ("vllm", "sglang")
@@ -102,6 +104,8 @@ def mapping(name: str, overrides: dict | None = None, *, max_length: int | None 
             return no("unsupported", f"{key}={getattr(c, key)!r}: verl hands a policy loss its own rollout-correction "
                                      "weights, not the sampler log-probs / truncation flags pobench's batch options "
                                      "read (use verl's algorithm.rollout_correction instead)")
+    if c.advantage_estimator in TOKEN_ADV_ESTIMATORS:
+        return no("unsupported", f"per-token advantage estimator {c.advantage_estimator!r}: {TOKEN_ADV_WHY}")
     if c.advantage_estimator not in ADV_ESTIMATORS:
         return no("unsupported", f"advantage estimator {c.advantage_estimator!r} has no verl counterpart")
     est, norm = ADV_ESTIMATORS[c.advantage_estimator]

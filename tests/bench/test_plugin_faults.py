@@ -258,7 +258,12 @@ def test_a_plugin_changing_the_working_folder_at_import_does_not_move_the_comman
     elsewhere.mkdir()
     (tmp_path / "cd.py").write_text(f"import os\nos.chdir({str(elsewhere)!r})\nfrom algorithms import register\n"
                                     "register('cd-pg', base='grpo', description='grpo, from a plugin that moves')\n")
-    rc, _, err = bench_here(["train", "--plugin", "cd.py", "--algo", "cd-pg", "--run-name", "r", *TINY], tmp_path)
+    from algorithms import unregister
+
+    try:
+        rc, _, err = bench_here(["train", "--plugin", "cd.py", "--algo", "cd-pg", "--run-name", "r", *TINY], tmp_path)
+    finally:  # (this process's registry: the later tests of this worker must not see the plugin's objective)
+        unregister("cd-pg")
     assert rc == 0, err[-3000:]
     assert f"plugin cd.py changed the working folder to {elsewhere} while imported" in err, err
     assert list(elsewhere.iterdir()) == []

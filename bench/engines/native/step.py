@@ -161,7 +161,8 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
     scoring pass of the sampling policy gives log π_old, H_old and Σ_v π_old² at every token (on-policy too: the
     rollout records no Σπ²); the objective turns them, the rewards and the rollout-correction IS weights (if any) into
     per-token advantages (``advantages_from_token_stats``), which the policy update reads, and the same pass is the
-    update's π_old. Objectives without one run no such pass."""
+    update's π_old. An objective whose per-token advantages are its own (GTPO) declares what the hook reads the same way
+    (π_old's entropies, the sampled token ids: no Σπ² then). Objectives without either run no such pass."""
     if not groups:  # dynamic sampling found no informative group in its rounds: nothing to learn from
         return {K.SKIPPED: 1.0, K.SCORING_S: 0.0}
     prompts = [g.prompt_ids for g in groups for _ in g.completion_ids]

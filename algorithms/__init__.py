@@ -24,6 +24,7 @@ from .aggregation import aggregate, aggregation_weight
 from .base import Objective, ObjectiveConfig, param
 from .batch import PolicyBatch, batch_for, has_advantage
 from .critic import CriticSpec
+from .gtpo import GTPO
 from .kl import kl_estimate
 from .pg_variants import CFPO, CISPO, DPPOKL, DPPOTV, DRO, GMPO, GPG, SAPO, TOPR, UP, VESPO
 from .policy_gradient import GSPO, ClippedPG, PolicyGradient
@@ -165,6 +166,11 @@ register("dro", DRO, paper="arXiv 2405.19107",
 register("cfpo", CFPO, paper="arXiv 2601.22801",
          description="CFPO: the clipped surrogate replaced by −(r·Â − |Â|·(r − 1)²/(2ε)), ε = 0.2 (a concave penalty "
                      "whose optimum is the clip edge r = 1 ± ε, no zero-gradient region); otherwise grpo's settings.")
+register("gtpo", GTPO, paper="arXiv 2508.03772",
+         description="GTPO as its authors' code: per-token Â_i·δ_it/n_i from R_i − mean_g R, conflict tokens shared "
+                     "from the start / end by completions of both signs (δ = 2 on a positive one's, 0 on a negative "
+                     "one's, n_i their count) and an entropy filter on π_old's mean entropy (Â − 0.1·H̄ if H̄ ≤ 0.7, "
+                     "else 0), computed over whole groups at rollout time; −Â_it·π_θ/π_old, no clip, no KL.")
 
 # --- positive controls: GRPO with its credit assignment broken on purpose, so that a comparison can show that it
 # could have detected a difference (`bench run --controls`; the report's controls section; docs/objectives.md)

@@ -46,6 +46,10 @@ TOKEN_ESTIMATORS = ("optimal-token-baseline", "tir-optimal-token-baseline")
 #: what they read beyond the rewards, per token of the sampling policy: log π_old(y_t) and Σ_v π_old(v)², a
 #: full-vocabulary quantity no engine keeps (``sum_pi_squared`` computes it from the logits)
 TOKEN_ESTIMATOR_NEEDS = ("old_logprobs", "sum_pi_squared")
+#: every per-token statistic an objective may declare in ``Objective.token_advantage_needs`` (what an engine computes
+#: once π_old has scored the rollout, and hands ``advantages_from_token_stats`` by these names): π_old's log-probs,
+#: Σ_v π_old(v)², π_old's full-vocabulary entropies, and the sampled token ids (GTPO's conflict tokens)
+TOKEN_STATS = ("old_logprobs", "sum_pi_squared", "old_entropy", "token_ids")
 TOKEN_BASELINE_EPS = 1e-8  # verl's epsilon in the baseline's denominator
 
 

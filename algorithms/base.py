@@ -228,9 +228,10 @@ class Objective:
 
     @property
     def token_advantage_needs(self) -> tuple[str, ...]:
-        """What ``advantages_from_token_stats`` needs of the sampling policy π_old at every completion token, once the
-        rollout is scored: ``old_logprobs`` and ``sum_pi_squared`` (Σ_v π_old(v)²) with a per-token estimator, nothing
-        otherwise (then an engine computes nothing more)."""
+        """What ``advantages_from_token_stats`` needs at every completion token, once π_old has scored the rollout
+        (names from ``TOKEN_STATS``): ``old_logprobs`` and ``sum_pi_squared`` (Σ_v π_old(v)²) with a per-token
+        estimator, nothing otherwise (then an engine computes nothing more). An objective whose per-token advantages
+        are its own (GTPO: ``token_ids`` and ``old_entropy``) declares what it reads; an engine hands exactly these."""
         return TOKEN_ESTIMATOR_NEEDS if self.token_estimator is not None else ()
 
     def token_advantage_refusal(self) -> str | None:
@@ -240,14 +241,17 @@ class Objective:
         (``PolicyGradient``'s skeleton does, through its policy term)."""
         return "its loss reads one advantage per completion (PolicyBatch.advantages), not PolicyBatch.token_advantages"
 
-    def advantages_from_token_stats(self, rewards: torch.Tensor, mask: torch.Tensor, old_logprobs: torch.Tensor,
-                                    sum_pi_squared: torch.Tensor, *, group_size: int,
-                                    is_weights: torch.Tensor | None = None) -> torch.Tensor:
+    def advantages_from_token_stats(self, rewards: torch.Tensor, mask: torch.Tensor,
+                                    old_logprobs: torch.Tensor | None = None,
+                                    sum_pi_squared: torch.Tensor | None = None, *, group_size: int,
+                                    is_weights: torch.Tensor | None = None, old_entropy: torch.Tensor | None = None,
+                                    token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """(N,) shaped outcome rewards (N = P·G completions, prompt-major: the G completions of a prompt adjacent),
-        their (N, T) mask, π_old's (N, T) log-probs and Σ_v π_old(v)² at every token, and optional (N, T) or (N, 1)
-        rollout-correction IS weights -> (N, T) per-token advantages of the selected per-token estimator
-        (``algorithms.token_baseline_advantages``: each reward on its completion's last counted token, the rows grouped
-        (P, G, T)), constants, 0 on padding."""
+        their (N, T) mask, the per-token statistics ``token_advantage_needs`` declares (``TOKEN_STATS``: π_old's (N, T)
+        log-probs, Σ_v π_old², entropies; the (N, T) sampled token ids, 0 on padding), and optional (N, T) or (N, 1)
+        rollout-correction IS weights -> (N, T) per-token advantages, constants, 0 on padding. Here: those of the
+        selected per-token estimator (``algorithms.token_baseline_advantages``: each reward on its completion's last
+        counted token, the rows grouped (P, G, T))."""
         from .critic import outcome_token_rewards
 
         est = self.token_estimator
@@ -257,6 +261,8 @@ class Objective:
         N, T = mask.shape
         if group_size < 1 or N % group_size:
             raise ValueError(f"advantages_from_token_stats: {N} completions do not split into groups of {group_size}")
+        if old_logprobs is None or sum_pi_squared is None:
+            raise ValueError(f"objective {self.name!r}: {est!r} needs old_logprobs and sum_pi_squared")
         dtype = old_logprobs.dtype if old_logprobs.is_floating_point() else torch.float32
         mask = mask.to(dtype)
         token_rewards = outcome_token_rewards(rewards.to(dtype), mask)

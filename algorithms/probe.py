@@ -214,19 +214,50 @@ def _advantage_inputs(obj, pb: ProbeBatch) -> dict[str, torch.Tensor]:
     return out
 
 
-def _token_advantages(obj, pb: ProbeBatch) -> torch.Tensor:
-    """Per-token advantages of an objective that reads them. With a per-token estimator (``token_estimator``): its
-    ``advantages_from_token_stats`` on the batch's rewards, mask and π_old log-probs, with Σ_v π_old² synthesised
-    from H_old as exp(−H_old) (Σπ² = exp(−H₂) >= exp(−H)), kept inside what a distribution with π_old(y) can have,
-    [π², π² + (1 − π)²]. With a critic (PPO), from synthetic values: a critic that has learned each prompt's success
-    rate (its group's mean reward) up to per-token noise of 0.1 (an untrained critic, V ≡ 0, would make GAE with
-    γ = λ = 1 REINFORCE++'s whitened reward)."""
+def _token_ids(pb: ProbeBatch, vocab: int = 50) -> torch.Tensor:
+    """(B, T) synthetic token ids, 0 on padding: random ids from ``vocab`` (a coincidence at one position has
+    probability 1/vocab) after a run shared by the group from the start (its first 0..L/8 tokens, a restated question)
+    and before one shared to the end (its last 0..L/16 tokens, an answer line): the shared runs GTPO's conflict tokens
+    are made of, where completions of both signs meet."""
+    g = torch.Generator().manual_seed(1)
     P, G = pb.rewards.shape
-    if obj.token_estimator is not None:
+    B, T = pb.mask.shape
+    lengths = pb.mask.sum(-1).long()
+    ids = torch.randint(1, vocab + 1, (B, T), generator=g)
+    head = torch.randint(vocab + 1, 2 * vocab, (P, T), generator=g)  # one shared prefix / suffix per group
+    tail = torch.randint(vocab + 1, 2 * vocab, (P, T), generator=g)
+    for b in range(B):
+        n = int(lengths[b])
+        k_head = int(torch.randint(0, max(1, T // 8) + 1, (), generator=g))
+        k_tail = int(torch.randint(0, max(1, T // 16) + 1, (), generator=g))
+        ids[b, :min(k_head, n)] = head[b // G, :min(k_head, n)]
+        if k_tail:
+            ids[b, max(0, n - k_tail):n] = tail[b // G, T - min(k_tail, n):]
+    return ids * pb.mask.long()
+
+
+def _token_advantages(obj, pb: ProbeBatch) -> torch.Tensor:
+    """Per-token advantages of an objective that reads them. When it computes them from per-token statistics
+    (``token_advantage_needs``): its ``advantages_from_token_stats`` on the batch's rewards and mask with those
+    statistics: π_old's log-probs and entropies, Σ_v π_old² synthesised from H_old as exp(−H_old) (Σπ² = exp(−H₂) >=
+    exp(−H)), kept inside what a distribution with π_old(y) can have, [π², π² + (1 − π)²], and token ids with shared
+    runs from the start and the end of each group (``_token_ids``). With a critic (PPO), from synthetic values: a
+    critic that has learned each prompt's success rate (its group's mean reward) up to per-token noise of 0.1 (an
+    untrained critic, V ≡ 0, would make GAE with γ = λ = 1 REINFORCE++'s whitened reward)."""
+    P, G = pb.rewards.shape
+    if needs := obj.token_advantage_needs:
         p = pb.old_logprobs.exp()
         s2 = torch.minimum(torch.maximum(torch.exp(-pb.old_entropy), p.square()), p.square() + (1 - p).square())
-        return obj.advantages_from_token_stats(pb.rewards.reshape(-1), pb.mask, pb.old_logprobs, s2 * pb.mask,
-                                               group_size=G)
+        stats = {"old_logprobs": pb.old_logprobs, "sum_pi_squared": s2 * pb.mask,
+                 "old_entropy": pb.old_entropy * pb.mask}
+        if "token_ids" in needs:
+            stats["token_ids"] = _token_ids(pb)
+        unknown = set(needs) - set(stats)
+        if unknown:
+            raise ValueError(f"probe: {obj.name}'s per-token advantages need {sorted(unknown)}, which the probe "
+                             "cannot synthesise")
+        return obj.advantages_from_token_stats(pb.rewards.reshape(-1), pb.mask, group_size=G,
+                                               **{n: stats[n] for n in needs})
     g = torch.Generator().manual_seed(0)
     values = pb.rewards.mean(-1, keepdim=True).expand(P, G).reshape(-1, 1) + 0.1 * torch.randn(
         pb.mask.shape, generator=g, dtype=torch.float64)

@@ -161,7 +161,8 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
     scoring pass of the sampling policy gives log π_old, H_old and Σ_v π_old² at every token (on-policy too: the
     rollout records no Σπ²); the objective turns them, the rewards and the rollout-correction IS weights (if any) into
     per-token advantages (``advantages_from_token_stats``), which the policy update reads, and the same pass is the
-    update's π_old. Objectives without one run no such pass."""
+    update's π_old. An objective whose per-token advantages are its own (GTPO) declares what the hook reads the same way
+    (π_old's entropies, the sampled token ids: no Σπ² then). Objectives without either run no such pass."""
     if not groups:  # dynamic sampling found no informative group in its rounds: nothing to learn from
         return {K.SKIPPED: 1.0, K.SCORING_S: 0.0}
     prompts = [g.prompt_ids for g in groups for _ in g.completion_ids]
@@ -209,10 +210,12 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
     # per-token advantage estimator that pass always runs, with Σπ², and gives the per-token advantages; reference
     t0 = time.perf_counter()
     old_lp = old_ent = ref_lp = ref_ent = None
-    if objective.token_advantage_needs:
-        old_lp, old_ent, old_s2 = _score_rows(model, prompts, completions, temp, mb, cfg.scoring_chunk_mb, scorer,
-                                              sum_pi_squared=True)
-        tok_adv, full_mask = _token_advantages(cfg, objective, groups, old_lp, old_s2, samp_lp)
+    if needs := objective.token_advantage_needs:
+        with_s2 = "sum_pi_squared" in needs
+        old_lp, old_ent, *old_s2 = _score_rows(model, prompts, completions, temp, mb, cfg.scoring_chunk_mb, scorer,
+                                               sum_pi_squared=with_s2)
+        tok_adv, full_mask = _token_advantages(cfg, objective, groups, old_lp, old_ent, old_s2[0] if with_s2 else None,
+                                               samp_lp)
         adv = (tok_adv * full_mask).sum(-1) / full_mask.sum(-1).clamp(min=1.0)  # (metrics, samples)
         start = 0
         for g in groups:
@@ -321,10 +324,13 @@ def _score_rows(model, prompts, completions, temperature, mb, chunk_mb: float = 
 
 
 def _token_advantages(cfg: TrainConfig, objective, groups: list[Group], old_lp: list[torch.Tensor],
-                      old_s2: list[torch.Tensor], samp_lp: list | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """((N, T) per-token advantages, (N, T) mask) of a per-token estimator: the groups' shaped rewards, π_old's
-    log-probs and Σπ² from the scoring pass, and the objective's rollout-correction IS weights exp(old − sampler)
-    (truncated / masked as its ``rollout_correction`` says) when it has one, over every completion token."""
+                      old_ent: list[torch.Tensor], old_s2: list[torch.Tensor] | None, samp_lp: list | None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """((N, T) per-token advantages, (N, T) mask) of the objective's ``advantages_from_token_stats`` over whole groups:
+    the groups' shaped rewards, what its ``token_advantage_needs`` names of π_old's log-probs, entropies and Σπ² from
+    the scoring pass and of the sampled token ids, and the objective's rollout-correction IS weights
+    exp(old − sampler) (truncated / masked as its ``rollout_correction`` says) when it has one, over every completion
+    token."""
     c_len = [len(x) for x in old_lp]
     T = max(1, max(c_len))
     mask = pad([torch.ones(n) for n in c_len], T)  # (N, T)
@@ -340,8 +346,17 @@ def _token_advantages(cfg: TrainConfig, objective, groups: list[Group], old_lp: 
     if len(sizes) != 1:
         raise ValueError(f"per-token advantages need groups of one size, got sizes {sorted(sizes)}")
     rewards = torch.cat([g.rewards for g in groups]).float()
-    tok_adv = objective.advantages_from_token_stats(rewards, mask, old, pad(old_s2, T), group_size=sizes.pop(),
-                                                    is_weights=rho)
+    ids = torch.zeros(len(c_len), T, dtype=torch.long)  # (N, T), 0 on padding
+    for i, c in enumerate(c for g in groups for c in g.completion_ids):
+        ids[i, :len(c)] = torch.tensor(c, dtype=torch.long)
+    stats = {"old_logprobs": old, "sum_pi_squared": None if old_s2 is None else pad(old_s2, T),
+             "old_entropy": pad(old_ent, T), "token_ids": ids}
+    needs = objective.token_advantage_needs
+    unknown = [n for n in needs if n not in stats or stats[n] is None]
+    if unknown:
+        raise ValueError(f"objective {objective.name!r}: the native loop does not compute {', '.join(unknown)}")
+    tok_adv = objective.advantages_from_token_stats(rewards, mask, group_size=sizes.pop(), is_weights=rho,
+                                                    **{n: stats[n] for n in needs})
     return tok_adv, mask
 
 

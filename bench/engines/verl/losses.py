@@ -106,6 +106,10 @@ def mapping(name: str, overrides: dict | None = None, *, max_length: int | None 
                                      "read (use verl's algorithm.rollout_correction instead)")
     if c.advantage_estimator in TOKEN_ADV_ESTIMATORS:
         return no("unsupported", f"per-token advantage estimator {c.advantage_estimator!r}: {TOKEN_ADV_WHY}")
+    if objective.token_advantage_needs:
+        return no("unsupported", f"its per-token advantages need {', '.join(objective.token_advantage_needs)} over "
+                                 "whole groups after a scoring pass of the sampling policy (advantages_from_token_"
+                                 "stats), which verl's trainer neither computes nor hands a policy loss")
     if c.advantage_estimator not in ADV_ESTIMATORS:
         return no("unsupported", f"advantage estimator {c.advantage_estimator!r} has no verl counterpart")
     est, norm = ADV_ESTIMATORS[c.advantage_estimator]

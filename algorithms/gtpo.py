@@ -134,6 +134,10 @@ class GTPO(PolicyGradient):
     policy_term_vanishes_at_zero_advantage = True  # −Â_it·r_it: 0 on the tokens with Â_it = 0
 
     @property
+    def has_clip(self) -> bool:
+        return False  # (no clip: its clip fractions are 0 by construction)
+
+    @property
     def uses_token_advantages(self) -> bool:
         return True
 

@@ -86,6 +86,10 @@ class SAPO(PolicyGradient):
     equals the plain policy gradient for any τ)."""
 
     config_class = SAPOConfig
+
+    @property
+    def has_clip(self) -> bool:
+        return False  # (no clip: its clip fractions are 0 by construction)
     policy_term_vanishes_at_zero_advantage = True  # −(4/τ)σ(τ(r − 1))·Â
 
     def policy_term(self, batch, ratio, adv, is_w):
@@ -162,6 +166,10 @@ class GPG(PolicyGradient):
     """Group policy gradient: plain REINFORCE on the group advantage, no ratio, no clip."""
 
     config_class = GPGConfig
+
+    @property
+    def has_clip(self) -> bool:
+        return False  # (no clip: its clip fractions are 0 by construction)
     policy_term_vanishes_at_zero_advantage = True  # −Â·lp
 
     def policy_term(self, batch, ratio, adv, is_w):
@@ -195,6 +203,10 @@ class VESPO(PolicyGradient):
     ratio, φ(1) = 1, scales Â·∇lp. Rollout-correction weights enter w (as TRL), not the loss."""
 
     config_class = VESPOConfig
+
+    @property
+    def has_clip(self) -> bool:
+        return False  # (no clip: its clip fractions are 0 by construction)
     policy_term_vanishes_at_zero_advantage = True  # −sg[φ]·Â·lp, φ finite (nan_to_num)
     folds_is_weights = True
 
@@ -249,6 +261,10 @@ class TOPR(PolicyGradient):
     off-policy negative keeps a bounded gradient instead of losing it (PPO's clip) or blowing up (plain IS)."""
 
     config_class = TOPRConfig
+
+    @property
+    def has_clip(self) -> bool:
+        return False  # (no clip: its clip fractions are 0 by construction)
     policy_term_vanishes_at_zero_advantage = True  # −sg[w]·Â·lp with w ∈ [0, 1]
 
     def token_advantage_refusal(self) -> str | None:
@@ -370,6 +386,10 @@ class DRO(PolicyGradient):
     pulls every token back to the sampling policy (the regulariser of DRO's squared loss, taken to π_old)."""
 
     config_class = DROConfig
+
+    @property
+    def has_clip(self) -> bool:
+        return False  # (no clip: its clip fractions are 0 by construction)
 
     def zero_advantage_terms(self) -> tuple[str, ...]:
         own = f"the penalty ½β(lp − old)² on every token (beta = {self.config.beta:g})"

@@ -316,6 +316,7 @@ class ProbeResult:
     metrics: dict[str, dict[str, float]]            # label -> the objective's metrics on the probe batch
     rollout_side: dict[str, list[str]] = field(default_factory=dict)  # label -> rollout hooks switched on
     tokens: int = 0
+    no_clip: list[str] = field(default_factory=list)  # labels whose policy term has no clip (``has_clip`` False)
 
     def dist(self, a: str, b: str) -> float:
         return self.distance.get((a, b), self.distance.get((b, a), 0.0))
@@ -354,7 +355,8 @@ class ProbeResult:
             m = {k: v for k, v in self.metrics.get(lab, {}).items() if not k.startswith("count:")}
             low = next((v for k, v in m.items() if k.endswith("clip_frac_low")), None)
             high = next((v for k, v in m.items() if k.endswith("clip_frac_high")), None)
-            clip = "n/a" if low is None else f"{100 * low:.2f}% / {100 * high:.2f}%"
+            clip = ("no clip" if lab in self.no_clip else "n/a" if low is None
+                    else f"{100 * low:.2f}% / {100 * high:.2f}%")
             out.append([lab, ", ".join(x for x in same if x != lab) or "none",
                         "n/a" if near is None else f"{near} ({d:.2g})", clip,
                         "; ".join(self.inert.get(lab, [])) or "none"])
@@ -400,7 +402,8 @@ ROLLOUT_HOOKS = ("dynamic_sampling", "overlong_shaping")
 def _inert_terms(name: str, overrides: dict, pb: Sequence[ProbeBatch], grad: torch.Tensor, metrics: dict[str, float],
                  tol: float, ablations: bool, seed: int) -> list[str]:
     out = []
-    config = get_objective(name, **overrides).config
+    obj = get_objective(name, **overrides)
+    config = obj.config
     n_tokens = sum(float(b.mask.sum()) for b in pb) / len(pb)  # per micro-batch
     for f, v in _switches(config):
         try:
@@ -413,7 +416,7 @@ def _inert_terms(name: str, overrides: dict, pb: Sequence[ProbeBatch], grad: tor
         if key.startswith("count:"):
             continue
         short = key.rsplit("/", 1)[-1]
-        if short in ("clip_frac_low", "clip_frac_high") and v == 0:
+        if short in ("clip_frac_low", "clip_frac_high") and v == 0 and getattr(obj, "has_clip", True):
             other = key[: -len("low")] + "high" if short.endswith("low") else key[: -len("high")] + "low"
             if metrics.get(other, 1.0) == 0:
                 if short.endswith("low"):
@@ -472,5 +475,6 @@ def probe(objectives: Sequence[str | tuple], regime: Regime | None = None, *, to
     groups = [g for g in comps.values() if len(g) > 1]
     for label, name, ov in entries:
         inert[label] = _inert_terms(name, ov, pb, grads[label], metrics[label], tolerance, ablations, regime.seed)
+    no_clip = [label for label, name, ov in entries if not getattr(get_objective(name, **ov), "has_clip", True)]
     return ProbeResult(regime, tolerance, labels, distance, groups, inert, metrics, hooks,
-                       int(sum(float(b.mask.sum()) for b in pb)))
+                       int(sum(float(b.mask.sum()) for b in pb)), no_clip)

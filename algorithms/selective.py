@@ -131,6 +131,10 @@ class KLCov(ClippedPG):
     config_class = KLCovConfig
     split_invariant = False
 
+    @property
+    def has_clip(self) -> bool:
+        return self.config.surrogate == "clipped"  # (unclipped, the paper's: no clip, its fractions are 0)
+
     def token_advantage_refusal(self) -> str | None:
         return ("its selection ranks tokens by the covariance of log π with the per-completion Â_i "
                 "(centred_covariance), and its unclipped surrogate is −r·Â_i")

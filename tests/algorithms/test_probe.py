@@ -73,7 +73,9 @@ def test_one_update_regime_reports_exactly_the_documented_groups(one_update):
 
 def test_one_update_regime_reports_inert_terms(one_update):
     inert = one_update.inert
-    assert all(any("clip never binds" in t for t in inert[lab]) for lab in one_update.labels)
+    clipped = [lab for lab in one_update.labels if lab not in one_update.no_clip]
+    assert one_update.no_clip == ["kl_cov"]  # (its default surrogate is the paper's unclipped −r·Â)
+    assert all(any("clip never binds" in t for t in inert[lab]) for lab in clipped)
     assert any(t.startswith("kl_cov_coef=") for t in inert["kl_cov"])  # |lp − old| is 0 on-policy
     assert any("tepo-token-ratio" in t for t in inert["tepo"])  # the sequence-likelihood link is inert
     assert not any(t.startswith("kl_coef=") for t in inert["grpo"])  # KL to the reference acts
@@ -169,3 +171,22 @@ def test_a_per_token_estimator_is_probed_with_its_token_advantages():
     n = pb.mask.numel()
     assert torch.allclose(g[:n].view_as(pb.mask), -tok * pb.mask / pb.mask.sum(), atol=1e-15)
     assert relative_difference(g, gradient("dapo", {}, [pb])[0]) > 0.05
+
+
+def test_an_objective_without_a_clip_is_not_called_inert_for_it():
+    """An objective whose policy term has no clip (``has_clip`` False: TOPR, GPG, SAPO, VESPO, DRO, GTPO, KL-Cov's
+    unclipped surrogate) logs clip fractions of 0 by construction: the probe said "clip never binds" of each, a
+    finding the data cannot support. Its row says "no clip" instead, and the claim is checked: its clip fractions
+    are 0 in the off-policy regime where clipped objectives' clips bind."""
+    from algorithms.registry import list_objectives
+
+    names = [n for n in list_objectives() if not getattr(get_objective(n), "has_clip", True)]
+    assert {"topr", "gpg", "sapo", "vespo", "dro", "gtpo", "kl_cov"} <= set(names)
+    res = probe([*names, "grpo", ("kl_cov", {"surrogate": "clipped"})], DEFAULT, ablations=False)
+    for lab in names:
+        assert not any("clip never binds" in t for t in res.inert[lab]), (lab, res.inert[lab])
+        fracs = [v for k, v in res.metrics[lab].items() if k.endswith(("clip_frac_low", "clip_frac_high"))]
+        assert all(v == 0 for v in fracs), (lab, fracs)
+    rows = {r[0]: r for r in res.rows()}
+    assert all(rows[lab][3] == "no clip" for lab in names)
+    assert rows["grpo"][3] != "no clip" and rows["kl_cov(surrogate=clipped)"][3] != "no clip"

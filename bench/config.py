@@ -21,7 +21,7 @@ from bench.engines.base import CAPABILITIES, DEFAULT_ENGINE, ENGINES, check_engi
 from bench.inputs import SEED_MAX, read_yaml, tag_values, typed_fields, typed_overrides
 from bench.plugins import identity, load_plugins
 from evaluators.hints import did_you_mean
-from reports.paths import contained, safe_component
+from reports.paths import contained, replace_file, safe_component
 from reports.record import DEFAULT_TRACKING_URI, check_experiment_name
 
 
@@ -239,8 +239,10 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     def save(self, path: str | Path) -> None:
+        """Write the config to ``path`` whole, replacing what is there (a link the user put in its place, or a hard
+        link a backup shares with it, is replaced, never written through: ``reports.paths.replace_file``)."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        replace_file(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:

@@ -24,6 +24,7 @@ import yaml
 from bench.runs import checkpoint, identity
 from bench.runs.folders import experiment_dir
 from bench.runs.tracking import read_run_record
+from reports.paths import replace_file
 from reports.record import STEPS_EXTENDED
 
 # fields a resume may change: they locate the run or change no number of it
@@ -77,8 +78,7 @@ def record_inputs(run_dir: Path, cfg) -> Path:
     """Save the digests of ``cfg``'s inputs next to its config (what ``check`` compares on resume)."""
     path = Path(run_dir) / INPUTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(identity.input_digests(cfg), indent=1, sort_keys=True))
-    return path
+    return replace_file(path, json.dumps(identity.input_digests(cfg), indent=1, sort_keys=True))  # (no link followed)
 
 
 def record_extension(logger, cfg, run_dir: Path) -> None:

@@ -132,3 +132,35 @@ def test_a_final_folder_moved_away_and_linked_back_is_replaced_and_its_target_ke
         assert not (run / ".final.old").exists() and not (run / ".final.old").is_symlink()
         assert not (run / "final").is_symlink() and (run / "final" / "w.bin").read_bytes() == n
     assert (zoo / "w.bin").read_bytes() == b"1"
+
+
+def test_a_resume_replaces_a_linked_config_and_never_writes_through_it(tmp_path, bench_here):
+    """Round 7: a run's config.yaml hard-linked by a backup (`cp -al`), or symlinked to the user's hand-edited YAML,
+    was rewritten in place by `bench train --resume` (a longer --steps rewrites it): the backup's config said 2 steps
+    beside its 1-step checkpoint, the user's file lost its comments. Now the file is replaced, the links' targets
+    keep what they held."""
+    argv = ["train", "--run-name", "r", *TINY]
+    steps = argv.index("--steps") + 1
+
+    def resume(n: int) -> None:
+        rc, _, err = bench_here([*argv[:steps], str(n), *argv[steps + 1:], "--resume"], tmp_path)
+        assert rc == 0, err[-3000:]
+        assert not (run / "config.yaml").is_symlink() and f"steps: {n}" in (run / "config.yaml").read_text()
+
+    rc, _, err = bench_here(argv, tmp_path)
+    assert rc == 0, err[-3000:]
+    run = next(tmp_path.glob(".pobench/runs/*/r"))
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    for name in ("config.yaml", "inputs.json"):
+        os.link(run / name, backup / name)
+    before = {p.name: p.read_bytes() for p in backup.iterdir()}
+    resume(2)
+    assert {p.name: p.read_bytes() for p in backup.iterdir()} == before
+    mine = tmp_path / "my-master.yaml"
+    mine.write_text((run / "config.yaml").read_text() + "# my master config, hand-edited\n")
+    (run / "config.yaml").unlink()
+    (run / "config.yaml").symlink_to(mine)
+    kept = mine.read_text()
+    resume(3)
+    assert mine.read_text() == kept

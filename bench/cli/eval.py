@@ -102,6 +102,8 @@ def run(args) -> int:
     args.prompt_template = args.prompt_template or "auto"
     if not args.no_mlflow:  # an unreachable server: one line now, before transformers and the model load
         check_reachable(args.tracking_uri)
+        if args.parent_run_id:  # (an unknown id was a traceback once the evaluation was done)
+            _check_parent_run(args.tracking_uri, args.parent_run_id)
 
     if args.out:  # a file in its place, a read-only one, a folder of the user's files: refused now, not after
         faults.check_output_folder(args.out, "--out")
@@ -192,3 +194,23 @@ def stopped(results: list, names: list[str], out_dir: Path, meta: dict[str, Any]
     write_outputs(results, out_dir, {**meta, "partial": True, "not_evaluated": [n for n in names if n not in done]})
     return Stopped(f"the results of {', '.join(done)} ({len(done)} of {len(names)} benchmarks) in {out_dir}, marked "
                    "partial in results.json, not logged to MLflow", rerun())
+
+
+def _check_parent_run(uri: str | None, run_id: str) -> None:
+    """``--parent-run-id``: the run exists in the store the evaluation logs to; else one line, before any work (a
+    local store that does not exist is not created for the question)."""
+    from mlflow.exceptions import MlflowException
+
+    from reports.record import open_client, tracking_uri
+
+    resolved = tracking_uri(uri)
+    if resolved.startswith("sqlite:///") and not Path(resolved[len("sqlite:///"):]).is_file():
+        raise ValueError(f"--parent-run-id {run_id}: there is no MLflow store at {resolved[len('sqlite:///'):]}, so "
+                         "no such run; give --tracking-uri of the store that holds it (or leave --parent-run-id out)")
+    try:
+        open_client(resolved).get_run(run_id)
+    except MlflowException as e:
+        if getattr(e, "error_code", "") not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise
+        raise ValueError(f"--parent-run-id {run_id}: no such run in {resolved}; give the id of a run of that store "
+                         "(`bench report` and the MLflow UI show them), or leave --parent-run-id out") from None

@@ -164,3 +164,21 @@ def test_a_resume_replaces_a_linked_config_and_never_writes_through_it(tmp_path,
     kept = mine.read_text()
     resume(3)
     assert mine.read_text() == kept
+
+
+def test_an_unknown_parent_run_id_is_one_line_before_the_evaluation_and_a_real_one_is_used(tmp_path, bench_here):
+    """Round 7: `bench eval --parent-run-id <unknown>` evaluated, wrote its outputs, then ended in MLflow's
+    traceback "Run with id=... not found". Now one line, exit 2, before the model loads; a real id nests the run."""
+    from mlflow import MlflowClient
+
+    uri = fresh_store(tmp_path)
+    argv = ["eval", "--benchmarks", "arith", "--limit", "2", "--k", "1", "--tracking-uri", uri]
+    rc, _, err = bench_here([*argv, "--parent-run-id", "0123456789abcdef0123456789abcdef"], tmp_path)
+    assert rc == 2 and "--parent-run-id 0123456789abcdef0123456789abcdef: no such run in" in err, err[-3000:]
+    assert "Traceback" not in err and not (tmp_path / ".pobench").exists()
+    client = MlflowClient(uri)
+    parent = client.create_run(client.create_experiment("train")).info.run_id
+    rc, out, err = bench_here([*argv, "--parent-run-id", parent], tmp_path)
+    assert rc == 0, err[-3000:]
+    child = out.strip().splitlines()[-1].rsplit(" ", 1)[-1]
+    assert client.get_run(child).data.tags.get("mlflow.parentRunId") == parent

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from bench import faults, preflight, tune
 from bench.cli import interrupt
@@ -145,13 +146,18 @@ def main(args: argparse.Namespace) -> int:
     faults.note(storage=tune.redact(spec.storage or tune.default_storage_url()))
     for warning in preflight.check_inputs(spec.base):  # every source read, answers and prompt lengths counted
         print(f"bench tune: warning: {warning}", file=sys.stderr)
+    local = _local_files(spec)  # (identity of the SQLite files the study writes to, as they are now)
     try:
         study = tune.run_workers(spec, args.workers, args.executor, args.ray_address)
     except tune.StudyStopped as e:  # SIGINT / SIGTERM: each running trial ends FAIL and is queued again
         raise Stopped(f"{e.finished} of {e.trials} trials finished of study {e.study!r} in {e.storage} (the running "
                       "trials are queued again)", rerun_to_resume()) from None
     except RunStopped as e:  # a trial's run stopped by the MLflow server gone or a full disk: one line
-        print(f"bench tune: stopped: {e}", file=sys.stderr)
+        print(f"bench tune: stopped: {_gone(local) or e}", file=sys.stderr)  # (a deleted file: said as such)
+        return 1
+    gone = _gone(local)
+    if gone:
+        print(f"bench tune: stopped: {gone}", file=sys.stderr)
         return 1
     try:  # the study is complete from here: a stop while its outputs are written keeps it (the rerun finds it done)
         out = claim_output_folder(args.out, "--out") if args.out else study_dir(tune.DEFAULT_DIR, spec.study)
@@ -202,3 +208,35 @@ def show(args: argparse.Namespace) -> int:
     out = show_study(args.study, args.storage, claim_output_folder(args.out, "--out") if args.out else None)
     print(f"outputs in {out}")
     return 0
+
+
+def _local_files(spec) -> dict[str, tuple[Path, tuple[int, int] | None]]:
+    """The local SQLite files of the MLflow store and the Optuna storage: path and (device, inode). Each is created
+    now if it is not there yet (the study would create it moments later), so that a file deleted and created again
+    while the study runs is told from the one it started with."""
+    from reports.record import open_client, tracking_uri
+
+    out = {}
+    store, storage = tracking_uri(spec.base.tracking_uri), spec.storage or tune.default_storage_url()
+    tune.open_storage(storage)  # (first: an unreachable storage is its one line before any file is created)
+    for what, uri, create in (("the Optuna storage", storage, lambda: None),
+                              ("the MLflow store", store, lambda: open_client(store))):
+        path = faults.sqlite_file(uri)
+        if path is not None:
+            if not path.exists():
+                create()
+            st = path.stat() if path.exists() else None
+            out[what] = (path, None if st is None else (st.st_dev, st.st_ino))
+    return out
+
+
+def _gone(before: dict[str, tuple[Path, tuple[int, int] | None]]) -> str | None:
+    """The line for a local store / storage deleted or replaced while the study ran (SQLite goes on writing to a
+    deleted file through an open connection, so the study ended as if nothing happened, its record lost)."""
+    for what, (path, ident) in before.items():
+        now = path.stat() if path.exists() else None
+        if now is None or (ident is not None and (now.st_dev, now.st_ino) != ident):
+            return (f"{what} {path} was {'deleted' if now is None else 'replaced by another file'} while the study "
+                    f"ran: what the study wrote there since is lost with it (the trials finished on it, their runs); "
+                    "restore it from a backup, or rerun the same command (it starts a new file)")
+    return None

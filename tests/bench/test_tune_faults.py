@@ -103,3 +103,23 @@ def test_bench_tunes_started_at_once_on_a_fresh_sqlite_storage_create_it_once(tm
         done = [pool.submit(_create_storages, str(tmp_path), 10, barrier) for _ in range(3)]
         failures = [f for d in done for f in d.result(timeout=600)]
     assert not failures, failures[:3]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["store", "storage"])
+def test_a_store_or_storage_deleted_while_the_study_runs_is_one_line_not_exit_0(tmp_path, which):
+    """Round 7 of issue 29: `rm mlflow.db` (or the Optuna SQLite storage) while `bench tune` ran: the study went on
+    writing into the deleted file through its open connections and ended with exit 0, its leaderboard and outputs,
+    every run and trial it recorded lost without a word. Now one line naming the file, exit 1."""
+    uri = fresh_store(tmp_path)
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    proc = Proc([*FAKE_CLI, *_argv(tmp_path, storage, uri, steps=8)], tmp_path, FAKE_STEP_S="0.3")
+    proc.wait_for(lambda: checkpointed(tmp_path / ".pobench" / "runs"), "the first trial's checkpoint")
+    victim = tmp_path / ("mlflow.db" if which == "store" else "optuna.db")
+    victim.unlink()
+    rc = proc.finish(timeout=300)
+    what = "the MLflow store" if which == "store" else "the Optuna storage"
+    assert rc == 1, proc.text()
+    assert "Traceback" not in proc.text(), proc.text()
+    assert any(ln.startswith(f"bench tune: stopped: {what} {victim} was deleted while the study ran")
+               for ln in proc.err), proc.text()

@@ -43,6 +43,7 @@ from .registry import (
 )
 from .selective import ClipCov, ForkingTokens, KLCov
 from .tepo import TEPOObjective
+from .tpo import TPO
 
 __all__ = [
     "CriticSpec", "Objective", "ObjectiveConfig", "PolicyBatch", "batch_for", "has_advantage", "PPO",
@@ -171,6 +172,11 @@ register("gtpo", GTPO, paper="arXiv 2508.03772",
                      "from the start / end by completions of both signs (δ = 2 on a positive one's, 0 on a negative "
                      "one's, n_i their count) and an entropy filter on π_old's mean entropy (Â − 0.1·H̄ if H̄ ≤ 0.7, "
                      "else 0), computed over whole groups at rollout time; −Â_it·π_θ/π_old, no clip, no KL.")
+register("tpo", TPO, paper="arXiv 2604.06159",
+         description="TPO (Target Policy Optimization) as the author's reference code: per group, p^θ = softmax of "
+                     "the completions' summed log-probs, target q = softmax(ℓ^old + u/η) with u the population-std "
+                     "standardised rewards (0 in an all-equal group), η = 1, detached; loss −Σ_i q_i log p_i^θ "
+                     "averaged over groups; micro-batches of whole groups, no zero-advantage skip.")
 
 # --- positive controls: GRPO with its credit assignment broken on purpose, so that a comparison can show that it
 # could have detected a difference (`bench run --controls`; the report's controls section; docs/objectives.md)

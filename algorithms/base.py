@@ -154,6 +154,10 @@ class Objective:
     #: True when ``loss`` applies ``correction.prepare`` (truncated masking, rollout correction, off-policy mask);
     #: an objective that does not refuses those fields at any value but their "off" one (no silent no-op).
     supports_batch_options: ClassVar[bool] = False
+    #: True when the loss couples the completions of a group (TPO's softmax over the group): an engine then hands it
+    #: micro-batches of whole groups, contiguous and in group order, with ``PolicyBatch.group_size`` set, and skips no
+    #: row; False (every other objective): rows are split freely and nothing more is computed.
+    needs_whole_groups: ClassVar[bool] = False
 
     def __init__(self, config: ObjectiveConfig, name: str = "") -> None:
         if not isinstance(config, self.config_class):

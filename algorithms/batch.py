@@ -33,6 +33,9 @@ class PolicyBatch:
     #: (B, T) Â_it, one advantage per token (an objective that declares it, ``Objective.uses_token_advantages``, reads
     #: it in place of ``advantages`` broadcast over the tokens: PPO's GAE from a critic)
     token_advantages: torch.Tensor | None = None
+    #: G: the rows are whole groups of G completions of one prompt, contiguous and in group order (an objective that
+    #: declares ``Objective.needs_whole_groups`` reads it; None: no group structure is given)
+    group_size: int | None = None
 
     def __post_init__(self) -> None:
         B, T = self.logprobs.shape
@@ -47,6 +50,8 @@ class PolicyBatch:
             if self.truncated.shape != (B,):
                 raise ValueError(f"PolicyBatch.truncated must have shape ({B},), got {tuple(self.truncated.shape)}")
             self.truncated = self.truncated.to(torch.bool)
+        if self.group_size is not None and (self.group_size < 1 or B % self.group_size):
+            raise ValueError(f"PolicyBatch.group_size={self.group_size!r}: {B} rows are not whole groups of that size")
         if self.max_length < 1:
             raise ValueError(f"PolicyBatch.max_length must be >= 1, got {self.max_length}")
         self.mask = self.mask.to(self.logprobs.dtype)
@@ -83,8 +88,8 @@ def has_advantage(advantages: torch.Tensor, token_advantages: torch.Tensor | Non
 
 
 def batch_for(objective: Objective, engine: str, *, logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-              advantages: torch.Tensor, mask: torch.Tensor, max_length: int, **optional: torch.Tensor | None
-              ) -> PolicyBatch:
+              advantages: torch.Tensor, mask: torch.Tensor, max_length: int, group_size: int | None = None,
+              **optional: torch.Tensor | None) -> PolicyBatch:
     """The one way an engine builds an objective's batch from its own tensors: the optional fields it has (``None``
     for those it has not), H_θ carrying gradient only when the objective's entropy bonus needs it, and every field the
     objective declares (``Objective.batch_fields``) present, else ValueError naming the objective, the field and
@@ -93,8 +98,11 @@ def batch_for(objective: Objective, engine: str, *, logprobs: torch.Tensor, old_
     if missing:
         raise ValueError(f"objective {objective.name!r} needs PolicyBatch.{', '.join(missing)}, which the {engine} did "
                          "not compute")
+    if objective.needs_whole_groups and group_size is None:
+        raise ValueError(f"objective {objective.name!r} needs PolicyBatch.group_size (micro-batches of whole groups), "
+                         f"which the {engine} did not give")
     entropy = optional.get("entropy")
     if entropy is not None and not objective.needs_entropy_grad:
         optional["entropy"] = entropy.detach()
     return PolicyBatch(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
-                       max_length=max_length, **optional)
+                       max_length=max_length, group_size=group_size, **optional)

@@ -10,7 +10,8 @@ The probe builds one synthetic micro-batch with the regime's properties and comp
   |log r| over completion tokens is k times the per-update drift): at the drift the loop measures this reproduces
   its token clip fractions (0.1-0.5%); entropies of π_old move by the same scale.
 - **batch**: ``completions`` completions (one micro-batch: the objectives that select tokens select per micro-batch)
-  in groups of ``group_size``; lengths between L_max/4 and L_max (padding to the longest); per-token log-probs mostly
+  in whole groups of ``group_size``, prompt-major, given as ``PolicyBatch.group_size`` (TPO's loss couples a
+  group); lengths between L_max/4 and L_max (padding to the longest); per-token log-probs mostly
   near 0 with a surprisal tail; entropies correlated with the surprisal; binary rewards at ``accuracy``, turned into
   advantages by each objective's own ``advantages`` hook (so Dr. GRPO's no-std estimator counts); reference
   log-probs / entropies moved from the current policy by ``ref_log_ratio`` (the policy has trained for a while).
@@ -275,7 +276,8 @@ def _gradient_one(name: str, overrides: dict[str, Any], pb: ProbeBatch, seed: in
     token_adv = _token_advantages(obj, pb) if obj.uses_token_advantages else None
     batch = PolicyBatch(logprobs=lp, old_logprobs=pb.old_logprobs, advantages=adv, mask=pb.mask,
                         max_length=pb.max_length, ref_logprobs=pb.ref_logprobs, entropy=ent,
-                        old_entropy=pb.old_entropy, ref_entropy=pb.ref_entropy, token_advantages=token_adv)
+                        old_entropy=pb.old_entropy, ref_entropy=pb.ref_entropy, token_advantages=token_adv,
+                        group_size=pb.rewards.shape[1])  # (whole groups, prompt-major: TPO's softmax reads them)
     loss, metrics = obj.checked_loss(batch, generator=torch.Generator().manual_seed(seed))
     g_lp, g_ent = torch.autograd.grad(loss, [lp, ent], allow_unused=True)
     g_lp = torch.zeros_like(lp) if g_lp is None else g_lp

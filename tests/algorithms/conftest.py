@@ -41,6 +41,16 @@ def as_batch(t: dict) -> PolicyBatch:
     return PolicyBatch(**t)
 
 
+#: the group size the shared tests give an objective whose loss couples a group (``Objective.needs_whole_groups``:
+#: TPO); every batch size they use is a multiple of it, and the random rows are in whole groups by construction
+TEST_GROUP_SIZE = 2
+
+
+def with_groups(obj, t: dict) -> dict:
+    """``t`` with ``group_size`` for an objective that needs whole groups; unchanged for every other objective."""
+    return {**t, "group_size": TEST_GROUP_SIZE} if obj.needs_whole_groups else t
+
+
 @pytest.fixture
 def make_batch():
     return random_batch

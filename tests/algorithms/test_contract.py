@@ -7,7 +7,7 @@ import torch
 
 from algorithms import PolicyBatch, get_objective, list_objectives
 
-from .conftest import as_batch, random_batch
+from .conftest import as_batch, random_batch, with_groups
 
 ALL = list_objectives()
 NO_GRAD_FIELDS = ("old_logprobs", "ref_logprobs", "old_entropy", "ref_entropy", "advantages", "token_advantages")
@@ -15,7 +15,7 @@ NO_GRAD_FIELDS = ("old_logprobs", "ref_logprobs", "old_entropy", "ref_entropy", 
 
 def run(name: str, t: dict, seed: int = 0):
     obj = get_objective(name)
-    return obj, *obj.loss(as_batch(t), generator=torch.Generator().manual_seed(seed))
+    return obj, *obj.loss(as_batch(with_groups(obj, t)), generator=torch.Generator().manual_seed(seed))
 
 
 V1 = ["grpo", "dr_grpo", "dapo", "gspo", "entropy_reg", "clip_cov", "kl_cov", "forking_tokens", "tepo"]
@@ -81,8 +81,10 @@ def test_padding_invariance(name):
         torch.testing.assert_close(metrics_p[key], metrics[key], msg=key)
 
 
-@pytest.mark.parametrize("name", [n for n in ALL if get_objective(n).split_invariant])
+@pytest.mark.parametrize("name", [n for n in ALL if get_objective(n).split_invariant
+                                  and not get_objective(n).needs_whole_groups])
 def test_batch_split_invariance(name):
+    """Any split; an objective whose loss couples a group is split at group boundaries in the next test."""
     t = random_batch(B=8, seed=5)
     obj = get_objective(name)
     full = as_batch(t)
@@ -95,6 +97,22 @@ def test_batch_split_invariance(name):
         halves.append((obj.loss(b)[0], obj.loss_weight(b.mask)))
     total_w = sum(w for _, w in halves)
     combined = sum(l * w for l, w in halves) / total_w
+    torch.testing.assert_close(combined, loss)
+    (grad_split,) = torch.autograd.grad(combined, t["logprobs"])
+    torch.testing.assert_close(grad_split, grad_full)
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if get_objective(n).needs_whole_groups])
+def test_batch_split_invariance_at_group_boundaries(name):
+    t = random_batch(B=8, seed=5)
+    obj = get_objective(name)
+    loss, _ = obj.loss(as_batch(with_groups(obj, t)))
+    (grad_full,) = torch.autograd.grad(loss, t["logprobs"])
+    parts = []
+    for sl in (slice(0, 2), slice(2, 8)):
+        b = as_batch(with_groups(obj, {k: (v[sl] if isinstance(v, torch.Tensor) else v) for k, v in t.items()}))
+        parts.append((obj.loss(b)[0], obj.loss_weight(b.mask)))
+    combined = sum(lo * w for lo, w in parts) / sum(w for _, w in parts)
     torch.testing.assert_close(combined, loss)
     (grad_split,) = torch.autograd.grad(combined, t["logprobs"])
     torch.testing.assert_close(grad_split, grad_full)
@@ -144,8 +162,10 @@ OPTIONAL = ("ref_logprobs", "entropy", "old_entropy", "ref_entropy", "sampler_lo
             "token_advantages")
 
 
-def _batch_with(fields, seed: int = 5) -> PolicyBatch:
+def _batch_with(fields, seed: int = 5, obj=None) -> PolicyBatch:
     t = random_batch(seed=seed)
+    if obj is not None:
+        t = with_groups(obj, t)
     t = {k: v for k, v in t.items() if k not in OPTIONAL or k in fields}
     if "sampler_logprobs" in fields:
         t["sampler_logprobs"] = (t["old_logprobs"] + 0.05).detach()
@@ -167,10 +187,10 @@ def test_the_declared_batch_fields_are_exactly_what_the_loss_reads(name):
         obj = get_objective(name, **overrides)
         declared = obj.batch_fields
         assert declared <= set(OPTIONAL), (name, overrides, declared)
-        _uses(obj, _batch_with(declared))  # enough
+        _uses(obj, _batch_with(declared, obj=obj))  # enough
         for field in declared:  # each one needed
             with pytest.raises(ValueError, match=field):
-                _uses(obj, _batch_with(declared - {field}))
+                _uses(obj, _batch_with(declared - {field}, obj=obj))
 
 
 @pytest.mark.parametrize("name", ALL)

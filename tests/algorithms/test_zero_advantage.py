@@ -10,7 +10,7 @@ import torch
 
 from algorithms import PolicyBatch, get_objective, has_advantage, list_objectives
 
-from .conftest import random_batch
+from .conftest import random_batch, with_groups
 
 # registered objectives, plus config values that switch on a term reaching Â = 0 sequences or a batch option
 CASES = [(name, {}) for name in list_objectives()] + [
@@ -34,6 +34,7 @@ CASES = [(name, {}) for name in list_objectives()] + [
     ("tepo-mask-all", {"kl_target": "old"}),
     ("ppo", {"kl_coef": 0.04}),
     ("ppo", {"entropy_coef": 1e-3}),
+    ("tpo", {"kl_coef": 1e-3}),
 ]
 IDS = [name + "".join(f"-{k}={v}" for k, v in ov.items()) for name, ov in CASES]
 
@@ -74,6 +75,7 @@ def gradients(obj, t: dict, skip: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """d loss / d (logprobs, entropy): the full batch's, or the live sequences' loss weighted by
     w(live) / w(all sequences) (what the training loop computes when it skips)."""
     gen = torch.Generator().manual_seed(0)
+    t = with_groups(obj, t)  # (6 groups of 2; the Â = 0 rows are groups 1 and 4, whole)
     if not skip:
         loss, _ = obj.loss(PolicyBatch(**t), generator=gen)
     else:

@@ -11,7 +11,12 @@ from transformers import AutoModelForCausalLM
 
 from algorithms import get_objective
 from bench.config import TrainConfig
-from bench.engines.native.batching import length_grouped, padded_tokens
+from bench.engines.native.batching import (
+    length_grouped,
+    padded_tokens,
+    whole_group_micro_batches,
+    whole_group_minibatches,
+)
 from bench.engines.native.scale import Reference
 from bench.engines.native.step import Group, update
 from bench.model import build_char_tokenizer, tiny_config
@@ -84,3 +89,18 @@ def test_scoring_rows_in_length_order_returns_them_in_input_order():
         lp, ent, _ = score(model, prompts[i:i + 1], comps[i:i + 1])
         torch.testing.assert_close(lps[i], lp[0], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ents[i], ent[0], atol=1e-5, rtol=1e-5)
+
+
+def test_whole_group_minibatches_and_micro_batches():
+    """An objective that needs whole groups (TPO): minibatches of whole groups in the permutation's group order, each
+    minibatch's groups ascending and each group's rows contiguous in order; micro-batches of max(1, ⌊size/G⌋) groups."""
+    G, N = 3, 12  # 4 groups
+    order = torch.tensor([7, 9, 0, 4, 3, 11, 6, 1, 2, 10, 5, 8])  # group firsts in order: 9 (3), 0 (0), 3 (1), 6 (2)
+    mbs = whole_group_minibatches(order, N, G, 2)
+    assert [m.tolist() for m in mbs] == [[0, 1, 2, 9, 10, 11], [3, 4, 5, 6, 7, 8]]
+    assert sorted(torch.cat(whole_group_minibatches(order, N, G, 9)).tolist()) == list(range(N))  # at most 4
+    rows = mbs[0]
+    assert [m.tolist() for m in whole_group_micro_batches(rows, G, 5)] == [[0, 1, 2], [9, 10, 11]]  # 5 -> 1 group
+    assert [m.tolist() for m in whole_group_micro_batches(rows, G, 2)] == [[0, 1, 2], [9, 10, 11]]  # < G -> 1 group
+    assert [m.tolist() for m in whole_group_micro_batches(rows, G, 6)] == [[0, 1, 2, 9, 10, 11]]
+    assert whole_group_micro_batches(rows[:0], G, 6) == ()

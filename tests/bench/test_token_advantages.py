@@ -95,8 +95,9 @@ def expected(model, groups, estimator, sampler_shift=None, mode="none"):
     return adv.view(N, T), old, mask, mask * good
 
 
-def run(rollout, algo, overrides, monkeypatch, exact=True, groups=None, **fields):
-    """One ``update`` (step 1); returns the PolicyBatches the loss received and the no-gradient scoring calls."""
+def run(rollout, algo, overrides, monkeypatch, exact=True, groups=None, losses=None, **fields):
+    """One ``update`` (step 1); returns the PolicyBatches the loss received and the no-gradient scoring calls (and
+    appends the loss of each to ``losses`` when given)."""
     model, tok, base_groups = rollout
     cfg = TrainConfig(algo=algo, objective_overrides=overrides, max_new_tokens=16, temperature=TEMPERATURE,
                       prompts_per_step=P, group_size=G, max_grad_norm=0.0, **fields)
@@ -106,7 +107,10 @@ def run(rollout, algo, overrides, monkeypatch, exact=True, groups=None, **fields
 
     def recording_loss(batch, generator=None):
         batches.append(batch)
-        return loss(batch, generator=generator)
+        out = loss(batch, generator=generator)
+        if losses is not None:
+            losses.append(out[0].detach())
+        return out
 
     monkeypatch.setattr(objective, "checked_loss", recording_loss)
     for name in ("score", "score_shared"):

@@ -19,7 +19,12 @@ from algorithms.correction import is_weights
 from bench.config import TrainConfig
 from bench.data import TrainData, derive_seed
 from bench.engines.base import TrainingDiverged
-from bench.engines.native.batching import length_grouped
+from bench.engines.native.batching import (
+    group_size_of,
+    length_grouped,
+    whole_group_micro_batches,
+    whole_group_minibatches,
+)
 from bench.engines.native.critic import Critic, score_values, update_critic
 from bench.engines.step_stats import UpdateStats, entropy_summary, rollout_summary
 from bench.model import format_prompt
@@ -180,7 +185,9 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
     device = next(model.parameters()).device
     c_len, p_len = [len(c) for c in completions], [len(p) for p in prompts]
     scorer = score_shared if cfg.shared_prefix else score  # the same numbers (bench/rollout/prefix.py)
-    skip = cfg.skip_zero_advantage and objective.skips_zero_advantage
+    whole = objective.needs_whole_groups  # (TPO) micro-batches of whole groups, contiguous, in group order; no skip
+    G = group_size_of(groups) if whole else None
+    skip = cfg.skip_zero_advantage and objective.skips_zero_advantage and not whole
     params = [p for p in model.parameters() if p.requires_grad]
 
     # --- the critic (PPO): values of the sampling policy's completions -> per-token advantages and returns -> the
@@ -245,19 +252,24 @@ def update(cfg: TrainConfig, objective, model, ref_model, optimizer, sampler: Sa
             ref_entropy=None if ref_ent is None else pad([ref_ent[i] for i in ids], T).to(device),
             entropy=ent if with_grad else ent.detach(),
             sampler_logprobs=None if samp_lp is None else pad([torch.tensor(samp_lp[i]) for i in ids], T).to(device),
-            truncated=truncated[ids].to(device),
+            truncated=truncated[ids].to(device), group_size=G,
             token_advantages=None if tok_adv is None else tok_adv[ids, :T].to(device))
 
     for epoch in range(cfg.update_epochs):
         order = torch.randperm(N, generator=torch.Generator().manual_seed(derive_seed(cfg.seed, "perm", step, epoch)))
-        for j, minibatch in enumerate(torch.tensor_split(order, min(cfg.minibatches, N))):  # (dynamic sampling may
-            # keep < M rows) before the first optimizer step the policy is the sampling policy: on-policy in fact
+        minibatches = (whole_group_minibatches(order, N, G, cfg.minibatches) if whole
+                       else torch.tensor_split(order, min(cfg.minibatches, N)))
+        for j, minibatch in enumerate(minibatches):  # (dynamic sampling may keep < M rows)
+            # before the first optimizer step the policy is the sampling policy: on-policy in fact
             sampling_policy = on_policy or (epoch == 0 and j == 0)
             live = minibatch[live_rows[minibatch]] if skip else minibatch  # (skipped: Â = 0, no gradient)
             dead = minibatch[~live_rows[minibatch]] if skip else minibatch[:0]
-            grouped = cfg.length_grouped_micro_batches and objective.split_invariant
-            micro = (length_grouped(live, c_len, p_len, mb)  # less padding, same gradient (batching.py)
-                     if grouped else torch.split(live, mb)) if len(live) else ()
+            grouped = cfg.length_grouped_micro_batches and objective.split_invariant and not whole
+            if whole:  # whole groups: max(1, ⌊mb / G⌋) groups per micro-batch (batching.py)
+                micro = whole_group_micro_batches(live, G, mb)
+            else:
+                micro = (length_grouped(live, c_len, p_len, mb)  # less padding, same gradient (batching.py)
+                         if grouped else torch.split(live, mb)) if len(live) else ()
             skipped = length_grouped(dead, c_len, p_len, mb) if len(dead) else ()
             parts = [*micro, *skipped]
             masks = [pad([torch.ones(c_len[i]) for i in idx.tolist()], max(c_len[i] for i in idx.tolist()))

@@ -56,6 +56,11 @@ def check_supported(cfg: TrainConfig) -> None:
                          f"{objective.token_estimator!r}: a per-token estimator needs log π_old and Σ_v π_old² at "
                          "every token from a scoring pass, and TRL's GRPOTrainer computes one advantage per completion "
                          "before it; use --engine native")
+    if objective.needs_whole_groups:
+        raise ValueError(f"--engine trl does not support objective {cfg.algo!r}: its loss couples the completions of a "
+                         "group (needs_whole_groups: a softmax over each group's sequence log-probs), and TRL's "
+                         "GRPOTrainer splits and shuffles completions across micro-batches without a group index; use "
+                         "--engine native")
     if objective.token_advantage_needs:
         raise ValueError(f"--engine trl does not support objective {cfg.algo!r}: its per-token advantages need "
                          f"{', '.join(objective.token_advantage_needs)} over whole groups after a scoring pass of the "

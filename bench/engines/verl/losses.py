@@ -106,6 +106,10 @@ def mapping(name: str, overrides: dict | None = None, *, max_length: int | None 
                                      "read (use verl's algorithm.rollout_correction instead)")
     if c.advantage_estimator in TOKEN_ADV_ESTIMATORS:
         return no("unsupported", f"per-token advantage estimator {c.advantage_estimator!r}: {TOKEN_ADV_WHY}")
+    if objective.needs_whole_groups:
+        return no("unsupported", "its loss couples the completions of a group (a softmax over each group's sequence "
+                                 "log-probs: needs_whole_groups), and verl's actor splits and shuffles a batch into "
+                                 "micro-batches without a group index")
     if objective.token_advantage_needs:
         return no("unsupported", f"its per-token advantages need {', '.join(objective.token_advantage_needs)} over "
                                  "whole groups after a scoring pass of the sampling policy (advantages_from_token_"

@@ -75,6 +75,10 @@ class TPO(Objective):
     needs_whole_groups = True
 
     @property
+    def has_clip(self) -> bool:
+        return False  # (a cross-entropy to a fixed target: no clip; its clip fractions are logged as 0)
+
+    @property
     def batch_fields(self) -> frozenset[str]:
         return super().batch_fields | ({"ref_logprobs"} if self.config.kl_coef > 0 else set())
 

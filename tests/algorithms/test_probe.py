@@ -181,7 +181,7 @@ def test_an_objective_without_a_clip_is_not_called_inert_for_it():
     from algorithms.registry import list_objectives
 
     names = [n for n in list_objectives() if not getattr(get_objective(n), "has_clip", True)]
-    assert {"topr", "gpg", "sapo", "vespo", "dro", "gtpo", "kl_cov"} <= set(names)
+    assert {"topr", "gpg", "sapo", "vespo", "dro", "gtpo", "kl_cov", "tpo"} <= set(names)
     res = probe([*names, "grpo", ("kl_cov", {"surrogate": "clipped"})], DEFAULT, ablations=False)
     for lab in names:
         assert not any("clip never binds" in t for t in res.inert[lab]), (lab, res.inert[lab])

@@ -216,6 +216,10 @@ def check_sqlite_file(db: Path, what: str) -> None:
     (:func:`sqlite_damage`); an absent or empty file is fine (SQLite creates it)."""
     if db.is_dir():
         raise StoreFault(f"{what}: {db} is a folder, not a SQLite file: give a file path")
+    if db.exists() and not db.is_file():  # (a device, a pipe, a link to /dev/null: SQLite says "disk I/O error")
+        link = f", a link to {os.readlink(db)}" if db.is_symlink() else ""
+        raise StoreFault(f"{what}: {db} is not a regular file{link}; give the path of a SQLite file (sqlite:///<a "
+                         "file>)")
     try:
         why = sqlite_damage(db) if db.stat().st_size else None
     except FileNotFoundError:

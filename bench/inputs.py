@@ -146,6 +146,9 @@ def read_yaml(path: str | Path, what: str = "--config") -> Any:
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{what} {path}: is a folder; give a YAML file")
+    if p.exists() and not p.is_file():  # (a pipe, a process substitution <(...): read once, a config is read twice)
+        raise ValueError(f"{what} {path}: not a regular file (a pipe or device); write the YAML to a file and give "
+                         "its path")
     if not p.is_file():
         raise ValueError(f"{what} {path}: no such file")
     try:

@@ -182,3 +182,18 @@ def test_an_unknown_parent_run_id_is_one_line_before_the_evaluation_and_a_real_o
     assert rc == 0, err[-3000:]
     child = out.strip().splitlines()[-1].rsplit(" ", 1)[-1]
     assert client.get_run(child).data.tags.get("mlflow.parentRunId") == parent
+
+
+def test_a_config_pipe_and_a_storage_linked_to_dev_null_are_named_for_what_they_are(tmp_path, bench_here):
+    """Round 7: `--config <(...)` or a FIFO was "no such file" (it exists: a pipe, which a command that reads its
+    config twice cannot take); `--storage sqlite:///null.db`, a link to /dev/null, was "cannot be reached: disk I/O
+    error" with nothing to do. Each is now named for what it is, with what to give instead, exit 2, nothing made."""
+    os.mkfifo(tmp_path / "cfg.fifo")
+    rc, _, err = bench_here(["train", "--config", "cfg.fifo"], tmp_path)
+    assert rc == 2 and "--config cfg.fifo: not a regular file (a pipe or device)" in err, err
+    (tmp_path / "null.db").symlink_to(os.devnull)
+    rc, _, err = bench_here(["tune", "--algo", "grpo", "--trials", "1", "--storage", "sqlite:///null.db", *TINY[:-2]],
+                            tmp_path)
+    assert rc == 2, err[-3000:]
+    assert f"null.db is not a regular file, a link to {os.devnull}; give the path of a SQLite file" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.fifo", "null.db"]

@@ -149,7 +149,13 @@ def check_comparison(spec: ComparisonSpec) -> list[str]:
     faults.check_output_folder(cfg.output_dir, "--output-dir")  # a file in its place, read-only: one line now
     if spec.report:  # a foreign folder where the report would go: one line now, not after training
         faults.check_output_folder(spec.out_root, "--out-root")
-        report_folder(spec.out_root, cfg.experiment)
+        reports_in = report_folder(spec.out_root, cfg.experiment)
+        runs_in = experiment_dir(cfg.output_dir, cfg.experiment)
+        a, b = reports_in.resolve(), runs_in.resolve()
+        if a == b or a in b.parents or b in a.parents:  # (the report would replace, or be made inside, the runs)
+            raise ValueError(f"--output-dir {cfg.output_dir} and --out-root {spec.out_root} put the runs and the "
+                             f"report of experiment {cfg.experiment!r} in one folder ({runs_in}): give them "
+                             "different folders (the defaults are .pobench/runs and reports/out)")
     for a in spec.algos:  # what the engine cannot train: one line now, not one failed pair after another
         engines.check(replace(cfg, algo=a, objective_overrides=dict(spec.params.get(a, {}))))
     engine = engines.engine_for(cfg)

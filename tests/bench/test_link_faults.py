@@ -197,3 +197,13 @@ def test_a_config_pipe_and_a_storage_linked_to_dev_null_are_named_for_what_they_
     assert rc == 2, err[-3000:]
     assert f"null.db is not a regular file, a link to {os.devnull}; give the path of a SQLite file" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg.fifo", "null.db"]
+
+
+def test_runs_and_report_in_one_folder_are_refused_before_training(tmp_path, bench_here):
+    """Round 7: `bench run --output-dir reports/out` (the report root's default) trained its pairs, then refused to
+    write the report into reports/out/pobench, the folder its own runs had just made, calling it "not created by
+    pobench". Now one line before any training; the runs and the report in different folders go on as before."""
+    argv = ["run", "--algos", "grpo", "--seeds", "0", "--workers", "1", "--no-progress", *TINY]
+    rc, out, err = bench_here([*argv, "--output-dir", "reports/out"], tmp_path)
+    assert rc == 2 and "put the runs and the report of experiment 'pobench' in one folder" in err, err[-3000:]
+    assert "finished" not in out and not (tmp_path / "reports").exists()

@@ -163,7 +163,9 @@ class TrainConfig:
         def bad(name: str, why: str) -> None:
             raise ValueError(f"config field `{name}`={getattr(self, name)!r}: {why}")
 
-        for name, value in typed_fields(TrainConfig, self.to_dict()).items():
+        # (a shallow view: to_dict copies every nested value, which for a YAML alias bomb under `tags` (10^7 shared
+        # leaves) took minutes and gigabytes before tag_values refused it in one line)
+        for name, value in typed_fields(TrainConfig, {f.name: getattr(self, f.name) for f in fields(self)}).items():
             setattr(self, name, value)
         tag_values(self.tags)
         if not isinstance(self.plugins, list):

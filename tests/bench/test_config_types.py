@@ -155,3 +155,21 @@ def test_bad_config_files_as_a_user_meets_them(tmp_path, cmd, content):
                           timeout=120)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and f"bench {cmd}: error: --config {path}" in done.stderr, done.stderr
+
+
+def test_a_yaml_alias_bomb_under_tags_is_refused_without_expanding_it(tmp_path, capsys, monkeypatch):
+    """Round 7 of issue 29: `tags` holding a YAML alias bomb (nine levels of ten aliases: 10^9 shared leaves, a few
+    hundred bytes of file) ran for minutes and gigabytes before its one line: validation copied the whole config
+    (``to_dict``, which expands every shared list) before looking at the tags. Now the tags are refused first, and
+    nothing is copied (a copy would raise here)."""
+    levels = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    (tmp_path / "bomb.yaml").write_text("algo: grpo\ntags:\n" + "".join(f"  {ln}\n" for ln in levels))
+
+    def no_copy(self):
+        raise ValueError("the config was copied whole during validation")
+
+    monkeypatch.setattr(TrainConfig, "to_dict", no_copy)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "--config", "bomb.yaml"]) == 2
+    assert "config field `tags`: tag 'a0'=['x', 'x'" in capsys.readouterr().err

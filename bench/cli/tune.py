@@ -146,6 +146,7 @@ def main(args: argparse.Namespace) -> int:
     faults.note(storage=tune.redact(spec.storage or tune.default_storage_url()))
     for warning in preflight.check_inputs(spec.base):  # every source read, answers and prompt lengths counted
         print(f"bench tune: warning: {warning}", file=sys.stderr)
+    tune.check_worker_settings(spec, args.workers, args.executor, args.ray_address)  # (before any file is made)
     local = _local_files(spec)  # (identity of the SQLite files the study writes to, as they are now)
     try:
         study = tune.run_workers(spec, args.workers, args.executor, args.ray_address)

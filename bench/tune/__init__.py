@@ -25,12 +25,12 @@ from bench.tune.space import Range, declared_space, objective_config, parse_spac
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import DEFAULT_DIR, FINISHED, count, default_storage_url, make_pruner, open_storage, redact
 from bench.tune.study import open_study, run_study, seed_config
-from bench.tune.workers import StudyStopped, run_workers
+from bench.tune.workers import StudyStopped, check_worker_settings, run_workers
 
 __all__ = [
     "DEFAULT_DIR", "FINISHED", "ConfirmStopped", "ConfirmSummary", "Importance", "Range", "StudyRuns", "StudyStopped",
     "TuneMetric", "TuneSpec", "best_params_yaml", "check_seeds", "count", "declared_space", "default_storage_url",
     "importances", "leaderboard", "log_outputs", "make_pruner", "objective_config", "open_storage", "open_study",
     "parse_metric", "parse_space", "print_leaderboard", "redact", "resolve_space", "run_confirm", "run_study",
-    "run_workers", "seed_config", "trial_value", "summarize", "write_confirm", "write_outputs",
+    "check_worker_settings", "run_workers", "seed_config", "trial_value", "summarize", "write_confirm", "write_outputs",
 ]

@@ -66,17 +66,28 @@ def _worker(notify: Notify, spec: TuneSpec, i: int) -> int:
 def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_address: str | None = None,
                 log=print):
     """Run the study with ``workers`` workers on ``executor``; returns the study (as ``run_study`` does)."""
-    n = resolve_workers(workers, spec.trials, spec.base)  # (a bad value: an error before anything is created)
-    if executor not in EXECUTORS:
-        raise ValueError(f"unknown executor {executor!r}; choices: {', '.join(EXECUTORS)}")
-    if ray_address is not None and executor != "ray":
-        raise ValueError(f"--ray-address {ray_address!r} needs --executor ray")
+    n = check_worker_settings(spec, workers, executor, ray_address)
     spec = dataclasses.replace(spec, base=with_plugins(spec.base, [spec.algo]))
     try:
         with sigterm_as_interrupt():  # `kill <this process>` stops the study as cleanly as Ctrl-C
             return _run_workers(spec, workers, n, executor, ray_address, log)
     except KeyboardInterrupt:
         raise _stopped(spec) from None
+
+
+def check_worker_settings(spec: TuneSpec, workers: int, executor: str, ray_address: str | None) -> int:
+    """The workers' flags checked before anything is created (ValueError, one line); returns how many workers run
+    (``resolve_workers``)."""
+    n = resolve_workers(workers, spec.trials, spec.base)
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; choices: {', '.join(EXECUTORS)}")
+    if ray_address is not None and executor != "ray":
+        raise ValueError(f"--ray-address {ray_address!r} needs --executor ray")
+    storage = spec.storage or default_storage_url()
+    if executor == "ray" and ray_address and storage.startswith("sqlite"):
+        raise ValueError(f"--storage {storage}: a SQLite file is not shared by the nodes of a Ray cluster; give "
+                         "a PostgreSQL URL every node reaches (docs/TUNING.md)")
+    return n
 
 
 def _stopped(spec: TuneSpec) -> StudyStopped:
@@ -115,11 +126,8 @@ def _run_workers(spec: TuneSpec, workers: int, n: int, executor: str, ray_addres
         return run_study(spec, log=log)
     check_shippable(spec.base, [spec.algo])  # a notebook's objective: one line before any worker starts
     ex = make_executor(executor, workers=n if executor == "local" else workers, ray_address=ray_address)
-    if executor == "ray":
+    if executor == "ray":  # (a SQLite storage with a cluster address: refused by check_worker_settings)
         storage = spec.storage or default_storage_url()
-        if ray_address and storage.startswith("sqlite"):
-            raise ValueError(f"--storage {storage}: a SQLite file is not shared by the nodes of a Ray cluster; give "
-                             "a PostgreSQL URL every node reaches (docs/TUNING.md)")
         spec = dataclasses.replace(spec, storage=storage, base=ex.prepare(spec.base))  # (absolute paths)
     study, runs = open_study(spec)  # created (with its MLflow parent run) once, before the workers join it
     fail_dead_trials(study, spec, runs)  # trials of a process killed just now: queued again for these workers

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -193,8 +194,11 @@ def get_or_create_experiment(client, uri: str, name: str) -> str:
     check_experiment_name(name)
     with store_lock(uri):
         exp = client.get_experiment_by_name(name)
-        if exp is not None and exp.lifecycle_stage == "deleted":
+        if exp is not None and exp.lifecycle_stage == "deleted":  # (said: its earlier runs come back with it)
             client.restore_experiment(exp.experiment_id)
+            print(f"pobench: note: experiment {name!r} had been deleted in the MLflow store {uri}; restored it, with "
+                  "its earlier runs, to record into it (give another --experiment to keep it deleted)",
+                  file=sys.stderr)
         if exp is not None:
             return exp.experiment_id
         try:

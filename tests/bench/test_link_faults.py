@@ -207,3 +207,18 @@ def test_runs_and_report_in_one_folder_are_refused_before_training(tmp_path, ben
     rc, out, err = bench_here([*argv, "--output-dir", "reports/out"], tmp_path)
     assert rc == 2 and "put the runs and the report of experiment 'pobench' in one folder" in err, err[-3000:]
     assert "finished" not in out and not (tmp_path / "reports").exists()
+
+
+def test_a_deleted_experiment_is_restored_with_a_note(tmp_path, bench_here):
+    """Round 7: an experiment the user deleted in MLflow was made active again without a word by the next command
+    that records into it. It still is (its runs come back with it), and the command says so."""
+    from mlflow import MlflowClient
+
+    uri = fresh_store(tmp_path)
+    client = MlflowClient(uri)
+    client.delete_experiment(client.create_experiment("gone", artifact_location=str(tmp_path / "art")))
+    rc, _, err = bench_here(["train", "--run-name", "r", "--experiment", "gone", "--tracking-uri", uri, *TINY],
+                            tmp_path)
+    assert rc == 0, err[-3000:]
+    assert "pobench: note: experiment 'gone' had been deleted in the MLflow store" in err, err
+    assert client.get_experiment_by_name("gone").lifecycle_stage == "active"

@@ -100,8 +100,10 @@ def run(args) -> int:
         return eval_comparison.run(args)
     args.model = args.model or BUILTIN_MODEL
     args.prompt_template = args.prompt_template or "auto"
+    store_file = None
     if not args.no_mlflow:  # an unreachable server: one line now, before transformers and the model load
         check_reachable(args.tracking_uri)
+        store_file = _existing_store_file(args.tracking_uri)
         if args.parent_run_id:  # (an unknown id was a traceback once the evaluation was done)
             _check_parent_run(args.tracking_uri, args.parent_run_id)
 
@@ -177,6 +179,10 @@ def run(args) -> int:
     paths = write_outputs(results, out_dir, meta)
     print(f"bench eval: wrote {', '.join(str(p) for p in paths)}")
     if not args.no_mlflow:
+        if store_file is not None and not store_file.exists():  # (MLflow would make a new one there, silently)
+            print(f"bench eval: warning: the MLflow store {store_file} was deleted while the evaluation ran, with the "
+                  "runs it held; this evaluation is logged into a new store there (restore the old one from a backup "
+                  "to keep them)", file=sys.stderr)
         run_id = log_to_mlflow(results, params={**meta, "benchmarks": ",".join(names)}, artifacts=paths,
                                run_name=args.run_name or f"eval-{Path(args.model).name}",
                                experiment=args.experiment, tracking_uri=args.tracking_uri,
@@ -214,3 +220,12 @@ def _check_parent_run(uri: str | None, run_id: str) -> None:
             raise
         raise ValueError(f"--parent-run-id {run_id}: no such run in {resolved}; give the id of a run of that store "
                          "(`bench report` and the MLflow UI show them), or leave --parent-run-id out") from None
+
+
+def _existing_store_file(uri: str | None) -> Path | None:
+    """The local SQLite file of the store when it exists now (to tell, when the evaluation is logged, that it was
+    deleted meanwhile); None for a remote store or a store not made yet."""
+    from reports.record import tracking_uri
+
+    path = faults.sqlite_file(tracking_uri(uri))
+    return path if path is not None and path.is_file() else None

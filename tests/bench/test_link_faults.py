@@ -222,3 +222,22 @@ def test_a_deleted_experiment_is_restored_with_a_note(tmp_path, bench_here):
     assert rc == 0, err[-3000:]
     assert "pobench: note: experiment 'gone' had been deleted in the MLflow store" in err, err
     assert client.get_experiment_by_name("gone").lifecycle_stage == "active"
+
+
+def test_a_store_deleted_during_bench_eval_is_said_when_the_evaluation_is_logged(tmp_path, bench_here, monkeypatch):
+    """Round 7: `mlflow.db` deleted while `bench eval` evaluated: MLflow made a fresh store at the same path and the
+    evaluation went into it, silently (the runs the old one held gone without a word). Now a warning says so."""
+    from bench.cli import eval as eval_cmd
+
+    uri = fresh_store(tmp_path)
+    real = eval_cmd.evaluate
+
+    def deleting(*a, **kw):  # the store deleted while the benchmark is evaluated
+        (tmp_path / "mlflow.db").unlink(missing_ok=True)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(eval_cmd, "evaluate", deleting)
+    rc, _, err = bench_here(["eval", "--benchmarks", "arith", "--limit", "2", "--k", "1", "--tracking-uri", uri],
+                            tmp_path)
+    assert rc == 0, err[-3000:]
+    assert f"the MLflow store {tmp_path / 'mlflow.db'} was deleted while the evaluation ran" in err, err

@@ -66,6 +66,30 @@ def sqlite_file(uri: str) -> Path | None:
     return Path(db) if db and db != ":memory:" else None
 
 
+def watch_file(uri: str) -> tuple[Path, tuple[int, int] | None] | None:
+    """The local SQLite file of ``uri`` and its identity now ((device, inode); None when it does not exist yet), to
+    tell later (:func:`changed`) whether it was deleted or replaced meanwhile: SQLite goes on writing into a deleted
+    file through an open connection, and MLflow makes a new one at the path for the next, both silently. None for a
+    store that is not a local SQLite file."""
+    path = sqlite_file(uri)
+    if path is None:
+        return None
+    st = path.stat() if path.is_file() else None
+    return path, None if st is None else (st.st_dev, st.st_ino)
+
+
+def changed(watched: tuple[Path, tuple[int, int] | None] | None) -> str | None:
+    """``"deleted"`` / ``"replaced by another file"`` when the file :func:`watch_file` saw is gone or another one is
+    there now; None when it is the same (or was not there then and is now)."""
+    if watched is None:
+        return None
+    path, ident = watched
+    now = path.stat() if path.exists() else None
+    if now is None:
+        return "deleted"
+    return "replaced by another file" if ident is not None and (now.st_dev, now.st_ino) != ident else None
+
+
 def _existing(path: Path) -> Path:
     """``path`` or its nearest ancestor that exists."""
     path = Path(os.path.abspath(path))

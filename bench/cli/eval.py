@@ -100,10 +100,12 @@ def run(args) -> int:
         return eval_comparison.run(args)
     args.model = args.model or BUILTIN_MODEL
     args.prompt_template = args.prompt_template or "auto"
-    store_file = None
+    store_file = None  # (the local store as it is now: faults.watch_file)
     if not args.no_mlflow:  # an unreachable server: one line now, before transformers and the model load
         check_reachable(args.tracking_uri)
-        store_file = _existing_store_file(args.tracking_uri)
+        from reports.record import tracking_uri
+
+        store_file = faults.watch_file(tracking_uri(args.tracking_uri))
         if args.parent_run_id:  # (an unknown id was a traceback once the evaluation was done)
             _check_parent_run(args.tracking_uri, args.parent_run_id)
 
@@ -179,8 +181,9 @@ def run(args) -> int:
     paths = write_outputs(results, out_dir, meta)
     print(f"bench eval: wrote {', '.join(str(p) for p in paths)}")
     if not args.no_mlflow:
-        if store_file is not None and not store_file.exists():  # (MLflow would make a new one there, silently)
-            print(f"bench eval: warning: the MLflow store {store_file} was deleted while the evaluation ran, with the "
+        if store_file is not None and store_file[1] is not None and (how := faults.changed(store_file)):
+            # (MLflow would make a new one there, silently)
+            print(f"bench eval: warning: the MLflow store {store_file[0]} was {how} while the evaluation ran, with the "
                   "runs it held; this evaluation is logged into a new store there (restore the old one from a backup "
                   "to keep them)", file=sys.stderr)
         run_id = log_to_mlflow(results, params={**meta, "benchmarks": ",".join(names)}, artifacts=paths,
@@ -221,11 +224,3 @@ def _check_parent_run(uri: str | None, run_id: str) -> None:
         raise ValueError(f"--parent-run-id {run_id}: no such run in {resolved}; give the id of a run of that store "
                          "(`bench report` and the MLflow UI show them), or leave --parent-run-id out") from None
 
-
-def _existing_store_file(uri: str | None) -> Path | None:
-    """The local SQLite file of the store when it exists now (to tell, when the evaluation is logged, that it was
-    deleted meanwhile); None for a remote store or a store not made yet."""
-    from reports.record import tracking_uri
-
-    path = faults.sqlite_file(tracking_uri(uri))
-    return path if path is not None and path.is_file() else None

@@ -212,32 +212,31 @@ def show(args: argparse.Namespace) -> int:
 
 
 def _local_files(spec) -> dict[str, tuple[Path, tuple[int, int] | None]]:
-    """The local SQLite files of the MLflow store and the Optuna storage: path and (device, inode). Each is created
-    now if it is not there yet (the study would create it moments later), so that a file deleted and created again
-    while the study runs is told from the one it started with."""
+    """The local SQLite files of the Optuna storage and the MLflow store as they are now (``faults.watch_file``).
+    Each is created now if it is not there yet (the study would create it moments later), so that a file deleted and
+    created again while the study runs is told from the one it started with."""
     from reports.record import open_client, tracking_uri
 
-    out = {}
     store, storage = tracking_uri(spec.base.tracking_uri), spec.storage or tune.default_storage_url()
     tune.open_storage(storage)  # (first: an unreachable storage is its one line before any file is created)
-    for what, uri, create in (("the Optuna storage", storage, lambda: None),
-                              ("the MLflow store", store, lambda: open_client(store))):
-        path = faults.sqlite_file(uri)
-        if path is not None:
-            if not path.exists():
-                create()
-            st = path.stat() if path.exists() else None
-            out[what] = (path, None if st is None else (st.st_dev, st.st_ino))
+    out = {}
+    for what, uri in (("the Optuna storage", storage), ("the MLflow store", store)):
+        watched = faults.watch_file(uri)
+        if watched is not None and watched[1] is None and uri == store:
+            open_client(store)
+            watched = faults.watch_file(uri)
+        if watched is not None:
+            out[what] = watched
     return out
 
 
 def _gone(before: dict[str, tuple[Path, tuple[int, int] | None]]) -> str | None:
     """The line for a local store / storage deleted or replaced while the study ran (SQLite goes on writing to a
     deleted file through an open connection, so the study ended as if nothing happened, its record lost)."""
-    for what, (path, ident) in before.items():
-        now = path.stat() if path.exists() else None
-        if now is None or (ident is not None and (now.st_dev, now.st_ino) != ident):
-            return (f"{what} {path} was {'deleted' if now is None else 'replaced by another file'} while the study "
-                    f"ran: what the study wrote there since is lost with it (the trials finished on it, their runs); "
-                    "restore it from a backup, or rerun the same command (it starts a new file)")
+    for what, watched in before.items():
+        how = faults.changed(watched)
+        if how:
+            return (f"{what} {watched[0]} was {how} while the study ran: what the study wrote there since is lost "
+                    "with it (the trials finished on it, their runs); restore it from a backup, or rerun the same "
+                    "command (it starts a new file)")
     return None

@@ -143,6 +143,11 @@ register("maxrl", ClippedPG, paper="arXiv 2602.02710",
                      "prompt solved 1 time in N weighs N times one solved every time; GRPO's surrogate otherwise. "
                      "Binary rewards.",
          advantage_estimator="maxrl")
+register("gdpo", ClippedPG, paper="arXiv 2601.05242",
+         description="GDPO: each reward component (verifier outcome, answer format, DAPO's overlong penalty) z-scored "
+                     "within its group on its own, weighted sum (all 1), whitened over the batch's tokens (verl "
+                     "adv_estimator=gdpo); GRPO's surrogate and KL otherwise.",
+         advantage_estimator="gdpo")
 register("ppo", PPO, paper="arXiv 1707.06347",
          description="PPO with a critic (verl adv_estimator=gae): clipped token-ratio surrogate on per-token GAE "
                      "advantages (γ = λ = 1, whitened) from a learned value function initialised from the policy, "

@@ -6,7 +6,9 @@ the training loop provides exactly what the selected estimator declares (no bran
 
 - ``lengths``: (P, G) completion lengths |y_i| (OPO's length-weighted baseline; REINFORCE++'s token-weighted
   batch whitening);
-- ``greedy_rewards``: (P,) reward of one greedy completion per prompt (ReMax's baseline).
+- ``greedy_rewards``: (P,) reward of one greedy completion per prompt (ReMax's baseline);
+- ``reward_components``: (P, G, K) the reward's components, K = len(``REWARD_COMPONENTS``) in that order (GDPO's
+  per-component group normalisation).
 
 A plugin adds an estimator with ``register_advantage(name, fn, description=..., needs=...)``: ``fn(rewards, **inputs)``
 gets exactly the inputs ``needs`` declares and returns (P, G) advantages; an objective then names it in its
@@ -32,12 +34,18 @@ from evaluators.hints import check_registered_name, did_you_mean
 #: estimators worse than ``group`` by construction: the positive controls' (algorithms/__init__.py, ``control_of``)
 CONTROL_ESTIMATORS = ("group-reversed", "group-rolled")
 ADVANTAGE_ESTIMATORS = ("group", "group-no-std", "group-batch-std", "rloo", "reinforce++", "reinforce++-baseline",
-                        "grpo-passk", "opo", "gpg", "remax", "maxrl", *CONTROL_ESTIMATORS)
+                        "grpo-passk", "opo", "gpg", "remax", "maxrl", "gdpo", *CONTROL_ESTIMATORS)
 ESTIMATOR_NEEDS: dict[str, tuple[str, ...]] = {
     "reinforce++": ("lengths",), "reinforce++-baseline": ("lengths",), "opo": ("lengths",),
-    "remax": ("greedy_rewards",),
+    "remax": ("greedy_rewards",), "gdpo": ("lengths", "reward_components"),
 }
-INPUTS = ("lengths", "greedy_rewards")  # what an estimator may declare it needs
+INPUTS = ("lengths", "greedy_rewards", "reward_components")  # what an estimator may declare it needs
+#: the components of a completion's reward that an engine hands an estimator declaring ``reward_components``, in this
+#: order (docs/objectives.md, "GDPO"): the verifier's outcome (the coin flip under the random-reward control), whether
+#: the completion states its final answer in an explicit answer form (``evaluators.verify.has_answer_marker``), and
+#: DAPO's overlong penalty (0 unless the objective's ``overlong_shaping`` is on). The scalar reward every other
+#: estimator reads is ``correct + overlong``.
+REWARD_COMPONENTS = ("correct", "format", "overlong")
 #: per-token estimators (verl's optimal token baselines, ``token_baseline_advantages``): the baseline changes from one
 #: token of a completion to the next, so their advantages are (P, G, T). An objective that selects one computes them in
 #: ``Objective.advantages_from_token_stats`` once π_old has scored the rollout, and reads them from
@@ -142,8 +150,37 @@ def _token_whiten(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return (values - mean) * torch.rsqrt(var + WHITEN_EPS)
 
 
+def _verl_group_z(scores: torch.Tensor) -> torch.Tensor:
+    """(P, G) -> (P, G): verl's GRPO score per group, (r − mean_g r)/(std_g r + 1e-6), std with Bessel's correction;
+    a group of ONE gets r/(1 + 1e-6) (verl's mean 0, std 1 for it), not 0."""
+    if scores.shape[1] < 2:
+        return scores / (1.0 + STD_EPS)
+    return (scores - scores.mean(dim=1, keepdim=True)) / (scores.std(dim=1, keepdim=True) + STD_EPS)
+
+
+def gdpo_advantages(components: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """GDPO (Group reward-Decoupled normalization Policy Optimization, arXiv 2601.05242; verl 0.9.1 ``gdpo``):
+    (P, G, K) reward components, (P, G) completion lengths, (K,) weights -> (P, G) advantages.
+
+    Each component k is normalised within its group on its own, A_k = (r_k − mean_g r_k)/(std_g r_k + 1e-6) (Bessel
+    std; a group of one: r_k/(1 + 1e-6), as verl), the weighted sum S = Σ_k w_k A_k is then whitened over the batch's
+    TOKENS (each completion's S counted |y_i| times, Bessel-corrected variance, (S − μ)/sqrt(var + 1e-8): verl's
+    ``masked_whiten``). Normalising the weighted sum of the components within the group instead would be GRPO on
+    the summed reward, which GDPO's paper shows collapses distinct reward combinations onto one advantage.
+    """
+    if components.dim() != 3 or components.shape[:2] != lengths.shape or components.shape[2] != weights.numel():
+        raise ValueError(f"gdpo: reward components must be (prompts, group_size, {weights.numel()}) and lengths "
+                         f"(prompts, group_size), got {tuple(components.shape)} and {tuple(lengths.shape)}")
+    P, G, K = components.shape
+    total = torch.zeros(P, G, dtype=components.dtype)
+    for k in range(K):
+        total = total + weights[k].to(components.dtype) * _verl_group_z(components[:, :, k])
+    return _token_whiten(total.flatten(), lengths.flatten()).view(P, G)
+
+
 def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Tensor | None = None,
-                     greedy_rewards: torch.Tensor | None = None) -> torch.Tensor:
+                     greedy_rewards: torch.Tensor | None = None, reward_components: torch.Tensor | None = None,
+                     component_weights: tuple[float, ...] | None = None) -> torch.Tensor:
     """Advantages for rewards of shape (P, G): one row per prompt.
 
     - ``group``: Â_i = (R_i − mean_g R) / (std_g R + 1e-6)  (GRPO, arXiv 2402.03300; std with Bessel's correction,
@@ -159,6 +196,9 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Te
     - ``opo``: Â_i = R_i − Σ_g |y_g| R_g / Σ_g |y_g|  (optimal length-weighted baseline, arXiv 2505.23585)
     - ``gpg``: Â_i = α (R_i − mean_g R), α = N / #{R ≠ 0 in the batch}  (arXiv 2504.02546, as verl, F_norm = 1)
     - ``remax``: Â_i = R_i − R_greedy(prompt)  (arXiv 2310.10505)
+    - ``gdpo``: each reward component z-scored within its group, weighted sum (``component_weights``, one per
+      ``REWARD_COMPONENTS``; all 1 by default, as verl), whitened over the batch's tokens (``gdpo_advantages``;
+      arXiv 2601.05242). Reads ``reward_components``, not ``rewards``
     - ``maxrl``: Â_i = (R_i − mean_g R) / mean_g R, 0 in a group whose mean reward is ≤ 0 (MaxRL, arXiv 2602.02710,
       Algorithm 1 with its control variate; the paper's 1/N is the aggregation's). Derived for binary rewards: a
       group's Σ Â_i ∇log π is N/K times the mean score of its K successes minus the mean score of all N, an unbiased
@@ -184,10 +224,20 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Te
         got = None if greedy_rewards is None else tuple(greedy_rewards.shape)
         raise ValueError(f"advantage estimator {estimator!r} needs one greedy-completion reward per prompt, shape "
                          f"({rewards.shape[0]},), got {got}")
+    K = len(REWARD_COMPONENTS)
+    if "reward_components" in needs and (reward_components is None
+                                         or reward_components.shape != (*rewards.shape, K)):
+        got = None if reward_components is None else tuple(reward_components.shape)
+        raise ValueError(f"advantage estimator {estimator!r} needs the reward's components "
+                         f"({', '.join(REWARD_COMPONENTS)}) of shape {(*rewards.shape, K)}, got {got}")
     P, G = rewards.shape
     if estimator in _REGISTERED:
         return _plugin_advantages(_REGISTERED[estimator], rewards,
-                                  {"lengths": lengths, "greedy_rewards": greedy_rewards})
+                                  {"lengths": lengths, "greedy_rewards": greedy_rewards,
+                                   "reward_components": reward_components})
+    if estimator == "gdpo":
+        weights = torch.tensor((1.0,) * K if component_weights is None else component_weights, dtype=rewards.dtype)
+        return gdpo_advantages(reward_components.to(rewards.dtype), lengths, weights)
     mean = rewards.mean(dim=1, keepdim=True)  # (P, 1)
     centred = rewards - mean  # (P, G)
     if estimator == "group-no-std":

@@ -16,6 +16,7 @@ import torch
 from evaluators.hints import is_metric_key
 
 from .advantages import (
+    REWARD_COMPONENTS,
     TOKEN_ESTIMATOR_NEEDS,
     TOKEN_ESTIMATORS,
     estimator_names,
@@ -27,6 +28,8 @@ from .aggregation import AGGREGATIONS, aggregation_weight
 from .batch import PolicyBatch
 from .correction import BATCH_OPTIONS, ROLLOUT_CORRECTIONS
 from .critic import CriticSpec
+
+GDPO_PAPER = "arXiv 2601.05242"
 
 
 def param(default: Any, doc: str, *, paper: str | None = None, search: tuple | None = None,
@@ -69,6 +72,18 @@ class ObjectiveConfig:
     off_policy_mask_threshold: float = param(0.0, "δ: drop sequences with Â < 0 and mean_t (sampler − lp) > δ "
                                              "(DeepSeek-V3.2 off-policy sequence mask; 0 disables it).",
                                              paper="arXiv 2512.02556", search=(0.05, 2.0, True), switch=True)
+    gdpo_weight_correct: float = param(1.0, "GDPO weight of the verifier-outcome component (advantage_estimator=gdpo "
+                                       "only; verl gdpo_reward_weights, default all 1).", paper=GDPO_PAPER)
+    gdpo_weight_format: float = param(1.0, "GDPO weight of the answer-format component: 1 when the completion states "
+                                      "its answer as `#### x` or \\boxed{x} (advantage_estimator=gdpo only).",
+                                      paper=GDPO_PAPER)
+    gdpo_weight_overlong: float = param(1.0, "GDPO weight of DAPO's overlong-penalty component, 0 without "
+                                        "overlong_shaping (advantage_estimator=gdpo only).", paper=GDPO_PAPER)
+
+    @property
+    def gdpo_weights(self) -> tuple[float, ...]:
+        """The GDPO component weights in ``REWARD_COMPONENTS`` order."""
+        return tuple(getattr(self, f"gdpo_weight_{c}") for c in REWARD_COMPONENTS)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -93,6 +108,13 @@ class ObjectiveConfig:
             self._bad("off_policy_mask_threshold", "the off-policy sequence mask reads one advantage per completion "
                                                    f"(Â_i < 0), and advantage_estimator={self.advantage_estimator!r} "
                                                    "gives one per token; leave it at 0")
+        if self.advantage_estimator != "gdpo":
+            for c in REWARD_COMPONENTS:
+                if getattr(self, f"gdpo_weight_{c}") != 1.0:
+                    self._bad(f"gdpo_weight_{c}", f"acts only with advantage_estimator='gdpo' (here "
+                                                  f"{self.advantage_estimator!r}); leave it at 1.0")
+        elif not any(self.gdpo_weights):
+            self._bad("gdpo_weight_correct", "every GDPO component weight is 0: no component would give an advantage")
 
     def _bad(self, name: str, why: str) -> None:
         raise ValueError(f"{type(self).__name__}.{name}={getattr(self, name)!r}: {why}")
@@ -409,14 +431,17 @@ class Objective:
 
     # --- rollout-side hooks
     def advantages(self, rewards: torch.Tensor, *, lengths: torch.Tensor | None = None,
-                   greedy_rewards: torch.Tensor | None = None) -> torch.Tensor:
-        """(P, G) rewards -> (P, G) advantages (``lengths`` (P, G) and ``greedy_rewards`` (P,) when the estimator
-        declares it needs them: ``advantage_needs``). With a per-token estimator: the rewards themselves (its
-        advantages are ``advantages_from_token_stats``', once π_old has scored the completions)."""
+                   greedy_rewards: torch.Tensor | None = None,
+                   reward_components: torch.Tensor | None = None) -> torch.Tensor:
+        """(P, G) rewards -> (P, G) advantages (``lengths`` (P, G), ``greedy_rewards`` (P,) and
+        ``reward_components`` (P, G, K) when the estimator declares it needs them: ``advantage_needs``). With a
+        per-token estimator: the rewards themselves (its advantages are ``advantages_from_token_stats``', once π_old
+        has scored the completions)."""
         if self.token_estimator is not None:
             return rewards.clone()
         return group_advantages(rewards, self.config.advantage_estimator, lengths=lengths,
-                                greedy_rewards=greedy_rewards)
+                                greedy_rewards=greedy_rewards, reward_components=reward_components,
+                                component_weights=self.config.gdpo_weights)
 
     def keep_groups(self, rewards: torch.Tensor, outcomes: torch.Tensor) -> torch.Tensor:
         """(P, G) shaped rewards and (P, G) verifier outcomes -> (P,) bool: which groups enter the batch.

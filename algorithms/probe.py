@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from .advantages import REWARD_COMPONENTS
 from .batch import PolicyBatch
 from .registry import get_objective, get_spec, list_objectives
 
@@ -208,6 +209,10 @@ def _advantage_inputs(obj, pb: ProbeBatch) -> dict[str, torch.Tensor]:
         out["lengths"] = pb.mask.sum(-1).view(P, G).to(pb.rewards.dtype)
     if "greedy_rewards" in needs:
         out["greedy_rewards"] = (pb.rewards.mean(-1) > 0.5).to(pb.rewards.dtype)
+    if "reward_components" in needs:  # GDPO: the outcome; the format 1 for a right answer and every other wrong one
+        fmt = torch.maximum(pb.rewards, (torch.arange(G) % 2 == 0).to(pb.rewards.dtype).expand(P, G))
+        parts = {"correct": pb.rewards, "format": fmt, "overlong": torch.zeros_like(pb.rewards)}
+        out["reward_components"] = torch.stack([parts[c] for c in REWARD_COMPONENTS], dim=-1)  # (P, G, K)
     unknown = set(needs) - set(out)
     if unknown:
         raise ValueError(f"probe: {obj.name}'s advantage estimator needs {sorted(unknown)}, which the probe cannot "

@@ -66,6 +66,18 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+def has_answer_marker(completion: str) -> bool:
+    """Whether ``completion`` states its final answer in an explicit answer form: a ``#### x`` line (GSM8K's, not a
+    markdown heading) or a non-empty ``\\boxed{x}``, the forms every answer kind reads before its fallbacks (an
+    answer phrase, the last number). GDPO's format component (``algorithms.advantages.REWARD_COMPONENTS``); it says
+    nothing of whether the answer is right."""
+    text = completion or ""
+    if any(h.strip() and not h.strip()[:1].isalpha() for h in re.findall(r"####[ \t]*([^\n]*)", text)):
+        return True
+    boxed = last_boxed(text)
+    return boxed is not None and bool(boxed.strip())
+
+
 def strip_math_delimiters(s: str) -> str:
     """``$x$`` / ``$$x$$`` / ``\\(x\\)`` / ``\\[x\\]`` -> ``x``."""
     s = s.strip()

@@ -88,7 +88,8 @@ def test_objective_declares_what_its_estimator_needs():
 
 @pytest.mark.parametrize("estimator", ADVANTAGE_ESTIMATORS)
 def test_every_estimator_is_finite_and_shaped(estimator):
-    out = group_advantages(torch.tensor(R), estimator, lengths=torch.tensor(L), greedy_rewards=torch.tensor([0., 1.]))
+    out = group_advantages(torch.tensor(R), estimator, lengths=torch.tensor(L), greedy_rewards=torch.tensor([0., 1.]),
+                           reward_components=torch.stack([torch.tensor(R), torch.tensor(R) > 0, torch.zeros(2, 3)], -1))
     assert out.shape == (2, 3) and torch.isfinite(out).all()
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from algorithms import PolicyBatch, batch_for, has_advantage
+from algorithms.advantages import REWARD_COMPONENTS
 from algorithms.correction import is_weights
 from bench.config import TrainConfig
 from bench.data import TrainData, derive_seed
@@ -32,6 +33,7 @@ from bench.rollout import Sampler, SamplingParams
 from bench.rollout.prefix import score_shared
 from bench.rollout.scoring import score
 from evaluators.tasks import checked_reward
+from evaluators.verify import has_answer_marker
 from reports import metric_keys as K
 
 
@@ -57,6 +59,7 @@ class Group:
     entropies: list[list[float]] = field(default_factory=list)  # ... and entropies, as the sampler returned them
     problem: Any = None  # the task's problem (scores the greedy baseline completion when the estimator needs one)
     truncated: torch.Tensor | None = None  # (G,) bool: finished by length, not by a stop token
+    outcomes: torch.Tensor | None = None  # (G,) the reward before shaping: the verifier's, or the random-reward coin
 
 
 def collect_rollouts(cfg: TrainConfig, objective, sampler: Sampler, tok, data: TrainData, step: int
@@ -103,7 +106,8 @@ def collect_rollouts(cfg: TrainConfig, objective, sampler: Sampler, tok, data: T
                 kept.append(Group(problems[p].question, ro.prompt_ids[p], ro.completion_ids[p * G:(p + 1) * G],
                                   ro.texts[p * G:(p + 1) * G], shaped[p], correct[p * G:(p + 1) * G],
                                   logprobs=ro.logprobs[p * G:(p + 1) * G], entropies=ro.entropies[p * G:(p + 1) * G],
-                                  problem=problems[p], truncated=by_length[p * G:(p + 1) * G]))
+                                  problem=problems[p], truncated=by_length[p * G:(p + 1) * G],
+                                  outcomes=rewards[p * G:(p + 1) * G]))
         if len(kept) >= P:
             break
     extra: dict[str, torch.Tensor] = {}
@@ -131,7 +135,10 @@ def advantage_inputs(cfg: TrainConfig, objective, sampler: Sampler, tok, data: T
                      step: int
                      ) -> dict[str, torch.Tensor]:
     """What the objective's advantage estimator declares it needs beyond the rewards (``advantage_needs``):
-    completion lengths, and/or the shaped reward of one greedy completion per prompt (ReMax), generated only then."""
+    completion lengths, the shaped reward of one greedy completion per prompt (ReMax), generated only then, and/or the
+    reward's components (GDPO: ``REWARD_COMPONENTS``, (K, G, 3)): the outcome, the answer format and the overlong
+    penalty (shaped − outcome). Under the random-reward control the format component is a coin flip of its own mean,
+    as the outcome is: no component then carries information about the completion but its length."""
     needs = objective.advantage_needs
     out: dict[str, torch.Tensor] = {}
     if "lengths" in needs:
@@ -143,6 +150,15 @@ def advantage_inputs(cfg: TrainConfig, objective, sampler: Sampler, tok, data: T
         correct = torch.tensor([checked_reward(data.task, ro.texts[i], g.problem) for i, g in enumerate(groups)])
         length = torch.tensor([len(c) for c in ro.completion_ids])
         out["greedy_rewards"] = objective.shape_rewards(correct, length, cfg.max_new_tokens)
+    if "reward_components" in needs:
+        outcome = torch.stack([g.outcomes for g in groups])  # (K, G)
+        fmt = torch.tensor([[float(has_answer_marker(t)) for t in g.texts] for g in groups])  # (K, G)
+        if cfg.control == "random-reward":
+            gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "random-format", step))
+            fmt = torch.bernoulli(torch.full_like(fmt, float(fmt.mean())), generator=gen)
+        overlong = torch.stack([g.rewards for g in groups]) - outcome  # (K, G): 0 without overlong_shaping
+        parts = {"correct": outcome, "format": fmt, "overlong": overlong}
+        out["reward_components"] = torch.stack([parts[c] for c in REWARD_COMPONENTS], dim=-1)  # (K, G, 3)
     return out
 
 

@@ -114,6 +114,11 @@ def mapping(name: str, overrides: dict | None = None, *, max_length: int | None 
         return no("unsupported", f"its per-token advantages need {', '.join(objective.token_advantage_needs)} over "
                                  "whole groups after a scoring pass of the sampling policy (advantages_from_token_"
                                  "stats), which verl's trainer neither computes nor hands a policy loss")
+    if "reward_components" in objective.advantage_needs:
+        return no("unsupported", f"advantage estimator {c.advantage_estimator!r} reads the reward's components "
+                                 "(outcome, answer format, overlong penalty), and pobench's verl reward function "
+                                 "returns one score: verl's gdpo would need them as reward_extra_info keys named in "
+                                 "algorithm.gdpo_reward_keys (use --engine native)")
     if c.advantage_estimator not in ADV_ESTIMATORS:
         return no("unsupported", f"advantage estimator {c.advantage_estimator!r} has no verl counterpart")
     est, norm = ADV_ESTIMATORS[c.advantage_estimator]

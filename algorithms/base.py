@@ -33,18 +33,21 @@ GDPO_PAPER = "arXiv 2601.05242"
 
 
 def param(default: Any, doc: str, *, paper: str | None = None, search: tuple | None = None,
-          choices: tuple | None = None, switch: bool = False, requires: str | None = None) -> Any:
+          choices: tuple | None = None, switch: bool = False, requires: str | None = None,
+          estimator: str | None = None) -> Any:
     """A config field with its documentation.
 
     ``doc``: one line shown by ``bench list --details`` and docs/objectives.md; ``paper``: where the default comes
     from (arXiv id); ``search``: ``(low, high, log)`` range that ``bench tune`` searches by default; ``choices``: valid
     values;
-    ``switch``: a coefficient whose value 0 turns its term off; ``requires``: the switch this field only acts under.
+    ``switch``: a coefficient whose value 0 turns its term off; ``requires``: the switch this field only acts under;
+    ``estimator``: the advantage estimator this field belongs to (GDPO's component weights): under any other
+    ``advantage_estimator`` it must keep its default (checked) and is left out of the objective's description.
     A search range is left out of an objective's default search space when its switch is off (searching it would add
     a term the objective does not have): ``bench tune --space`` can still add it.
     """
     meta = {"doc": doc, "paper": paper, "search": search, "choices": choices, "switch": switch,
-            "requires": requires}
+            "requires": requires, "estimator": estimator}
     return field(default=default, metadata=meta)
 
 
@@ -73,12 +76,14 @@ class ObjectiveConfig:
                                              "(DeepSeek-V3.2 off-policy sequence mask; 0 disables it).",
                                              paper="arXiv 2512.02556", search=(0.05, 2.0, True), switch=True)
     gdpo_weight_correct: float = param(1.0, "GDPO weight of the verifier-outcome component (advantage_estimator=gdpo "
-                                       "only; verl gdpo_reward_weights, default all 1).", paper=GDPO_PAPER)
+                                       "only; verl gdpo_reward_weights, default all 1).", paper=GDPO_PAPER,
+                                       estimator="gdpo")
     gdpo_weight_format: float = param(1.0, "GDPO weight of the answer-format component: 1 when the completion states "
                                       "its answer as `#### x` or \\boxed{x} (advantage_estimator=gdpo only).",
-                                      paper=GDPO_PAPER)
+                                      paper=GDPO_PAPER, estimator="gdpo")
     gdpo_weight_overlong: float = param(1.0, "GDPO weight of DAPO's overlong-penalty component, 0 without "
-                                        "overlong_shaping (advantage_estimator=gdpo only).", paper=GDPO_PAPER)
+                                        "overlong_shaping (advantage_estimator=gdpo only).", paper=GDPO_PAPER,
+                                        estimator="gdpo")
 
     @property
     def gdpo_weights(self) -> tuple[float, ...]:
@@ -108,12 +113,12 @@ class ObjectiveConfig:
             self._bad("off_policy_mask_threshold", "the off-policy sequence mask reads one advantage per completion "
                                                    f"(Â_i < 0), and advantage_estimator={self.advantage_estimator!r} "
                                                    "gives one per token; leave it at 0")
-        if self.advantage_estimator != "gdpo":
-            for c in REWARD_COMPONENTS:
-                if getattr(self, f"gdpo_weight_{c}") != 1.0:
-                    self._bad(f"gdpo_weight_{c}", f"acts only with advantage_estimator='gdpo' (here "
-                                                  f"{self.advantage_estimator!r}); leave it at 1.0")
-        elif not any(self.gdpo_weights):
+        for f in dataclasses.fields(self):
+            est = f.metadata.get("estimator")
+            if est is not None and est != self.advantage_estimator and getattr(self, f.name) != f.default:
+                self._bad(f.name, f"acts only with advantage_estimator={est!r} (here {self.advantage_estimator!r}); "
+                                  f"leave it at {f.default!r}")
+        if self.advantage_estimator == "gdpo" and not any(self.gdpo_weights):
             self._bad("gdpo_weight_correct", "every GDPO component weight is 0: no component would give an advantage")
 
     def _bad(self, name: str, why: str) -> None:

@@ -8,12 +8,15 @@ from .registry import default_config, get_objective, get_spec, list_objectives
 
 
 def field_rows(name: str) -> list[dict]:
-    """One row per config field of a registered objective: name, default, doc, source, search range."""
+    """One row per config field of a registered objective: name, default, doc, source, search range (without the
+    fields of an advantage estimator it does not select: GDPO's weights)."""
     spec = get_spec(name)
     cfg = default_config(name)
     parent = default_config(spec.base) if spec.base else None
     rows = []
     for f in dataclasses.fields(cfg):
+        if f.metadata.get("estimator") not in (None, cfg.advantage_estimator):  # another estimator's field
+            continue
         value = getattr(cfg, f.name)
         if parent is not None and getattr(parent, f.name) != value:
             source = f"ablation of {spec.base}"

@@ -25,6 +25,7 @@ from .base import Objective, ObjectiveConfig, param
 from .batch import PolicyBatch, batch_for, has_advantage
 from .critic import CriticSpec
 from .gtpo import GTPO
+from .is_reinforce import ISReinforce
 from .kl import kl_estimate
 from .pg_variants import CFPO, CISPO, DPPOKL, DPPOTV, DRO, GMPO, GPG, SAPO, TOPR, UP, VESPO
 from .policy_gradient import GSPO, ClippedPG, PolicyGradient
@@ -169,6 +170,10 @@ register("dppo_kl", DPPOKL, paper="arXiv 2602.04879",
 register("dro", DRO, paper="arXiv 2405.19107",
          description="DRO as verl's 'dro' loss: −(Â·lp − ½β(lp − old)²), β = 0.05, token-mean: REINFORCE with a "
                      "quadratic pull of every token back to π_old (Â = 0 tokens included).")
+register("reinforce_is", ISReinforce, paper="verl 0.9.1 bypass_mode (loss_type=reinforce)",
+         description="REINFORCE −sg[w]·Â·lp with w = π_θ/π_old per sequence (product of the token ratios; or per "
+                     "token, or none) truncated at C = 2 (or masked outside [C_low, C]): verl's bypass_mode "
+                     "reinforce loss when π_old is the sampler; group advantage, token-mean, no KL.")
 register("cfpo", CFPO, paper="arXiv 2601.22801",
          description="CFPO: the clipped surrogate replaced by −(r·Â − |Â|·(r − 1)²/(2ε)), ε = 0.2 (a concave penalty "
                      "whose optimum is the clip edge r = 1 ± ε, no zero-gradient region); otherwise grpo's settings.")

@@ -9,7 +9,8 @@
   loss and gradient: ``loss_type=ppo_clip`` is verl's ``vanilla`` on them, whatever ``rollout_is`` says (verl computes
   the IS weights for metrics only), i.e. ``ppo_dual_clip``; ``loss_type=reinforce`` without IS is −Â·lp, i.e. ``gpg``'s
   term; with token-level truncated IS (TIS, threshold C) it is −sg[min(π_θ/π_rollout, C)]·Â·lp, i.e. ``cispo`` with
-  ε_low = 1, ε_high = C − 1. Forms without a pobench counterpart are listed in docs/objectives.md.
+  ε_low = 1, ε_high = C − 1; with any of its IS settings (token / sequence, TIS / IcePop) it is ``reinforce_is``.
+  verl's rejection sampling (``rollout_rs``) has no pobench counterpart (docs/objectives.md).
 
 Runs in `tox -e verl`; skipped where verl is absent.
 """
@@ -183,9 +184,44 @@ def test_bypass_reinforce_with_token_tis_is_cispo_without_a_lower_clip(cap, nois
         assert ((lp - rollout).exp() * mask > cap).any()
 
 
-def test_bypass_reinforce_with_sequence_is_has_no_pobench_counterpart():
-    """Sequence-level TIS weights the whole completion by min(Π_t π_θ/π_rollout, C): CISPO's sequence ratio is the
-    geometric MEAN of the token ratios, not their product, so the two differ (docs/objectives.md says so)."""
+#: verl's rollout_correction IS settings for loss_type=reinforce -> reinforce_is overrides (verl's presets:
+#: bypass_pg_is = sequence TIS at 2, bypass_pg_token_icepop = token IcePop [0.5, 5])
+REINFORCE_IS = {
+    "none": ({}, {"is_level": "none"}),
+    "sequence-tis": ({"rollout_is": "sequence", "rollout_is_threshold": 2.0}, {}),
+    "token-tis": ({"rollout_is": "token", "rollout_is_threshold": 1.5}, {"is_level": "token", "is_cap": 1.5}),
+    "token-icepop": ({"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"},
+                     {"is_level": "token", "is_mode": "mask", "is_cap": 5.0}),
+    "token-icepop-narrow": ({"rollout_is": "token", "rollout_is_threshold": "0.8_1.25"},
+                            {"is_level": "token", "is_mode": "mask", "is_cap": 1.25, "is_floor": 0.8}),
+    "sequence-icepop": ({"rollout_is": "sequence", "rollout_is_threshold": "0.2_5.0"},
+                        {"is_level": "sequence", "is_mode": "mask", "is_cap": 5.0, "is_floor": 0.2}),
+}
+
+
+@pytest.mark.parametrize("noise", [0.4, 1.0])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("setting", list(REINFORCE_IS))
+def test_bypass_reinforce_is_reinforce_is(setting, agg, noise):
+    theirs_kw, ours_kw = REINFORCE_IS[setting]
+    lp, rollout, adv, mask = tensors(seed=4, noise=noise)
+    their = verl_bypass(lp, rollout, adv, mask, agg, "reinforce", **theirs_kw)
+    ours = pobench("reinforce_is", lp, rollout, adv, mask, aggregation=agg, **ours_kw)
+    for a, b in zip(ours, their):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_the_weights_bind_on_these_tensors():
+    """So the parity above is not that of weights all 1 or all kept: far off-policy, sequence weights exceed 2 and
+    fall below 0.2, token weights leave [0.8, 1.25] on both sides."""
+    lp, rollout, _, mask = tensors(seed=4, noise=1.0)
+    seq = ((lp - rollout) * mask).sum(-1).exp()
+    tok = (lp - rollout).exp()[mask > 0]
+    assert (seq > 5).any() and (seq < 0.2).any() and (tok > 1.25).any() and (tok < 0.8).any()
+
+
+def test_bypass_reinforce_with_sequence_is_is_not_cispo_at_sequence_level():
+    """CISPO's sequence ratio is the geometric MEAN of the token ratios, not their product: not verl's sequence IS."""
     lp, rollout, adv, mask = tensors(seed=3)
     their = verl_bypass(lp, rollout, adv, mask, "token-mean", "reinforce", rollout_is="sequence",
                         rollout_is_threshold=2.0)

@@ -125,6 +125,7 @@ def test_loss_and_gradients_equal_the_native_loop(trainer, name):
     if refusal is not None:  # refused objectives: the error names the field, and the rest of their loss is checked
         assert "--engine trl does not support objective" in refusal
         assert ("`dynamic_sampling`" in refusal or "needs greedy_rewards" in refusal or "critic" in refusal
+                or "needs reward_components" in refusal
                 or "per-token advantages need" in refusal or "couples the completions of a group" in refusal), refusal
         if "dynamic_sampling" not in refusal:
             return

@@ -69,7 +69,8 @@ class ISReinforce(PolicyGradient):
     @property
     def has_clip(self) -> bool:
         """No cut without an IS weight (``is_level = none``): its clip fractions are then 0 by construction. (With
-        ``is_mode = truncate`` nothing is cut below: ``clip_frac_low`` is 0 by construction, as CISPO's at ε_low = 1.)"""
+        ``is_mode = truncate`` nothing is cut below: ``clip_frac_low`` is 0 by construction, as CISPO's at
+        ε_low = 1.)"""
         return self.config.is_level != "none"
 
     def policy_term(self, batch, ratio, adv, is_w):

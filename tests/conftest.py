@@ -78,22 +78,55 @@ def no_store_left_in_the_repository():
 ON_RAY = pytest.mark.xdist_group("ray")  # the tests that use ``ray_local``
 
 
-@pytest.fixture(scope="session")
+class _LocalRay:
+    """The local Ray instance the tests of this process share: started by the first test that needs it, stopped as soon
+    as the next test of this process does not (an idle Ray instance's daemons cost about 3 CPU-seconds a minute: kept
+    for the rest of a 25-minute session it was ~80 CPU-seconds of the suite's budget for nothing). The Ray tests are one
+    ``xdist_group``, so they run one after another and share one start."""
+
+    def __init__(self) -> None:
+        self.ray = None
+
+    def start(self):
+        if self.ray is None:
+            from bench.workers import init_ray
+
+            ray = init_ray(None, workers=2)
+            assert ray.cluster_resources().get("CPU") == 2
+            self.ray = ray
+        return self.ray
+
+    def stop(self) -> None:
+        if self.ray is not None:
+            ray, self.ray = self.ray, None
+            ray.shutdown()
+
+
+_LOCAL_RAY = _LocalRay()
+
+
+@pytest.fixture
 def ray_local():
     """A local Ray instance with 2 CPUs, started by pobench's own function and shared by the tests of this process
-    that need one (each Ray start is seconds of CPU); stopped at the end of the session. The executors and `bench
+    that need one, one after another (each Ray start is seconds of CPU): ``_LocalRay``. The executors and `bench
     tune` use a connection that exists (as in a notebook); a fresh `bench run` process starting its own instance is
     tested in tests/bench/test_executor_ray.py."""
     import importlib.util
 
     if importlib.util.find_spec("ray") is None:
         pytest.skip("Ray is not installed (pip install 'pobench[ray]')")
-    from bench.workers import init_ray
+    return _LOCAL_RAY.start()
 
-    ray = init_ray(None, workers=2)
-    assert ray.cluster_resources().get("CPU") == 2
-    yield ray
-    ray.shutdown()
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Stop the shared local Ray instance once the next test of this process does not use it (``_LocalRay``)."""
+    if nextitem is None or "ray_local" not in getattr(nextitem, "fixturenames", ()):
+        _LOCAL_RAY.stop()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _LOCAL_RAY.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -82,14 +82,14 @@ CLIP_COV = {
     # verl's default clip 0.2 / 0.2 far off-policy: the PPO clip removes in-band tokens from the candidates
     "ppo-clip-far": ({"seed": 1, "noise": 1.0}, {"clip_ratio": 0.2, "clip_cov_ratio": 0.05},
                      {"clip_low": 0.2, "clip_high": 0.2, "clip_cov_frac": 0.05}),
-    # asymmetric clip and a narrower band (cov_low, cov_high) = (0.5, 2)
-    "asymmetric-band": ({"seed": 2, "noise": 0.6}, {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
+    # asymmetric clip (ε_low = 0.1, ε_high = 0.5) and a narrower band (cov_low, cov_high) = (0.5, 2)
+    "asymmetric-band": ({"seed": 3, "noise": 0.6}, {"clip_ratio_low": 0.1, "clip_ratio_high": 0.5,
                                                     "clip_cov_ratio": 0.04, "clip_cov_lb": 0.5, "clip_cov_ub": 2.0},
-                        {"clip_low": 0.2, "clip_high": 0.28, "clip_cov_frac": 0.04, "cov_low": 0.5, "cov_high": 2.0}),
+                        {"clip_low": 0.1, "clip_high": 0.5, "clip_cov_frac": 0.04, "cov_low": 0.5, "cov_high": 2.0}),
     # the count exceeds the candidates: every candidate is taken, no draw decides anything
-    "all-candidates": ({"seed": 1, "noise": 1.0}, {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28,
+    "all-candidates": ({"seed": 1, "noise": 1.0}, {"clip_ratio_low": 0.1, "clip_ratio_high": 0.5,
                                                    "clip_cov_ratio": 0.9},
-                       {"clip_low": 0.2, "clip_high": 0.28, "clip_cov_frac": 0.9}),
+                       {"clip_low": 0.1, "clip_high": 0.5, "clip_cov_frac": 0.9}),
     # the default fraction 2e-4: k = 1 token
     "one-token": ({}, {"clip_ratio_low": 1.0, "clip_ratio_high": 1.0, "clip_cov_ratio": 2e-4}, {}),
 }
@@ -140,6 +140,13 @@ def test_the_clip_cov_cases_exercise_the_draw_and_the_exclusion():
     lp, old, _, adv, mask = tensors(**tensor_set)
     cand, _, _ = candidates(lp, old, adv, mask, ours_kw)
     assert 1 < int(cand.sum()) <= int(0.9 * int(mask.sum()))
+    # with the clip bounds swapped (ε_low <-> ε_high) the candidates differ: a flipped bound in the exclusion fails
+    for case in ("asymmetric-band", "all-candidates"):
+        tensor_set, _, ours_kw = CLIP_COV[case]
+        lp, old, _, adv, mask = tensors(**tensor_set)
+        swapped = {**ours_kw, "clip_low": ours_kw["clip_high"], "clip_high": ours_kw["clip_low"]}
+        assert not torch.equal(candidates(lp, old, adv, mask, ours_kw)[0],
+                               candidates(lp, old, adv, mask, swapped)[0]), case
 
 
 def test_clip_cov_with_rollout_correction_matches_verl():

@@ -91,6 +91,15 @@ def test_kl_cov_rollout_correction_weights_the_penalty_too():
     assert g[1, 1].item() == pytest.approx(0.5 * (unclipped[(1, 1)] + 1.0) / 5, abs=1e-12)
 
 
+def test_kl_cov_off_policy_mask_drops_the_penalty_too():
+    """Catches: KL-Cov's penalty kept on a sequence the off-policy mask dropped (the penalty is policy term)."""
+    # sequence 1: Â = −1, mean_t (old − lp) = (0.4 − 0.05)/2 = 0.175 > δ = 0.1: dropped, its penalty 0.05 at (1,1) too
+    loss, _, g = grad_of("kl_cov", batch(), kl_cov_frac=0.4, off_policy_mask_threshold=0.1)
+    unclipped = {(i, t): -math.exp(DELTA[i][t]) * ADV[i] for i, t in tokens()}
+    assert loss == pytest.approx(sum(v for (i, _), v in unclipped.items() if i == 0) / 5, abs=1e-12)
+    assert g[1, 1].item() == 0.0
+
+
 def test_kl_cov_clipped_reading_is_the_v1_formula():
     loss, _, _ = grad_of("kl_cov", batch(), kl_cov_frac=0.4, surrogate="clipped")
     pg = {(i, t): clip_term(math.exp(DELTA[i][t]), ADV[i], 0.2, 0.2) for i, t in tokens()}

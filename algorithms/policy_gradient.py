@@ -107,6 +107,10 @@ class PolicyGradient(Objective):
     supports_batch_options = True
     #: True when ``policy_term`` applies the rollout-correction weights itself (then the skeleton does not)
     folds_is_weights = False
+    #: True when the penalty ``select`` returns is part of the policy term (KL-Cov's k·|lp − old|, inside verl's
+    #: per-token policy loss): the off-policy mask and the rollout-correction weights then act on it as on the policy
+    #: term. False: they act on the policy term only (the penalty is a regulariser, like β·KL)
+    weights_select_penalty = False
     #: True when ``policy_term`` is 0 with zero gradient for a sequence with Â_i = 0 (Â_i times a finite factor), so
     #: only the KL and entropy terms can give such a sequence gradient (``zero_advantage_terms``)
     policy_term_vanishes_at_zero_advantage = False
@@ -247,8 +251,13 @@ class PolicyGradient(Objective):
         pg, penalty, extra_metrics = self.select(pg, batch, generator)
         if keep is not None:
             pg = pg * keep
-        if is_w is not None and not self.folds_is_weights:
-            pg = pg * is_w
+            if self.weights_select_penalty:
+                penalty = penalty * keep
+        if is_w is not None:
+            if not self.folds_is_weights:
+                pg = pg * is_w
+            if self.weights_select_penalty:
+                penalty = penalty * is_w
         if c.kl_coef > 0:
             kl = kl_estimate(batch.logprobs, batch.require("ref_logprobs", self.name), c.kl_estimator)
             if c.kl_is_correction:

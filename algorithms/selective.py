@@ -8,8 +8,9 @@ tokens (verl's count: at least one per micro-batch) and report that number as ``
 
 As in the paper's code (PRIME-RL/Entropy-Mechanism-of-RL and verl ``core_algos``):
 - KL-Cov: UNclipped surrogate −r·Â on every token, + k·|lp − old| on the top tokens by covariance;
-- Clip-Cov: clipped surrogate (clip range 1 / 1 in the released scripts) whose gradient is detached on a random
-  subset of the tokens with covariance strictly inside (cov_low, cov_high) that the PPO clip has NOT already removed.
+- Clip-Cov: clipped surrogate (clip range 1 / 1 in the released scripts) set to 0 (so no gradient) on a random
+  subset of the tokens with covariance strictly inside (cov_low, cov_high) that the PPO clip has NOT already removed
+  (verl multiplies their loss by ``corr = 0``: the loss value drops their term too).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class ClipCovConfig(ClippedPGConfig):
 
 class ClipCov(ClippedPG):
     """Clip-Cov: detach the gradient of a random fraction r of the tokens that the PPO clip kept and whose covariance
-    lies strictly inside (cov_low, cov_high)."""
+    lies strictly inside (cov_low, cov_high); their term is 0 in the loss value too (verl's ``corr = 0``)."""
 
     config_class = ClipCovConfig
     split_invariant = False
@@ -96,7 +97,8 @@ class ClipCov(ClippedPG):
         detach = torch.zeros(valid.numel(), dtype=torch.bool)
         detach[chosen] = True
         detach = detach.view_as(valid)
-        pg = torch.where(detach, pg.detach(), pg)
+        # the selected tokens' term is 0 (value and gradient), as verl's ``corr = 0``: not its detached value
+        pg = torch.where(detach, torch.zeros_like(pg), pg)
         return pg, torch.zeros_like(pg), {"objective/detached_frac": masked_mean(detach.to(pg.dtype), batch.mask),
                                           "objective/cov_selected": detach.sum().to(pg.dtype)}
 
@@ -130,6 +132,7 @@ class KLCov(ClippedPG):
 
     config_class = KLCovConfig
     split_invariant = False
+    weights_select_penalty = True  # k·|lp − old| is part of verl's per-token policy loss, which its IS weights scale
 
     @property
     def has_clip(self) -> bool:

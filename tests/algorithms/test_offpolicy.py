@@ -13,7 +13,7 @@ import torch
 
 from algorithms import PolicyBatch, aggregate, get_objective
 
-from .test_formulas import ADV, DELTA, LP, MASK, REF, batch, clip_term, k3, tepo_case, tokens
+from .test_formulas import ADV, DELTA, LP, MASK, OLD, REF, batch, clip_term, k3, tepo_case, tokens
 
 
 def grad_of(name: str, b: PolicyBatch, **overrides) -> tuple[float, dict, torch.Tensor]:
@@ -77,6 +77,29 @@ def test_kl_cov_unclipped_surrogate_and_penalty():
         assert g[i, t].item() == pytest.approx(expected, abs=1e-12), (i, t)
 
 
+def test_kl_cov_rollout_correction_weights_the_penalty_too():
+    """Catches: KL-Cov's k·|lp − old| left out of the rollout-correction weight (verl multiplies its whole per-token
+    policy loss, penalty included, by ``rollout_is_weights``)."""
+    # w = exp(old − sampler) = 0.5 at (1,1) (a selected token), 1 elsewhere; token-truncate at C = 2 keeps 0.5
+    sampler = [[OLD[i][t] - (math.log(0.5) if (i, t) == (1, 1) else 0.0) for t in range(3)] for i in range(2)]
+    loss, _, g = grad_of("kl_cov", batch(sampler_logprobs=sampler), kl_cov_frac=0.4,
+                         rollout_correction="token-truncate", rollout_correction_cap=2.0)
+    # as test_kl_cov_unclipped_surrogate_and_penalty, with the term at (1,1), −r·Â + |δ| = 1.051 + 0.05, halved
+    w = {(i, t): 0.5 if (i, t) == (1, 1) else 1.0 for i, t in tokens()}
+    unclipped = {(i, t): -math.exp(DELTA[i][t]) * ADV[i] for i, t in tokens()}
+    assert loss == pytest.approx((sum(w[k] * v for k, v in unclipped.items()) + 0.5 * 0.05) / 5, abs=1e-12)
+    assert g[1, 1].item() == pytest.approx(0.5 * (unclipped[(1, 1)] + 1.0) / 5, abs=1e-12)
+
+
+def test_kl_cov_off_policy_mask_drops_the_penalty_too():
+    """Catches: KL-Cov's penalty kept on a sequence the off-policy mask dropped (the penalty is policy term)."""
+    # sequence 1: Â = −1, mean_t (old − lp) = (0.4 − 0.05)/2 = 0.175 > δ = 0.1: dropped, its penalty 0.05 at (1,1) too
+    loss, _, g = grad_of("kl_cov", batch(), kl_cov_frac=0.4, off_policy_mask_threshold=0.1)
+    unclipped = {(i, t): -math.exp(DELTA[i][t]) * ADV[i] for i, t in tokens()}
+    assert loss == pytest.approx(sum(v for (i, _), v in unclipped.items() if i == 0) / 5, abs=1e-12)
+    assert g[1, 1].item() == 0.0
+
+
 def test_kl_cov_clipped_reading_is_the_v1_formula():
     loss, _, _ = grad_of("kl_cov", batch(), kl_cov_frac=0.4, surrogate="clipped")
     pg = {(i, t): clip_term(math.exp(DELTA[i][t]), ADV[i], 0.2, 0.2) for i, t in tokens()}
@@ -120,6 +143,15 @@ def test_clip_cov_candidates_exclude_tokens_the_ppo_clip_removed():
     # gradient −r·Â/6 where neither clip acts: (0,2), (1,0), (1,2) with r = 1: −2/6, +2/6, +2/6; zero elsewhere
     expected = [[0.0, 0.0, -2 / 6], [2 / 6, 0.0, 2 / 6]]
     torch.testing.assert_close(g, torch.tensor(expected, dtype=torch.float64))
+
+
+def test_clip_cov_selected_tokens_leave_the_loss_value():
+    """Catches: Clip-Cov's selected tokens detached but kept in the loss VALUE (verl and the paper's code multiply
+    their term by corr = 0: the same gradient, a different loss)."""
+    loss, _, _ = grad_of("clip_cov", clip_cov_case(), clip_cov_frac=0.5)
+    # selected (0,1), (1,1): 0. (0,0): r = e, Â = +2, −min(2e, clip(e, 0, 2)·2) = −4; (0,2) −2; (1,0), (1,2) +2
+    # token-mean over 6 tokens: (−4 − 2 + 2 + 2)/6 (with the detached terms −2e^0.1 and +2e^−0.1 kept it was −0.3999)
+    assert loss == pytest.approx(-2 / 6, abs=1e-12)
 
 
 def test_clip_cov_band_is_strict():

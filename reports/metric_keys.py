@@ -175,6 +175,20 @@ def eval_key(task: str, metric: str) -> str:
     return EVAL_TASK.format(task=task, metric=metric.replace("@", "_at_"))
 
 
+def held_out_keys(task: str, sampled: bool, engine: str = "native") -> set[str]:
+    """The ``eval/`` keys a training run's held-out evaluation reports (``bench.evaluate.eval_metrics``), known from
+    its config before any work: ``task`` the held-out benchmark's name, ``sampled`` whether it also samples
+    (``eval_temperature > 0`` and ``eval_samples > 0``: k = 1). verl reports only the two accuracies
+    (bench/engines/verl/launch.py)."""
+    keys = {EVAL_ACCURACY, *([EVAL_ACCURACY_SAMPLED] if sampled else [])}
+    if engine == "verl":
+        return keys
+    for metric in ("greedy_acc", *(("pass@1", "maj@1") if sampled else ())):
+        key = eval_key(task, metric)
+        keys |= {key, f"{key}_ci_low", f"{key}_ci_high"}
+    return keys
+
+
 def names() -> dict[str, str]:
     """Every constant of this module: {python name: metric key}."""
     return {k: v for k, v in globals().items() if k.isupper() and isinstance(v, str) and "/" in v}

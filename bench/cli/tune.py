@@ -108,6 +108,7 @@ def spec_from_args(args: argparse.Namespace) -> tune.TuneSpec:
         pruner_warmup=args.pruner_warmup, pruner_startup=args.pruner_startup, heartbeat=args.heartbeat,
         grace=args.grace, max_retry=args.max_retry, sampler_seed=args.sampler_seed)
     tune.make_pruner(spec.pruner)  # bad pruner spec -> error now
+    tune.check_reported(spec.metric, base)  # a key the evaluation does not report -> error now
     return spec
 
 

@@ -18,7 +18,7 @@ sampled ``objective_overrides`` through ``bench.engines.entry.train`` and scores
 """
 
 from bench.tune.confirm import ConfirmStopped, ConfirmSummary, check_seeds, run_confirm, summarize, write_confirm
-from bench.tune.metric import TuneMetric, parse_metric, trial_value
+from bench.tune.metric import TuneMetric, check_reported, parse_metric, trial_value
 from bench.tune.outputs import Importance, best_params_yaml, importances, leaderboard, print_leaderboard, write_outputs
 from bench.tune.runs import StudyRuns, log_outputs
 from bench.tune.space import Range, declared_space, objective_config, parse_space, resolve_space
@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_DIR", "FINISHED", "ConfirmStopped", "ConfirmSummary", "Importance", "Range", "StudyRuns", "StudyStopped",
     "TuneMetric", "TuneSpec", "best_params_yaml", "check_seeds", "count", "declared_space", "default_storage_url",
     "importances", "leaderboard", "log_outputs", "make_pruner", "objective_config", "open_storage", "open_study",
-    "parse_metric", "parse_space", "print_leaderboard", "redact", "resolve_space", "run_confirm", "run_study",
+    "check_reported", "parse_metric", "parse_space", "print_leaderboard", "redact", "resolve_space", "run_confirm",
+    "run_study",
     "check_worker_settings", "run_workers", "seed_config", "trial_value", "summarize", "write_confirm", "write_outputs",
 ]

@@ -51,6 +51,25 @@ def parse_metric(text: str, direction: str | None = None) -> TuneMetric:
     return TuneMetric(m["key"], kind, float(m["thr"]) if m["thr"] else None, direction or default)
 
 
+def check_reported(metric: TuneMetric, cfg) -> None:
+    """``--metric`` refused in one line, before any study or run is created, when the held-out evaluation of ``cfg``
+    does not report its key (held-out round 8: it was found after trial 0 had trained, with Optuna's traceback, the
+    study's run left RUNNING and the study stored with the bad metric, refusing the corrected command)."""
+    from evaluators.benchmarks import get_task
+
+    name = cfg.eval_task or cfg.task
+    try:
+        name = get_task(name, difficulty=cfg.difficulty).name
+    except Exception:  # (an unknown task is refused by its own check, with its own line)
+        pass
+    reported = K.held_out_keys(name, cfg.eval_temperature > 0 and cfg.eval_samples > 0, cfg.engine)
+    if metric.key not in reported:
+        from evaluators.hints import did_you_mean
+
+        raise ValueError(f"--metric {metric.spec}: the held-out evaluation reports no {metric.key!r}"
+                         f"{did_you_mean(metric.key, sorted(reported))}; it reports {', '.join(sorted(reported))}")
+
+
 def trial_value(metric: TuneMetric, curve: dict[int, dict[str, float]], steps: int) -> float:
     """One seed's objective value from its evaluation curve {step: metrics}; ``steps``: the training budget."""
     key = metric.key

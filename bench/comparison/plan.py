@@ -188,10 +188,37 @@ def plan(cfg: TrainConfig, algos: list[str], seeds: list[int], params: dict[str,
                 done = finished_run(client, exp.experiment_id, cfg, p)
                 if done is not None:
                     p.action, p.run_id = "reuse", done
-            if p.action != "reuse" and not force and has_checkpoint(run_dir(cfg, p)):
-                p.action = "resume"
+            if p.action != "reuse" and not force and has_checkpoint(run_dir(cfg, p)) \
+                    and (client is None or deleted_run(client, cfg, run_dir(cfg, p)) is None):
+                p.action = "resume"  # (a folder whose run was deleted in the store is trained again: run_pair)
             pairs.append(p)
     return cid, pairs
+
+
+def deleted_run(client, cfg: TrainConfig, folder: Path) -> str | None:
+    """The id of the MLflow run the run folder ``folder`` names (its ``run.json``, else its newest checkpoint's state)
+    when ``cfg``'s store holds it deleted (the MLflow UI's delete, ``mlflow runs delete``) or no longer at all
+    (``mlflow gc``); None otherwise. Such a pair is absent: held-out round 8, resuming it ended in MLflow's "must be in
+    the 'active' state" traceback and a failed pair."""
+    from mlflow.exceptions import MlflowException
+
+    from bench.runs import checkpoint
+    from bench.runs.tracking import read_run_record
+
+    record = read_run_record(folder)
+    run_id = record["run_id"] if record is not None and record.get("tracking_uri") == cfg.tracking_uri else None
+    if run_id is None and record is None and (last := checkpoint.latest(folder)) is not None:
+        try:
+            run_id = str(json.loads((last / "state.json").read_text())["run_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+    if run_id is None:
+        return None
+    try:
+        run = client.get_run(run_id)
+    except MlflowException as e:
+        return run_id if getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST" else None
+    return run_id if run.info.lifecycle_stage == "deleted" else None
 
 
 def finished_run(client, experiment_id: str, cfg: TrainConfig, p: Pair) -> str | None:

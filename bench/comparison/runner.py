@@ -279,7 +279,14 @@ def _run(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pair]
         finally:
             ex.close()
         result = ComparisonResult(cid, cfg.experiment, uri, pairs, workers=n_workers, executor=ex.name)
-        if spec.report and any(p.outcome.startswith(KEPT) for p in pairs):  # (swapped in whole, or not at all)
+        earlier = report_folder(spec.out_root, cfg.experiment, cid) if spec.report else None
+        if earlier is not None and result.failed and (earlier / "report.md").is_file():
+            # a pair failed: the earlier report of this comparison is kept, not replaced by one that lacks the pair
+            # (held-out round 8: a complete report was silently replaced by one holding the other objective alone)
+            print(f"pobench: the earlier report {earlier / 'report.md'} is kept: {len(result.failed)} pair(s) failed "
+                  f"this time; rerun the command to train them, or `bench report --comparison {cid}` to report the "
+                  "pairs that finished", file=sys.stderr)
+        elif spec.report and any(p.outcome.startswith(KEPT) for p in pairs):  # (swapped in whole, or not at all)
             result.report = build_report(cfg.experiment, cid, uri, out_root=spec.out_root, baseline=spec.baseline,
                                          target_acc=spec.target_acc, objectives=[p.variant for p in pairs],
                                          seeds=seeds, client=client, options=spec.report_options)

@@ -586,3 +586,53 @@ def test_a_killed_bench_runs_runs_are_ended_by_a_rerun_with_other_flags_never_a_
     assert statuses(uri, "pobench", "comparison") == ["FINISHED", "FINISHED", "KILLED"]
     assert statuses(uri, "pobench", "train") == ["FINISHED", "FINISHED", "KILLED"]
     assert not list((folder / ".locks").glob("*.live.lock"))
+
+
+def test_a_pair_run_deleted_in_mlflow_is_trained_again_and_a_complete_report_is_never_replaced_by_a_partial(
+        tmp_path, bench_here, monkeypatch):
+    """Held-out round 8: a pair's run deleted in MLflow (to redo it), then the same `bench run`: MLflow's "must be in
+    the 'active' state" traceback (the deleted run was resumed from its folder's checkpoints), the pair failed, the
+    FINISHED comparison run became FAILED and the complete report was replaced by one holding the other objective
+    alone. Now a deleted pair run is absent: the pair is trained again, saying so; and while a pair fails, the earlier
+    report of the comparison is kept, in one line."""
+    from mlflow import MlflowClient
+
+    from tests.bench import fake_trainer
+
+    fake_trainer.inject(monkeypatch.setattr)
+    uri = fresh_store(tmp_path)
+    argv = ["run", "--algos", "grpo,dapo", "--seeds", "0", "--no-controls", "--steps", "2", "--eval-every", "1",
+            "--checkpoint-every", "1", "--samples-every", "0", "--workers", "1", "--no-progress"]
+    rc, _, err = bench_here(argv, tmp_path)
+    assert rc == 0, err[-3000:]
+    (report,) = (tmp_path / "reports" / "out" / "pobench").glob("*/report.md")
+    complete = report.read_text()
+    assert "dapo" in complete and "grpo" in complete
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("pobench").experiment_id
+    (grpo,) = client.search_runs([exp], "tags.`pobench.kind` = 'train' and tags.`pobench.objective` = 'grpo'")
+    assert checkpointed(tmp_path / ".pobench" / "runs" / "pobench")  # (what the rerun resumed from)
+    client.delete_run(grpo.info.run_id)
+
+    real = fake_trainer.fake_train
+
+    def grpo_fails(cfg, **kw):
+        if cfg.algo == "grpo":
+            raise ValueError("the retraining fails too")
+        return real(cfg, **kw)
+
+    monkeypatch.setattr(fake_trainer, "fake_train", grpo_fails)
+    rc, out, err = bench_here(argv, tmp_path)
+    assert rc == 1 and "Traceback" not in out + err and "active' state" not in out + err, (out + err)[-3000:]
+    assert f"its MLflow run {grpo.info.run_id} was deleted in the store; trained again" in out + err
+    assert f"the earlier report {report} is kept: 1 pair(s) failed" in err, err[-3000:]
+    assert report.read_text() == complete  # not replaced by dapo's alone
+
+    monkeypatch.setattr(fake_trainer, "fake_train", real)
+    rc, out, err = bench_here(argv, tmp_path)
+    assert rc == 0 and "Traceback" not in out + err, (out + err)[-3000:]
+    assert "dapo" in report.read_text() and "grpo" in report.read_text()
+    assert "RUNNING" not in statuses(uri, "pobench"), statuses(uri, "pobench")
+    assert "FINISHED" in statuses(uri, "pobench", "comparison")
+    (new,) = client.search_runs([exp], "tags.`pobench.kind` = 'train' and tags.`pobench.objective` = 'grpo'")
+    assert new.info.status == "FINISHED" and new.info.run_id != grpo.info.run_id

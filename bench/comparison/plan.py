@@ -202,14 +202,14 @@ def deleted_run(client, cfg: TrainConfig, folder: Path) -> str | None:
     the 'active' state" traceback and a failed pair."""
     from mlflow.exceptions import MlflowException
 
-    from bench.runs import checkpoint
+    from bench.runs.run import last_checkpoint
     from bench.runs.tracking import read_run_record
 
     record = read_run_record(folder)
     run_id = record["run_id"] if record is not None and record.get("tracking_uri") == cfg.tracking_uri else None
-    if run_id is None and record is None and (last := checkpoint.latest(folder)) is not None:
+    if run_id is None and record is None and (last := last_checkpoint(folder)) is not None:
         try:
-            run_id = str(json.loads((last / "state.json").read_text())["run_id"])
+            run_id = str(json.loads((last[0] / "state.json").read_text())["run_id"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
     if run_id is None:

@@ -70,3 +70,19 @@ def test_every_key_states_the_values_it_can_take():
     ("train/loss", metric_keys.ANY), ("some/unknown_key", metric_keys.ANY)])
 def test_domain_of_a_key_and_of_a_template(key, want):
     assert metric_keys.domain(key) == want
+
+
+def test_held_out_keys_are_the_keys_a_held_out_evaluation_reports():
+    """``held_out_keys`` (what `bench tune --metric` is checked against before any work) names exactly the ``eval/``
+    keys ``bench.evaluate.eval_metrics`` reports, greedy only and with sampling (k = 1, as a training run evaluates)."""
+    from bench.evaluate import EvalResult, eval_metrics
+    from evaluators.metrics import summarize
+
+    for sampled in (False, True):
+        samples = [[True], [False]] if sampled else None
+        keys = [["1"], ["2"]] if sampled else None
+        res = EvalResult(benchmark="arith", version="1", answer_kind="number", k=1, n_samples=1 if sampled else 0,
+                         temperature=1.0, seed=0, metrics=summarize([True, False], samples, keys, 1), rows=[],
+                         seconds=0.0)
+        reported = {k for k in eval_metrics(res) if k.startswith("eval/")}
+        assert metric_keys.held_out_keys("arith", sampled) == reported

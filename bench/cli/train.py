@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from bench import faults, preflight
 from bench.cli.flags import add_config_flags, config_from_args
@@ -12,7 +13,7 @@ from bench.cli.progress import TrainProgress
 from bench.engines import RunStopped, TrainingDiverged
 from bench.engines import entry as engines
 from bench.runs import resume
-from bench.runs.run import last_checkpoint
+from bench.runs.run import end_runs_of_killed, last_checkpoint
 from bench.runs.tracking import check_reachable
 from reports import metric_keys as K
 
@@ -36,6 +37,12 @@ def run(args: argparse.Namespace) -> int:
     engines.check(cfg)
     for warning in preflight.check_inputs(cfg):  # every source read, answers and prompt lengths counted
         print(f"bench train: warning: {warning}", file=sys.stderr)
+    # the runs a killed process left RUNNING in the experiment's folder (a `bench train` or a `bench run` pair, of
+    # any flags); this run's own folder is left to its training, which ends or resumes what it holds
+    ended = end_runs_of_killed(cfg, Path(cfg.output_dir), skip=frozenset({cfg.run_dir()}))
+    if ended:
+        print(f"pobench: note: {len(ended)} MLflow run(s) left RUNNING by a killed process in {cfg.output_dir} were "
+              f"ended: {', '.join(ended)}", file=sys.stderr)
     try:
         with TrainProgress(cfg.run_label(), cfg.steps, enabled=not args.no_progress) as progress:
             result = engines.train(cfg, on_step=progress.step, on_eval=progress.evaluated)

@@ -636,3 +636,31 @@ def test_a_pair_run_deleted_in_mlflow_is_trained_again_and_a_complete_report_is_
     assert "FINISHED" in statuses(uri, "pobench", "comparison")
     (new,) = client.search_runs([exp], "tags.`pobench.kind` = 'train' and tags.`pobench.objective` = 'grpo'")
     assert new.info.status == "FINISHED" and new.info.run_id != grpo.info.run_id
+
+
+@pytest.mark.slow
+def test_a_killed_pairs_run_is_ended_by_a_bench_train_into_the_same_experiment(tmp_path, bench_here, monkeypatch):
+    """Held-out round 8 (the same fault, met by `bench train`): the run a SIGKILLed `bench run`'s pair left RUNNING
+    stayed RUNNING whatever trained next in the experiment's folder. A `bench train` there ends it (KILLED: it has a
+    checkpoint)."""
+    from bench.engines import entry as engines
+    from tests.bench import fake_trainer
+
+    (tmp_path / "long.yaml").write_text("steps: 40\neval_every: 0\ncheckpoint_every: 1\nsamples_every: 0\n")
+    uri = fresh_store(tmp_path)
+    folder = tmp_path / ".pobench" / "runs" / "pobench"
+    proc = Proc([*FAKE_CLI, "run", "--config", "long.yaml", "--algos", "grpo", "--seeds", "0", "--workers", "1",
+                 "--no-report", "--no-progress"], tmp_path, FAKE_STEP_S="0.5")
+    try:
+        proc.wait_for(lambda: len(checkpointed(folder)) == 1, "a checkpoint of the pair")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.p.pid, signal.SIGKILL)
+        proc.finish(timeout=60)
+    assert statuses(uri, "pobench", "train") == ["RUNNING"]
+    monkeypatch.setattr(engines, "train", fake_trainer.fake_train)
+    rc, _, err = bench_here(["train", "--algo", "dapo", "--steps", "2", "--eval-every", "0", "--samples-every", "0",
+                             "--no-progress"], tmp_path, FAKE_STEP_S="0")
+    assert rc == 0 and "Traceback" not in err, err[-3000:]
+    assert "left RUNNING by a killed process" in err
+    assert statuses(uri, "pobench", "train") == ["FINISHED", "KILLED"], statuses(uri, "pobench", "train")

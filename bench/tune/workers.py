@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import warnings
+from pathlib import Path
 
 import optuna
 
@@ -112,8 +113,11 @@ def _fail_parent(spec: TuneSpec, reason: str) -> None:
     """The study's MLflow run, if still RUNNING, ends FAILED with ``reason`` (``pobench.failure``) after an error
     stopped the study (held-out round 8: an error raised in a trial left it RUNNING for good). A storage or store
     failing here too is not raised: the error that stopped the study is the one the command reports."""
+    url = spec.storage or default_storage_url()
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
+        return  # (a SQLite storage deleted meanwhile: opening it would create a new file, hiding its loss)
     with contextlib.suppress(Exception):
-        study = optuna.load_study(study_name=spec.study, storage=spec.storage or default_storage_url())
+        study = optuna.load_study(study_name=spec.study, storage=url)
         parent = study.user_attrs.get("mlflow_parent_run_id")
         if parent:
             client = store_client(tracking_uri(spec.base.tracking_uri))

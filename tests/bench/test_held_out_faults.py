@@ -279,11 +279,14 @@ def test_bench_eval_writes_into_a_new_out_folder_and_again_into_its_own(tmp_path
 
 # ------------------------------------------------------------------ a bench tune worker killed
 def _pool_workers(pid: int) -> list[int]:
-    """The spawned pool processes of process ``pid`` (not its multiprocessing resource tracker)."""
+    """The pool processes of process ``pid``: those its forkserver forked (bench/executors.py), or those it spawned
+    where there is no forkserver; not its multiprocessing resource tracker."""
     out = []
     for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
         cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
-        if b"spawn_main" in cmd:
+        if b"forkserver import main" in cmd:
+            out += [int(c) for c in Path(f"/proc/{child}/task/{child}/children").read_text().split()]
+        elif b"spawn_main" in cmd:
             out.append(int(child))
     return out
 

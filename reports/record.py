@@ -141,6 +141,14 @@ def store_lock(uri: str) -> Iterator[None]:
         yield
 
 
+def mlflow_error() -> type[Exception]:
+    """MLflow's own exception class, for ``except`` clauses: MLflow is imported on first use (its import is about 2
+    CPU-seconds, which a command that fails on its input, `bench list` or `bench --help` need not pay)."""
+    from mlflow.exceptions import MlflowException
+
+    return MlflowException
+
+
 def open_client(uri: str):
     """An ``MlflowClient`` on ``uri`` whose store exists and is fully migrated.
 

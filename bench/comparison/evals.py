@@ -126,8 +126,8 @@ def plan_evaluations(experiment: str, comparison: str | None, benchmarks: list[s
         for b, problems, source in plan.benchmarks:
             key = settings_key(settings.key_fields(b, source, len(problems), template))
             stored = find_stored(client, cmp.experiment_id, r.run_id, key)
-            final = final_model(r) if stored else None
-            if stored and (final / "config.json").is_file():  # (final gone: its stored results are all there is)
+            final = final_model(r) if stored and r.params.get("output_dir") else None
+            if final is not None and (final / "config.json").is_file():  # (final gone: its stored results are all)
                 digest = plan.final_digests.setdefault(r.run_id, final_digest(final))
                 if stored[1] != digest:
                     plan.stale.append(f"{r.name} on {b.name}")

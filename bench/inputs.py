@@ -158,9 +158,48 @@ def read_yaml(path: str | Path, what: str = "--config") -> Any:
     except OSError as e:
         raise ValueError(f"{what} {path}: cannot be read ({e.strerror or e})") from None
     try:
-        return yaml.load(text, Loader=_UniqueKeys)
+        doc = yaml.load(text, Loader=_UniqueKeys)
     except yaml.YAMLError as e:
         raise ValueError(f"{what} {path}: invalid YAML{_where(e)}") from None
+    why = _expansion_refusal(doc)
+    if why:
+        raise ValueError(f"{what} {path}: {why}; write the values out (pobench reads no YAML whose aliases (*name) "
+                         f"repeat more than {YAML_MAX_VALUES:,} values)")
+    return doc
+
+
+#: the most values a YAML file's aliases may expand to: a real config has hundreds; an "alias bomb" of a few hundred
+#: bytes (levels of lists of aliases of the level below) expands to billions, which any copy of the config would build
+YAML_MAX_VALUES = 1_000_000
+
+
+def _expansion_refusal(doc: Any) -> str | None:
+    """Why ``doc`` (as YAML's loader built it: an alias is the same object again) cannot be read as a config: its
+    values once every alias is expanded are more than ``YAML_MAX_VALUES``, or an alias contains itself; counted over
+    the distinct objects (without expanding anything), so any field is safe to copy afterwards."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(doc, False)]
+    while stack:
+        obj, done = stack.pop()
+        if not isinstance(obj, (dict, list)):
+            continue
+        key = id(obj)
+        children = [*obj.keys(), *obj.values()] if isinstance(obj, dict) else obj
+        if done:
+            open_.discard(key)
+            sizes[key] = 1 + sum(sizes.get(id(c), 1) for c in children)
+            if sizes[key] > YAML_MAX_VALUES:
+                return f"its aliases expand to more than {YAML_MAX_VALUES:,} values"
+            continue
+        if key in sizes:
+            continue
+        if key in open_:
+            return "an alias refers to the mapping or list that contains it"
+        open_.add(key)
+        stack.append((obj, True))
+        stack.extend((c, False) for c in children if isinstance(c, (dict, list)) and id(c) not in sizes)
+    return None
 
 
 class _UniqueKeys(yaml.SafeLoader):
@@ -200,6 +239,9 @@ def yaml_flag(text: str) -> Any:
     if not isinstance(value, (dict, list)):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a mapping such as '{{kl_coef: 0.1}}' or a list such as "
                                          "'[0.9, 0.95]'")
+    why = _expansion_refusal(value)
+    if why:
+        raise argparse.ArgumentTypeError(f"{text[:80]!r}: {why}; write the values out")
     return value
 
 

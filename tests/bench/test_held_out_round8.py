@@ -141,3 +141,39 @@ def test_a_full_disk_under_the_store_names_the_store(tmp_path):
         line = faults.describe(e, store=f"sqlite:///{tmp_path}/mlflow.db")
     assert line == f"no space left on device while writing {tmp_path}/mlflow.db (SQLite: database or disk is full): " \
                    "free space"
+
+
+# ------------------------------------------------------------------ smaller message problems of round 8
+@pytest.mark.parametrize("argv, line", [
+    (["compare", "c4e36f28ec4", "c4e36f28ec4"], "bench compare: error: a comparison is named twice; name each once"),
+    (["eval", "--benchmarks", "arith", "--k", "0", "--no-mlflow"],
+     "bench eval: error: --k 0: need k >= 1 and samples >= k"),
+    (["eval", "--benchmarks", "arith", "--limit", "0", "--no-mlflow"],
+     "bench eval: error: --limit 0: must be >= 1 (leave it out to evaluate every problem)"),
+    (["tune", "--algo", "grpo", "--trials", "1", "--space", "kl_coef=a|b"],
+     "bench tune: error: --space kl_coef: 'a' is not a number, and kl_coef of 'grpo' is a number field: give numbers"),
+], ids=["compare-twice", "eval-k0", "eval-limit0", "tune-space-text"])
+def test_small_messages_of_round_8_are_one_plain_line(tmp_path, bench_here, argv, line):
+    from tests.conftest import fresh_store
+
+    if argv[0] == "compare":  # (it reads a store)
+        fresh_store(tmp_path / "store")
+        argv = [*argv, "--tracking-uri", f"sqlite:///{tmp_path}/store/mlflow.db"]
+    rc, _, err = bench_here(argv, tmp_path)
+    lines = [ln for ln in err.strip().splitlines() if " INFO " not in ln]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith(line), err
+    assert "None" not in lines[0] and "not supported between" not in lines[0]
+    _nothing_made(tmp_path)
+
+
+def test_mlflows_artifact_folder_as_report_root_is_not_advised_away(tmp_path):
+    from reports.paths import UnsafePath
+    from reports.report import report_folder
+
+    (tmp_path / "mlartifacts" / "pobench" / ("a" * 32) / "artifacts").mkdir(parents=True)
+    with pytest.raises(UnsafePath) as refused:
+        report_folder(tmp_path / "mlartifacts", "pobench")
+    assert "is MLflow's artifact folder" in str(refused.value) and "move it away" not in str(refused.value)
+    (tmp_path / "mine" / "pobench").mkdir(parents=True)  # a user's folder: still told to move it away
+    with pytest.raises(UnsafePath, match="move it away"):
+        report_folder(tmp_path / "mine", "pobench")

@@ -52,7 +52,7 @@ def register(sub) -> None:
                         "evaluating one benchmark, or a folder holding one sub-folder per benchmark "
                         "(e.g. ../shared/data). Default: each benchmark's hub id")
     p.add_argument("--split", default="test", help="split to evaluate (default: test)")
-    p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
+    p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (N >= 1; default: all)")
     p.add_argument("--k", type=int, default=1, help="k of pass@k and maj@k (default 1)")
     p.add_argument("--samples", type=int, default=None, help="sampled completions per problem (default: k)")
     p.add_argument("--temperature", type=float, default=1.0,
@@ -117,8 +117,11 @@ def run(args) -> int:
     if not names:
         raise ValueError("--benchmarks: give at least one benchmark name")
     benchmarks = [get_benchmark(n) for n in names]  # unknown names fail here, before any model is loaded
+    if args.limit is not None and args.limit < 1:  # (0 evaluated every problem: limit=0 read as "no limit")
+        raise ValueError(f"--limit {args.limit}: must be >= 1 (leave it out to evaluate every problem)")
     if args.k < 1 or (args.samples is not None and args.samples < args.k):
-        raise ValueError(f"--k {args.k} / --samples {args.samples}: need k >= 1 and samples >= k")
+        raise ValueError(f"--k {args.k}" + (f" / --samples {args.samples}" if args.samples is not None else "")
+                         + ": need k >= 1 and samples >= k")
     if args.harness and args.no_greedy:
         raise ValueError("--harness lm-eval compares greedy decoding: drop --no-greedy")
     data = resolve_data(benchmarks, args.data)

@@ -108,8 +108,11 @@ def plan_evaluations(experiment: str, comparison: str | None, benchmarks: list[s
                      uri: str, client) -> EvalPlan:
     """The comparison's stored and missing evaluations on ``benchmarks``; ValueError (one line) for an unknown
     benchmark, bad settings, or a final model that is needed and absent, before any work."""
+    if settings.limit is not None and settings.limit < 1:
+        raise ValueError(f"--limit {settings.limit}: must be >= 1 (leave it out to evaluate every problem)")
     if settings.k < 1 or (settings.samples is not None and settings.samples < settings.k):
-        raise ValueError(f"--k {settings.k} / --samples {settings.samples}: need k >= 1 and samples >= k")
+        samples = f" / --samples {settings.samples}" if settings.samples is not None else ""
+        raise ValueError(f"--k {settings.k}{samples}: need k >= 1 and samples >= k")
     if not benchmarks:
         raise ValueError("--benchmarks: give at least one benchmark name")
     tasks = [get_benchmark(n) for n in benchmarks]

@@ -216,13 +216,11 @@ def _new_modules(before: set[str]) -> list[str]:
     return [m for m in list(sys.modules) if m not in before]
 
 
-def _torch_state() -> dict[str, Any] | None:
-    """torch's process-wide settings a plugin may change at import that pobench's code relies on (the default
-    dtype: tensors pobench makes would be float64, and torch refuses to mix them); None before torch is imported."""
+def _default_dtype() -> Any:
+    """torch's default dtype, which a plugin may change at import (tensors pobench makes would be float64, and torch
+    refuses to mix them); None before torch is imported."""
     torch = sys.modules.get("torch")
-    if torch is None or not hasattr(torch, "get_default_dtype"):
-        return None
-    return {"default dtype": torch.get_default_dtype()}
+    return torch.get_default_dtype() if hasattr(torch, "get_default_dtype") else None
 
 
 class _KeepCwd:
@@ -234,8 +232,7 @@ class _KeepCwd:
     what imported torch); ``torch_changed`` says what was changed (a warning)."""
 
     def __enter__(self) -> _KeepCwd:
-        self.cwd, self.moved, self.torch_changed = os.getcwd(), "", ""
-        self.torch_before = _torch_state()
+        self.cwd, self.moved, self.torch_changed, self.dtype = os.getcwd(), "", "", _default_dtype()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -246,13 +243,10 @@ class _KeepCwd:
         if now != self.cwd:
             self.moved = now
             os.chdir(self.cwd)
-        after = _torch_state()
-        if after is not None:
-            torch = sys.modules["torch"]
-            before = self.torch_before or {"default dtype": torch.float32}
-            if after["default dtype"] != before["default dtype"]:
-                self.torch_changed = f"torch's default dtype to {after['default dtype']}"
-                torch.set_default_dtype(before["default dtype"])
+        after = _default_dtype()
+        if after is not None and after != (self.dtype or sys.modules["torch"].float32):
+            self.torch_changed = f"torch's default dtype to {after}"
+            sys.modules["torch"].set_default_dtype(self.dtype or sys.modules["torch"].float32)
 
 
 def _import_file(spec: str) -> Plugin:

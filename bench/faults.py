@@ -313,8 +313,24 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
                 pass
         if type(e).__name__ == "StorageInternalError":  # (Optuna's: its own text says only that one was raised)
             cause = e.__cause__ or e
-            return (f"the Optuna storage {storage or ''} failed ({type(cause).__name__}: {_first(str(cause))}); the "
-                    "finished trials are kept in it: once it answers again, rerun the same command")
+            where = f"the Optuna storage {storage}" if storage else "the Optuna storage"
+            refused = storage_refusal(e)
+            if refused:
+                return f"{where} {refused}, then rerun the same command (the finished trials are kept in it)"
+            return (f"{where} failed ({type(cause).__name__}: {_first(str(cause))}); the finished trials are kept in "
+                    "it: once it answers again, rerun the same command")
+    return None
+
+
+def storage_refusal(error: BaseException) -> str | None:
+    """What an Optuna storage that answers but refuses every write says, and what to do (the end of a line after the
+    storage's name): read-only, or its disk full; None for another failure (unreachable: "once it answers again").
+    Issue 29 (C10): a read-only storage was told to wait until it "answers again"."""
+    said = " ".join(str(c) for c in _chain(error))
+    if "readonly database" in said or "read-only database" in said:
+        return "is read-only (attempt to write a readonly database): make the file and its folder writable"
+    if "database or disk is full" in said:
+        return "is on a full disk (database or disk is full): free space"
     return None
 
 

@@ -186,6 +186,13 @@ class Objective:
     #: row; False (every other objective): rows are split freely and nothing more is computed.
     needs_whole_groups: ClassVar[bool] = False
 
+    @property
+    def has_clip(self) -> bool:
+        """Whether the loss has a clip whose binding its clip fractions (``objective/clip_frac_*``) measure. False for
+        a term without one (its fractions are 0 by construction): the distinguishability probe then does not call
+        "clip never binds" an inert term."""
+        return True
+
     def __init__(self, config: ObjectiveConfig, name: str = "") -> None:
         if not isinstance(config, self.config_class):
             raise TypeError(f"{type(self).__name__} needs a {self.config_class.__name__}, got {type(config).__name__}")

@@ -115,13 +115,6 @@ class PolicyGradient(Objective):
     #: only the KL and entropy terms can give such a sequence gradient (``zero_advantage_terms``)
     policy_term_vanishes_at_zero_advantage = False
 
-    @property
-    def has_clip(self) -> bool:
-        """Whether ``policy_term`` has a clip whose binding its clip fractions measure. False for a term without one
-        (its fractions are 0 by construction): the distinguishability probe then does not call "clip never binds"
-        an inert term."""
-        return True
-
     def token_advantage_refusal(self) -> str | None:
         """None: the skeleton hands ``policy_term`` Â as (B, T) ``token_advantages`` when a per-token estimator is
         selected, and a policy term that treats Â token by token (the clipped surrogate, CISPO, SAPO, ...) is then the

@@ -423,7 +423,7 @@ def _inert_terms(name: str, overrides: dict, pb: Sequence[ProbeBatch], grad: tor
         if key.startswith("count:"):
             continue
         short = key.rsplit("/", 1)[-1]
-        if short in ("clip_frac_low", "clip_frac_high") and v == 0 and getattr(obj, "has_clip", True):
+        if short in ("clip_frac_low", "clip_frac_high") and v == 0 and obj.has_clip:
             other = key[: -len("low")] + "high" if short.endswith("low") else key[: -len("high")] + "low"
             if metrics.get(other, 1.0) == 0:
                 if short.endswith("low"):
@@ -482,6 +482,6 @@ def probe(objectives: Sequence[str | tuple], regime: Regime | None = None, *, to
     groups = [g for g in comps.values() if len(g) > 1]
     for label, name, ov in entries:
         inert[label] = _inert_terms(name, ov, pb, grads[label], metrics[label], tolerance, ablations, regime.seed)
-    no_clip = [label for label, name, ov in entries if not getattr(get_objective(name, **ov), "has_clip", True)]
+    no_clip = [label for label, name, ov in entries if not get_objective(name, **ov).has_clip]
     return ProbeResult(regime, tolerance, labels, distance, groups, inert, metrics, hooks,
                        int(sum(float(b.mask.sum()) for b in pb)), no_clip)

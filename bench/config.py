@@ -18,7 +18,7 @@ import yaml
 
 from algorithms import get_objective
 from bench.engines.base import CAPABILITIES, DEFAULT_ENGINE, ENGINES, check_engine_args
-from bench.inputs import SEED_MAX, read_yaml, tag_values, typed_fields, typed_overrides
+from bench.inputs import SEED_MAX, read_yaml, step_size, tag_values, typed_fields, typed_overrides, user_tags
 from bench.plugins import identity, load_plugins
 from evaluators.hints import did_you_mean
 from reports.paths import contained, replace_file, safe_component
@@ -154,7 +154,7 @@ class TrainConfig:
     experiment: str = _f("pobench", "MLflow experiment name.")
     tracking_uri: str | None = _f(None, f"MLflow tracking URI (default: {TRACKING_URI_DEFAULT}).")
     comparison: str | None = _f(None, "Comparison id tag (set by `bench run`).")
-    tags: dict = _f({}, "Extra MLflow tags.")
+    tags: dict = _f({}, "Extra MLflow tags (not under pobench. or mlflow.: those are pobench's and MLflow's own).")
     resume: bool = _f(False, "Resume from the last checkpoint in output_dir (same MLflow run).")
 
     def validate(self) -> None:
@@ -180,6 +180,8 @@ class TrainConfig:
                      "micro_batch_size", "eval_problems", "eval_samples", "keep_checkpoints"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 bad(name, "must be an integer >= 1")
+        if too_big := step_size(self.prompts_per_step, self.group_size, self.max_new_tokens):
+            bad("prompts_per_step", too_big)
         for name in ("eval_every", "checkpoint_every", "samples_every", "warmup_steps", "difficulty", "threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 bad(name, "must be an integer >= 0")
@@ -253,7 +255,9 @@ class TrainConfig:
         if unknown:
             hints = [u + did_you_mean(u, known, quote=False) for u in unknown]
             raise ValueError(f"unknown config field(s): {', '.join(hints)}; valid: {', '.join(sorted(known))}")
-        return cls(**typed_fields(cls, d))
+        cfg = cls(**typed_fields(cls, d))
+        user_tags(cfg.tags)  # (a user's config; pobench's own tags are added to its copies, never read back here)
+        return cfg
 
     @classmethod
     def load(cls, path: str | Path | None, **overrides: Any) -> TrainConfig:

@@ -17,10 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import mlflow
-from mlflow.entities import Metric as MlflowMetric
-from mlflow.entities import Param
-
 from bench.data import derive_seed
 from bench.model import format_prompt
 from bench.rollout import Sampler, SamplingParams
@@ -222,6 +218,10 @@ def log_to_mlflow(results: list[EvalResult], *, params: dict[str, Any], artifact
     The run is nested under `parent_run_id` (e.g. a training run), else under the run active in this process if any,
     else it is a top-level run in `experiment`. Tags: ``pobench.kind=eval``, version and commit, plus `tags`.
     """
+    import mlflow
+    from mlflow.entities import Metric as MlflowMetric
+    from mlflow.entities import Param
+
     active = mlflow.active_run()
     parent = parent_run_id or (active.info.run_id if active is not None else None)
     uri = record.tracking_uri(tracking_uri)

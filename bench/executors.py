@@ -9,7 +9,11 @@ started, waited for, and cancelled (a ``_Backend``); the wait / drain loop (``Ex
 job's result as it ends, passes the progress events the jobs sent (start / step / eval / msg) to ``notify``, and on
 Ctrl-C (or SIGTERM) cancels the running jobs, lets them checkpoint, and raises KeyboardInterrupt.
 
-Local pool: ``spawn`` processes (no fork of a process holding torch / MLflow state), one torch thread each, SIGINT
+Local pool: processes forked from a ``forkserver`` that imported what a pair needs once (torch, transformers, MLflow,
+the training loop: ``POOL_PRELOAD``) and holds no other state; a fresh one for each pool, stopped and reaped with it
+(so no process of a pool outlives it, and the CPU its workers used is counted where the command's is). Spawned
+workers imported all of that each (about 5 CPU-seconds each). No fork of a process holding torch / MLflow state
+(the command's own: its threads, its store's connections). One torch thread each, SIGINT
 ignored in the workers: Ctrl-C reaches the parent, which stops handing out jobs and sends SIGTERM to the busy
 workers; the training loop turns that into its interrupt path (checkpoint the last finished step, run KILLED), so
 rerunning the command resumes exactly there. Results are identical to running the pairs one after another: every
@@ -29,6 +33,7 @@ all nodes share (or an MLflow server / PostgreSQL store): docs/SCALE.md, "Spread
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import importlib.util
 import multiprocessing as mp
 import os
@@ -288,10 +293,39 @@ def _pool_task(fn: Callable[..., Any], args: tuple, not_started: Any) -> Any:
         raise exit_called(e) from None
 
 
+#: imported once, by the forkserver a pool's workers are forked from (what a pair or a tune worker imports: the
+#: training loop, transformers' model of the built-in policy, MLflow); a name missing here costs each worker its import
+POOL_PRELOAD = ["bench.comparison.pairs", "bench.tune.workers", "bench.engines.native.loop",
+                "transformers.models.llama.modeling_llama"]
+
+
+def _pool_context():
+    """A multiprocessing context whose processes fork from a forkserver that preloaded ``POOL_PRELOAD``; ``spawn``
+    where the platform has no forkserver."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(POOL_PRELOAD)
+    return ctx
+
+
+def _stop_forkserver(ctx) -> None:
+    """End the pool's forkserver and reap it: a later pool starts its own (with this process's environment then),
+    and the server's CPU and its workers' (which it reaped) count in this process's children's."""
+    if ctx.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    with contextlib.suppress(Exception):  # (CPython's: every version with a forkserver has it)
+        server._stop()
+
+
 class _Pool(_Backend):
     def __init__(self, workers: int, plugins: list[str]) -> None:
-        ctx = mp.get_context("spawn")
+        self.ctx = ctx = _pool_context()
         self.queue, self.stop = ctx.Queue(), ctx.Event()
+        # (a worker has the environment its server started with: this process's now, the server being the pool's own)
         self.pool = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_pool_init,
                                            initargs=(self.queue, self.stop, list(plugins)))
 
@@ -325,9 +359,11 @@ class _Pool(_Backend):
         self.stop.set()  # queued tasks return "not started"
         stop_pool_workers(self.pool)
         self.pool.shutdown(wait=True, cancel_futures=True)
+        _stop_forkserver(self.ctx)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+        _stop_forkserver(self.ctx)
 
 
 # ------------------------------------------------------------------ ray: one task each

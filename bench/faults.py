@@ -19,7 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import sqlite3
-from pathlib import Path
+from pathlib import Path, PurePath
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -291,6 +291,9 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
                      text):  # (deleted while open: SQLite reports it as read-only)
             return (f"{db} was deleted while in use ({path} is gone), with every run it held: restore it from a "
                     "backup, or rerun (a new store starts)")
+        if "database or disk is full" in text:  # (SQLite's ENOSPC: MLflow's traceback, naming no file)
+            where = (sqlite_file(store) if store else None) or db
+            return f"no space left on device while writing {where} (SQLite: database or disk is full): free space"
         if "database is locked" in text and not optuna_error:
             return f"{db} {LOCKED}"
         if "readonly database" in text or "read-only database" in text:
@@ -310,8 +313,24 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
                 pass
         if type(e).__name__ == "StorageInternalError":  # (Optuna's: its own text says only that one was raised)
             cause = e.__cause__ or e
-            return (f"the Optuna storage {storage or ''} failed ({type(cause).__name__}: {_first(str(cause))}); the "
-                    "finished trials are kept in it: once it answers again, rerun the same command")
+            where = f"the Optuna storage {storage}" if storage else "the Optuna storage"
+            refused = storage_refusal(e)
+            if refused:
+                return f"{where} {refused}, then rerun the same command (the finished trials are kept in it)"
+            return (f"{where} failed ({type(cause).__name__}: {_first(str(cause))}); the finished trials are kept in "
+                    "it: once it answers again, rerun the same command")
+    return None
+
+
+def storage_refusal(error: BaseException) -> str | None:
+    """What an Optuna storage that answers but refuses every write says, and what to do (the end of a line after the
+    storage's name): read-only, or its disk full; None for another failure (unreachable: "once it answers again").
+    Issue 29 (C10): a read-only storage was told to wait until it "answers again"."""
+    said = " ".join(str(c) for c in _chain(error))
+    if "readonly database" in said or "read-only database" in said:
+        return "is read-only (attempt to write a readonly database): make the file and its folder writable"
+    if "database or disk is full" in said:
+        return "is on a full disk (database or disk is full): free space"
     return None
 
 
@@ -319,8 +338,22 @@ def _first(text: str) -> str:
     return (text.strip().splitlines() or [""])[0][:300]
 
 
+def _written_path(e: BaseException) -> str | None:
+    """The file a failed write without a file name was writing, where its traceback shows it: the ``pathlib.Path`` of
+    the innermost ``write_text`` / ``write_bytes`` / ``open`` (a full disk fails the write or the close, and those
+    errors name no file: "no space left on device while writing a file" named nothing)."""
+    tb, found = e.__traceback__, None
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name in ("write_text", "write_bytes", "open") and \
+                isinstance(me := frame.f_locals.get("self"), PurePath):
+            found = str(me)
+        tb = tb.tb_next
+    return found
+
+
 def _os_line(e: OSError) -> str:
-    path = e.filename
+    path = e.filename if e.filename is not None else _written_path(e)
     why = e.strerror or os.strerror(e.errno)
     where = f" while writing {path}" if path is not None else " while writing a file"
     if e.errno == errno.EFBIG:

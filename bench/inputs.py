@@ -140,6 +140,74 @@ def tag_values(tags: dict[str, Any]) -> dict[str, Any]:
     return tags
 
 
+def memory_bytes() -> int | None:
+    """This machine's physical memory in bytes (None where the system does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def step_size(prompts_per_step: int, group_size: int, max_new_tokens: int) -> str | None:
+    """Why a step of ``prompts_per_step`` x ``group_size`` completions of up to ``max_new_tokens`` tokens cannot be
+    held (None when it can): the completions' token ids alone (8 bytes each: a lower bound of what a step keeps)
+    against this machine's memory. (--prompts-per-step 100000000000 built its prompt pool for minutes, gigabytes,
+    before anything was said.)"""
+    memory = memory_bytes()
+    need = prompts_per_step * group_size * max_new_tokens * 8
+    if memory is None or need <= memory:
+        return None
+    return (f"{prompts_per_step} prompts x {group_size} completions x {max_new_tokens} tokens per step: their token "
+            f"ids alone take {need / 2**30:,.0f} GiB, more than this machine's {memory / 2**30:,.0f} GiB of memory; "
+            "give a smaller --prompts-per-step (or --group-size / --max-new-tokens)")
+
+
+RESERVED_TAG_PREFIXES = ("pobench.", "mlflow.")
+
+
+def user_tags(tags: Any) -> Any:
+    """The user's tags (``--tags`` / a config's ``tags:``), refused in one line (ValueError) before any work when
+    MLflow would refuse one (its own name and length rules: a traceback, with the run left RUNNING) or when a key is
+    under a prefix pobench and MLflow write themselves (``pobench.objective`` mislabelled the run, which reuse and
+    reports then mixed in; ``mlflow.runName`` was MLflow's traceback)."""
+    if not isinstance(tags, dict):
+        return tags
+    tag_values(tags)
+    for k, v in tags.items():
+        where = f"config field `tags` (--tags): tag {str(k)[:80]!r}"
+        if not isinstance(k, str) or not k:
+            raise ValueError(f"{where}: a tag name must be non-empty text")
+        if k.lower().startswith(RESERVED_TAG_PREFIXES):
+            raise ValueError(f"{where}: names under {' and '.join(RESERVED_TAG_PREFIXES)} are written by pobench and "
+                             "MLflow themselves (a run's identity, which reuse and reports read); rename the tag, "
+                             "e.g. without that prefix")
+        why = _mlflow_refuses(k, "" if v is None else str(v))
+        if why:
+            raise ValueError(f"{where}: MLflow cannot store it: {why}; rename the tag")
+    return tags
+
+
+def _mlflow_refuses(key: str, value: str) -> str | None:
+    """Why MLflow would refuse tag ``key``=``value`` of a run (it is also logged as the param ``tags.<key>``), by
+    MLflow's own checks (``mlflow.utils.validation``); None when it takes it whole."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils import validation as v
+
+    try:
+        v._validate_tag_name(key)
+        v._validate_param_name(f"tags.{key}")
+    except MlflowException as e:
+        return str(e.message).split("supplied: ", 1)[-1].rstrip(".")
+    if len(key) + len("tags.") > v.MAX_ENTITY_KEY_LENGTH:
+        return f"a name is at most {v.MAX_ENTITY_KEY_LENGTH - len('tags.')} characters (it is also a param tags.<name>)"
+    if len(value) > v.MAX_PARAM_VAL_LENGTH:
+        return (f"its value has {len(value)} characters, over the {v.MAX_PARAM_VAL_LENGTH} a param keeps (it would be "
+                "cut short); shorten it")
+    return None
+
+
 def read_yaml(path: str | Path, what: str = "--config") -> Any:
     """The YAML document in ``path``; ValueError in one line for a missing path, a folder, a binary file or invalid
     YAML (with the file, line and column)."""
@@ -158,9 +226,48 @@ def read_yaml(path: str | Path, what: str = "--config") -> Any:
     except OSError as e:
         raise ValueError(f"{what} {path}: cannot be read ({e.strerror or e})") from None
     try:
-        return yaml.load(text, Loader=_UniqueKeys)
+        doc = yaml.load(text, Loader=_UniqueKeys)
     except yaml.YAMLError as e:
         raise ValueError(f"{what} {path}: invalid YAML{_where(e)}") from None
+    why = _expansion_refusal(doc)
+    if why:
+        raise ValueError(f"{what} {path}: {why}; write the values out (pobench reads no YAML whose aliases (*name) "
+                         f"repeat more than {YAML_MAX_VALUES:,} values)")
+    return doc
+
+
+#: the most values a YAML file's aliases may expand to: a real config has hundreds; an "alias bomb" of a few hundred
+#: bytes (levels of lists of aliases of the level below) expands to billions, which any copy of the config would build
+YAML_MAX_VALUES = 1_000_000
+
+
+def _expansion_refusal(doc: Any) -> str | None:
+    """Why ``doc`` (as YAML's loader built it: an alias is the same object again) cannot be read as a config: its
+    values once every alias is expanded are more than ``YAML_MAX_VALUES``, or an alias contains itself; counted over
+    the distinct objects (without expanding anything), so any field is safe to copy afterwards."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(doc, False)]
+    while stack:
+        obj, done = stack.pop()
+        if not isinstance(obj, (dict, list)):
+            continue
+        key = id(obj)
+        children = [*obj.keys(), *obj.values()] if isinstance(obj, dict) else obj
+        if done:
+            open_.discard(key)
+            sizes[key] = 1 + sum(sizes.get(id(c), 1) for c in children)
+            if sizes[key] > YAML_MAX_VALUES:
+                return f"its aliases expand to more than {YAML_MAX_VALUES:,} values"
+            continue
+        if key in sizes:
+            continue
+        if key in open_:
+            return "an alias refers to the mapping or list that contains it"
+        open_.add(key)
+        stack.append((obj, True))
+        stack.extend((c, False) for c in children if isinstance(c, (dict, list)) and id(c) not in sizes)
+    return None
 
 
 class _UniqueKeys(yaml.SafeLoader):
@@ -200,6 +307,9 @@ def yaml_flag(text: str) -> Any:
     if not isinstance(value, (dict, list)):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a mapping such as '{{kl_coef: 0.1}}' or a list such as "
                                          "'[0.9, 0.95]'")
+    why = _expansion_refusal(value)
+    if why:
+        raise argparse.ArgumentTypeError(f"{text[:80]!r}: {why}; write the values out")
     return value
 
 

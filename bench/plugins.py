@@ -62,6 +62,7 @@ class Plugin:
     imports: tuple[str, ...] = ()   # the local modules its digest covers besides its own source
     unknown: tuple[str, ...] = ()   # where it imports by a computed name (``file:line``): not in its digest
     moved_cwd: str = ""             # the folder it changed the working folder to while imported (changed back)
+    torch_changed: str = ""         # torch's global settings it changed while imported (changed back), as words
 
     @property
     def label(self) -> str:
@@ -215,13 +216,23 @@ def _new_modules(before: set[str]) -> list[str]:
     return [m for m in list(sys.modules) if m not in before]
 
 
+def _default_dtype() -> Any:
+    """torch's default dtype, which a plugin may change at import (tensors pobench makes would be float64, and torch
+    refuses to mix them); None before torch is imported."""
+    torch = sys.modules.get("torch")
+    return torch.get_default_dtype() if hasattr(torch, "get_default_dtype") else None
+
+
 class _KeepCwd:
     """Around a plugin's import: a plugin that changes the working folder (``os.chdir``) would make every relative
     path of the command (its run folder, data, store, the plugin file itself) name another file, and pobench report
-    them as deleted. The folder is changed back at once; ``moved`` names where the plugin went (a warning)."""
+    them as deleted. The folder is changed back at once; ``moved`` names where the plugin went (a warning).
+    The same for torch's default dtype (``torch.set_default_dtype``; held-out round 8: a float64 default failed the
+    run deep in pobench's code, the plugin not named): set back to what it was (torch's float32 when the plugin is
+    what imported torch); ``torch_changed`` says what was changed (a warning)."""
 
     def __enter__(self) -> _KeepCwd:
-        self.cwd, self.moved = os.getcwd(), ""
+        self.cwd, self.moved, self.torch_changed, self.dtype = os.getcwd(), "", "", _default_dtype()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -232,6 +243,10 @@ class _KeepCwd:
         if now != self.cwd:
             self.moved = now
             os.chdir(self.cwd)
+        after = _default_dtype()
+        if after is not None and after != (self.dtype or sys.modules["torch"].float32):
+            self.torch_changed = f"torch's default dtype to {after}"
+            sys.modules["torch"].set_default_dtype(self.dtype or sys.modules["torch"].float32)
 
 
 def _import_file(spec: str) -> Plugin:
@@ -251,7 +266,8 @@ def _import_file(spec: str) -> Plugin:
                 del sys.modules[name]
                 raise _failed(spec, e) from e
     digest, imports, unknown = plugin_digest(path, [m for m in _new_modules(before) if m != name])
-    return Plugin(spec, name, str(path), digest, imports=imports, unknown=unknown, moved_cwd=cwd.moved)
+    return Plugin(spec, name, str(path), digest, imports=imports, unknown=unknown, moved_cwd=cwd.moved,
+                  torch_changed=cwd.torch_changed)
 
 
 #: set (to anything but 0) to see the traceback of an exception a plugin's code raised, instead of its one line
@@ -333,9 +349,10 @@ def _import_module(spec: str, entry_point: bool = False) -> Plugin:
             raise _failed(spec, e) from e
     source = _source_of(module)
     if not source:
-        return Plugin(spec, module.__name__, source, "none", entry_point, moved_cwd=cwd.moved)
+        return Plugin(spec, module.__name__, source, "none", entry_point, moved_cwd=cwd.moved,
+                      torch_changed=cwd.torch_changed)
     digest, imports, unknown = plugin_digest(source, _new_modules(before))
-    return Plugin(spec, module.__name__, source, digest, entry_point, imports, unknown, cwd.moved)
+    return Plugin(spec, module.__name__, source, digest, entry_point, imports, unknown, cwd.moved, cwd.torch_changed)
 
 
 def load_entry_points() -> list[Plugin]:

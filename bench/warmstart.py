@@ -88,8 +88,14 @@ def warmstart(out: str | Path, recipe: Recipe = Recipe(), *, force: bool = False
     out = Path(out)
     meta_path = out / "warmstart.json"
     if not force and meta_path.exists() and (out / "model.safetensors").exists():
-        if json.loads(meta_path.read_text()).get("recipe") == asdict(recipe):
+        held = json.loads(meta_path.read_text()).get("recipe")
+        if held == asdict(recipe):
             return out
+        if isinstance(held, dict):  # (a second recipe into the same --out replaced the first's model silently)
+            differ = ", ".join(f"{k}: {held.get(k)!r} there, {v!r} here" for k, v in asdict(recipe).items()
+                               if held.get(k) != v) or "its recipe differs"
+            raise ValueError(f"--out {out}: holds the warm-started model of another recipe ({differ}); give another "
+                             "--out, or pass --force to replace it")
     claim_output_folder(out, "--out")  # a user's folder or a link: one line, before training
     task = ArithTask(recipe.difficulty)
     tokenizer = build_char_tokenizer()

@@ -148,7 +148,7 @@ _POOL_WORKER = {"busy": False}  # in a pool process: inside a task (``busy``)
 
 
 def pool_worker_setup(plugins: Sequence[str]) -> None:
-    """A spawned pool process of `bench run` / `bench tune`: one torch thread, quiet libraries, the run's plugins;
+    """A pool process of `bench run` / `bench tune`: one torch thread, quiet libraries, the run's plugins;
     Ctrl-C ignored (it reaches the parent, which decides), SIGTERM taken only while a task runs (``busy``): the
     training's interrupt path, once; an idle worker ignores it and ends with the pool."""
     one_thread()
@@ -156,20 +156,28 @@ def pool_worker_setup(plugins: Sequence[str]) -> None:
     load_plugins(list(plugins))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_pool_sigterm)
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="pobench-parent-watch", daemon=True).start()
+    threading.Thread(target=_watch_parent, name="pobench-parent-watch", daemon=True).start()
 
 
-#: seconds between two looks at the parent process; and the longest a busy worker of a dead parent is given to
-#: checkpoint and end its run KILLED before it exits anyway
-PARENT_POLL_S, ORPHAN_GRACE_S = 1.0, 300.0
+#: the longest a busy worker of a dead parent is given to checkpoint and end its run KILLED before it exits anyway
+ORPHAN_GRACE_S = 300.0
 
 
-def _watch_parent(parent: int) -> None:
+def _watch_parent() -> None:
     """A pool process whose parent died (SIGKILL, OOM killer) would live on, orphaned, holding its pair's lock and
     its run RUNNING: once the parent is gone, a busy worker takes the interrupt path (checkpoint, run KILLED, as on
-    SIGTERM) and the process exits; an idle one exits at once."""
-    while os.getppid() == parent:
-        time.sleep(PARENT_POLL_S)
+    SIGTERM) and the process exits; an idle one exits at once. The parent is the process that made the pool (its
+    multiprocessing sentinel), not the forkserver the worker was forked from: a SIGTERM to the process group ends
+    the server, and the command, still alive, decides what its workers do."""
+    import multiprocessing
+
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        parent.join()
+    else:  # (not started by multiprocessing)
+        ppid = os.getppid()
+        while os.getppid() == ppid:
+            time.sleep(1.0)
     if _POOL_WORKER["busy"]:
         os.kill(os.getpid(), signal.SIGTERM)
         deadline = time.monotonic() + ORPHAN_GRACE_S

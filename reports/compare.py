@@ -186,9 +186,9 @@ def compare_comparisons(specs: list[tuple[str, str]], tracking_uri: str | None =
 
     options = options or ReportOptions()
     if len(specs) < 2:
-        raise ValueError("bench compare: give at least two comparisons")
+        raise ValueError("give at least two comparisons")
     if len(set(specs)) < len(specs):
-        raise ValueError("bench compare: a comparison is named twice")
+        raise ValueError("a comparison is named twice; name each once")
     exp_dir = report_folder(out_root, specs[0][0])
     uri = resolve_uri(tracking_uri)
     client = client or open_client(uri)

@@ -2,10 +2,12 @@
 
 ``bench eval --comparison ID --benchmarks a,b`` logs one eval run per (training run, benchmark), nested under the
 training run (``mlflow.parentRunId``) and tagged ``pobench.kind=eval``, ``pobench.benchmark`` and
-``pobench.eval_key`` (:func:`settings_key` of the evaluation settings). A FINISHED eval run with the same parent and key
-is a stored result: it is reused, never recomputed. The report's ``benchmarks`` table takes, per benchmark, the
-settings key that covers the most runs (the newest on a tie) and gives each objective's mean ± 95% t interval over
-its seeds, with the mean and IQM over benchmarks (stratified bootstrap: seeds resampled within each benchmark).
+``pobench.eval_key`` (:func:`settings_key` of the evaluation settings) and ``pobench.final_digest`` (the digest of the
+final weights it evaluated). A FINISHED eval run with the same parent and key is a stored result: it is reused, never
+recomputed, while the final weights are those it evaluated (``bench.comparison.evals``). The report's
+``benchmarks`` table takes, per benchmark, the settings key that covers the most runs (the newest on a tie) and gives
+each objective's mean ± 95% t interval over its seeds, with the mean and IQM over benchmarks (stratified bootstrap:
+seeds resampled within each benchmark).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 
 from reports import metric_keys as K
 from reports import stats
-from reports.record import BENCHMARK, EVAL_KEY, KIND
+from reports.record import BENCHMARK, EVAL_KEY, FINAL_DIGEST, KIND
 from reports.tables import Table, Units
 
 METRICS = ("greedy_acc", "pass_at_1")  # the first one an eval run has is the table's number
@@ -48,12 +50,13 @@ class EvalRecord:
         return None if m is None else self.metrics[K.eval_key(self.benchmark, m)]
 
 
-def find_stored(client, experiment_id: str, parent: str, key: str) -> str | None:
-    """The newest FINISHED eval run under ``parent`` with settings ``key``, or None."""
+def find_stored(client, experiment_id: str, parent: str, key: str) -> tuple[str, str | None] | None:
+    """The newest FINISHED eval run under ``parent`` with settings ``key``: (its id, the digest of the final weights
+    it evaluated, None when it was stored before pobench recorded it), or None."""
     found = client.search_runs([experiment_id], filter_string=(
         f"tags.`{KIND}` = 'eval' and tags.`mlflow.parentRunId` = '{parent}' and tags.`{EVAL_KEY}` = '{key}' and "
         "attributes.status = 'FINISHED'"), order_by=["attributes.start_time DESC"], max_results=1)
-    return found[0].info.run_id if found else None
+    return (found[0].info.run_id, found[0].data.tags.get(FINAL_DIGEST)) if found else None
 
 
 def load_evals(client, cmp) -> list[EvalRecord]:

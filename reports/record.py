@@ -65,6 +65,7 @@ SEEDS = "pobench.seeds"              # on a comparison run: its seeds, comma-sep
 BASELINE = "pobench.baseline"        # on a comparison run: the baseline its last report compared against
 BENCHMARK = "pobench.benchmark"      # on an eval run of `bench eval --comparison`: the benchmark it evaluated
 EVAL_KEY = "pobench.eval_key"        # ... and the hash of its evaluation settings (same key = reusable result)
+FINAL_DIGEST = "pobench.final_digest"  # ... and the digest of the final weights it evaluated (reused on a match only)
 STUDY = "pobench.study"              # tune runs: the Optuna study
 TRIAL = "pobench.trial"              # tune-trial runs (and their training runs): the trial number
 TRIAL_STATE = "pobench.trial_state"
@@ -139,6 +140,14 @@ def store_lock(uri: str) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path)):
         yield
+
+
+def mlflow_error() -> type[Exception]:
+    """MLflow's own exception class, for ``except`` clauses: MLflow is imported on first use (its import is about 2
+    CPU-seconds, which a command that fails on its input, `bench list` or `bench --help` need not pay)."""
+    from mlflow.exceptions import MlflowException
+
+    return MlflowException
 
 
 def open_client(uri: str):

@@ -248,6 +248,16 @@ def _artifact_run(client, cmp: Comparison) -> tuple[str, bool]:
     return run.info.run_id, True
 
 
+def _mlflow_artifacts(folder: Path) -> bool:
+    """``folder`` looks like an experiment's folder of MLflow's artifact root: ``<run id>/artifacts`` inside."""
+    import itertools
+
+    try:
+        return folder.is_dir() and any((c / "artifacts").is_dir() for c in itertools.islice(folder.iterdir(), 50))
+    except OSError:
+        return False
+
+
 def report_folder(out_root: str | Path, experiment: str, comparison: str | None = None) -> Path:
     """``<out_root>/<experiment>/<comparison>`` (each a safe path component, contained in ``out_root``); the
     experiment folder must be pobench's or absent (refused with one line otherwise). Without ``comparison``: the
@@ -256,6 +266,9 @@ def report_folder(out_root: str | Path, experiment: str, comparison: str | None 
 
     exp_dir = contained(out_root, safe_component(experiment, "--experiment"))
     if (exp_dir.exists() or exp_dir.is_symlink()) and (exp_dir.is_symlink() or not is_owned(exp_dir)):
+        if _mlflow_artifacts(exp_dir):  # (moving it away, as the line below advises, breaks the store's runs)
+            raise UnsafePath(f"{exp_dir} is MLflow's artifact folder (its runs' files, which the store points to): not "
+                             "writing reports into it; choose another --out-root, and leave that folder where it is")
         raise UnsafePath(f"{exp_dir} exists and was not created by pobench (no .pobench-owned file): not writing "
                          f"reports into it; move it away or choose another --out-root / --experiment")
     if comparison is None:

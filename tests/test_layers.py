@@ -235,3 +235,21 @@ def test_no_module_over_500_lines():
     long = {f.relative_to(ROOT).as_posix(): n for package in (*LOWER, "bench", "perf")
             for f in (ROOT / package).rglob("*.py") if (n := len(f.read_text().splitlines())) > 500}
     assert not long, f"split these modules (no file over 500 lines): {long}"
+
+
+def test_a_command_that_needs_no_store_does_not_import_mlflow():
+    """MLflow's import is about 2 CPU-seconds of a command's ~5 (issue 30, the suite's and a user's cost): `bench
+    list`, `bench --help` and a command refused on its input before any work never import it (a module importing
+    MLflow at its top on these paths fails this; ``reports.record.mlflow_error`` gives its exception class lazily)."""
+    import subprocess
+
+    code = ("import contextlib, io, sys\nfrom bench.cli.main import main\n"
+            "for argv in (['list'], ['train', '--algo', 'nosuch'], ['run', '--algos', 'nosuch'],"
+            " ['tune', '--algo', 'grpo', '--trials', '0'], ['report', '--help'], ['compare', '--help']):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "        with contextlib.suppress(SystemExit):\n"
+            "            main(argv)\n"
+            "print(sorted(m for m in sys.modules if m == 'mlflow' or m.startswith('mlflow.')))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-3000:]

@@ -13,8 +13,6 @@ import argparse
 import dataclasses
 import functools
 
-from mlflow.exceptions import MlflowException
-
 from algorithms.registry import default_config
 from bench.cli.flags import add_units_flag
 from bench.cli.interrupt import Stopped, rerun
@@ -22,6 +20,7 @@ from bench.config import TRACKING_URI_DEFAULT, TrainConfig
 from bench.runs.tracking import check_reachable, flatten
 from reports.compare import compare_comparisons, parse_spec
 from reports.paths import user_files
+from reports.record import mlflow_error
 from reports.report import ReportOptions, missing_note
 
 
@@ -61,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         res = compare_comparisons(specs, uri, out_root=args.out_root, baseline=args.baseline,
                                   target_acc=args.target_acc, options=options, defaults=default_params)
-    except MlflowException as e:
+    except mlflow_error() as e:
         raise ValueError(f"MLflow at {uri}: {e.message}") from None
     except KeyboardInterrupt:  # (it reads MLflow and writes its tables at the end)
         raise Stopped("nothing: no tables written", rerun()) from None

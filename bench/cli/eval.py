@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import sys
 import time
@@ -28,7 +29,7 @@ from bench.model import format_prompt, load_policy, resolve_device, resolve_mode
 from bench.rollout import make_sampler
 from bench.runs.tracking import check_reachable
 from evaluators import get_benchmark, list_benchmarks
-from reports.paths import check_out_is_ours, claim_output_folder
+from reports.paths import check_out_is_ours, claim_output_folder, make_owned
 
 if TYPE_CHECKING:
     from evaluators import Task
@@ -51,7 +52,7 @@ def register(sub) -> None:
                         "evaluating one benchmark, or a folder holding one sub-folder per benchmark "
                         "(e.g. ../shared/data). Default: each benchmark's hub id")
     p.add_argument("--split", default="test", help="split to evaluate (default: test)")
-    p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
+    p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark (N >= 1; default: all)")
     p.add_argument("--k", type=int, default=1, help="k of pass@k and maj@k (default 1)")
     p.add_argument("--samples", type=int, default=None, help="sampled completions per problem (default: k)")
     p.add_argument("--temperature", type=float, default=1.0,
@@ -68,7 +69,7 @@ def register(sub) -> None:
     p.add_argument("--backend", default="hf", help="rollout engine: hf | vllm")
     p.add_argument("--batch-size", type=int, default=None, help="completions per forward pass (hf engine)")
     p.add_argument("--skip-bad-rows", action="store_true", help="skip (and count) malformed rows instead of failing")
-    p.add_argument("--out", default=None, help="output folder (default .pobench/eval/<time>)")
+    p.add_argument("--out", default=None, help="output folder (default a new .pobench/eval/<time>[-N])")
     p.add_argument("--harness", choices=["lm-eval"], default=None,
                    help="also run lm-evaluation-harness on the same rows with our prompts and extraction (greedy)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
@@ -116,8 +117,11 @@ def run(args) -> int:
     if not names:
         raise ValueError("--benchmarks: give at least one benchmark name")
     benchmarks = [get_benchmark(n) for n in names]  # unknown names fail here, before any model is loaded
+    if args.limit is not None and args.limit < 1:  # (0 evaluated every problem: limit=0 read as "no limit")
+        raise ValueError(f"--limit {args.limit}: must be >= 1 (leave it out to evaluate every problem)")
     if args.k < 1 or (args.samples is not None and args.samples < args.k):
-        raise ValueError(f"--k {args.k} / --samples {args.samples}: need k >= 1 and samples >= k")
+        raise ValueError(f"--k {args.k}" + (f" / --samples {args.samples}" if args.samples is not None else "")
+                         + ": need k >= 1 and samples >= k")
     if args.harness and args.no_greedy:
         raise ValueError("--harness lm-eval compares greedy decoding: drop --no-greedy")
     data = resolve_data(benchmarks, args.data)
@@ -144,8 +148,7 @@ def run(args) -> int:
                             "n_samples": n_samples, "temperature": args.temperature, "top_p": args.top_p,
                             "max_new_tokens": max_new, "prompt_template": args.prompt_template, "seed": args.seed,
                             "backend": args.backend}
-    out_dir = (claim_output_folder(args.out, "--out") if args.out
-               else Path(".pobench") / "eval" / time.strftime("%Y%m%d-%H%M%S"))
+    out_dir = claim_output_folder(args.out, "--out") if args.out else None  # (the default one: made when written)
 
     results = []
     try:
@@ -158,6 +161,7 @@ def run(args) -> int:
             print(f"bench eval: {b.name}: {len(problems)} problems in {r.seconds:.1f}s", file=sys.stderr)
     except KeyboardInterrupt:  # SIGINT / SIGTERM: the benchmarks evaluated so far are written, marked partial
         raise stopped(results, names, out_dir, meta) from None
+    out_dir = out_dir or default_out_dir()
 
     extra: dict[str, dict[str, float]] = {}
     if args.harness == "lm-eval":
@@ -194,12 +198,29 @@ def run(args) -> int:
     return 0
 
 
-def stopped(results: list, names: list[str], out_dir: Path, meta: dict[str, Any]) -> Stopped:
+def default_out_dir(root: Path = Path(".pobench") / "eval") -> Path:
+    """A new folder ``<root>/<time>`` (``<time>-2``, ``-3``... when it exists), made exclusively and marked as
+    pobench's: two evaluations started in the same second each get their own (held-out round 8: both wrote into
+    one and the first's results were lost)."""
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in itertools.count(1):
+        folder = root / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return make_owned(folder, "out")
+    raise AssertionError("unreachable")
+
+
+def stopped(results: list, names: list[str], out_dir: Path | None, meta: dict[str, Any]) -> Stopped:
     """What a stopped `bench eval` kept: the results of the benchmarks it finished, written to ``out_dir`` with
     ``"partial": true`` and the benchmarks not evaluated in results.json (not logged to MLflow); or nothing."""
     if not results:
         return Stopped("nothing: no benchmark was evaluated to its end", rerun())
     done = [r.benchmark for r in results]
+    out_dir = out_dir or default_out_dir()
     write_outputs(results, out_dir, {**meta, "partial": True, "not_evaluated": [n for n in names if n not in done]})
     return Stopped(f"the results of {', '.join(done)} ({len(done)} of {len(names)} benchmarks) in {out_dir}, marked "
                    "partial in results.json, not logged to MLflow", rerun())

@@ -41,6 +41,10 @@ def run(args) -> int:
     cmp = plan.comparison
     print(f"bench eval: comparison {cmp.comparison_id}: {len(cmp.runs)} runs x {len(plan.benchmarks)} benchmarks; "
           f"{plan.reused} stored, {plan.missing} to evaluate", file=sys.stderr)
+    if plan.stale:
+        print(f"bench eval: {len(plan.stale)} stored evaluation(s) were of other final weights than the runs' final "
+              f"folders hold now (replaced since, or stored before pobench recorded their digest): evaluated again: "
+              + ", ".join(plan.stale[:4]) + (", ..." if len(plan.stale) > 4 else ""), file=sys.stderr)
     stored = plan.reused  # evaluations stored so far (what a stop keeps: the same command reuses them)
     try:
         for _ in evaluate_missing(plan, settings, args.experiment, uri, Path(args.out or Path(".pobench") / "eval")):

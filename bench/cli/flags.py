@@ -77,6 +77,10 @@ def load_cli_plugins(args: argparse.Namespace) -> None:
             print(f"bench {args.command}: warning: plugin {plugin.spec} changed the working folder to "
                   f"{plugin.moved_cwd} while imported; pobench changed it back to {os.getcwd()}, where the "
                   "command's relative paths are read (a plugin should not call os.chdir)", file=sys.stderr)
+        if plugin.torch_changed:  # (changed back: pobench's tensors keep torch's float32 default)
+            print(f"bench {args.command}: warning: plugin {plugin.spec} changed {plugin.torch_changed} while "
+                  "imported; pobench changed it back (a plugin should not change torch's global settings: give a "
+                  "dtype to the tensors it makes instead)", file=sys.stderr)
     if hasattr(args, "plugins"):
         args.plugins = normalized(specs) or None
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import argparse
 
-from mlflow.exceptions import MlflowException
-
 from bench import faults
 from bench.cli.flags import add_plugin_flag, add_report_flags, report_options
 from bench.cli.interrupt import Stopped, finished, rerun
 from bench.config import TRACKING_URI_DEFAULT
 from bench.runs.tracking import check_reachable
 from reports.load import _client, get_experiment, list_comparisons, resolve_tracking_uri
+from reports.record import mlflow_error
 from reports.report import build_report
 
 
@@ -32,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
-    except MlflowException as e:  # unreachable server, bad URI: one line naming the cause
+    except mlflow_error() as e:  # unreachable server, bad URI: one line naming the cause
         if faults.describe(e) is not None:
             raise  # a fault of the store: its line (bench/cli/main.py)
         raise ValueError(f"MLflow at {args.tracking_uri or 'the default tracking URI'}: {e.message}") from None

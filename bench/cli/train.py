@@ -64,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
 def stopped(cfg) -> Stopped:
     """What a stopped `bench train` kept: its newest checkpoint (resume with ``--resume``), or nothing (rerun)."""
     last = last_checkpoint(cfg.run_dir())
+    if last is None and not (cfg.run_dir() / "run.json").exists():  # (stopped while the data or model loaded)
+        return Stopped("nothing: stopped before the run started (no MLflow run, no checkpoint)", rerun())
     if last is None:
         return Stopped("nothing: no checkpoint yet; the run restarts from step 0", rerun())
     return Stopped(f"{last[0]} (step {last[1]})", rerun(resume_flag=True))

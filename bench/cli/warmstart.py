@@ -2,7 +2,7 @@
 
 The result is an ordinary Hugging Face model folder usable as `--model DIR`. With the default recipe (seed 0,
 500 steps, difficulty 2) it reproduces the shipped `builtin:tiny-arith` checkpoint. A folder that already holds the
-same recipe is reused unless `--force`.
+same recipe is reused unless `--force`; one holding another recipe's model is refused unless `--force`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=d.seed, help=f"seed of initialisation and data (default {d.seed})")
     p.add_argument("--difficulty", type=int, default=d.difficulty,
                    help=f"arith difficulty trained on (default {d.difficulty})")
-    p.add_argument("--force", action="store_true", help="retrain even if the folder already holds this recipe")
+    p.add_argument("--force", action="store_true", help="retrain even if the folder already holds this recipe; "
+                   "replace the model of another recipe held there")
     p.add_argument("--eval", type=int, default=400, metavar="N",
                    help="measure greedy and sampled accuracy on N held-out problems afterwards (0 = skip)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

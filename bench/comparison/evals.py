@@ -4,7 +4,10 @@ evaluation stored once and reused after.
 Each training run's final weights (``<output_dir>/<run name>/final``, where `bench run` left them) are evaluated on
 each benchmark with the shared rollout sampler, unless a FINISHED evaluation with the same settings is already stored
 under that run (``reports.evals``: tags ``pobench.benchmark`` / ``pobench.eval_key``, the hash of
-:meth:`EvalSettings.key_fields`): stored results are reused, never recomputed. Each evaluation is one MLflow run
+:meth:`EvalSettings.key_fields`) of the same final weights (``pobench.final_digest``, the run's ``final`` folder's
+:func:`bench.runs.identity.model_digest`): stored results are reused, never recomputed. A stored result of other
+weights (``final`` replaced since; or stored before pobench recorded the digest) is evaluated again and named
+(``EvalPlan.stale``); a run whose ``final`` is gone keeps its stored results. Each evaluation is one MLflow run
 nested under its training run; `bench report` then adds the ``benchmarks`` table. The prompt template defaults to
 the one the runs trained with.
 
@@ -24,11 +27,12 @@ from bench.eval_inputs import max_new_tokens, resolve_data
 from bench.evaluate import evaluate, log_to_mlflow, write_outputs
 from bench.model import format_prompt, load_policy
 from bench.rollout import make_sampler
+from bench.runs.identity import model_digest
 from evaluators import get_benchmark
 from reports.evals import find_stored, settings_key
 from reports.load import Comparison, load_comparison
 from reports.paths import contained, safe_component
-from reports.record import BENCHMARK, COMPARISON, EVAL_KEY
+from reports.record import BENCHMARK, COMPARISON, EVAL_KEY, FINAL_DIGEST
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,8 @@ class EvalPlan:
     benchmarks: list[tuple[Any, list, str]]  # (task, problems, source)
     reused: int = 0
     todo: list[tuple[Any, Path, str, list]] = field(default_factory=list)  # (run, final, template, missing)
+    final_digests: dict[str, str] = field(default_factory=dict)  # training run id -> its final weights' digest
+    stale: list[str] = field(default_factory=list)  # "<run> on <benchmark>": stored of other weights, evaluated again
 
     @property
     def total(self) -> int:
@@ -93,12 +99,20 @@ def final_model(run) -> Path:
     return contained(out, safe_component(run.name, "run name"), "final")
 
 
+def final_digest(final: Path) -> str:
+    """The digest of a run's final weights (config, tokenizer and weight files): what a stored evaluation evaluated."""
+    return model_digest(str(final))
+
+
 def plan_evaluations(experiment: str, comparison: str | None, benchmarks: list[str], settings: EvalSettings,
                      uri: str, client) -> EvalPlan:
     """The comparison's stored and missing evaluations on ``benchmarks``; ValueError (one line) for an unknown
     benchmark, bad settings, or a final model that is needed and absent, before any work."""
+    if settings.limit is not None and settings.limit < 1:
+        raise ValueError(f"--limit {settings.limit}: must be >= 1 (leave it out to evaluate every problem)")
     if settings.k < 1 or (settings.samples is not None and settings.samples < settings.k):
-        raise ValueError(f"--k {settings.k} / --samples {settings.samples}: need k >= 1 and samples >= k")
+        samples = f" / --samples {settings.samples}" if settings.samples is not None else ""
+        raise ValueError(f"--k {settings.k}{samples}: need k >= 1 and samples >= k")
     if not benchmarks:
         raise ValueError("--benchmarks: give at least one benchmark name")
     tasks = [get_benchmark(n) for n in benchmarks]
@@ -114,7 +128,14 @@ def plan_evaluations(experiment: str, comparison: str | None, benchmarks: list[s
         missing = []
         for b, problems, source in plan.benchmarks:
             key = settings_key(settings.key_fields(b, source, len(problems), template))
-            if find_stored(client, cmp.experiment_id, r.run_id, key):
+            stored = find_stored(client, cmp.experiment_id, r.run_id, key)
+            final = final_model(r) if stored and r.params.get("output_dir") else None
+            if final is not None and (final / "config.json").is_file():  # (final gone: its stored results are all)
+                digest = plan.final_digests.setdefault(r.run_id, final_digest(final))
+                if stored[1] != digest:
+                    plan.stale.append(f"{r.name} on {b.name}")
+                    stored = None
+            if stored:
                 plan.reused += 1
             else:
                 missing.append((b, problems, source, key))
@@ -134,6 +155,7 @@ def evaluate_missing(plan: EvalPlan, settings: EvalSettings, experiment: str, ur
     cmp = plan.comparison
     max_new_of: dict[tuple[str, str], int] = {}  # (benchmark, template) -> max new tokens (warned about once)
     for r, path, template, missing in plan.todo:
+        digest = plan.final_digests.get(r.run_id) or final_digest(path)
         model, tokenizer = load_policy(str(path), settings.device, settings.dtype)
         options = ({"max_batch_size": settings.batch_size} if settings.batch_size and settings.backend == "hf"
                    else {})
@@ -159,7 +181,7 @@ def evaluate_missing(plan: EvalPlan, settings: EvalSettings, experiment: str, ur
             run_id = log_to_mlflow([res], params={**meta, "benchmarks": b.name}, artifacts=paths,
                                    run_name=f"eval-{b.name}-{r.name}", experiment=experiment, tracking_uri=uri,
                                    parent_run_id=r.run_id, tags={BENCHMARK: b.name, EVAL_KEY: key,
-                                                                 COMPARISON: cmp.comparison_id})
+                                                                 COMPARISON: cmp.comparison_id, FINAL_DIGEST: digest})
             acc = res.metrics.get("greedy_acc") or res.metrics.get("pass@1")
             print(f"bench eval: {r.name} on {b.name}: {100 * acc.value:.1f}% in {res.seconds:.1f}s", file=sys.stderr)
             yield run_id

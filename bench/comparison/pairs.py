@@ -140,7 +140,9 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
         # bad input, a fault of the store / file system, a run a fault stopped: its one line; anything else is a bug,
         # whose traceback is shown
         known = said is not None or isinstance(e, (ValueError, OSError, RunStopped))
-        if said is None:
+        if said is None and isinstance(e, ValueError) and str(e).startswith("--resume: "):
+            said = f"resuming it: {str(e)[len('--resume: '):]}"  # (bench run resumes a pair itself: no flag was given)
+        elif said is None:
             said = str(e) if isinstance(e, RunStopped) else f"{type(e).__name__}: {e}"
         return PairResult(job.index, f"failed: {' '.join(str(said).split())}", "train",
                           error="" if known else traceback.format_exc())

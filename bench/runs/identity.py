@@ -12,8 +12,9 @@ reused).
   tokenizer files, which the model digest covers;
 - the task's name and version (``Task.version`` changes with its answer rules).
 
-File digests are cached by (absolute path, size, mtime) in this process and in ``$POBENCH_CACHE_DIR/digests.json``
-(default ``~/.cache/pobench``), so a large file or model is read once. ``datasets`` and ``log_datasets``: the runs'
+File digests are cached by (absolute path, size, mtime, inode, ctime) in this process and in
+``$POBENCH_CACHE_DIR/digests.json`` (default ``~/.cache/pobench``), so a large file or model is read once.
+``datasets`` and ``log_datasets``: the runs'
 ``mlflow.log_input`` records; ``written_by_note``: what ``bench run`` says of a reused run written by another
 pobench version or commit.
 """
@@ -37,7 +38,7 @@ CACHE_ENV = "POBENCH_CACHE_DIR"
 # the files of a model folder that make the model: config, tokenizer (with its chat template), weights
 MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin", ".pt", ".pth", ".model", ".txt", ".tiktoken", ".jinja")
 _SHA_RE = re.compile(r"[0-9a-f]{40}")
-_memo: dict[tuple[str, int, int], str] = {}
+_memo: dict[tuple, str] = {}
 
 
 def _cache_file() -> Path:
@@ -68,10 +69,13 @@ def _write_cache(key: str, digest: str) -> None:
 
 
 def file_digest(path: str | Path) -> str:
-    """SHA-256 of a file's bytes, cached by (absolute path, size, mtime in ns)."""
+    """SHA-256 of a file's bytes, cached by (absolute path, size, mtime, inode, ctime in ns). The inode and ctime
+    matter: a file rewritten with the same size and its mtime restored (``touch -r``, ``cp -p``, ``rsync -t``,
+    ``tar x``, a coarse-timestamp file system) keeps size and mtime, but its ctime changes with every write and
+    ``utime`` (nothing but the kernel sets it), and a replacing copy is a new inode (held-out round 8)."""
     p = Path(path).expanduser().resolve()
     st = p.stat()
-    key = (str(p), st.st_size, st.st_mtime_ns)
+    key = (str(p), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
     if key in _memo:
         return _memo[key]
     text_key = json.dumps(key)

@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 from filelock import FileLock
-from mlflow.exceptions import MlflowException
 
 from algorithms import get_spec
 from bench import faults
@@ -62,6 +61,7 @@ from reports.record import (
     SEED,
     STOPPED,
     TASK,
+    mlflow_error,
     retry_locked,
 )
 
@@ -192,7 +192,7 @@ def settle(logger: RunLogger, run_dir: Path) -> dict[str, Any] | None:
         return None
     try:
         run = logger.call(logger.client.get_run, found["run_id"])
-    except MlflowException:  # (the server answered: no such run, it was deleted from the store)
+    except mlflow_error():  # (the server answered: no such run, it was deleted from the store)
         return None
     end = found.pop("unsent_end", None)
     if isinstance(end, dict):
@@ -264,7 +264,7 @@ def finish_run(logger: RunLogger, stopped_early: bool = False) -> None:
     logger.flush()
     try:
         logger.log_samples_table()
-    except (MlflowException, OSError, ValueError) as e:  # (not worth failing a trained run for; a lost server is)
+    except (mlflow_error(), OSError, ValueError) as e:  # (not worth failing a trained run for; a lost server is)
         print(f"bench: warning: the samples table was not logged ({str(e).strip()[:200]}); the per-step files "
               "samples/step_*.json are", file=sys.stderr)
     end_run(logger)
@@ -340,7 +340,7 @@ def _left_run(cfg: TrainConfig, run_dir: Path) -> tuple[RunLogger, str] | None:
         logger.run_dir, logger.run_id = run_dir, run_id
         if logger.call(logger.client.get_run, run_id).info.status != "RUNNING":
             return None
-    except (StoreUnreachable, MlflowException):
+    except (StoreUnreachable, mlflow_error()):
         return None  # (checked reachable just before: the store went away since; the run stays as it is)
     return logger, run_id
 

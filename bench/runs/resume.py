@@ -1,9 +1,10 @@
 """Safe resume: a checkpointed run continues only under the configuration it was started with.
 
 ``check`` compares the new configuration with the one the run saved (``<run>/config.yaml``, and ``<run>/inputs.json``:
-the digests of its data and model, bench/runs/identity.py) and refuses every difference in one line naming each field;
-a larger ``steps`` (with a constant learning-rate schedule, which does not depend on it) is the one change allowed, and
-``record_extension`` records it on the run (tag ``pobench.steps_extended``, the updated ``config.yaml``).
+the digests of its data and model, bench/runs/identity.py, and of its plugins' sources, bench/plugins.py) and refuses
+every difference in one line naming each field; a larger ``steps`` (with a constant learning-rate schedule, which
+does not depend on it) is the one change allowed, and ``record_extension`` records it on the run (tag
+``pobench.steps_extended``, the updated ``config.yaml``).
 
 ``train_folder``: the folder of a `bench train` run, ``<output_dir>/<experiment>/<algo>-s<seed>-<key>``, where
 ``key`` hashes everything that must not change on resume, so two configurations never share a folder (as `bench run`'s
@@ -43,6 +44,22 @@ def saved(run_dir: Path) -> tuple[dict[str, Any], dict[str, str]] | None:
     return cfg, inputs
 
 
+PLUGIN_SOURCES = "plugin_sources"  # the key of inputs.json holding the plugins' identity
+
+
+def plugin_sources(cfg) -> dict[str, str]:
+    """``{"plugin_sources": "<file>@<digest>,..."}`` of the plugins ``cfg`` names (what the comparison hash takes of
+    them: bench/plugins.py ``identity``), or nothing without plugins."""
+    from bench.plugins import identity as plugins_identity  # (bench.plugins imports the registries)
+
+    return {PLUGIN_SOURCES: ",".join(plugins_identity(cfg.plugins))} if cfg.plugins else {}
+
+
+def current_inputs(cfg) -> dict[str, str]:
+    """What ``inputs.json`` records of ``cfg``: its inputs' digests and its plugins' source digests."""
+    return {**identity.input_digests(cfg), **plugin_sources(cfg)}
+
+
 def differences(cfg, then: dict[str, Any], inputs: dict[str, str]) -> list[str]:
     """``field (saved -> new)`` for every field ``cfg`` changes against a run's saved config and inputs."""
     now = cfg.to_dict()
@@ -53,9 +70,13 @@ def differences(cfg, then: dict[str, Any], inputs: dict[str, str]) -> list[str]:
         if key == "steps" and then.get(key, 0) < now[key] and now.get("lr_schedule") == "constant":
             continue  # the one change allowed: more steps under a schedule that does not depend on them
         out.append(f"{key} ({then.get(key)!r} -> {now.get(key)!r})")
-    current = identity.input_digests(cfg)
+    current = current_inputs(cfg)
     for key in sorted(set(inputs) | set(current)):
-        if inputs and inputs.get(key) != current.get(key):
+        if key == PLUGIN_SOURCES:  # (a run recorded before pobench kept its plugins' digests: its tag names them)
+            if key in inputs and inputs[key] != current.get(key):
+                out.append(f"plugin sources ({inputs[key]} -> {current.get(key) or 'none'}: a plugin's source, or a "
+                           "module of yours it imports, changed since the run started; restore it to resume)")
+        elif inputs and inputs.get(key) != current.get(key):
             out.append(f"inputs.{key} (the content of the run's {key.replace('_', ' ')} changed)")
     return out
 
@@ -70,15 +91,15 @@ def check(cfg, run_dir: Path) -> None:
         then_steps = found[0].get("steps")
         raise ValueError(f"--resume: {run_dir} holds a run of another configuration: {'; '.join(diff)}. Resume it "
                          f"with its own settings (only a larger --steps than {then_steps}, with a constant "
-                         "--lr-schedule, may change), or train the new configuration in a folder of its own "
-                         "(drop --resume)")
+                         "--lr-schedule, may change), or train the new configuration as a new run: drop --resume "
+                         "(and give another --run-name when you gave one)")
 
 
 def record_inputs(run_dir: Path, cfg) -> Path:
     """Save the digests of ``cfg``'s inputs next to its config (what ``check`` compares on resume)."""
     path = Path(run_dir) / INPUTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    return replace_file(path, json.dumps(identity.input_digests(cfg), indent=1, sort_keys=True))  # (no link followed)
+    return replace_file(path, json.dumps(current_inputs(cfg), indent=1, sort_keys=True))  # (no link followed)
 
 
 def record_extension(logger, cfg, run_dir: Path) -> None:
@@ -97,9 +118,11 @@ def record_extension(logger, cfg, run_dir: Path) -> None:
 # ------------------------------------------------------------------ bench train's folders
 def key(cfg) -> str:
     """Six hex digits of everything a resume must not change (``differences``): the config but ``FREE``, ``steps``,
-    ``algo`` and ``seed`` (in the folder name), and the input digests."""
+    ``algo`` and ``seed`` (in the folder name), the input digests and the plugins' source digests (an edited plugin
+    trains in a new folder; a run without plugins keeps the key it had before they were covered)."""
     d = {k: v for k, v in cfg.to_dict().items() if k not in (*FREE, "steps", "algo", "seed")}
     d["inputs"] = identity.input_digests(cfg)
+    d.update(plugin_sources(cfg))
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:6]
 
 

@@ -22,17 +22,21 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import mlflow
-from mlflow.entities import Metric, RunStatus
-from mlflow.exceptions import MlflowException
-
 import bench
 from bench import faults
 from bench.inputs import check_tracking_scheme
 from bench.runs import stop
 from bench.runs.system_metrics import SystemMetrics
 from reports import record
-from reports.record import GIT_COMMIT, GIT_DIRTY, SOURCE_GIT_COMMIT, VERSION, get_or_create_experiment, open_client
+from reports.record import (
+    GIT_COMMIT,
+    GIT_DIRTY,
+    SOURCE_GIT_COMMIT,
+    VERSION,
+    get_or_create_experiment,
+    mlflow_error,
+    open_client,
+)
 
 TIMEOUT_ENV = "POBENCH_MLFLOW_TIMEOUT"  # seconds pobench waits for an MLflow server (check, and each call of a run)
 DEFAULT_TIMEOUT_S = 5.0
@@ -221,7 +225,7 @@ class RunLogger:
             try:
                 with _bounded_http(self.timeout), stop.uninterrupted():
                     return fn(*args, **kwargs)
-            except (MlflowException, OSError) as e:
+            except (mlflow_error(), OSError) as e:
                 if not _is_connection_error(e):
                     raise
                 if self.unreachable is None and time.monotonic() + RETRY_EVERY_S < deadline:
@@ -235,8 +239,9 @@ class RunLogger:
     def start(self, run_name: str, tags: dict[str, str], params: dict[str, str]) -> str:
         run = self.call(record.retry_locked, self.client.create_run, self.experiment_id, run_name=run_name, tags=tags)
         self.run_id = run.info.run_id
-        self.call(record.log_batch, self.client, self.run_id,
-                  params=[mlflow.entities.Param(k, v) for k, v in params.items()])
+        from mlflow.entities import Param
+
+        self.call(record.log_batch, self.client, self.run_id, params=[Param(k, v) for k, v in params.items()])
         return self.run_id
 
     def reopen(self, run_id: str, pending: list[tuple[str, float, int, int]]) -> None:
@@ -245,7 +250,7 @@ class RunLogger:
         (``FAILED: <cause>``, earlier ones kept before it), so only a run that failed carries ``pobench.failure``."""
         try:
             run = self.call(self.client.get_run, run_id)
-        except MlflowException as e:
+        except mlflow_error() as e:
             if e.error_code != "RESOURCE_DOES_NOT_EXIST":
                 raise
             raise ValueError(f"--resume: the checkpoint in {self.run_dir} continues MLflow run {run_id}, which the "
@@ -258,6 +263,8 @@ class RunLogger:
             self.set_tags({record.RESUMED_AFTER: (f"{before}; {now}" if before else now)[-5000:]})
             if record.FAILURE in run.data.tags:
                 self.call(self.client.delete_tag, run_id, record.FAILURE)
+        from mlflow.entities import RunStatus
+
         self.call(record.retry_locked, self.client.update_run, run_id, status=RunStatus.to_string(RunStatus.RUNNING))
         keys = {k for k, _, _, _ in pending}
         have = {(k, m.step) for k in keys for m in self.call(self.client.get_metric_history, run_id, k)}
@@ -276,6 +283,8 @@ class RunLogger:
         when the store cannot take them."""
         if not self.pending or self.run_id is None:
             return
+        from mlflow.entities import Metric
+
         self.call(record.log_batch, self.client, self.run_id,
                   metrics=[Metric(k, v, ts, step) for k, v, ts, step in self.pending])
         self.pending = []

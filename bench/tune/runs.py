@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from mlflow.entities import Metric as MlMetric
-from mlflow.entities import RunTag
 from optuna.trial import TrialState
 
 from bench.runs.tracking import store_client, version_tags
@@ -45,6 +43,18 @@ from reports.record import (
 #: why a trial's runs were ended FAILED: its worker's heartbeat stopped; its worker's process was found gone
 STALE_REASON = "worker heartbeat lost"
 DEAD_REASON = "its worker process ended during the trial (killed: its trial lock was free); the trial is queued again"
+
+
+def _metric(key: str, value: float, timestamp: int, step: int):
+    from mlflow.entities import Metric  # (MLflow imported on first use: reports.record.mlflow_error)
+
+    return Metric(key, value, timestamp, step)
+
+
+def _tag(key: str, value: str):
+    from mlflow.entities import RunTag
+
+    return RunTag(key, value)
 
 
 class StudyRuns:
@@ -117,12 +127,12 @@ class StudyRuns:
             rows = [c[step] for c in curves if step in c]
             for key in sorted({k for r in rows for k in r if k.startswith("eval/")}):
                 vals = [r[key] for r in rows if key in r]
-                batch.append(MlMetric(key, float(sum(vals) / len(vals)), now, int(step)))
+                batch.append(_metric(key, float(sum(vals) / len(vals)), now, int(step)))
         if value is not None:
-            batch.append(MlMetric(K.TUNE_OBJECTIVE, float(value), now, 0))
+            batch.append(_metric(K.TUNE_OBJECTIVE, float(value), now, 0))
         tags = {TRIAL_STATE: state, **({FAIL_REASON: reason} if reason else {})}
         # (retried while SQLite is locked: on Ctrl-C / SIGTERM every worker and the driver write at once)
-        retry_locked(log_batch, self.client, run_id, metrics=batch, tags=[RunTag(k, v) for k, v in tags.items()])
+        retry_locked(log_batch, self.client, run_id, metrics=batch, tags=[_tag(k, v) for k, v in tags.items()])
         status = {"COMPLETE": "FINISHED", "PRUNED": "KILLED"}.get(state, "FAILED")
         retry_locked(self.client.set_terminated, run_id, status)
         self.open_trials.discard(run_id)
@@ -189,7 +199,7 @@ class StudyRuns:
             if best is not None:
                 tags = {BEST_TRIAL: str(best.number), BEST_VALUE: f"{best.value:.6g}",
                         **{f"best.{k}": str(v) for k, v in best.params.items()}}
-                log_batch(self.client, self.parent_id, tags=[RunTag(k, v) for k, v in tags.items()])
+                log_batch(self.client, self.parent_id, tags=[_tag(k, v) for k, v in tags.items()])
         if complete:
             retry_locked(self.client.set_terminated, self.parent_id, "FINISHED")
 
@@ -197,7 +207,7 @@ class StudyRuns:
         """The importances (``tune/importance/<param>``, step = the complete trials they rest on) and the confirm
         (``tune/confirm_*``, step = the seeds it rests on; tags: verdict, trial, seeds) on the study's run."""
         now = int(time.time() * 1000)
-        metrics = [MlMetric(K.TUNE_IMPORTANCE.format(param=k), v, now, imp.n_complete)
+        metrics = [_metric(K.TUNE_IMPORTANCE.format(param=k), v, now, imp.n_complete)
                    for k, v in imp.normalized.items()]
         tags = {}
         if confirm:
@@ -208,11 +218,11 @@ class StudyRuns:
                 stats = {"default": sum(summary.default.values()) / len(summary.seeds),
                          "best": sum(summary.best.values()) / len(summary.seeds), "diff": summary.diff,
                          "diff_low": summary.low, "diff_high": summary.high, "p": summary.p}
-                metrics += [MlMetric(K.TUNE_CONFIRM.format(stat=k), float(v), now, len(summary.seeds))
+                metrics += [_metric(K.TUNE_CONFIRM.format(stat=k), float(v), now, len(summary.seeds))
                             for k, v in stats.items() if v is not None]
         latest = self.client.get_run(self.parent_id).data.metrics  # (a rerun logs no repeated point)
         metrics = [m for m in metrics if latest.get(m.key) != m.value]
-        log_batch(self.client, self.parent_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()])
+        log_batch(self.client, self.parent_id, metrics=metrics, tags=[_tag(k, v) for k, v in tags.items()])
 
     def log_artifacts(self, folder: Path) -> None:
         self.client.log_artifacts(self.parent_id, str(folder), artifact_path="tune")

@@ -132,6 +132,12 @@ def resolve_space(algo: str, spec: str | None = None, overrides: dict[str, Any] 
     for n, r in space.items():
         corners += [{**corners[0], n: c} for c in r.choices[1:]]
     for corner in corners:
+        for n, v in corner.items():  # (a text choice for a number field was Python's "'<' not supported ...")
+            default = getattr(cfg, n)
+            if isinstance(default, (int, float)) and not isinstance(default, bool) and \
+                    (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise ValueError(f"--space {n}: {v!r} is not a number, and {n} of {algo!r} is a number field: give "
+                                 f"numbers (e.g. {n}={default}|{default * 2 or 1})")
         try:
             objective_config(algo, **{**overrides, **corner})
         except (ValueError, TypeError) as e:

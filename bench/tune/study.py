@@ -34,6 +34,7 @@ import sqlalchemy.exc
 from filelock import FileLock, Timeout
 from optuna.trial import TrialState
 
+from bench import faults
 from bench.config import TrainConfig
 from bench.engines import StopTraining, TrainingDiverged
 from bench.engines import entry as engines
@@ -178,9 +179,11 @@ def storage_lost(spec: TuneSpec, runs: StudyRuns, error: BaseException) -> RunSt
     first = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:300]
     url = redact(spec.storage or default_storage_url())
     said = runs.fail_open(f"the Optuna storage {url} failed: {first}")
+    refused = faults.storage_refusal(error)
+    then = f"the storage {refused}, then rerun" if refused else "once the storage answers again, rerun"
     return RunStopped(f"the Optuna storage {url} failed ({type(cause).__name__}: {first}); the study stopped, its "
-                      f"finished trials are kept in the storage and {said}; once the storage answers again, rerun "
-                      "the same command to resume the study")
+                      f"finished trials are kept in the storage and {said}; {then} the same command to resume the "
+                      "study")
 
 
 def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,

@@ -4,8 +4,8 @@ A worker is :func:`bench.tune.study.run_study`: it joins the study and runs tria
 finished ones, so N workers split the trials between them through the Optuna storage (each trial is claimed there
 once; a dead worker's trial is re-queued by the others' heartbeat check). This module only starts them:
 
-- ``local`` (default): 1 worker runs in this process; N > 1 run on a spawn process pool, one torch thread each
-  (``--workers 0``: one per usable CPU core), never more than the trials still needed;
+- ``local`` (default): 1 worker runs in this process; N > 1 run on a process pool (bench/executors.py), one torch
+  thread each (``--workers 0``: one per usable CPU core), never more than the trials still needed;
 - ``ray``: N Ray tasks (one CPU each, or one GPU each when the cluster has GPUs and the config does not say
   ``device: cpu``) on a local Ray instance or the cluster at ``--ray-address``; the storage must then be one every
   node reaches (PostgreSQL; a local SQLite file only serves a local Ray instance), as must the MLflow store.

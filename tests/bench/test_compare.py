@@ -173,6 +173,22 @@ def test_a_failing_pair_is_named_and_the_others_finish(tmp_path, capsys, workers
     assert [r.info.status for r in runs(client, "fail", "comparison")] == ["FAILED"]
 
 
+def refuse_tepo_resume(pair, step, metrics):
+    if pair.objective == "tepo":
+        raise ValueError("--resume: the checkpoint in runs/x continues MLflow run 1, which the store no longer has")
+
+
+def test_a_pair_whose_resume_is_refused_says_resuming_not_a_flag_nobody_gave(tmp_path, capsys):
+    """Issue 29 (C44): a pair `bench run` resumes itself and the resume refused showed `failed: ValueError: --resume:
+    ...`, a flag the user never gave and Python's class name: now `failed: resuming it: ...`."""
+    cfg = tiny(tmp_path, "resume-refused", steps=1)
+    res = run_comparison(spec(cfg, ["grpo", "tepo"], [0], on_eval=refuse_tepo_resume))
+    out = {p.objective: p.outcome for p in res.pairs}
+    assert out == {"grpo": "finished", "tepo": "failed: resuming it: the checkpoint in runs/x continues MLflow run 1, "
+                                               "which the store no longer has"}
+    assert "--resume" not in capsys.readouterr().err
+
+
 def test_a_pool_worker_that_dies_is_named(tmp_path, capsys):
     cfg = tiny(tmp_path, "die", steps=1)
     res = run_comparison(spec(cfg, ["grpo", "dapo"], [0], workers=2, on_eval=die_in_dapo))

@@ -6,6 +6,7 @@ script runs; a few as real processes)."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
@@ -157,14 +158,16 @@ def test_bad_config_files_as_a_user_meets_them(tmp_path, cmd, content):
     assert done.stderr.count("\n") == 1 and f"bench {cmd}: error: --config {path}" in done.stderr, done.stderr
 
 
-def test_a_yaml_alias_bomb_under_tags_is_refused_without_expanding_it(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("field", ["tags", "engine_args", "objective_overrides"])
+def test_a_yaml_alias_bomb_is_refused_without_expanding_it(tmp_path, capsys, monkeypatch, field):
     """Round 7 of issue 29: `tags` holding a YAML alias bomb (nine levels of ten aliases: 10^9 shared leaves, a few
     hundred bytes of file) ran for minutes and gigabytes before its one line: validation copied the whole config
-    (``to_dict``, which expands every shared list) before looking at the tags. Now the tags are refused first, and
-    nothing is copied (a copy would raise here)."""
+    (``to_dict``, which expands every shared list) before looking at the tags; under `engine_args` (round 7, left
+    open) a later copy still expanded it. Now the file is refused as it is read, under any key (its values counted
+    over the distinct objects: ``bench.inputs.YAML_MAX_VALUES``), and nothing is copied (a copy would raise here)."""
     levels = ['a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x", "x"]']
     levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
-    (tmp_path / "bomb.yaml").write_text("algo: grpo\ntags:\n" + "".join(f"  {ln}\n" for ln in levels))
+    (tmp_path / "bomb.yaml").write_text(f"algo: grpo\n{field}:\n" + "".join(f"  {ln}\n" for ln in levels))
 
     def no_copy(self):
         raise ValueError("the config was copied whole during validation")
@@ -172,4 +175,20 @@ def test_a_yaml_alias_bomb_under_tags_is_refused_without_expanding_it(tmp_path, 
     monkeypatch.setattr(TrainConfig, "to_dict", no_copy)
     monkeypatch.chdir(tmp_path)
     assert cli.main(["train", "--config", "bomb.yaml"]) == 2
-    assert "config field `tags`: tag 'a0'=['x', 'x'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--config bomb.yaml: its aliases expand to more than 1,000,000 values" in err, err
+
+
+def test_aliases_that_expand_to_a_few_values_are_read_and_one_containing_itself_is_refused(tmp_path):
+    from bench.inputs import read_yaml, yaml_flag
+
+    (tmp_path / "ok.yaml").write_text("base: &b {kl_coef: 0.1}\nobjective_overrides: *b\nseeds: &s [1, 2]\nmore: *s\n")
+    assert read_yaml(tmp_path / "ok.yaml") == {"base": {"kl_coef": 0.1}, "objective_overrides": {"kl_coef": 0.1},
+                                               "seeds": [1, 2], "more": [1, 2]}
+    (tmp_path / "loop.yaml").write_text("tags: &t\n  self: *t\n")
+    with pytest.raises(ValueError, match="an alias refers to the mapping or list that contains it"):
+        read_yaml(tmp_path / "loop.yaml")
+    bomb = "{a0: &a0 [x, x, x, x, x, x, x, x, x, x], " + ", ".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 8)) + "}"
+    with pytest.raises(argparse.ArgumentTypeError, match="expand to more than"):
+        yaml_flag(bomb)

@@ -44,7 +44,8 @@ def test_eval_comparison_evaluates_each_final_model_once_and_the_report_tabulate
         assert e.data.tags["pobench.benchmark"] == "arith" and e.data.tags["pobench.comparison"] == cid
         assert set(e.data.tags) == {"mlflow.runName", "mlflow.parentRunId", "pobench.git_commit", "pobench.kind",
                                     "pobench.version", "pobench.benchmark", "pobench.eval_key", "pobench.comparison",
-                                    *version_tags()}  # (from a git checkout: the commit under MLflow's name, dirty)
+                                    "pobench.final_digest", *version_tags()}
+        # (version_tags: from a git checkout, the commit under MLflow's name, dirty)
         # the final model, greedy, on the same 8 held-out problems the run's last evaluation used
         assert e.data.metrics["eval/arith/greedy_acc"] == pytest.approx(parent.data.metrics["eval/accuracy"])
 
@@ -94,3 +95,40 @@ def test_eval_comparison_refuses_flags_that_do_not_apply(capsys):
     assert "drop --model" in capsys.readouterr().err
     assert main(["eval", "--comparison", "c1", "--benchmarks", "arith", "--no-mlflow"]) == 2
     assert "drop --no-mlflow" in capsys.readouterr().err
+
+
+def test_a_stored_evaluation_is_not_reused_once_the_final_weights_changed(tmp_path, bench_here):
+    """Held-out round 8 (F6): `bench eval --comparison` again after a run's `final/model.safetensors` was replaced
+    said "1 stored, 0 to evaluate" and reported the old accuracy for weights that now score otherwise. The stored
+    evaluation records the final weights' digest (`pobench.final_digest`) and is reused on a match only; other
+    weights are evaluated again, and the command says so."""
+    from safetensors.torch import load_file, save_file
+
+    run = ["run", "--algos", "grpo", "--seeds", "0", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+           "--eval-problems", "4", "--eval-every", "1", "--max-new-tokens", "8", "--samples-every", "0",
+           "--workers", "1", "--no-progress", "--no-report", "--no-controls"]
+    rc, _, err = bench_here(run, tmp_path)
+    assert rc == 0, err[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp_id = client.get_experiment_by_name("pobench").experiment_id
+    (train,) = client.search_runs([exp_id], "tags.`pobench.kind` = 'train'")
+    cid = train.data.tags["pobench.comparison"]
+    args = ["eval", "--comparison", cid, "--benchmarks", "arith", "--limit", "4", "--max-new-tokens", "8"]
+    rc, _, err = bench_here(args, tmp_path)
+    assert rc == 0 and "0 stored, 1 to evaluate" in err, err[-3000:]
+    rc, _, err = bench_here(args, tmp_path)  # the same weights: reused
+    assert rc == 0 and "1 stored, 0 to evaluate" in err, err[-3000:]
+
+    weights = tmp_path / ".pobench" / "runs" / "pobench" / train.info.run_name / "final" / "model.safetensors"
+    tensors = load_file(weights)
+    name = next(iter(tensors))
+    tensors[name] = tensors[name] * 0 + 1  # the final weights replaced, as the user did
+    save_file(tensors, weights, metadata={"format": "pt"})
+    rc, _, err = bench_here(args, tmp_path)
+    assert rc == 0, err[-3000:]
+    assert "0 stored, 1 to evaluate" in err, err[-3000:]
+    assert "1 stored evaluation(s) were of other final weights" in err and f"{train.info.run_name} on arith" in err
+    evals = client.search_runs([exp_id], "tags.`pobench.kind` = 'eval'", order_by=["attributes.start_time DESC"])
+    assert len(evals) == 2 and evals[0].data.tags["pobench.final_digest"] != evals[1].data.tags["pobench.final_digest"]
+    rc, _, err = bench_here(args, tmp_path)  # the new weights' evaluation is reused in turn
+    assert rc == 0 and "1 stored, 0 to evaluate" in err, err[-3000:]

@@ -277,13 +277,38 @@ def test_bench_eval_writes_into_a_new_out_folder_and_again_into_its_own(tmp_path
         assert (tmp_path / "o" / MARKER).is_file() and (tmp_path / "o" / "results.json").is_file()
 
 
+
+def test_two_bench_evals_in_the_same_second_keep_both_results(tmp_path, bench_here, monkeypatch):
+    """Held-out round 8 (F7): two `bench eval` without --out started in the same second both wrote
+    `.pobench/eval/<time>/results.json`, and only the second one's results remained. Now each gets its own folder
+    (`<time>`, then `<time>-2`), and each says where it wrote."""
+    import types
+
+    import bench.cli.eval as cli_eval
+
+    monkeypatch.setattr(cli_eval, "time", types.SimpleNamespace(strftime=lambda fmt: "20261206-230925"))
+    wrote = []
+    for limit in ("2", "3"):
+        rc, out, err = bench_here(["eval", "--benchmarks", "arith", "--limit", limit, "--max-new-tokens", "4",
+                                   "--no-mlflow"], tmp_path)
+        assert rc == 0, err[-3000:]
+        wrote.append(next(line for line in out.splitlines() if line.startswith("bench eval: wrote")))
+    first, second = tmp_path / ".pobench/eval/20261206-230925", tmp_path / ".pobench/eval/20261206-230925-2"
+    assert str(first.relative_to(tmp_path)) in wrote[0] and str(second.relative_to(tmp_path)) in wrote[1]
+    assert json.loads((first / "results.json").read_text())["limit"] == 2
+    assert json.loads((second / "results.json").read_text())["limit"] == 3
+    assert (first / MARKER).is_file() and (second / MARKER).is_file()
+
 # ------------------------------------------------------------------ a bench tune worker killed
 def _pool_workers(pid: int) -> list[int]:
-    """The spawned pool processes of process ``pid`` (not its multiprocessing resource tracker)."""
+    """The pool processes of process ``pid``: those its forkserver forked (bench/executors.py), or those it spawned
+    where there is no forkserver; not its multiprocessing resource tracker."""
     out = []
     for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
         cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
-        if b"spawn_main" in cmd:
+        if b"forkserver import main" in cmd:
+            out += [int(c) for c in Path(f"/proc/{child}/task/{child}/children").read_text().split()]
+        elif b"spawn_main" in cmd:
             out.append(int(child))
     return out
 

@@ -78,17 +78,29 @@ def test_datasets_and_digests_are_logged(tmp_path):
     assert run.data.params["inputs.model"] == identity.model_digest("builtin:tiny-arith")
 
 
-def test_digest_is_cached_by_path_size_and_mtime(tmp_path):
+def test_a_rewrite_with_the_same_size_and_mtime_is_hashed_again(tmp_path):
+    """Held-out round 8 (F9): a data file rewritten with the same size and its mtime restored (``touch -r``) was
+    answered from the digest cache keyed by (path, size, mtime): the old comparison came back and its runs were
+    reused. The key holds the inode and ctime too, which the rewrite and ``utime`` change."""
     data = write(tmp_path / "d.jsonl", GSM)
     before = identity.file_digest(data)
+    identity._memo.clear()  # a new process, file unchanged: the on-disk cache answers (the file is not read)
+    cache = json.loads((tmp_path / "cache" / "digests.json").read_text())
+    assert list(cache.values()) == [before] and identity.file_digest(data) == before
     st = data.stat()
     text = data.read_text()
-    data.write_text(text.replace("Ann", "Eve"))  # same size, same mtime restored: the cache answers
+    data.write_text(text.replace("Ann", "Eve"))  # same size, same mtime restored, as the user did
     os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
-    identity._memo.clear()  # a new process: the on-disk cache answers
-    assert identity.file_digest(data) == before
-    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched: hashed again
+    assert data.stat().st_size == st.st_size and data.stat().st_mtime_ns == st.st_mtime_ns
+    identity._memo.clear()  # a new process: the on-disk cache must not answer
     assert identity.file_digest(data) != before
+    cfg = gsm_cfg(tmp_path, data)
+    identity._memo.clear()
+    h = cfg.comparison_hash()
+    data.write_text(text)  # the original bytes again, mtime restored: back to the first digest
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    identity._memo.clear()
+    assert identity.file_digest(data) == before and cfg.comparison_hash() != h
 
 
 def test_model_folder_files_are_part_of_the_identity(tmp_path):

@@ -269,3 +269,29 @@ def test_a_plugin_changing_the_working_folder_at_import_does_not_move_the_comman
     assert list(elsewhere.iterdir()) == []
     assert (tmp_path / "mlflow.db").is_file()
     assert statuses(f"sqlite:///{tmp_path}/mlflow.db", "pobench", "train") == ["FINISHED"]
+
+
+def test_a_plugin_changing_torch_s_default_dtype_at_import_is_changed_back_and_named(tmp_path, bench_here):
+    """Held-out round 8 (F10): a plugin calling `torch.set_default_dtype(torch.float64)` at import failed the run
+    with a RuntimeError traceback deep in bench/engines/step_stats.py (`quantile() q tensor must be same dtype`),
+    the plugin not named. As with os.chdir: pobench sets the default back right after the import and says so in a
+    warning naming the plugin; the run trains to FINISHED."""
+    import torch
+
+    (tmp_path / "dtype.py").write_text("import torch\ntorch.set_default_dtype(torch.float64)\n"
+                                       "from algorithms import register\n"
+                                       "register('mine64', base='grpo', description='grpo, from a float64 plugin')\n")
+    from algorithms import unregister
+
+    try:
+        rc, _, err = bench_here(["train", "--plugin", "dtype.py", "--algo", "mine64", "--run-name", "r", *TINY],
+                                tmp_path)
+        changed = torch.get_default_dtype()
+    finally:  # (this process's registry and torch: the later tests of this worker must not see the plugin's)
+        unregister("mine64")
+        torch.set_default_dtype(torch.float32)
+    assert rc == 0, err[-3000:]
+    assert changed == torch.float32
+    assert ("plugin dtype.py changed torch's default dtype to torch.float64 while imported; pobench changed it back"
+            in err), err
+    assert statuses(f"sqlite:///{tmp_path}/mlflow.db", "pobench", "train") == ["FINISHED"]

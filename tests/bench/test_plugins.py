@@ -23,7 +23,7 @@ from mlflow import MlflowClient
 from algorithms import PolicyBatch, get_objective
 from bench.cli import main
 from bench.config import TrainConfig
-from bench.plugins import load_plugins, objective_source
+from bench.plugins import load_plugins, objective_source, source_digest
 from tests.conftest import ON_RAY, fresh_store
 
 from .test_parallel import model_dir, tiny  # noqa: F401  (fixtures)
@@ -122,7 +122,6 @@ def test_a_plugin_s_identity_covers_the_local_modules_it_imports(tmp_path):
         return json.loads(done.stdout.splitlines()[-1])
 
     first = identity()
-    from bench.plugins import source_digest
 
     assert first[2] == f"alone.py@{source_digest(alone)}"  # no local import: the digest runs were stored under
     (lib / "settings.py").write_text("KL = 0.1\n")
@@ -380,3 +379,34 @@ def test_torchrun_two_processes_and_bench_run_train_a_plugin_objective_with_trl(
     assert rc == 0, out[-2000:] + err[-4000:]
     assert {"grpo", "grpo-median"} <= set(_report_rows(tmp_path / "reports"))  # (the plugin's estimator under TRL)
     assert _runs(uri, "plug-trl")["grpo-median"].data.tags["pobench.engine"] == "trl"
+
+
+def test_resume_after_the_plugin_was_edited_is_refused_naming_its_digests(tmp_path):
+    """Held-out round 8 (F4): `bench train --plugin p.py --run-name r` killed after a checkpoint, `p.py` edited
+    (kl_coef 0.0 -> 0.5), then `--resume`: accepted silently, the remaining steps trained with the new kl_coef while
+    the run recorded the old value and the old plugin digest. Now the resume compares the plugins' source digests
+    the run recorded (`inputs.json`) and refuses in one line naming the plugin's digests and what to do, exit 2,
+    before any training (fresh processes: a plugin is imported once per process)."""
+    import yaml
+
+    plugin = tmp_path / "p.py"
+    plugin.write_text('from algorithms import register\nregister("mine", base="grpo", description="a", kl_coef=0.0)\n')
+    train = [sys.executable, "-m", "bench.cli", "train", "--plugin", "p.py", "--algo", "mine", "--run-name", "r",
+             "--no-progress", *TINY_FLAGS]
+    env = _env(POBENCH_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run(train, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    old = f"p.py@{source_digest(plugin)}"
+    plugin.write_text(plugin.read_text().replace("kl_coef=0.0", "kl_coef=0.5"))  # as the user did
+    new = f"p.py@{source_digest(plugin)}"
+    run_dir = tmp_path / ".pobench" / "runs" / "pobench" / "r"
+    before = sorted(p.name for p in run_dir.iterdir())
+
+    done = subprocess.run([*train, "--steps", "2", "--resume"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"plugin sources ({old} -> {new}" in lines[0] and "another --run-name" in lines[0], lines[0]
+    assert sorted(p.name for p in run_dir.iterdir()) == before  # nothing trained: no checkpoint of step 2
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["steps"] == 1

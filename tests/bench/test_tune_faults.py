@@ -123,3 +123,32 @@ def test_a_store_or_storage_deleted_while_the_study_runs_is_one_line_not_exit_0(
     assert "Traceback" not in proc.text(), proc.text()
     assert any(ln.startswith(f"bench tune: stopped: {what} {victim} was deleted while the study ran")
                for ln in proc.err), proc.text()
+
+
+def test_a_read_only_optuna_storage_is_named_read_only_not_unreachable(tmp_path):
+    """Issue 29 (C10): Optuna's storage refusing every write (read-only) was told "once it answers again", as if it were
+    unreachable: the line now says read-only and what to do. A real SQLite storage, opened read-only (SQLite's URI
+    `mode=ro`: as root a chmod does not stop writes), and a trial's write to it."""
+    import optuna
+
+    from bench import faults
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    db = tmp_path / "optuna.db"
+    optuna.create_study(storage=f"sqlite:///{db}", study_name="s").optimize(lambda t: t.suggest_float("x", 0, 1), 1)
+    read_only = optuna.storages.RDBStorage(f"sqlite:///file:{db}?mode=ro&uri=true")
+    with pytest.raises(Exception) as got:
+        optuna.load_study(study_name="s", storage=read_only).optimize(lambda t: t.suggest_float("x", 0, 1), 1)
+    line = faults.describe(got.value, storage=f"sqlite:///{db}")
+    assert line == (f"the Optuna storage sqlite:///{db} is read-only (attempt to write a readonly database): make the "
+                    "file and its folder writable, then rerun the same command (the finished trials are kept in it)")
+    # the same error met by a running study (bench/tune/study.py ``storage_lost``): its line says it too
+    from bench.tune.study import storage_lost
+
+    class Runs:
+        def fail_open(self, why):
+            return "its runs were ended FAILED"
+
+    stopped = str(storage_lost(type("Spec", (), {"storage": f"sqlite:///{db}"})(), Runs(), got.value))
+    assert "the storage is read-only (attempt to write a readonly database): make the file and its folder " \
+           "writable, then rerun the same command" in stopped and "answers again" not in stopped, stopped

@@ -1,0 +1,58 @@
+"""The local pool of `bench run` / `bench tune` (bench/executors.py ``_Pool``): workers forked from a forkserver that
+imported the training code once, the pool's own server, ended and reaped with the pool; a worker has the environment
+and working folder of the process that made the pool, as a spawned one had."""
+
+from __future__ import annotations
+
+import os
+import resource
+from pathlib import Path
+
+from bench.config import TrainConfig
+from bench.executors import POOL_PRELOAD, Job, LocalExecutor
+
+
+def _where(notify, name: str) -> dict:
+    """A job: what its worker process sees."""
+    import multiprocessing
+    import sys
+
+    return {"env": os.environ.get(name), "cwd": os.getcwd(), "ppid": os.getppid(),
+            "parent": multiprocessing.parent_process().pid,
+            "preloaded": [m for m in POOL_PRELOAD if m in sys.modules]}
+
+
+def _children() -> set[int]:
+    return {int(c) for c in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()}
+
+
+def test_pool_workers_fork_from_a_preloaded_server_that_ends_with_the_pool(tmp_path, monkeypatch):
+    from multiprocessing import forkserver
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("POBENCH_TEST_POOL_VALUE", "set before the pool")
+    before = _children()
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
+    ex = LocalExecutor(workers=2)
+    assert ex.start(2, TrainConfig()) == 2
+    try:
+        got = ex.run([Job(i, _where, ("POBENCH_TEST_POOL_VALUE",)) for i in range(2)], lambda *e: None)
+    finally:
+        ex.close()
+    assert {r["env"] for r in got.values()} == {"set before the pool"}
+    assert {r["cwd"] for r in got.values()} == {str(tmp_path)}
+    assert {r["parent"] for r in got.values()} == {os.getpid()}  # (the command, which its watch follows)
+    servers = {r["ppid"] for r in got.values()}
+    assert len(servers) == 1 and servers != {os.getpid()}, got  # forked by one server, not spawned by this process
+    assert all(r["preloaded"] == POOL_PRELOAD for r in got.values())  # imported by the server, before the fork
+    # nothing of the pool outlives it (the next pool gets a server with the environment of its time), and the server
+    # was reaped here: its CPU and its workers' (which it reaped) count as this process's children's
+    assert forkserver._forkserver._forkserver_pid is None
+    assert not (_children() - before) - {getattr(_tracker(), "_pid", None)}
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - cpu0 > 1.0
+
+
+def _tracker():
+    from multiprocessing import resource_tracker
+
+    return resource_tracker._resource_tracker

@@ -313,6 +313,19 @@ def yaml_flag(text: str) -> Any:
     return value
 
 
+def name_list(text: str, flag: str) -> list[str]:
+    """A comma-separated flag of names (``--benchmarks gsm8k,math500``): the names in order; ValueError for none, or
+    for one given twice (held-out round 8: `--benchmarks arith,arith` evaluated arith twice, one result shadowing
+    the other)."""
+    names = [n.strip() for n in str(text).split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"{flag}: give at least one name")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{flag}: {', '.join(twice)} given twice; give each once")
+    return names
+
+
 def check_seed(value: Any, flag: str) -> int:
     """``value`` as a seed (an integer in [0, 2^32 - 1]); ValueError naming ``flag`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:

@@ -24,7 +24,7 @@ from bench.cli.interrupt import Stopped, rerun
 from bench.config import BUILTIN_MODEL, TRACKING_URI_DEFAULT
 from bench.eval_inputs import DEFAULT_MAX_NEW_TOKENS, max_new_tokens, resolve_data
 from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
-from bench.inputs import check_seed
+from bench.inputs import check_seed, name_list
 from bench.model import format_prompt, load_policy, resolve_device, resolve_model_path, warn_unknown_characters
 from bench.rollout import make_sampler
 from bench.runs.tracking import check_reachable
@@ -113,9 +113,7 @@ def run(args) -> int:
     if args.out:  # a file in its place, a read-only one, a folder of the user's files: refused now, not after
         faults.check_output_folder(args.out, "--out")
         check_out_is_ours(args.out, "--out")
-    names = [n.strip() for n in args.benchmarks.split(",") if n.strip()]
-    if not names:
-        raise ValueError("--benchmarks: give at least one benchmark name")
+    names = name_list(args.benchmarks, "--benchmarks")
     benchmarks = [get_benchmark(n) for n in names]  # unknown names fail here, before any model is loaded
     if args.limit is not None and args.limit < 1:  # (0 evaluated every problem: limit=0 read as "no limit")
         raise ValueError(f"--limit {args.limit}: must be >= 1 (leave it out to evaluate every problem)")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.comparison.evals import EvalSettings, evaluate_missing, plan_evaluations
+from bench.inputs import name_list
 from bench.runs.tracking import check_reachable
 from reports.evals import benchmark_table, load_evals
 from reports.record import open_client
@@ -34,7 +35,7 @@ def run(args) -> int:
         raise ValueError("--comparison stores each evaluation in MLflow (that is how results are reused and "
                          "reported): drop --no-mlflow")
     settings = settings_from(args)
-    names = [n.strip() for n in args.benchmarks.split(",") if n.strip()]
+    names = name_list(args.benchmarks, "--benchmarks")
     uri = check_reachable(args.tracking_uri, reads_only=True)
     client = open_client(uri)
     plan = plan_evaluations(args.experiment, args.comparison, names, settings, uri, client)

@@ -152,7 +152,9 @@ def test_a_full_disk_under_the_store_names_the_store(tmp_path):
      "bench eval: error: --limit 0: must be >= 1 (leave it out to evaluate every problem)"),
     (["tune", "--algo", "grpo", "--trials", "1", "--space", "kl_coef=a|b"],
      "bench tune: error: --space kl_coef: 'a' is not a number, and kl_coef of 'grpo' is a number field: give numbers"),
-], ids=["compare-twice", "eval-k0", "eval-limit0", "tune-space-text"])
+    (["eval", "--benchmarks", "arith,gsm8k,arith", "--no-mlflow"],
+     "bench eval: error: --benchmarks: arith given twice; give each once"),
+], ids=["compare-twice", "eval-k0", "eval-limit0", "tune-space-text", "eval-benchmark-twice"])
 def test_small_messages_of_round_8_are_one_plain_line(tmp_path, bench_here, argv, line):
     from tests.conftest import fresh_store
 

@@ -67,6 +67,9 @@ def _summary(rep) -> None:
           f"(and MLflow run {rep.artifact_run_id}, artifacts report/)")
     for n in rep.notes:
         print(f"note: {n}")
+    for key, why in rep.figures.items():  # a --metrics figure not drawn (a typo, a key no run logged): said here too
+        if key.startswith("metric:") and isinstance(why, str):
+            print(f"note: --metrics {key[len('metric:'):]}: not drawn: {why}")
     if rep.kept:
         shown = ", ".join(rep.kept[:5]) + (f" and {len(rep.kept) - 5} more" if len(rep.kept) > 5 else "")
         print(f"kept your files in {rep.out_dir} (not pobench's; not sent to MLflow): {shown}")

@@ -10,6 +10,7 @@ from mlflow import MlflowClient
 from scipy import stats
 
 from bench.cli import main
+from reports import metric_keys as K
 from reports.report import build_report
 from tests.conftest import fresh_store
 
@@ -389,3 +390,16 @@ def test_a_recorded_pair_whose_run_was_deleted_is_named_and_the_baseline_kept(ha
     assert "grpo seed 0" in capsys.readouterr().out
     res = compare_comparisons([("deleted", "c1"), ("deleted", "c2")], local_uri, out_root=tmp_path / "out3")
     assert "grpo seed 0" in (res.out_dir / "compare.md").read_text()
+
+
+def test_a_metrics_key_no_run_logged_is_said_on_the_terminal(handmade, local_uri, tmp_path, capsys):
+    """Held-out round 8: `bench report --metrics train/typo` exited 0 with its only trace inside report.md ("not
+    drawn: no run logged ..."): the command now says it too; a key the runs logged is drawn and not mentioned."""
+    from bench.cli import main
+
+    handmade.log_comparison(local_uri, experiment="mk", seeds=(0, 1))
+    rc = main(["report", "--experiment", "mk", "--tracking-uri", local_uri, "--out-root", str(tmp_path / "o"),
+               "--metrics", f"train/typo,{K.REWARD_MEAN}"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "note: --metrics train/typo: not drawn: no run logged `train/typo`" in out, out
+    assert f"--metrics {K.REWARD_MEAN}" not in out

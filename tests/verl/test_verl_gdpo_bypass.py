@@ -26,8 +26,9 @@ core_algos = pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl is 
 from verl.trainer.config import AlgoConfig  # noqa: E402
 from verl.workers.config import ActorConfig, PolicyLossConfig  # noqa: E402
 
-from algorithms import PolicyBatch, get_objective, group_advantages  # noqa: E402
+from algorithms import get_objective, group_advantages  # noqa: E402
 from algorithms.advantages import REWARD_COMPONENTS  # noqa: E402
+from tests.verl import test_verl_parity as parity  # noqa: E402
 
 pytestmark = pytest.mark.verl
 
@@ -126,13 +127,10 @@ def verl_bypass(lp, rollout, adv, mask, agg, loss_type, clip_ratio_c=3.0, **corr
 
 
 def pobench(name, lp, rollout, adv, mask, **overrides):
-    """pobench's loss where π_old is the sampler: old_logprobs = sampler_logprobs = the rollout engine's."""
-    lp = lp.clone().requires_grad_(True)
-    batch = PolicyBatch(logprobs=lp, old_logprobs=rollout, advantages=adv, mask=mask, max_length=T,
-                        sampler_logprobs=rollout)
-    loss, _ = get_objective(name, **overrides).loss(batch)
-    (grad,) = torch.autograd.grad(loss, lp)
-    return loss.detach(), grad
+    """pobench's loss where π_old is the sampler: old_logprobs = sampler_logprobs = the rollout engine's (the parity
+    tests' own helper, test_verl_parity.ours, whose T is this file's)."""
+    assert parity.T == T
+    return parity.ours(name, lp, rollout, adv, mask, sampler=rollout, **overrides)
 
 
 #: verl's rollout_correction IS settings -> pobench's rollout_correction with the same cap (identity here: w =

@@ -294,9 +294,11 @@ def _pool_task(fn: Callable[..., Any], args: tuple, not_started: Any) -> Any:
 
 
 #: imported once, by the forkserver a pool's workers are forked from (what a pair or a tune worker imports: the
-#: training loop, transformers' model of the built-in policy, MLflow); a name missing here costs each worker its import
+#: training loop, transformers' model of the built-in policy, MLflow's client and its SQLite store, which pobench
+#: imports on first use); a name missing here costs each worker its import (MLflow's: ~2 CPU-seconds a worker)
 POOL_PRELOAD = ["bench.comparison.pairs", "bench.tune.workers", "bench.engines.native.loop",
-                "transformers.models.llama.modeling_llama"]
+                "transformers.models.llama.modeling_llama", "mlflow.tracking",
+                "mlflow.store.tracking.sqlalchemy_store"]
 
 
 def _pool_context():

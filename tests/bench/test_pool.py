@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bench.config import TrainConfig
 from bench.executors import POOL_PRELOAD, Job, LocalExecutor
+from tests.conftest import fresh_store
 
 
 def _where(notify, name: str) -> dict:
@@ -20,6 +21,17 @@ def _where(notify, name: str) -> dict:
     return {"env": os.environ.get(name), "cwd": os.getcwd(), "ppid": os.getppid(),
             "parent": multiprocessing.parent_process().pid,
             "preloaded": [m for m in POOL_PRELOAD if m in sys.modules]}
+
+
+def _opens_a_store(notify, uri: str) -> list[str]:
+    """A job: opens the store as a pair does and writes to it; returns the packages it had to import for that."""
+    import sys
+
+    from bench.runs.tracking import store_client
+
+    before = {m.split(".")[0] for m in sys.modules}
+    store_client(uri).search_experiments()
+    return sorted({m.split(".")[0] for m in sys.modules} - before)
 
 
 def _children() -> set[int]:
@@ -36,9 +48,12 @@ def test_pool_workers_fork_from_a_preloaded_server_that_ends_with_the_pool(tmp_p
     ex = LocalExecutor(workers=2)
     assert ex.start(2, TrainConfig()) == 2
     try:
-        got = ex.run([Job(i, _where, ("POBENCH_TEST_POOL_VALUE",)) for i in range(2)], lambda *e: None)
+        got = ex.run([Job(i, _where, ("POBENCH_TEST_POOL_VALUE",)) for i in range(2)]
+                     + [Job(2, _opens_a_store, (fresh_store(tmp_path),))], lambda *e: None)
     finally:
         ex.close()
+    # a worker opening MLflow's store imports nothing heavy: the server imported it (each import is seconds of CPU)
+    assert not {"mlflow", "sqlalchemy", "alembic", "torch", "transformers"} & set(got.pop(2)), got
     assert {r["env"] for r in got.values()} == {"set before the pool"}
     assert {r["cwd"] for r in got.values()} == {str(tmp_path)}
     assert {r["parent"] for r in got.values()} == {os.getpid()}  # (the command, which its watch follows)

@@ -210,15 +210,18 @@ def _no_launcher_env(monkeypatch) -> None:
 
 @pytest.mark.slow
 def test_torchrun_two_processes_write_one_mlflow_run(tmp_path):
-    """`torchrun --nproc_per_node 2 -m bench.engines.trl`: gloo data-parallel on CPU, one MLflow run (rank 0)."""
+    """`torchrun --nproc_per_node 2 -m bench.engines.trl`: gloo data-parallel on CPU, one MLflow run (rank 0); the
+    config's plugins (an example task, the example objectives) are loaded in both processes (the task is only known
+    through its plugin; a rank without it fails)."""
     import yaml
     from mlflow.tracking import MlflowClient
 
     uri = fresh_store(tmp_path)
+    plugins = [str(REPO / "examples" / "plugins" / f) for f in ("objectives.py", "mod7_task.py")]
     cfg = dict(algo="tepo", steps=2, prompts_per_step=2, group_size=4, minibatches=2, micro_batch_size=2,
                max_new_tokens=12, eval_every=2, eval_problems=8, eval_temperature=0.0, device="cpu",
                output_dir=str(tmp_path / "runs"), tracking_uri=uri, experiment="trl-ddp", checkpoint_every=0,
-               samples_every=0)
+               samples_every=0, plugins=plugins, task="mod7")
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
            "-m", "bench.engines.trl", "--config", str(tmp_path / "run.yaml")]
@@ -243,6 +246,8 @@ def test_torchrun_two_processes_write_one_mlflow_run(tmp_path):
     assert all(2 * n <= m.value <= n * (100 + cfg["max_new_tokens"]) for m in tokens), tokens
     assert run.data.tags["pobench.engine_distributed"] == "MULTI_CPU"
     assert run.data.tags["pobench.engine_processes"] == "2"
+    assert run.data.tags["pobench.task"] == "mod7"
+    assert {"objectives.py", "mod7_task.py"} <= {p.split("@")[0] for p in run.data.tags["pobench.plugins"].split(",")}
 
 
 def _report_columns(out: Path) -> dict[str, list[str]]:

@@ -357,28 +357,25 @@ def test_ray_tasks_train_a_plugin_objective_and_task(tmp_path, model_dir, ray_lo
 
 
 @pytest.mark.slow
-def test_torchrun_two_processes_and_bench_run_train_a_plugin_objective_with_trl(tmp_path, bench_here):
+def test_bench_run_trains_plugin_objectives_with_trl(tmp_path, bench_here):
+    """`bench run --engine trl` with a plugin's objective class and a plugin's advantage estimator, on a plugin's task
+    (its pairs in this process: the plugins were loaded by the command). The plugins in both processes of a torchrun
+    are test_engine_trl.py's test_torchrun_two_processes_write_one_mlflow_run."""
     pytest.importorskip("trl")
     uri = fresh_store(tmp_path, "m.db")
-    common = ["--plugin", OBJECTIVES, "--plugin", TASK, "--task", "mod7", "--tracking-uri", uri, "--minibatches", "2",
-              "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "8", "--eval-problems", "4",
-              "--eval-every", "1", "--steps", "1", "--samples-every", "0", "--device", "cpu"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541",
-           "-m", "bench.engines.trl", "--algo", "sign-pg", "--experiment", "plug-ddp", "--output-dir",
-           str(tmp_path / "ddp"), "--checkpoint-every", "0", *common]
-    res = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-4000:]
-    run = _runs(uri, "plug-ddp")["sign-pg"]
-    assert run.info.status == "FINISHED" and run.data.tags["pobench.engine_processes"] == "2"
-    assert run.data.tags["pobench.task"] == "mod7" and "objectives.py@" in run.data.tags["pobench.plugins"]
-
-    # `bench run` with the TRL engine (its pairs in this process: the plugins were loaded by the command)
-    rc, out, err = bench_here(["run", "--engine", "trl", "--algos", "grpo,grpo-median", "--seeds", "0",
+    rc, out, err = bench_here(["run", "--engine", "trl", "--algos", "sign-pg,grpo-median", "--seeds", "0",
                                "--workers", "1", "--experiment", "plug-trl", "--output-dir", str(tmp_path / "runs"),
-                               "--out-root", str(tmp_path / "reports"), "--no-progress", *common], tmp_path)
+                               "--out-root", str(tmp_path / "reports"), "--no-progress", "--plugin", OBJECTIVES,
+                               "--plugin", TASK, "--task", "mod7", "--tracking-uri", uri, "--minibatches", "2",
+                               "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", "8",
+                               "--eval-problems", "4", "--eval-every", "1", "--steps", "1", "--samples-every", "0",
+                               "--device", "cpu"], tmp_path)
     assert rc == 0, out[-2000:] + err[-4000:]
-    assert {"grpo", "grpo-median"} <= set(_report_rows(tmp_path / "reports"))  # (the plugin's estimator under TRL)
-    assert _runs(uri, "plug-trl")["grpo-median"].data.tags["pobench.engine"] == "trl"
+    assert {"sign-pg", "grpo-median"} <= set(_report_rows(tmp_path / "reports"))  # (the plugin's estimator under TRL)
+    runs = _runs(uri, "plug-trl")
+    assert runs["grpo-median"].data.tags["pobench.engine"] == "trl"
+    assert runs["sign-pg"].data.tags["pobench.task"] == "mod7"
+    assert "objectives.py@" in runs["sign-pg"].data.tags["pobench.plugins"]
 
 
 def test_resume_after_the_plugin_was_edited_is_refused_naming_its_digests(tmp_path):

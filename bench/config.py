@@ -18,7 +18,16 @@ import yaml
 
 from algorithms import get_objective
 from bench.engines.base import CAPABILITIES, DEFAULT_ENGINE, ENGINES, check_engine_args
-from bench.inputs import SEED_MAX, read_yaml, step_size, tag_values, typed_fields, typed_overrides, user_tags
+from bench.inputs import (
+    SEED_MAX,
+    prompt_template_refusal,
+    read_yaml,
+    step_size,
+    tag_values,
+    typed_fields,
+    typed_overrides,
+    user_tags,
+)
 from bench.plugins import identity, load_plugins
 from evaluators.hints import did_you_mean
 from reports.paths import contained, replace_file, safe_component
@@ -218,6 +227,8 @@ class TrainConfig:
             bad("dtype", "valid: float32, bfloat16, float16")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             bad("device", "valid: auto, cpu, cuda, cuda:N")
+        if why := prompt_template_refusal(self.prompt_template):
+            bad("prompt_template", f"{why} (--prompt-template)")
         if self.control not in (None, "random-reward"):
             bad("control", "valid: None, random-reward")
         if self.prompts_per_step * self.group_size < self.minibatches:

@@ -40,6 +40,7 @@ from typing import Any
 
 from algorithms import get_spec, registered_advantage
 from evaluators import list_benchmarks, task_module
+from evaluators.hints import NOT_REGULAR, not_regular
 
 ENTRY_POINT_GROUP = "pobench.plugins"
 #: JSON list of plugins for processes that get no argument from pobench (verl's workers: bench/engines/verl)
@@ -48,6 +49,8 @@ BUILTIN_MODULES = ("algorithms", "evaluators")
 #: pobench's own packages: their code is the run's pobench version and commit (tags), not a plugin's identity
 POBENCH_PACKAGES = ("algorithms", "evaluators", "reports", "bench")
 MAIN_MODULES = ("__main__", "__mp_main__")
+#: a folder named as a plugin (by its path, or by a module name that imports it as an empty namespace package)
+FOLDER_REFUSAL = "is a folder; give a .py file or an importable module name"
 
 
 @dataclass(frozen=True)
@@ -251,6 +254,10 @@ class _KeepCwd:
 
 def _import_file(spec: str) -> Plugin:
     path = Path(spec).expanduser().resolve()
+    if path.is_dir():  # (held-out round 9: "no such file" for a folder that exists)
+        raise ValueError(f"plugin {spec}: {FOLDER_REFUSAL}")
+    if not_regular(path):
+        raise ValueError(f"plugin {spec}: {NOT_REGULAR}; give a .py file")
     if not path.is_file():
         raise ValueError(f"plugin {spec}: no such file")
     name = file_module_name(path)
@@ -348,6 +355,9 @@ def _import_module(spec: str, entry_point: bool = False) -> Plugin:
         except BaseException as e:
             raise _failed(spec, e) from e
     source = _source_of(module)
+    if not source and getattr(module, "__path__", None) is not None:  # a namespace package: a folder, no code run
+        raise ValueError(f"plugin {spec}: {FOLDER_REFUSAL} ({', '.join(module.__path__)} has no __init__.py: "
+                         "imported, it runs no code and registers nothing)")
     if not source:
         return Plugin(spec, module.__name__, source, "none", entry_point, moved_cwd=cwd.moved,
                       torch_changed=cwd.torch_changed)

@@ -30,7 +30,7 @@ from bench.inputs import (
 )
 from bench.plugins import identity, load_plugins
 from evaluators.hints import did_you_mean
-from reports.paths import contained, replace_file, safe_component
+from reports.paths import check_length, contained, replace_file, safe_component
 from reports.record import DEFAULT_TRACKING_URI, check_experiment_name
 
 
@@ -182,6 +182,7 @@ class TrainConfig:
         load_plugins(self.plugins)  # before the objective is looked up (its overrides typed): it may be a plugin's
         self.objective_overrides = typed_overrides(self.algo, self.objective_overrides)
         check_experiment_name(self.experiment, "config field `experiment` (--experiment)")
+        check_length(self.output_dir, "config field `output_dir` (--output-dir)")  # (a name over 255 bytes)
         if not 0 <= self.seed <= SEED_MAX:
             bad("seed", f"a seed must be an integer in [0, {SEED_MAX}] (--seed)")
 

@@ -21,6 +21,8 @@ import os
 import sqlite3
 from pathlib import Path, PurePath
 
+from reports.paths import check_length
+
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
@@ -206,7 +208,9 @@ def schema_revision(db: Path | str, uri: str, found: str) -> None:
 
 def check_output_folder(path: str | Path, flag: str) -> None:
     """Refuse (StoreFault, one line naming ``flag``) a folder pobench will write into when a file stands at it or
-    above it, or it cannot be written (checked on its nearest existing folder)."""
+    above it, or it cannot be written (checked on its nearest existing folder), or a name in it is longer than the
+    file system takes (``reports.paths.check_length``)."""
+    check_length(path, flag)
     existing = _existing(Path(path))
     if not existing.is_dir():
         where = "" if existing == Path(os.path.abspath(path)) else f" ({existing} is a file)"

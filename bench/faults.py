@@ -43,6 +43,26 @@ def exit_called(e: SystemExit) -> ExitCalled:
                       "is a plugin's (its objective, estimator or reward): make it raise an exception instead")
 
 
+class InterruptRaised(RuntimeError):
+    """A KeyboardInterrupt raised by code while no stop signal came (``bench.runs.stop.raised_by_code``): a fault of
+    that code (a plugin's), which ends its run FAILED, not a stop; its cause is the interrupt, whose traceback names
+    the plugin (``bench.plugins.plugin_failure``)."""
+
+
+def interrupt_raised(e: KeyboardInterrupt) -> InterruptRaised:
+    """The one line of ``e``: where it was raised (its traceback's last frame), and that no signal came."""
+    tb, last = e.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    where = "" if last is None else \
+        f" at {last.tb_frame.f_code.co_filename}:{last.tb_lineno} (in {last.tb_frame.f_code.co_name})"
+    text = f" ({str(e)[:200]})" if str(e) else ""
+    error = InterruptRaised(f"KeyboardInterrupt{text} was raised{where} while no signal came: a fault of that code, "
+                            "not a stop; make it raise an ordinary exception")
+    error.__cause__ = e
+    return error
+
+
 class StoreFault(ValueError):
     """A store or folder that cannot be used, found before any work (one line; exit 2)."""
 

@@ -125,7 +125,7 @@ class Benchmark:
                 if not skip_bad_rows:
                     raise
                 source.skipped.append(str(e))
-        said = (self.name, split, source.source, tuple(source.skipped))
+        said = (self.name, split, os.path.realpath(source.source), tuple(source.skipped))
         if source.skipped and said not in _SKIPPED_SAID:  # once per file and split (training data, held out)
             _SKIPPED_SAID.add(said)
             log.warning("%s (%s split): skipped %d bad row(s) of %s: %s", self.name, split, len(source.skipped),

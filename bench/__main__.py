@@ -1,7 +1,7 @@
-"""`python -m bench`: the `bench` command line."""
+"""`python -m bench`: the `bench` command line, as the console script runs it (``bench.cli.entry``: its SIGINT /
+SIGTERM handling included; it ran ``main`` alone, so a stop signal was no stop line and a plugin's interrupt looked
+like one)."""
 
-import sys
+from bench.cli import entry
 
-from bench.cli import main
-
-sys.exit(main())
+entry()

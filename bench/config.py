@@ -18,10 +18,19 @@ import yaml
 
 from algorithms import get_objective
 from bench.engines.base import CAPABILITIES, DEFAULT_ENGINE, ENGINES, check_engine_args
-from bench.inputs import SEED_MAX, read_yaml, step_size, tag_values, typed_fields, typed_overrides, user_tags
+from bench.inputs import (
+    SEED_MAX,
+    prompt_template_refusal,
+    read_yaml,
+    step_size,
+    tag_values,
+    typed_fields,
+    typed_overrides,
+    user_tags,
+)
 from bench.plugins import identity, load_plugins
 from evaluators.hints import did_you_mean
-from reports.paths import contained, replace_file, safe_component
+from reports.paths import check_length, contained, replace_file, safe_component
 from reports.record import DEFAULT_TRACKING_URI, check_experiment_name
 
 
@@ -173,6 +182,7 @@ class TrainConfig:
         load_plugins(self.plugins)  # before the objective is looked up (its overrides typed): it may be a plugin's
         self.objective_overrides = typed_overrides(self.algo, self.objective_overrides)
         check_experiment_name(self.experiment, "config field `experiment` (--experiment)")
+        check_length(self.output_dir, "config field `output_dir` (--output-dir)")  # (a name over 255 bytes)
         if not 0 <= self.seed <= SEED_MAX:
             bad("seed", f"a seed must be an integer in [0, {SEED_MAX}] (--seed)")
 
@@ -218,6 +228,8 @@ class TrainConfig:
             bad("dtype", "valid: float32, bfloat16, float16")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             bad("device", "valid: auto, cpu, cuda, cuda:N")
+        if why := prompt_template_refusal(self.prompt_template):
+            bad("prompt_template", f"{why} (--prompt-template)")
         if self.control not in (None, "random-reward"):
             bad("control", "valid: None, random-reward")
         if self.prompts_per_step * self.group_size < self.minibatches:

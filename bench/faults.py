@@ -21,6 +21,8 @@ import os
 import sqlite3
 from pathlib import Path, PurePath
 
+from reports.paths import check_length
+
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
@@ -39,6 +41,26 @@ def exit_called(e: SystemExit) -> ExitCalled:
         f" at {last.tb_frame.f_code.co_filename}:{last.tb_lineno} (in {last.tb_frame.f_code.co_name})"
     return ExitCalled(f"sys.exit({e.code!r}) was called inside the work{where}: nothing in pobench exits there, so it "
                       "is a plugin's (its objective, estimator or reward): make it raise an exception instead")
+
+
+class InterruptRaised(RuntimeError):
+    """A KeyboardInterrupt raised by code while no stop signal came (``bench.runs.stop.raised_by_code``): a fault of
+    that code (a plugin's), which ends its run FAILED, not a stop; its cause is the interrupt, whose traceback names
+    the plugin (``bench.plugins.plugin_failure``)."""
+
+
+def interrupt_raised(e: KeyboardInterrupt) -> InterruptRaised:
+    """The one line of ``e``: where it was raised (its traceback's last frame), and that no signal came."""
+    tb, last = e.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    where = "" if last is None else \
+        f" at {last.tb_frame.f_code.co_filename}:{last.tb_lineno} (in {last.tb_frame.f_code.co_name})"
+    text = f" ({str(e)[:200]})" if str(e) else ""
+    error = InterruptRaised(f"KeyboardInterrupt{text} was raised{where} while no signal came: a fault of that code, "
+                            "not a stop; make it raise an ordinary exception")
+    error.__cause__ = e
+    return error
 
 
 class StoreFault(ValueError):
@@ -206,7 +228,9 @@ def schema_revision(db: Path | str, uri: str, found: str) -> None:
 
 def check_output_folder(path: str | Path, flag: str) -> None:
     """Refuse (StoreFault, one line naming ``flag``) a folder pobench will write into when a file stands at it or
-    above it, or it cannot be written (checked on its nearest existing folder)."""
+    above it, or it cannot be written (checked on its nearest existing folder), or a name in it is longer than the
+    file system takes (``reports.paths.check_length``)."""
+    check_length(path, flag)
     existing = _existing(Path(path))
     if not existing.is_dir():
         where = "" if existing == Path(os.path.abspath(path)) else f" ({existing} is a file)"

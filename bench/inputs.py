@@ -11,6 +11,8 @@
 - :func:`yaml_flag`: the value of a mapping / list flag (``--objective-overrides '{kl_coef: 0.1}'``): YAML flow syntax
   (JSON is a subset of it).
 - :func:`check_seed`: a seed in the range every random generator pobench feeds accepts, naming the flag.
+- :func:`prompt_template_refusal`: why a prompt template is none (``auto``, ``chat``, ``plain`` or a format string
+  holding ``{question}``): the one rule, which ``bench.model.format_string`` applies when it formats.
 - :func:`check_tracking_scheme`: a tracking URI whose scheme MLflow has a store for.
 """
 
@@ -26,6 +28,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 import yaml
+
+from evaluators.hints import NOT_REGULAR, not_regular
 
 #: seeds are 32-bit: numpy (Optuna's samplers) refuses more, torch takes them all
 SEED_MAX = 2**32 - 1
@@ -214,9 +218,8 @@ def read_yaml(path: str | Path, what: str = "--config") -> Any:
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{what} {path}: is a folder; give a YAML file")
-    if p.exists() and not p.is_file():  # (a pipe, a process substitution <(...): read once, a config is read twice)
-        raise ValueError(f"{what} {path}: not a regular file (a pipe or device); write the YAML to a file and give "
-                         "its path")
+    if not_regular(p):  # (a pipe, a process substitution <(...): read once, a config is read twice)
+        raise ValueError(f"{what} {path}: {NOT_REGULAR}; write the YAML to a file and give its path")
     if not p.is_file():
         raise ValueError(f"{what} {path}: no such file")
     try:
@@ -331,6 +334,22 @@ def check_seed(value: Any, flag: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SEED_MAX:
         raise ValueError(f"{flag} {value!r}: a seed must be an integer in [0, {SEED_MAX}]")
     return value
+
+
+#: the prompt templates known by name (any other template is a format string that must hold ``{question}``)
+PROMPT_TEMPLATES = ("auto", "chat", "plain")
+
+
+def prompt_template_refusal(template: Any) -> str | None:
+    """Why ``template`` is not a prompt template (a name of ``PROMPT_TEMPLATES``, or a format string holding
+    ``{question}``, replaced by each question); None when it is one. Asked where the flags are checked, before any
+    work (held-out round 9: ``--prompt-template '{nope}'`` was refused only once a run, a pair or a trial had
+    started), and by ``bench.model.format_string`` when it formats."""
+    if template in PROMPT_TEMPLATES:
+        return None
+    if not isinstance(template, str) or "{question}" not in template:
+        return "must be auto, chat, plain, or a format string holding {question} (e.g. 'Question: {question} Answer:')"
+    return None
 
 
 FILE_STORE_ENV = "MLFLOW_ALLOW_FILE_STORE"  # MLflow's switch that lets it use its file store (a plain path)

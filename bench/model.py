@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from bench.inputs import prompt_template_refusal
+
 ASSETS = Path(__file__).resolve().parent / "assets"
 # tiny-arith: the warm-start recipe's 500 steps (docs/MODEL.md); tiny-arith-425: its first 425 steps, the uncertain
 # starting policy of the `headroom` preset (docs/TESTBED.md): the same weights as `bench warmstart --steps 425`
@@ -117,8 +119,9 @@ def format_string(template: str) -> str:
     must hold ``{question}``."""
     if template == "plain":
         return PLAIN_TEMPLATE
-    if "{question}" not in template:
-        raise ValueError(f"prompt template {template!r} must be auto, chat, plain, or a string containing {{question}}")
+    why = prompt_template_refusal(template)  # (refused before any work where the flags are checked)
+    if why:
+        raise ValueError(f"prompt template {template!r}: {why}")
     return template
 
 

@@ -40,6 +40,7 @@ from typing import Any
 
 from algorithms import get_spec, registered_advantage
 from evaluators import list_benchmarks, task_module
+from evaluators.hints import NOT_REGULAR, not_regular
 
 ENTRY_POINT_GROUP = "pobench.plugins"
 #: JSON list of plugins for processes that get no argument from pobench (verl's workers: bench/engines/verl)
@@ -48,6 +49,8 @@ BUILTIN_MODULES = ("algorithms", "evaluators")
 #: pobench's own packages: their code is the run's pobench version and commit (tags), not a plugin's identity
 POBENCH_PACKAGES = ("algorithms", "evaluators", "reports", "bench")
 MAIN_MODULES = ("__main__", "__mp_main__")
+#: a folder named as a plugin (by its path, or by a module name that imports it as an empty namespace package)
+FOLDER_REFUSAL = "is a folder; give a .py file or an importable module name"
 
 
 @dataclass(frozen=True)
@@ -229,10 +232,14 @@ class _KeepCwd:
     them as deleted. The folder is changed back at once; ``moved`` names where the plugin went (a warning).
     The same for torch's default dtype (``torch.set_default_dtype``; held-out round 8: a float64 default failed the
     run deep in pobench's code, the plugin not named): set back to what it was (torch's float32 when the plugin is
-    what imported torch); ``torch_changed`` says what was changed (a warning)."""
+    what imported torch); ``torch_changed`` says what was changed (a warning). And the command's output streams: a
+    plugin that closes ``sys.stdout`` / ``sys.stderr`` (held-out round 9: the run trained, then "I/O operation on
+    closed file", the plugin not named) is refused (``closed`` names them); they are opened again on their file
+    descriptors, so the refusal's line can be written."""
 
     def __enter__(self) -> _KeepCwd:
         self.cwd, self.moved, self.torch_changed, self.dtype = os.getcwd(), "", "", _default_dtype()
+        self.closed = ""
         return self
 
     def __exit__(self, *exc) -> None:
@@ -247,10 +254,38 @@ class _KeepCwd:
         if after is not None and after != (self.dtype or sys.modules["torch"].float32):
             self.torch_changed = f"torch's default dtype to {after}"
             sys.modules["torch"].set_default_dtype(self.dtype or sys.modules["torch"].float32)
+        closed = [name for name, fd in (("stdout", 1), ("stderr", 2)) if _reopen_closed(name, fd)]
+        self.closed = " and ".join(f"sys.{name}" for name in closed)
+
+
+def _reopen_closed(name: str, fd: int) -> bool:
+    """When ``sys.<name>`` is closed: a new text stream on its file descriptor ``fd`` in its place (the descriptor
+    stays open: Python's standard streams do not close theirs); returns whether it was closed."""
+    stream = getattr(sys, name)
+    if stream is None or not stream.closed:
+        return False
+    try:
+        setattr(sys, name, open(fd, "w", encoding=getattr(stream, "encoding", None) or "utf-8",  # noqa: SIM115
+                                errors=getattr(stream, "errors", None) or "backslashreplace", closefd=False,
+                                buffering=1))
+    except (OSError, ValueError):  # (the descriptor closed too: nowhere to write)
+        pass
+    return True
+
+
+def _check_streams(spec: str, keep: _KeepCwd) -> None:
+    """ValueError (one line naming the plugin) when it closed the command's output streams while imported."""
+    if keep.closed:
+        raise ValueError(f"plugin {spec} closed {keep.closed} while imported, where pobench writes its output and its "
+                         "errors: fix the plugin (leave the command's streams open)")
 
 
 def _import_file(spec: str) -> Plugin:
     path = Path(spec).expanduser().resolve()
+    if path.is_dir():  # (held-out round 9: "no such file" for a folder that exists)
+        raise ValueError(f"plugin {spec}: {FOLDER_REFUSAL}")
+    if not_regular(path):
+        raise ValueError(f"plugin {spec}: {NOT_REGULAR}; give a .py file")
     if not path.is_file():
         raise ValueError(f"plugin {spec}: no such file")
     name = file_module_name(path)
@@ -265,6 +300,7 @@ def _import_file(spec: str) -> Plugin:
             except BaseException as e:
                 del sys.modules[name]
                 raise _failed(spec, e) from e
+    _check_streams(spec, cwd)
     digest, imports, unknown = plugin_digest(path, [m for m in _new_modules(before) if m != name])
     return Plugin(spec, name, str(path), digest, imports=imports, unknown=unknown, moved_cwd=cwd.moved,
                   torch_changed=cwd.torch_changed)
@@ -347,7 +383,11 @@ def _import_module(spec: str, entry_point: bool = False) -> Plugin:
             raise _failed(spec, e) from e
         except BaseException as e:
             raise _failed(spec, e) from e
+    _check_streams(spec, cwd)
     source = _source_of(module)
+    if not source and getattr(module, "__path__", None) is not None:  # a namespace package: a folder, no code run
+        raise ValueError(f"plugin {spec}: {FOLDER_REFUSAL} ({', '.join(module.__path__)} has no __init__.py: "
+                         "imported, it runs no code and registers nothing)")
     if not source:
         return Plugin(spec, module.__name__, source, "none", entry_point, moved_cwd=cwd.moved,
                       torch_changed=cwd.torch_changed)

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bench.model import build_char_tokenizer, format_prompt, tiny_config
 from bench.rollout import SamplingParams, make_sampler
 from evaluators.arith import ArithTask
-from reports.paths import claim_output_folder
+from reports.paths import check_length, claim_output_folder
 
 FINGERPRINT_STEPS = (50, 100)  # besides the last step: the reproducibility test replays this prefix
 
@@ -85,6 +85,7 @@ def warmstart(out: str | Path, recipe: Recipe = Recipe(), *, force: bool = False
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     recipe.validate()
+    check_length(out, "--out")  # (a name over 255 bytes: one line, not an OSError from the first look at it)
     out = Path(out)
     meta_path = out / "warmstart.json"
     if not force and meta_path.exists() and (out / "model.safetensors").exists():

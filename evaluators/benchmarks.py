@@ -31,6 +31,10 @@ from evaluators.verify import (
 )
 
 log = logging.getLogger(__name__)
+#: the skipped rows said so far in this process, by (benchmark, split, source, rows): a command reads one file
+#: several times (the inputs' check, their digests, the training), and said the same line each time (held-out
+#: round 9: six times for one file given as --data and --eval-data)
+_SKIPPED_SAID: set[tuple[str, str, str, tuple[str, ...]]] = set()
 
 DATA_DIR_ENV = "POBENCH_DATA_DIR"
 """Optional folder holding ``<benchmark>/<split>.jsonl`` copies, used when no ``data`` is given."""
@@ -121,9 +125,11 @@ class Benchmark:
                 if not skip_bad_rows:
                     raise
                 source.skipped.append(str(e))
-        if source.skipped:
-            log.warning("%s: skipped %d bad row(s) of %s: %s", self.name, len(source.skipped), source.source,
-                        "; ".join(source.skipped[:5]) + (" ..." if len(source.skipped) > 5 else ""))
+        said = (self.name, split, os.path.realpath(source.source), tuple(source.skipped))
+        if source.skipped and said not in _SKIPPED_SAID:  # once per file and split (training data, held out)
+            _SKIPPED_SAID.add(said)
+            log.warning("%s (%s split): skipped %d bad row(s) of %s: %s", self.name, split, len(source.skipped),
+                        source.source, "; ".join(source.skipped[:5]) + (" ..." if len(source.skipped) > 5 else ""))
         if not problems:
             raise ValueError(f"{self.name}: no problems in {source.source}")
         return problems, source

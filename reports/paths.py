@@ -5,7 +5,9 @@ goes through :func:`safe_component`: one path component, never ``.`` / ``..``, n
 A name that is already safe is kept as it is (so the folders of earlier runs keep their names); one that had to change
 becomes a readable slug plus a short hash of the original, so two different names never share a folder.
 
-:func:`contained` joins components under a root and refuses a result outside it (a symlink pointing out included).
+:func:`contained` joins components under a root and refuses a result outside it (a symlink pointing out included),
+or one the file system cannot name (:func:`check_length`: a component over its name limit, 255 bytes on most; the
+whole over its path limit), which every folder flag (``--output-dir``, ``--out-root``, ``--out``) is checked by too.
 
 pobench deletes or replaces only folders it created: each one gets a marker file (:data:`MARKER`) when it is made
 (:func:`make_owned`). :func:`remove_owned` and :func:`replace_owned` refuse, with one line naming the folder, anything
@@ -57,9 +59,40 @@ def safe_component(name: object, what: str = "name") -> str:
     return f"{slug}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
+def _limits(path: str) -> tuple[int, int]:
+    """(the longest file name, the longest path) in bytes that the file system of ``path``'s nearest existing folder
+    takes."""
+    probe = path
+    while not os.path.isdir(probe) and probe != os.path.dirname(probe):
+        probe = os.path.dirname(probe)
+    try:
+        return os.pathconf(probe, "PC_NAME_MAX"), os.pathconf(probe, "PC_PATH_MAX")
+    except (OSError, ValueError):  # (no pathconf here: the usual limits)
+        return 255, 4096
+
+
+def check_length(path: str | Path, what: str) -> None:
+    """UnsafePath (one line naming ``what`` and the name that is too long) when the file system cannot name ``path``:
+    a component longer than its name limit (255 bytes on most), or the whole, absolute, longer than its path limit.
+    (held-out round 9: ``--output-dir`` of 300 characters was an OSError traceback "File name too long".)"""
+    absolute = os.path.abspath(path)
+    name_max, path_max = _limits(absolute)
+    for part in Path(absolute).parts:
+        size = len(os.fsencode(part))
+        if size > name_max:
+            shown = part if len(part) <= 40 else f"{part[:24]}...{part[-8:]}"
+            raise UnsafePath(f"{what}: the name {shown!r} in it is {size} bytes long, over the {name_max} the file "
+                             "system takes for one file or folder name; give a shorter one")
+    if len(os.fsencode(absolute)) >= path_max:
+        raise UnsafePath(f"{what}: {len(os.fsencode(absolute))} bytes as an absolute path, over the {path_max - 1} the "
+                         "system takes; give a shorter one")
+
+
 def contained(root: str | Path, *parts: str) -> Path:
     """``root / parts`` after checking that it stays under ``root`` once resolved (``..``, absolute parts and symlinks
-    that point out are refused with :class:`UnsafePath`). ``parts`` are usually :func:`safe_component` results."""
+    that point out are refused with :class:`UnsafePath`) and that the file system can name it (:func:`check_length`).
+    ``parts`` are usually :func:`safe_component` results."""
+    check_length(Path(root).joinpath(*parts), str(Path(root).joinpath(*parts)))
     try:
         base = Path(root).resolve()
         path = base.joinpath(*parts)
@@ -305,6 +338,7 @@ def check_out_is_ours(folder: str | Path, flag: str) -> None:
     """UnsafePath (one line) when ``folder`` (a user-given ``--out`` of `bench tune` / `bench eval`, where pobench
     writes files of fixed names: best.yaml, summary.csv, results.json, ...) exists, holds something and is not
     pobench's (no marker): its files of those names would be overwritten. Asked before any work."""
+    check_length(folder, flag)
     folder = Path(folder)
     if folder.is_symlink():  # (its target is not a folder pobench made, whatever it holds: never marked or written)
         raise UnsafePath(f"{flag} {folder} is a symbolic link (to {os.readlink(folder)}): not writing through it; give "

@@ -22,7 +22,7 @@ from bench.cli import eval_comparison
 from bench.cli.flags import add_plugin_flag
 from bench.cli.interrupt import Stopped, rerun
 from bench.config import BUILTIN_MODEL, TRACKING_URI_DEFAULT
-from bench.eval_inputs import DEFAULT_MAX_NEW_TOKENS, max_new_tokens, resolve_data
+from bench.eval_inputs import DEFAULT_MAX_NEW_TOKENS, check_settings, max_new_tokens, resolve_data
 from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
 from bench.inputs import check_seed, name_list
 from bench.model import format_prompt, load_policy, resolve_device, resolve_model_path, warn_unknown_characters
@@ -60,14 +60,16 @@ def register(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--no-greedy", action="store_true", help="skip the greedy pass")
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help=f"completion length limit (default {DEFAULT_MAX_NEW_TOKENS}, capped by the model's context)")
+                   help=f"completion length limit (N >= 1; default {DEFAULT_MAX_NEW_TOKENS}, capped by the model's "
+                        "context)")
     p.add_argument("--prompt-template", default=None, help="auto | chat | plain | a format string with {question} "
                    "(default: auto; with --comparison: the template the runs trained with)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--backend", default="hf", help="rollout engine: hf | vllm")
-    p.add_argument("--batch-size", type=int, default=None, help="completions per forward pass (hf engine)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="completions per forward pass (hf engine; N >= 1; default: the engine's)")
     p.add_argument("--skip-bad-rows", action="store_true", help="skip (and count) malformed rows instead of failing")
     p.add_argument("--out", default=None, help="output folder (default a new .pobench/eval/<time>[-N])")
     p.add_argument("--harness", choices=["lm-eval"], default=None,
@@ -97,6 +99,8 @@ def check_sampling(args) -> None:
 def run(args) -> int:
     check_seed(args.seed, "--seed")
     check_sampling(args)
+    check_settings(limit=args.limit, k=args.k, samples=args.samples, max_new_tokens=args.max_new_tokens,
+                   batch_size=args.batch_size, prompt_template=args.prompt_template)
     if args.comparison is not None:
         return eval_comparison.run(args)
     args.model = args.model or BUILTIN_MODEL
@@ -115,11 +119,6 @@ def run(args) -> int:
         check_out_is_ours(args.out, "--out")
     names = name_list(args.benchmarks, "--benchmarks")
     benchmarks = [get_benchmark(n) for n in names]  # unknown names fail here, before any model is loaded
-    if args.limit is not None and args.limit < 1:  # (0 evaluated every problem: limit=0 read as "no limit")
-        raise ValueError(f"--limit {args.limit}: must be >= 1 (leave it out to evaluate every problem)")
-    if args.k < 1 or (args.samples is not None and args.samples < args.k):
-        raise ValueError(f"--k {args.k}" + (f" / --samples {args.samples}" if args.samples is not None else "")
-                         + ": need k >= 1 and samples >= k")
     if args.harness and args.no_greedy:
         raise ValueError("--harness lm-eval compares greedy decoding: drop --no-greedy")
     data = resolve_data(benchmarks, args.data)
@@ -136,7 +135,7 @@ def run(args) -> int:
         loaded.append((b, problems, source.source))
 
     model, tokenizer = load_policy(args.model, args.device, args.dtype)
-    options = {"max_batch_size": args.batch_size} if args.batch_size and args.backend == "hf" else {}
+    options = {"max_batch_size": args.batch_size} if args.batch_size is not None and args.backend == "hf" else {}
     engine = make_sampler(args.backend, model, tokenizer, **options)
     all_prompts = [format_prompt(tokenizer, p.question, args.prompt_template) for _, ps, _ in loaded for p in ps]
     warn_unknown_characters(tokenizer, [p.question for _, ps, _ in loaded for p in ps], "prompts")

@@ -34,6 +34,7 @@ def finished() -> None:
     _FINISHED["done"] = True
 
 
+@stop.recording
 def on_signal(signum: int, frame: Any = None) -> None:
     """SIGINT / SIGTERM handler: KeyboardInterrupt while the command works (``bench.runs.stop.interrupt``), nothing once
     it has :func:`finished`."""

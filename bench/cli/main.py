@@ -58,7 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     except interrupt.Stopped as e:  # SIGINT / SIGTERM: what the command kept, how to resume it
         print(interrupt.line(args.command, e), file=sys.stderr)
         return interrupt.exit_code()
-    except KeyboardInterrupt:  # a command that keeps nothing: rerun it
+    except faults.InterruptRaised as e:  # raised by code, no signal came: that code's fault (its plugin named)
+        print(f"bench {args.command}: error: {plugin_failure(e) or e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as e:  # a command that keeps nothing: rerun it
+        if stop.raised_by_code(e):  # (outside a run's training: the same fault)
+            print(f"bench {args.command}: error: {plugin_failure(e) or faults.interrupt_raised(e)}", file=sys.stderr)
+            return 1
         print(interrupt.line(args.command), file=sys.stderr)
         return interrupt.exit_code()
     except SystemExit as e:  # no command exits from inside its work: a plugin's sys.exit, which ended it silently

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.eval_inputs import max_new_tokens, resolve_data
+from bench.eval_inputs import check_settings, max_new_tokens, resolve_data
 from bench.evaluate import evaluate, log_to_mlflow, write_outputs
 from bench.model import format_prompt, load_policy
 from bench.rollout import make_sampler
@@ -108,11 +108,9 @@ def plan_evaluations(experiment: str, comparison: str | None, benchmarks: list[s
                      uri: str, client) -> EvalPlan:
     """The comparison's stored and missing evaluations on ``benchmarks``; ValueError (one line) for an unknown
     benchmark, bad settings, or a final model that is needed and absent, before any work."""
-    if settings.limit is not None and settings.limit < 1:
-        raise ValueError(f"--limit {settings.limit}: must be >= 1 (leave it out to evaluate every problem)")
-    if settings.k < 1 or (settings.samples is not None and settings.samples < settings.k):
-        samples = f" / --samples {settings.samples}" if settings.samples is not None else ""
-        raise ValueError(f"--k {settings.k}{samples}: need k >= 1 and samples >= k")
+    check_settings(limit=settings.limit, k=settings.k, samples=settings.samples,
+                   max_new_tokens=settings.max_new_tokens, batch_size=settings.batch_size,
+                   prompt_template=settings.prompt_template)
     if not benchmarks:
         raise ValueError("--benchmarks: give at least one benchmark name")
     tasks = [get_benchmark(n) for n in benchmarks]
@@ -157,8 +155,8 @@ def evaluate_missing(plan: EvalPlan, settings: EvalSettings, experiment: str, ur
     for r, path, template, missing in plan.todo:
         digest = plan.final_digests.get(r.run_id) or final_digest(path)
         model, tokenizer = load_policy(str(path), settings.device, settings.dtype)
-        options = ({"max_batch_size": settings.batch_size} if settings.batch_size and settings.backend == "hf"
-                   else {})
+        options = ({"max_batch_size": settings.batch_size}
+                   if settings.batch_size is not None and settings.backend == "hf" else {})
         sampler = make_sampler(settings.backend, model, tokenizer, **options)
         for b, problems, source, key in missing:
             if (b.name, template) not in max_new_of:  # the runs of a comparison share their model's architecture

@@ -307,6 +307,8 @@ def recorded(logger: RunLogger | None, on_error: Callable[[], None] | None = Non
         except BaseException as e:
             if isinstance(e, SystemExit):  # a plugin's sys.exit: a failure (FAILED, one line), not a stop
                 e = faults.exit_called(e)
+            elif stop.raised_by_code(e):  # a KeyboardInterrupt no signal caused: a fault too (FAILED)
+                e = faults.interrupt_raised(e)
             if on_error is not None:
                 try:
                     on_error()
@@ -319,6 +321,8 @@ def recorded(logger: RunLogger | None, on_error: Callable[[], None] | None = Non
                 raise stopped(e, logger, logger.run_dir if logger is not None else None, ended) from None
             if isinstance(e, faults.ExitCalled):
                 raise e from None
+            if isinstance(e, faults.InterruptRaised):
+                raise e from e.__cause__
             raise
 
 

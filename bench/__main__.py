@@ -1,7 +1,6 @@
-"""`python -m bench`: the `bench` command line."""
+"""``python -m bench ...`` = ``bench ...`` (the same entry: its SIGINT / SIGTERM handlers and exit codes; calling
+``main`` alone left a SIGTERM before the training to end the process silently, without the command's line)."""
 
-import sys
+from bench.cli import entry
 
-from bench.cli import main
-
-sys.exit(main())
+entry()

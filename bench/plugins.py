@@ -286,13 +286,15 @@ class _KeepProcessState:
         if not errors and not removed:
             return
         warnings.filters[:] = [f for f in now if f not in self.filters and f not in errors] + self.filters
-        warnings._filters_mutated()  # (what warnings.catch_warnings calls when it puts the filters back)
-        what = [f"added {len(errors)} filter(s) turning warnings into errors"] if errors else []
-        what += [f"removed {len(removed)} filter(s)"] if removed else []
-        self.changed.append(f"the process's warning filters ({' and '.join(what)}, e.g. warnings.simplefilter"
-                            "(\"error\")) while imported; pobench put them back: a library's warning would have "
-                            "stopped the command (a plugin should filter warnings only inside its own code: "
-                            "with warnings.catch_warnings(): ...)")
+        mutated = getattr(warnings, "_filters_mutated", None)  # (what warnings.catch_warnings calls as it puts the
+        if mutated is not None:  # filters back: the interpreter's caches of what each warning did are dropped)
+            mutated()
+        what = [f"added {len(errors)} filter(s) turning warnings into errors, as warnings.simplefilter(\"error\"): "
+                "a library's warning would stop the command"] if errors else []
+        what += [f"removed {len(removed)} filter(s), as warnings.resetwarnings()"] if removed else []
+        self.changed.append(f"the process's warning filters ({'; '.join(what)}) while imported; pobench put them back "
+                            "(a plugin should filter warnings inside its own code only: with "
+                            "warnings.catch_warnings(): ...)")
 
     def _signal_handlers(self) -> None:
         for name, before in self.handlers.items():

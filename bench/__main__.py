@@ -1,6 +1,5 @@
-"""`python -m bench`: the `bench` command line, as the console script runs it (``bench.cli.entry``: its SIGINT /
-SIGTERM handling included; it ran ``main`` alone, so a stop signal was no stop line and a plugin's interrupt looked
-like one)."""
+"""``python -m bench ...`` = ``bench ...`` (the same entry: its SIGINT / SIGTERM handlers and exit codes; calling
+``main`` alone left a SIGTERM before the training to end the process silently, without the command's line)."""
 
 from bench.cli import entry
 

@@ -75,6 +75,10 @@ class PostgresServer:
 
     def start(self) -> PostgresServer:
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+        return self.serve()
+
+    def serve(self) -> PostgresServer:
+        """Start the server on its data folder (again, after a ``pg_ctl stop``: a restarted server)."""
         opts = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c fsync=off -c max_connections=100"
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-o", opts, "-w", "-t", "60",
                   "start")

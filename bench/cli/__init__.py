@@ -17,10 +17,13 @@ def _stopped_while_loading(signum, frame) -> None:  # noqa: ARG001
     os._exit(130)
 
 
-# as a program only (`python -m bench.cli`: argv[0] is "-m" while the package loads; the console script `bench`):
+# as a program only (`python -m bench.cli`: argv[0] is "-m" while the package loads; the console script `bench`;
+# `python -m bench`, whose bench/__main__.py imports this module):
 # a process that imports this module (a test, a notebook) keeps its own Ctrl-C. ``entry`` installs the handlers of
 # a running command.
-if (sys.argv[:1] == ["-m"] or os.path.basename(sys.argv[0] if sys.argv else "") == "bench") \
+_PROGRAM = sys.argv[0] if sys.argv else ""
+if (_PROGRAM == "-m" or os.path.basename(_PROGRAM) == "bench"
+        or _PROGRAM.endswith(os.path.join("bench", "__main__.py"))) \
         and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, _stopped_while_loading)
 

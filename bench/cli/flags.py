@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import typing
 
@@ -73,14 +72,8 @@ def load_cli_plugins(args: argparse.Namespace) -> None:
                   f"time ({', '.join(plugin.unknown)}): their code is not in its identity (the comparison hash), so a "
                   "change there may reuse runs; import them by name, or pass --force after changing them",
                   file=sys.stderr)
-        if plugin.moved_cwd:  # (changed back: the command's relative paths keep their meaning)
-            print(f"bench {args.command}: warning: plugin {plugin.spec} changed the working folder to "
-                  f"{plugin.moved_cwd} while imported; pobench changed it back to {os.getcwd()}, where the "
-                  "command's relative paths are read (a plugin should not call os.chdir)", file=sys.stderr)
-        if plugin.torch_changed:  # (changed back: pobench's tensors keep torch's float32 default)
-            print(f"bench {args.command}: warning: plugin {plugin.spec} changed {plugin.torch_changed} while "
-                  "imported; pobench changed it back (a plugin should not change torch's global settings: give a "
-                  "dtype to the tensors it makes instead)", file=sys.stderr)
+        for what in plugin.changed:  # (put back: bench.plugins._KeepProcessState)
+            print(f"bench {args.command}: warning: plugin {plugin.spec} changed {what}", file=sys.stderr)
     if hasattr(args, "plugins"):
         args.plugins = normalized(specs) or None
 

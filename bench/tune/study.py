@@ -6,17 +6,17 @@ metric to Optuna (sign-flipped for the ``*_to`` metrics, so that "lower is bette
 curves) at step ``seed_index * (steps + 1) + train_step``: all trials use the same seed list, so the pruner compares
 like with like. Several workers may run one study against one storage (``bench.tune.storage``); a rerun resumes it.
 
-A worker holds a lock file while it runs a trial (:func:`trial_lock`, released by the kernel when its process dies)
-and records its host in the trial: a study opened again finds at once the RUNNING trials of this host whose lock is
-free, whose process is gone (a SIGKILL, the memory killer), and fails and re-queues them and ends their MLflow runs
-FAILED (:func:`fail_dead_trials`), instead of waiting for their heartbeat to go stale. A fault of the storage itself
-(the PostgreSQL server gone) ends the study: the runs this process left open and the study's run end FAILED and
-the command says so in one line (:class:`~bench.engines.base.RunStopped`).
+A worker holds a lock file while it runs a trial, until the trial's end is written in the storage (:func:`trial_lock`,
+:func:`hold_trial`; released by the kernel when its process dies), and records its host in the trial: a study opened
+again finds at once the RUNNING trials of this host whose lock is free, whose process is gone (a SIGKILL, the memory
+killer, or a process the lost storage stopped before the trial's end was written), and fails and re-queues them and
+ends their MLflow runs FAILED (:func:`fail_dead_trials`), instead of waiting for their heartbeat to go stale. A fault
+of the storage itself (the PostgreSQL server gone) ends the study: the runs this process left open and the study's
+run end FAILED and the command says so in one line (:class:`~bench.engines.base.RunStopped`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -25,7 +25,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,19 +56,30 @@ def open_study(spec: TuneSpec) -> tuple[optuna.Study, StudyRuns]:
     storage = open_storage(spec.storage or default_storage_url(), spec.heartbeat, spec.grace, spec.max_retry,
                            on_stale=lambda study, trial: runs.close_stale_trial(study, trial))
     runs = StudyRuns(tracking_uri(spec.base.tracking_uri), spec.base.experiment, spec.study)
-    sampler = optuna.samplers.TPESampler(seed=spec.sampler_seed)
     pruner = make_pruner(spec.pruner, spec.pruner_warmup, spec.pruner_startup)
     try:
         study = optuna.create_study(storage=storage, study_name=spec.study, direction=spec.metric.direction,
-                                    sampler=sampler, pruner=pruner)
+                                    sampler=optuna.samplers.TPESampler(seed=spec.sampler_seed), pruner=pruner)
         for k, v in spec.fingerprint().items():
             study.set_user_attr(k, v)
         runs.create_parent(study, spec)
     except optuna.exceptions.DuplicatedStudyError:
-        study = optuna.load_study(study_name=spec.study, storage=storage, sampler=sampler, pruner=pruner)
+        study = optuna.load_study(study_name=spec.study, storage=storage, pruner=pruner)
         _check_fingerprint(study, spec)
+        held = len(study.get_trials(deepcopy=False))
+        study.sampler = optuna.samplers.TPESampler(seed=resumed_seed(spec.sampler_seed, held))
         runs.join_parent(study, spec)
     return study, runs
+
+
+def resumed_seed(seed: int | None, trials: int) -> int | None:
+    """The TPE sampler's seed for a study joined holding ``trials`` trials: ``seed`` itself for an empty study (a
+    fresh study samples as it always did), else one derived from both (docs/TUNING.md). Held-out round 9: a resumed
+    study seeded as a fresh one proposed trial 0's parameters again (the sampler's random start replayed from its
+    seed). None (no ``--sampler-seed``): random."""
+    if seed is None or trials == 0:
+        return seed
+    return int.from_bytes(hashlib.sha256(f"{seed}:{trials}".encode()).digest()[:4], "big")
 
 
 def _check_fingerprint(study: optuna.Study, spec: TuneSpec) -> None:
@@ -118,19 +129,46 @@ def trial_lock(spec: TuneSpec, number: int) -> Path:
     return lock_file(spec.base.output_dir, f"tune-{spec.study}-{key}-t{number}")
 
 
-@contextlib.contextmanager
-def running_trial(spec: TuneSpec, trial: optuna.Trial) -> Iterator[None]:
-    """Hold trial ``trial``'s lock while it runs (its host recorded in the trial once held); removed at its end."""
+def hold_trial(spec: TuneSpec, trial: optuna.Trial) -> FileLock:
+    """Take trial ``trial``'s lock (its host recorded in the trial once held): held by this process until the trial's
+    state is in the storage (:func:`release_trial`), so a rerun at once knows from a free lock whose file is still
+    there that this process is gone with the trial RUNNING."""
     path = trial_lock(spec, trial.number)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(path))
     lock.acquire(timeout=30)  # (a trial number is run once: nobody else holds it)
     try:
         trial.set_user_attr(HOST, socket.gethostname())
-        yield
-    finally:
+    except BaseException:
         path.unlink(missing_ok=True)
         lock.release()
+        raise
+    return lock
+
+
+def release_trial(lock: FileLock, written: bool) -> None:
+    """Release a trial's lock; its file is removed only once the trial's end is ``written`` in the storage. (Held-out
+    round 9: the file was removed as the trial's code ended, before Optuna wrote its state; the PostgreSQL server
+    restarted mid-trial, so the state was never written, and the rerun took the trial, RUNNING with no lock file,
+    for one another host runs: it stayed RUNNING for good.)"""
+    if written:
+        Path(lock.lock_file).unlink(missing_ok=True)
+    lock.release()
+
+
+def _release_all(study: optuna.Study, held: dict[int, tuple[int, FileLock]]) -> None:
+    """Release the locks this process still holds (the trials whose code raised out of ``study.optimize``: Ctrl-C, a
+    fault of the storage); a lock's file stays where the storage cannot say the trial has ended."""
+    storage_ok = True
+    for number, (trial_id, lock) in list(held.items()):
+        written = False
+        if storage_ok:
+            try:
+                written = study._storage.get_trial(trial_id).state != TrialState.RUNNING
+            except Exception:  # noqa: BLE001  (the storage is gone: the rerun fails the trial: fail_dead_trials)
+                storage_ok = False
+        release_trial(lock, written)
+        del held[number]
 
 
 def fail_dead_trials(study: optuna.Study, spec: TuneSpec, runs: StudyRuns) -> list[int]:
@@ -217,12 +255,16 @@ def _run_trials(spec: TuneSpec, study: optuna.Study, runs: StudyRuns, train_fn: 
     log(f"study {spec.study!r} at {redact(spec.storage or default_storage_url())}: "
         f"{count(study, *FINISHED)}/{spec.trials} trials finished; MLflow parent run {runs.parent_id}")
 
+    held: dict[int, tuple[int, FileLock]] = {}  # number: (id, lock) of the trials whose end is not yet written
+
     def objective(trial: optuna.Trial) -> float:
         if worker is not None:  # which worker of a `bench tune --workers N` ran it (Optuna user attribute)
             trial.set_user_attr("worker", worker)
         params = {name: rng.suggest(trial, name) for name, rng in spec.space.items()}
-        with running_trial(spec, trial):  # a rerun at once knows from its free lock that this process is gone
-            return trial_body(trial, params)
+        # a rerun at once knows from its free lock (its file kept until Optuna has written the trial's end) that this
+        # process is gone: released in `after` (its end written), or by _release_all (its code raised)
+        held[trial.number] = (trial._trial_id, hold_trial(spec, trial))
+        return trial_body(trial, params)
 
     def trial_body(trial: optuna.Trial, params: dict[str, Any]) -> float:
         run_id = runs.start_trial(trial, params, spec)
@@ -259,16 +301,21 @@ def _run_trials(spec: TuneSpec, study: optuna.Study, runs: StudyRuns, train_fn: 
             raise
 
     def after(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if trial.number in held:  # (its end is written: Optuna calls this after)
+            release_trial(held.pop(trial.number)[1], written=True)
         val = "-" if trial.value is None else f"{trial.value:.4g}"
         log(f"trial {trial.number}: {trial.state.name} value={val} params={trial.params}")
         runs.log_progress(study, trial)
         if _done(study, spec):
             study.stop()
 
-    while not _done(study, spec):
-        study.optimize(objective, callbacks=[after], catch=(TrainingDiverged,), gc_after_trial=True)
-        fail_dead_trials(study, spec, runs)
-        optuna.storages.fail_stale_trials(study)  # a dead worker's trial found at the end is re-queued and run
+    try:
+        while not _done(study, spec):
+            study.optimize(objective, callbacks=[after], catch=(TrainingDiverged,), gc_after_trial=True)
+            fail_dead_trials(study, spec, runs)
+            optuna.storages.fail_stale_trials(study)  # a dead worker's trial found at the end is re-queued and run
+    finally:
+        _release_all(study, held)
     runs.finish_parent(study, spec, complete=_done(study, spec))
     return study
 

@@ -295,3 +295,69 @@ def test_a_plugin_changing_torch_s_default_dtype_at_import_is_changed_back_and_n
     assert ("plugin dtype.py changed torch's default dtype to torch.float64 while imported; pobench changed it back"
             in err), err
     assert statuses(f"sqlite:///{tmp_path}/mlflow.db", "pobench", "train") == ["FINISHED"]
+
+
+def test_a_plugin_turning_warnings_into_errors_at_import_is_put_back_and_named(tmp_path, bench_here):
+    """Held-out round 9 (H14): a plugin calling `warnings.simplefilter("error")` at import made SQLAlchemy's
+    deprecation warning inside MLflow's client an exception: `bench train` ended with its traceback, exit 1. As with
+    os.chdir and the default dtype: the filters are put back right after the import, with a warning naming the
+    plugin; a filter it adds for its own warnings (an ``ignore``, as libraries add) stays; the run trains to
+    FINISHED."""
+    import warnings
+
+    (tmp_path / "warnerr.py").write_text(
+        "import warnings\nwarnings.simplefilter('error')\n"
+        "warnings.filterwarnings('ignore', message='mine only', category=UserWarning)\n"
+        "from algorithms import register\nregister('warn-pg', base='grpo', description='grpo, warnings as errors')\n")
+    from algorithms import unregister
+
+    with warnings.catch_warnings():  # (this process's filters: the later tests must not see the plugin's)
+        before = list(warnings.filters)
+        try:
+            rc, _, err = bench_here(["train", "--plugin", "warnerr.py", "--algo", "warn-pg", "--run-name", "r",
+                                     *TINY], tmp_path)
+        finally:
+            unregister("warn-pg")
+        after = list(warnings.filters)
+    assert rc == 0, err[-3000:]
+    assert ("plugin warnerr.py changed the process's warning filters (added 1 filter(s) turning warnings into errors"
+            in err), err
+    assert after[1:] == before and after[0][:3] == ("ignore", after[0][1], UserWarning), after[:3]
+    assert statuses(f"sqlite:///{tmp_path}/mlflow.db", "pobench", "train") == ["FINISHED"]
+
+
+def test_a_sigterm_after_a_plugin_ignoring_it_at_import_still_stops_the_command(tmp_path):
+    """Held-out round 9 (H19): a plugin setting SIGTERM to SIG_IGN at import made a SIGTERM sent before the training
+    silently ignored: the run trained to the end, exit 0 (under a scheduler: SIGKILL after its grace period, a run
+    left RUNNING). pobench's own handlers are put back after the import, with a warning naming the plugin; a SIGTERM
+    that comes after it (here sent by a second plugin as it is imported, in the same process: no race) stops the
+    command with its one line and 143. Run as `python -m bench` (which now installs the handlers as `bench` does)."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.bench.test_signals import env
+
+    (tmp_path / "sigign.py").write_text("import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                                        "from algorithms import register\n"
+                                        "register('sig-pg', base='grpo', description='grpo, deaf to SIGTERM')\n")
+    (tmp_path / "term.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n")
+    done = subprocess.run([sys.executable, "-m", "bench", "train", "--plugin", "sigign.py", "--plugin", "term.py",
+                           "--algo", "sig-pg", "--run-name", "r", *TINY], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env=env())
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert "bench train: stopped by SIGTERM; kept nothing" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "mlflow.db").exists(), done.stderr[-3000:]
+    # the warning naming the plugin (printed once every plugin is loaded: here the second one stopped the command)
+    from algorithms import unregister
+    from bench.plugins import load_plugins
+
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        (plugin,) = load_plugins([str(tmp_path / "sigign.py")])
+        after = signal.getsignal(signal.SIGTERM)
+    finally:  # (this process's handler and registry: the later tests must not see the plugin's)
+        signal.signal(signal.SIGTERM, handler)
+        unregister("sig-pg")
+    assert after == handler
+    assert plugin.changed[0].startswith("the handler of SIGTERM to SIG_IGN while imported; pobench put its own back")

@@ -51,10 +51,12 @@ def test_a_sigkilled_bench_tune_then_the_same_command_at_once_leaves_no_run_runn
 
 
 @pytest.mark.slow
-def test_the_optuna_postgresql_storage_lost_mid_study_is_one_line_and_ends_the_study_run(tmp_path):
+def test_the_optuna_postgresql_storage_lost_mid_study_is_one_line_and_ends_the_study_run(tmp_path, bench_here,
+                                                                                         monkeypatch):
     """Issue 29: the Optuna PostgreSQL server stopping mid-study gave a traceback and left the study's MLflow run
     RUNNING. Now: one line naming the storage (password hidden), the cause and what to do, exit 1; the study run, the
-    trial run and its training run are ended FAILED."""
+    trial run and its training run are ended FAILED. Held-out round 9 (H29): with the server back, the same command
+    exited 0 leaving the lost trial RUNNING in the storage for good; now it fails the trial and queues it again."""
     from tests import pg
 
     reason = pg.unavailable_reason()
@@ -63,16 +65,25 @@ def test_the_optuna_postgresql_storage_lost_mid_study_is_one_line_and_ends_the_s
     uri = fresh_store(tmp_path)
     with pg.PostgresServer() as server:
         storage = server.create_database("optuna")
-        proc = Proc([*FAKE_CLI, *_argv(tmp_path, storage, uri)], tmp_path, FAKE_STEP_S="0.3")
+        argv = _argv(tmp_path, storage, uri)
+        proc = Proc([*FAKE_CLI, *argv], tmp_path, FAKE_STEP_S="0.3")
         proc.wait_for(lambda: checkpointed(tmp_path / ".pobench" / "runs"), "the first trial's checkpoint")
         server._run("pg_ctl", "-D", str(server.data), "-m", "immediate", "-w", "stop")
         rc = proc.finish(timeout=300)
-    assert rc == 1, proc.text()
-    lines = [ln for ln in proc.err if ln.strip() and not ln.startswith("[")]
-    assert "Traceback" not in proc.text() and len(lines) == 1, proc.text()
-    assert lines[0].startswith("bench tune: stopped: the Optuna storage ") and "127.0.0.1" in lines[0], lines[0]
-    assert "RUNNING" not in statuses(uri, "tx"), statuses(uri, "tx")
-    assert statuses(uri, "tx", "tune-study") == ["FAILED"]
+        assert rc == 1, proc.text()
+        lines = [ln for ln in proc.err if ln.strip() and not ln.startswith("[")]
+        assert "Traceback" not in proc.text() and len(lines) == 1, proc.text()
+        assert lines[0].startswith("bench tune: stopped: the Optuna storage ") and "127.0.0.1" in lines[0], lines[0]
+        assert "RUNNING" not in statuses(uri, "tx"), statuses(uri, "tx")
+        assert statuses(uri, "tx", "tune-study") == ["FAILED"]
+        server.serve()  # the server back: the same command (steps cut by FAKE_STEP_S=0, in this process)
+        fake_trainer.inject(monkeypatch.setattr)
+        rc, _, err = bench_here(argv, tmp_path, FAKE_STEP_S="0")
+        assert rc == 0, err[-3000:]
+        trials = optuna.load_study(study_name="st", storage=storage).trials
+        states = [t.state.name for t in trials]
+        assert states[0] == "FAIL" and "RUNNING" not in states and states.count("COMPLETE") == 2, states
+        assert trials[0].params in [t.params for t in trials[1:]]  # queued again with its parameters
 
 
 def _create_storages(folder: str, rounds: int, barrier) -> list[str]:
@@ -328,3 +339,60 @@ def test_an_error_inside_a_trial_ends_the_studys_run(tmp_path, bench_here, monke
     assert rc == 2 and "reports no 'eval/arith/greedy_acc'" in err, err[-3000:]
     assert "RUNNING" not in statuses(uri, "tx"), statuses(uri, "tx")
     assert statuses(uri, "tx", "tune-study") == ["FAILED"]
+
+
+def test_a_trial_whose_end_the_lost_storage_did_not_write_is_failed_and_queued_again_by_the_rerun(
+        tmp_path, bench_here, monkeypatch):
+    """Held-out round 9 (H29): the PostgreSQL server restarted (`pg_ctl restart -m fast`) while trial 1 trained:
+    the command stopped in one line (exit 1), but the trial's end could not be written, and its lock file was
+    already removed as its code ended; the same command then took the trial (RUNNING, no lock file) for one another
+    host runs: exit 0 with trial 1 RUNNING for good. Now the lock file stays until the trial's end is in the storage:
+    the rerun fails the trial and queues its parameters again. And the rerun's next new trial repeated trial 0's
+    parameters (its seeded sampler started over). (The storage's loss is injected here, on SQLite, as the server's
+    was: every call to the storage fails from trial 1's first report on, until "the server is back".)"""
+    import sqlalchemy.exc
+    from optuna.storages import RDBStorage
+
+    from bench.tune.study import resumed_seed
+
+    fake_trainer.inject(monkeypatch.setattr)
+    gone = {"now": False}
+
+    def lost(real):
+        def call(self, *args, **kwargs):
+            if real.__name__ == "set_trial_intermediate_value" and self.get_trial_number_from_id(args[0]) == 1:
+                gone["now"] = True
+            if gone["now"]:
+                raise sqlalchemy.exc.OperationalError("SELECT 1", None, Exception("server closed the connection"))
+            return real(self, *args, **kwargs)
+        return call
+
+    for name in ("set_trial_intermediate_value", "set_trial_state_values", "get_trial", "get_all_trials",
+                 "set_trial_user_attr", "create_new_trial"):
+        monkeypatch.setattr(RDBStorage, name, lost(getattr(RDBStorage, name)))
+    uri = fresh_store(tmp_path)
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    argv = _argv(tmp_path, storage, uri, steps=2, trials=3)
+    rc, _, err = bench_here(argv, tmp_path)
+    assert rc == 1 and len(_lines(err)) == 1 and "the Optuna storage" in err, err[-3000:]
+    gone["now"] = False  # the server is back: the same command
+    monkeypatch.undo()
+    fake_trainer.inject(monkeypatch.setattr)
+    rc, _, err = bench_here(argv, tmp_path)
+    assert rc == 0, err[-3000:]
+    trials = optuna.load_study(study_name="st", storage=storage).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"], trials
+    assert trials[2].params == trials[1].params  # queued again with its parameters
+    # the seeded sampler of the resumed study does not start over (it proposed trial 0's parameters again): seeded
+    # from (seed, trials in the study); a fresh study keeps its seed, its trials as before (trial 0 here)
+    assert trials[0].params == FRESH_SEED_0_TRIAL_0, trials[0].params
+    assert trials[3].params != trials[0].params
+    assert resumed_seed(0, 0) == 0 and resumed_seed(None, 3) is None and resumed_seed(0, 1) != resumed_seed(0, 2)
+    assert "RUNNING" not in statuses(uri, "tx"), statuses(uri, "tx")
+    assert not list((tmp_path / ".pobench" / ".locks").glob("tune-*"))  # (no lock file left behind)
+
+
+
+#: trial 0 of a fresh study of `_argv` (grpo's space, --sampler-seed 0), as sampled before and after round 9
+FRESH_SEED_0_TRIAL_0 = {"clip_high": 0.2609671816250754, "clip_low": 0.30031627823034684,
+                        "kl_coef": 0.012520653814999465}

@@ -29,18 +29,17 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import signal
 import site
 import sys
 import sysconfig
 import threading
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from algorithms import get_spec, registered_advantage
+from bench.plugin_guard import KeepProcessState, check_streams
 from evaluators import list_benchmarks, task_module
 from evaluators.hints import NOT_REGULAR, not_regular
 
@@ -220,129 +219,6 @@ def _new_modules(before: set[str]) -> list[str]:
     return [m for m in list(sys.modules) if m not in before]
 
 
-def _default_dtype() -> Any:
-    """torch's default dtype, which a plugin may change at import (tensors pobench makes would be float64, and torch
-    refuses to mix them); None before torch is imported."""
-    torch = sys.modules.get("torch")
-    return torch.get_default_dtype() if hasattr(torch, "get_default_dtype") else None
-
-
-#: the signals whose handlers are pobench's (bench/runs/stop.py, bench/cli/main.py ``entry``): a plugin's are put back
-GUARDED_SIGNALS = ("SIGINT", "SIGTERM")
-
-
-def _handler_name(handler: Any) -> str:
-    if handler in (signal.SIG_IGN, signal.SIG_DFL):
-        return signal.Handlers(handler).name
-    return getattr(handler, "__qualname__", None) or repr(handler)
-
-
-class _KeepProcessState:
-    """Around a plugin's import: process-wide state pobench relies on, which a plugin's import may change, is put
-    back right after it; ``changed`` says what was changed, each a phrase of the command's warning naming the plugin
-    (bench/cli/flags.py), in every process that loads it. This is the one place for such state:
-
-    - the working folder (``os.chdir``; held-out round 6): every relative path of the command (its run folder, data,
-      store, the plugin file itself) named another file, and pobench reported them as deleted;
-    - torch's default dtype (``torch.set_default_dtype``; round 8): a float64 default failed the run deep in pobench's
-      code, the plugin not named. Set back to what it was (torch's float32 when the plugin is what imported torch);
-    - the warning filters (``warnings.simplefilter("error")``; round 9): a library's deprecation warning (SQLAlchemy's,
-      inside MLflow's client) became an exception and a traceback. A filter the import added that turns warnings into
-      errors is taken out, and a filter it removed (``warnings.resetwarnings()``) put back; the filters a library adds
-      for its own warnings while the plugin imports it (``ignore`` / ``always`` / ``default``: MLflow's, SciPy's)
-      stay, so a plugin that only imports libraries is not warned about;
-    - the handlers of SIGINT and SIGTERM (round 9: ``signal.signal(SIGTERM, SIG_IGN)`` made a scheduler's stop
-      silently ignored; the run trained to the end and under a scheduler became SIGKILL and a run left RUNNING):
-      the command's handlers (``bench.cli.main.entry``, installed before any plugin is imported) are put back, so a
-      SIGTERM stops the command with its one line and 143. (A signal that comes in the instant between the plugin
-      ignoring it and this guard's exit is lost: nothing is written yet at that point.)
-
-    And the command's output streams: a plugin that closes ``sys.stdout`` / ``sys.stderr`` (round 9: the run trained,
-    then "I/O operation on closed file", the plugin not named) is refused (``closed`` names them, ``_check_streams``);
-    they are opened again on their file descriptors, so the refusal's line can be written."""
-
-    def __enter__(self) -> _KeepProcessState:
-        self.cwd, self.dtype, self.changed = os.getcwd(), _default_dtype(), []
-        self.filters = list(warnings.filters)
-        self.handlers = {name: signal.getsignal(getattr(signal, name)) for name in GUARDED_SIGNALS}
-        self.closed = ""
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            now = os.getcwd()
-        except OSError:  # (it went into a folder since removed)
-            now = "(a removed folder)"
-        if now != self.cwd:
-            os.chdir(self.cwd)
-            self.changed.append(f"the working folder to {now} while imported; pobench changed it back to "
-                                f"{self.cwd}, where the command's relative paths are read (a plugin should not call "
-                                "os.chdir)")
-        after = _default_dtype()
-        if after is not None and after != (self.dtype or sys.modules["torch"].float32):
-            sys.modules["torch"].set_default_dtype(self.dtype or sys.modules["torch"].float32)
-            self.changed.append(f"torch's default dtype to {after} while imported; pobench changed it back (a plugin "
-                                "should not change torch's global settings: give a dtype to the tensors it makes "
-                                "instead)")
-        self._warning_filters()
-        self._signal_handlers()
-        closed = [name for name, fd in (("stdout", 1), ("stderr", 2)) if _reopen_closed(name, fd)]
-        self.closed = " and ".join(f"sys.{name}" for name in closed)
-
-    def _warning_filters(self) -> None:
-        now = list(warnings.filters)
-        errors = [f for f in now if f[0] == "error" and f not in self.filters]
-        removed = [f for f in self.filters if f not in now]
-        if not errors and not removed:
-            return
-        warnings.filters[:] = [f for f in now if f not in self.filters and f not in errors] + self.filters
-        mutated = getattr(warnings, "_filters_mutated", None)  # (what warnings.catch_warnings calls as it puts the
-        if mutated is not None:  # filters back: the interpreter's caches of what each warning did are dropped)
-            mutated()
-        what = [f"added {len(errors)} filter(s) turning warnings into errors, as warnings.simplefilter(\"error\"): "
-                "a library's warning would stop the command"] if errors else []
-        what += [f"removed {len(removed)} filter(s), as warnings.resetwarnings()"] if removed else []
-        self.changed.append(f"the process's warning filters ({'; '.join(what)}) while imported; pobench put them back "
-                            "(a plugin should filter warnings inside its own code only: with "
-                            "warnings.catch_warnings(): ...)")
-
-    def _signal_handlers(self) -> None:
-        for name, before in self.handlers.items():
-            sig = getattr(signal, name)
-            after = signal.getsignal(sig)
-            if after == before or before is None:  # (None: a handler not installed from Python; cannot be put back)
-                continue
-            try:
-                signal.signal(sig, before)
-            except ValueError:  # (not the main thread: the plugin could not have changed it either)
-                continue
-            self.changed.append(f"the handler of {name} to {_handler_name(after)} while imported; pobench put its "
-                                f"own back ({name} stops the command, with its one line; a plugin should not install "
-                                "signal handlers at import)")
-
-
-def _reopen_closed(name: str, fd: int) -> bool:
-    """When ``sys.<name>`` is closed: a new text stream on its file descriptor ``fd`` in its place (the descriptor
-    stays open: Python's standard streams do not close theirs); returns whether it was closed."""
-    stream = getattr(sys, name)
-    if stream is None or not stream.closed:
-        return False
-    try:
-        setattr(sys, name, open(fd, "w", encoding=getattr(stream, "encoding", None) or "utf-8",  # noqa: SIM115
-                                errors=getattr(stream, "errors", None) or "backslashreplace", closefd=False,
-                                buffering=1))
-    except (OSError, ValueError):  # (the descriptor closed too: nowhere to write)
-        pass
-    return True
-
-
-def _check_streams(spec: str, keep: _KeepProcessState) -> None:
-    """ValueError (one line naming the plugin) when it closed the command's output streams while imported."""
-    if keep.closed:
-        raise ValueError(f"plugin {spec} closed {keep.closed} while imported, where pobench writes its output and its "
-                         "errors: fix the plugin (leave the command's streams open)")
-
-
 def _import_file(spec: str) -> Plugin:
     path = Path(spec).expanduser().resolve()
     if path.is_dir():  # (held-out round 9: "no such file" for a folder that exists)
@@ -353,7 +229,7 @@ def _import_file(spec: str) -> Plugin:
         raise ValueError(f"plugin {spec}: no such file")
     name = file_module_name(path)
     before = set(sys.modules)
-    with _KeepProcessState() as kept:
+    with KeepProcessState() as kept:
         if name not in sys.modules:
             loader_spec = importlib.util.spec_from_file_location(name, path)
             module = importlib.util.module_from_spec(loader_spec)
@@ -363,7 +239,7 @@ def _import_file(spec: str) -> Plugin:
             except BaseException as e:
                 del sys.modules[name]
                 raise _failed(spec, e) from e
-    _check_streams(spec, kept)
+    check_streams(spec, kept)
     digest, imports, unknown = plugin_digest(path, [m for m in _new_modules(before) if m != name])
     return Plugin(spec, name, str(path), digest, imports=imports, unknown=unknown, changed=tuple(kept.changed))
 
@@ -435,7 +311,7 @@ def _failed(spec: str, e: BaseException) -> BaseException:
 
 def _import_module(spec: str, entry_point: bool = False) -> Plugin:
     before = set(sys.modules)
-    with _KeepProcessState() as kept:
+    with KeepProcessState() as kept:
         try:
             module = importlib.import_module(spec)
         except ModuleNotFoundError as e:
@@ -445,7 +321,7 @@ def _import_module(spec: str, entry_point: bool = False) -> Plugin:
             raise _failed(spec, e) from e
         except BaseException as e:
             raise _failed(spec, e) from e
-    _check_streams(spec, kept)
+    check_streams(spec, kept)
     source = _source_of(module)
     if not source and getattr(module, "__path__", None) is not None:  # a namespace package: a folder, no code run
         raise ValueError(f"plugin {spec}: {FOLDER_REFUSAL} ({', '.join(module.__path__)} has no __init__.py: "

@@ -361,3 +361,62 @@ def test_resume_from_step_0_is_refused_when_the_run_has_metrics(tmp_path, server
     client = MlflowClient(server.uri)
     (run,) = [r for r in _the_run(client) if r.info.run_name == "no-ckpt"]
     assert run.info.status == "FINISHED" and _steps(client, run.info.run_id, "rollout/reward_mean") == [1]
+
+
+# ------------------------------------------------------------------ held-out round 9: a server's storage, a lost server
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory):
+    """A real `mlflow server` that takes the runs' files by upload (``--artifacts-destination``); its own: the last
+    test kills it."""
+    if shutil.which("mlflow") is None:
+        pytest.skip("the `mlflow` command is not on PATH")
+    s = MlflowServer(tmp_path_factory.mktemp("mlflow-serving"), served_artifacts=True)
+    s.start()
+    yield s
+    s.stop()
+
+
+def test_a_server_refusing_an_upload_is_one_line_and_the_run_ends_failed(tmp_path, serving, bench_here):
+    """Held-out round 9 (H27): the server's artifact storage full (ENOSPC in its log), it answered the upload of
+    config.yaml with HTTP 500 at once: `bench train` said it "did not answer within 5 s", with a traceback, and left
+    the run RUNNING. Here the server cannot store the experiment's files (a file where its folder goes: the same 500
+    to the client, as root or not): one `stopped:` line naming the server and its status, the run FAILED."""
+    serving.start()
+    client = MlflowClient(serving.uri)
+    exp = client.create_experiment("refused")
+    (serving.root / "served").mkdir(exist_ok=True)
+    (serving.root / "served" / exp).write_text("in the way\n")
+    rc, _, err = bench_here([*_args(tmp_path, serving.uri, "up", experiment="refused", steps=1, eval_every=0),
+                             "--no-progress"], tmp_path)
+    lines = [ln for ln in err.splitlines() if ln.startswith("bench")]
+    assert rc == 1 and "Traceback" not in err and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith(f"bench train: stopped: the MLflow server {serving.uri} refused to store config.yaml "
+                               "of run "), lines
+    assert "(HTTP 500;" in lines[0] and "did not answer" not in lines[0], lines
+    assert [r.info.status for r in client.search_runs([exp])] == ["FAILED"]
+
+
+def test_a_server_lost_during_bench_report_is_one_stopped_line_within_the_bound(tmp_path, serving, bench_here,
+                                                                                 monkeypatch):
+    """Held-out round 9 (H28): the server SIGKILLed during `bench report`: minutes of MLflow's retries, silent (its
+    first call after the check, ``get_experiment``); killed as it answered, `error: ... IncompleteRead`, exit 2. Now
+    the report's requests are bounded as a run's are: one `stopped:` line naming the server, exit 1. The server is
+    killed as the report's work begins (its first call to the store after the check)."""
+    from bench.cli import report
+
+    serving.start()
+    asked = report.get_experiment
+
+    def killed_first(client, name):
+        serving.kill()
+        return asked(client, name)
+
+    monkeypatch.setattr(report, "get_experiment", killed_first)
+    t0 = time.perf_counter()
+    rc, _, err = bench_here(["report", "--tracking-uri", serving.uri], tmp_path)
+    lines = [ln for ln in err.splitlines() if ln.startswith("bench")]
+    assert rc == 1 and "Traceback" not in err and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith(f"bench report: stopped: MLflow tracking server {serving.uri} stopped answering "
+                               "during the work (connection "), lines  # (refused, or closed: a kept-alive one)
+    assert lines[0].endswith("once it answers again, rerun the same command"), lines
+    assert time.perf_counter() - t0 < 30  # (MLflow's own retries: minutes)

@@ -52,9 +52,10 @@ class StoreUnreachable(RuntimeError):
     ``bench.runs.tracking``)."""
 
 
-class ArtifactsRefused(RuntimeError):
-    """The place a run's files go (its experiment's artifact location: an MLflow server's upload, S3, ...) refused a
-    file pobench stores there: one line naming the place, its error and what to do (``bench.runs.tracking``)."""
+class StoreRefused(RuntimeError):
+    """The MLflow server answered a request with an error status (HTTP 500: its database or its storage failed), or
+    the place a run's files go (its experiment's artifact location: S3, ...) refused a file pobench stores there: one
+    line naming the server or the place, its error and what to do (``bench.runs.tracking``)."""
 
 
 #: the store and storage this command uses (``note``: the tracking URI its check resolved, the Optuna storage), which
@@ -226,7 +227,7 @@ def check_artifact_folder(experiment: str, location: str) -> None:
     (``location``: a path or ``file:`` URI, as MLflow stores it) that cannot be made or written: found at the run's
     first file, the run was FAILED and its folder made (held-out round 9: ``[Errno 2] No such file or directory:
     '/proc/nope'``). The folder is made as MLflow makes it at a run's first file. Another scheme (``s3://``, an MLflow
-    server's ``mlflow-artifacts:``) is checked by its first use (:class:`ArtifactsRefused`)."""
+    server's ``mlflow-artifacts:``) is checked by its first use (:class:`StoreRefused`)."""
     from urllib.parse import urlparse
 
     if urlparse(location).scheme not in ("", "file"):
@@ -315,7 +316,7 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
     of those (a bug: its traceback is shown)."""
     store, storage = store or _USED.get("store"), storage or _USED.get("storage")
     for e in _chain(error):
-        if isinstance(e, ArtifactsRefused):
+        if isinstance(e, StoreRefused):
             return str(e)
         if isinstance(e, StoreUnreachable):  # (met outside a training run, which adds what it kept)
             return f"{e}; once it answers again, rerun the same command"

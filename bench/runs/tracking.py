@@ -25,7 +25,7 @@ from typing import Any
 
 import bench
 from bench import faults
-from bench.faults import ArtifactsRefused, StoreUnreachable
+from bench.faults import StoreRefused, StoreUnreachable
 from bench.inputs import check_tracking_scheme
 from bench.runs import stop
 from bench.runs.system_metrics import SystemMetrics
@@ -121,18 +121,33 @@ def check_artifact_location(uri: str, experiment: str) -> None:
     """Refuse (one line, before any run) the existing experiment ``experiment`` of the store ``uri`` when its runs'
     files go to a local folder that cannot be made or written (``bench.faults.check_artifact_folder``); nothing to
     check for an experiment that does not exist yet (pobench gives it a folder beside the store) or a store not made
-    yet. A store that fails to answer here is met again, with its own line, by the work."""
+    yet. A store that fails to answer here is met again, with its own line, by the work. (A local SQLite store is
+    read with ``sqlite3``, read-only: MLflow's store object, once made, keeps its connections to that file for the
+    process, and a store deleted meanwhile is then not made anew.)"""
     db = faults.sqlite_file(uri)
-    if db is not None and not db.exists():
-        return
-    remote = uri.startswith(("http://", "https://"))
-    try:
-        with _bounded_http(timeout_s()) if remote else contextlib.nullcontext():
-            exp = open_client(uri).get_experiment_by_name(experiment)
-    except (mlflow_error(), OSError):
-        return
-    if exp is not None:
-        faults.check_artifact_folder(experiment, exp.artifact_location)
+    if db is not None:
+        if not db.exists():
+            return
+        import sqlite3
+
+        try:
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=20)
+            try:
+                row = con.execute("select artifact_location from experiments where name = ?", (experiment,)).fetchone()
+            finally:
+                con.close()
+        except sqlite3.Error:
+            return
+        location = row[0] if row else None
+    else:
+        try:
+            with _bounded_http(timeout_s()) if uri.startswith(("http://", "https://")) else contextlib.nullcontext():
+                exp = open_client(uri).get_experiment_by_name(experiment)
+        except (mlflow_error(), OSError):
+            return
+        location = exp.artifact_location if exp is not None else None
+    if location:
+        faults.check_artifact_folder(experiment, location)
 
 
 def version_tags(commit: bool = True) -> dict[str, str]:
@@ -185,7 +200,7 @@ def _is_connection_error(e: BaseException) -> bool:
     import requests
     import urllib3
 
-    if any(_answered(c) is not None for c in faults._chain(e)):  # (an error status the server answered with)
+    if _answered(e) is not None:  # (an error status the server answered with)
         return False
     seen = set()
     while e is not None and id(e) not in seen:
@@ -199,20 +214,30 @@ def _is_connection_error(e: BaseException) -> bool:
     return False
 
 
-def _answered(e: BaseException) -> int | None:
-    """The HTTP status of an error the server answered with that MLflow's client raised as "too many <status> error
-    responses" (urllib3's retries give up on a 5xx: with none left, at the first) or as a requests HTTPError; None
-    for another error. Held-out round 9: a server's 500 on an upload (its artifacts' disk full) was taken for no
-    answer: "did not answer within 5 s", and the run was left RUNNING."""
+#: the statuses a proxy answers for a server behind it that does not answer (502 Bad Gateway, 503 Service
+#: Unavailable, 504 Gateway Timeout): no answer from MLflow, tried again until the bound as a refused connection is
+NO_ANSWER_STATUSES = (502, 503, 504)
+
+
+def _answered(error: BaseException) -> int | None:
+    """The HTTP error status the server answered ``error``'s request with (in its chain: MLflow's client raises
+    urllib3's "too many <status> error responses", its retries used up at the first with none left, or a requests
+    HTTPError), unless it is one of :data:`NO_ANSWER_STATUSES`; None for any other error. Held-out round 9: a server's
+    500 on an upload (its artifacts' disk full) was taken for no answer: "did not answer within 5 s", a traceback,
+    and the run left RUNNING."""
     import re
 
     import requests
     import urllib3
 
-    if isinstance(e, urllib3.exceptions.ResponseError) and (m := re.search(r"too many (\d+) error", str(e))):
-        return int(m.group(1))
-    if isinstance(e, requests.exceptions.HTTPError) and e.response is not None:
-        return e.response.status_code
+    for e in faults._chain(error):
+        status = None
+        if isinstance(e, urllib3.exceptions.ResponseError) and (m := re.search(r"too many (\d+) error", str(e))):
+            status = int(m.group(1))
+        elif isinstance(e, requests.exceptions.HTTPError) and e.response is not None:
+            status = e.response.status_code
+        if status is not None and status not in NO_ANSWER_STATUSES:
+            return status
     return None
 
 
@@ -236,9 +261,10 @@ def answering(uri: str) -> Iterator[None]:
     """A command's reads and writes of the store ``uri`` outside a training run (`bench report`, `bench compare`):
     against an MLflow server, each request bounded by ``$POBENCH_MLFLOW_TIMEOUT`` with MLflow's retries off
     (:func:`_bounded_http`, as a run's calls are), and a request that got no answer raised as
-    :class:`StoreUnreachable` naming the server (``bench.faults.describe``: one ``stopped:`` line, exit 1). Held-out
-    round 9: a server killed during `bench report` left it waiting minutes in MLflow's retries, silent (or, killed as
-    it answered, ``error: ... IncompleteRead``, exit 2, as if the input were wrong). A local store: as it is."""
+    :class:`StoreUnreachable` naming the server (``bench.faults.describe``: one ``stopped:`` line, exit 1; an error
+    status it answered with: :class:`StoreRefused`). Held-out round 9: a server killed during `bench report` left it
+    waiting minutes in MLflow's retries, silent (or, killed as it answered, ``error: ... IncompleteRead``, exit 2, as
+    if the input were wrong). A local store: as it is."""
     if not uri.startswith(("http://", "https://")):
         yield
         return
@@ -247,6 +273,9 @@ def answering(uri: str) -> Iterator[None]:
         with _bounded_http(timeout):
             yield
     except Exception as e:
+        if (status := _answered(e)) is not None:
+            raise StoreRefused(f"the MLflow server {uri} answered a request with HTTP {status} (its log says why: its "
+                               "database or storage failed, say): fix the server, then rerun") from e
         if not _is_connection_error(e):
             raise
         raise StoreUnreachable(f"MLflow tracking server {uri} stopped answering during the work ({_no_answer(e)}; "
@@ -278,7 +307,8 @@ class RunLogger:
     def call(self, fn, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``, which talks to the store: against a server, within the timeout (a call that got
         no answer is tried again every half second until then; once the server was found unreachable, once), else
-        :class:`StoreUnreachable`. Errors the server answers with are raised as they are."""
+        :class:`StoreUnreachable`. An error status the server answers with (HTTP 500: its database or storage
+        failed) is :class:`StoreRefused`, one line; other errors it answers with are raised as they are."""
         if not self.remote:
             with stop.uninterrupted():  # (a signal ends the call first: no write left half-done, no lock held)
                 return fn(*args, **kwargs)
@@ -288,6 +318,10 @@ class RunLogger:
                 with _bounded_http(self.timeout), stop.uninterrupted():
                     return fn(*args, **kwargs)
             except (mlflow_error(), OSError) as e:
+                if (status := _answered(e)) is not None:
+                    raise StoreRefused(f"the MLflow server {self.uri} answered {getattr(fn, '__name__', 'a request')} "
+                                       f"with HTTP {status} (its log says why: its database or storage failed, say): "
+                                       "fix the server, then rerun") from e
                 if not _is_connection_error(e):
                     raise
                 if self.unreachable is None and time.monotonic() + RETRY_EVERY_S < deadline:
@@ -364,20 +398,20 @@ class RunLogger:
     def store_file(self, name: str, fn, *args: Any) -> Any:
         """``self.call(fn, *args)``, which stores the run's file ``name`` where its experiment keeps them: a refusal
         there (an MLflow server's error status on the upload, S3 without credentials, ...) is
-        :class:`ArtifactsRefused`, one line naming the place and what to do (held-out round 9: a traceback, or "did
-        not answer" for a server that answered 500). A lost server and the faults ``bench.faults.describe`` words
-        (a local folder's) are raised as they are."""
+        :class:`StoreRefused`, one line naming the file, the place and what to do (held-out round 9: a traceback, or
+        "did not answer" for a server that answered 500). A lost server and the faults ``bench.faults.describe``
+        words otherwise (a local folder's) are raised as they are."""
         try:
             return self.call(fn, *args)
         except StoreUnreachable:
             raise
         except Exception as e:
-            if faults.describe(e) is not None:
+            if not isinstance(e, StoreRefused) and faults.describe(e) is not None:
                 raise
-            raise ArtifactsRefused(self._refused(name, e)) from e
+            raise StoreRefused(self._refused(name, e)) from e
 
     def _refused(self, name: str, e: BaseException) -> str:
-        status = next((s for s in map(_answered, faults._chain(e)) if s is not None), None)
+        status = _answered(e)
         if status is not None:
             return (f"the MLflow server {self.uri} refused to store {name} of run {self.run_id} (HTTP {status}; the "
                     "server's log says why: its --artifacts-destination full or not writable, say): fix the server's "

@@ -150,6 +150,41 @@ def test_an_answer_cut_in_the_middle_is_given_up_after_the_timeout(monkeypatch):
             thread.join(timeout=30)
 
 
+@pytest.mark.parametrize("status", [500, 503])
+def test_an_error_status_is_an_answer_and_a_gateways_is_none(monkeypatch, status):
+    """Held-out round 9 (H27): a server answering HTTP 500 (its database or storage failed) was taken for one that
+    did not answer: waited for until the bound, then "did not answer within 5 s". It is one line at once
+    (``StoreRefused``); a proxy's 502 / 503 / 504 for a server behind it that does not answer stays "no answer"."""
+    import http.server
+    import threading
+
+    from bench.faults import StoreRefused
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    monkeypatch.setenv("POBENCH_MLFLOW_TIMEOUT", "1")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        t0 = time.perf_counter()
+        expected = StoreRefused if status == 500 else StoreUnreachable
+        with pytest.raises(expected) as e:
+            RunLogger(f"http://127.0.0.1:{server.server_port}", "x")
+        if status == 500:
+            assert "answered get_or_create_experiment with HTTP 500" in str(e.value) and time.perf_counter() - t0 < 3
+        else:
+            assert "did not answer within 1 s" in str(e.value)
+    finally:
+        server.shutdown()
+
+
 # ------------------------------------------------------------------ the MLflow server killed during a run
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["killed", "hung"])

@@ -22,6 +22,7 @@ import sqlite3
 from pathlib import Path, PurePath
 
 from reports.paths import check_length
+from reports.record import sqlite_file  # noqa: F401  (the database file of a local SQLite URI: used here and by callers)
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -67,6 +68,17 @@ class StoreFault(ValueError):
     """A store or folder that cannot be used, found before any work (one line; exit 2)."""
 
 
+class StoreUnreachable(RuntimeError):
+    """The MLflow server did not answer within ``$POBENCH_MLFLOW_TIMEOUT`` seconds (one line, naming the server:
+    ``bench.runs.tracking``)."""
+
+
+class StoreRefused(RuntimeError):
+    """The MLflow server answered a request with an error status (HTTP 500: its database or its storage failed), or
+    the place a run's files go (its experiment's artifact location: S3, ...) refused a file pobench stores there: one
+    line naming the server or the place, its error and what to do (``bench.runs.tracking``)."""
+
+
 #: the store and storage this command uses (``note``: the tracking URI its check resolved, the Optuna storage), which
 #: its fault line names: the exceptions of SQLite and SQLAlchemy do not say which database they came from
 _USED: dict[str, str] = {}
@@ -78,16 +90,6 @@ def note(*, store: str | None = None, storage: str | None = None) -> None:
 
 
 # ------------------------------------------------------------------ before any work
-def sqlite_file(uri: str) -> Path | None:
-    """The database file of a local SQLite URI (None for any other store, or an in-memory one)."""
-    if not uri.startswith("sqlite:"):
-        return None
-    from sqlalchemy.engine import make_url
-
-    db = make_url(uri).database
-    return Path(db) if db and db != ":memory:" else None
-
-
 def watch_file(uri: str) -> tuple[Path, tuple[int, int] | None] | None:
     """The local SQLite file of ``uri`` and its identity now ((device, inode); None when it does not exist yet), to
     tell later (:func:`changed`) whether it was deleted or replaced meanwhile: SQLite goes on writing into a deleted
@@ -187,6 +189,7 @@ def _check_sqlite(db: Path, uri: str, locked_again: bool = False) -> None:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=20)
         try:
             row = con.execute("select version_num from alembic_version").fetchone()
+            tables = {t for (t,) in con.execute("select name from sqlite_master where type = 'table'")}
         finally:
             con.close()
     except sqlite3.DatabaseError as e:
@@ -200,6 +203,20 @@ def _check_sqlite(db: Path, uri: str, locked_again: bool = False) -> None:
         raise StoreFault(f"the MLflow store {db} is damaged ({e}); restore it from a backup, or " + away) from None
     if row is not None:
         schema_revision(db, uri, row[0])
+        missing = sorted(missing_tables(tables))
+        if missing:  # (held-out round 9: a dropped latest_metrics was six tracebacks and a run left RUNNING)
+            raise StoreFault(f"the MLflow store {db} is damaged (no such table: {', '.join(missing)}); restore it "
+                             "from a backup, or " + away)
+
+
+def missing_tables(tables: set[str]) -> set[str]:
+    """The tables of the installed MLflow's schema that are not among ``tables`` (those of a store at its schema
+    revision: ``schema_revision`` checked it). MLflow's table definitions are loaded with its store's code, which
+    reading the revision imported already."""
+    import mlflow.store.db.utils  # noqa: F401  (the store's code: it imports the definitions of its tables)
+    from mlflow.store.db.base_sql_model import Base
+
+    return set(Base.metadata.tables) - tables
 
 
 def schema_revision(db: Path | str, uri: str, found: str) -> None:
@@ -224,6 +241,30 @@ def schema_revision(db: Path | str, uri: str, found: str) -> None:
     raise StoreFault(f"the MLflow store {db} was written by an older MLflow (schema revision {found}; MLflow "
                      f"{mlflow.__version__} expects {head}): back it up, then run `mlflow db upgrade {uri}`, or give "
                      "another --tracking-uri")
+
+
+def check_artifact_folder(experiment: str, location: str) -> None:
+    """Refuse (StoreFault, one line) the experiment ``experiment`` when its runs' files go to a local folder
+    (``location``: a path or ``file:`` URI, as MLflow stores it) that cannot be made or written: found at the run's
+    first file, the run was FAILED and its folder made (held-out round 9: ``[Errno 2] No such file or directory:
+    '/proc/nope'``). The folder is made as MLflow makes it at a run's first file. Another scheme (``s3://``, an MLflow
+    server's ``mlflow-artifacts:``) is checked by its first use (:class:`StoreRefused`)."""
+    from urllib.parse import urlparse
+
+    if urlparse(location).scheme not in ("", "file"):
+        return
+    from mlflow.utils.file_utils import local_file_uri_to_path
+
+    path = Path(local_file_uri_to_path(location))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        why = _why_not_writable(path)
+    except OSError as e:
+        why = f"{e.strerror}: {e.filename}" if e.filename else e.strerror or str(e)
+    if why:
+        raise StoreFault(f"experiment {experiment!r} keeps its runs' files in {location}, which cannot be written "
+                         f"({why}): give another --experiment (a new one keeps them beside the store), or make that "
+                         "folder writable (MLflow cannot move an experiment's files)")
 
 
 def check_output_folder(path: str | Path, flag: str) -> None:
@@ -297,6 +338,11 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
     Optuna storage (``storage``, password hidden) or the file system behind ``error``; None when ``error`` is none
     of those (a bug: its traceback is shown)."""
     store, storage = store or _USED.get("store"), storage or _USED.get("storage")
+    for e in _chain(error):
+        if isinstance(e, StoreRefused):
+            return str(e)
+        if isinstance(e, StoreUnreachable):  # (met outside a training run, which adds what it kept)
+            return f"{e}; once it answers again, rerun the same command"
     optuna_error = any(type(e).__name__ == "StorageInternalError" for e in _chain(error))
     for e in _chain(error):
         text = str(e)
@@ -323,7 +369,8 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
         if "readonly database" in text or "read-only database" in text:
             return (f"{db} became read-only (attempt to write a readonly database): make the file and its folder "
                     "writable, then rerun")
-        if "database disk image is malformed" in text or "file is not a database" in text:
+        if "database disk image is malformed" in text or "file is not a database" in text or \
+                "no such table" in text and not optuna_error and store is not None and sqlite_file(store) is not None:
             return f"{db} is damaged ({_first(text)}); restore it from a backup, or move it away and rerun"
         if "unable to open database file" in text:
             return f"{db} cannot be opened (unable to open database file): check its folder exists and is writable"

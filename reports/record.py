@@ -113,13 +113,8 @@ _READY: set[str] = set()  # URIs whose store this process has already opened und
 def store_lock_path(uri: str) -> Path | None:
     """The lock file that guards a local store's creation (``<db>.lock`` / ``<folder>.lock``); None if remote."""
     if uri.startswith("sqlite:"):
-        from sqlalchemy.engine import make_url
-
-        db = make_url(uri).database
-        if not db or db == ":memory:":
-            return None
-        p = Path(db)
-        return p.with_name(p.name + ".lock")
+        p = sqlite_file(uri)
+        return None if p is None else p.with_name(p.name + ".lock")
     if uri.startswith("file:") or "://" not in uri:  # MLflow's file store: a folder
         from urllib.parse import urlparse
 
@@ -160,11 +155,57 @@ def open_client(uri: str):
     if uri in _READY or store_lock_path(uri) is None:
         return MlflowClient(tracking_uri=uri)
     with store_lock(uri):
+        db = sqlite_file(uri)
+        if db is not None and not db.exists() and not db.is_symlink():
+            create_store(db)
         client = MlflowClient(tracking_uri=uri)
         # the first connection: creates and migrates the store (waited for while another process holds it locked)
         retry_locked(client.search_experiments, max_results=1)
     _READY.add(uri)
     return client
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a local SQLite URI (None for any other store, or an in-memory one)."""
+    if not uri.startswith("sqlite:"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    db = make_url(uri).database
+    return Path(db) if db and db != ":memory:" else None
+
+
+def creating_name(db: Path) -> Path:
+    """Where :func:`create_store` builds a new store before it is renamed to ``db``: ``.<name>.pobench-creating``
+    beside it."""
+    return db.with_name(f".{db.name}.pobench-creating")
+
+
+def create_store(db: Path) -> None:
+    """Create a new local MLflow store at ``db`` whole or not at all: MLflow creates its tables and runs its
+    migrations (seconds) in a file beside it (:func:`creating_name`), which is renamed to ``db`` once complete.
+    Held-out round 9: a SIGTERM while MLflow created its tables in ``mlflow.db`` itself left a store of an old
+    schema revision (or one without ``alembic_version``) that the next command refused, with advice to upgrade it.
+    Called under :func:`store_lock` (one creator at a time), so a file at the temporary name is one a killed creator
+    left: it is replaced. (MLflow adds its Default experiment at the first connection to ``db``.)"""
+    from mlflow.store.db.utils import _initialize_tables, create_sqlalchemy_engine_with_retry
+
+    db = Path(os.path.abspath(db))
+    tmp = creating_name(db)
+    journal = tmp.with_name(tmp.name + "-journal")
+    try:
+        for left in (tmp, journal):
+            left.unlink(missing_ok=True)
+        engine = create_sqlalchemy_engine_with_retry(f"sqlite:///{tmp}")
+        try:
+            _initialize_tables(engine)
+        finally:
+            engine.dispose()
+        if not db.exists():  # (another program, not under pobench's lock, may have made one meanwhile: kept)
+            os.replace(tmp, db)
+    finally:
+        for left in (tmp, journal):
+            left.unlink(missing_ok=True)
 
 
 #: the folder beside a local SQLite store where its experiments keep their runs' files (:func:`artifact_location`)

@@ -207,11 +207,14 @@ def bench_here(monkeypatch, capsys):
 class MlflowServer:
     """A real `mlflow server` (SQLite backend, local artifact root, tracking only: no job-runner process) on a free
     loopback port, in a process group of its own, so it can be killed (its workers with it), hung, and started again
-    on the same port and store."""
+    on the same port and store. ``served_artifacts``: the runs' files are uploaded to the server, which keeps them in
+    ``root/served`` (``--artifacts-destination``: a server's storage, whose faults its clients meet as HTTP errors)."""
 
-    def __init__(self, root) -> None:
+    def __init__(self, root, served_artifacts: bool = False) -> None:
         self.root, self.port, self.proc = root, free_port(), None
         self.uri = f"http://127.0.0.1:{self.port}"
+        self.artifacts = ["--artifacts-destination", str(root / "served")] if served_artifacts else \
+            ["--default-artifact-root", str(root / "artifacts")]
 
     def start(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -219,9 +222,9 @@ class MlflowServer:
         with open(self.root / "server.log", "a") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--workers", "1", "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db",
-                 "--default-artifact-root", str(self.root / "artifacts")], stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+                 "--workers", "1", "--backend-store-uri", f"sqlite:///{self.root}/mlflow.db", *self.artifacts],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
         deadline = time.time() + 300
         while True:
             if self.proc.poll() is not None:

@@ -17,7 +17,7 @@ from algorithms.registry import default_config
 from bench.cli.flags import add_units_flag
 from bench.cli.interrupt import Stopped, rerun
 from bench.config import TRACKING_URI_DEFAULT, TrainConfig
-from bench.runs.tracking import check_reachable, flatten
+from bench.runs.tracking import answering, check_reachable, flatten
 from reports.compare import compare_comparisons, parse_spec
 from reports.paths import user_files
 from reports.record import mlflow_error
@@ -58,8 +58,9 @@ def run(args: argparse.Namespace) -> int:
     uri = check_reachable(args.tracking_uri, reads_only=True)
     options = ReportOptions(percent=not args.fractions)
     try:
-        res = compare_comparisons(specs, uri, out_root=args.out_root, baseline=args.baseline,
-                                  target_acc=args.target_acc, options=options, defaults=default_params)
+        with answering(uri):  # a server lost during the work: one `stopped:` line within the bound
+            res = compare_comparisons(specs, uri, out_root=args.out_root, baseline=args.baseline,
+                                      target_acc=args.target_acc, options=options, defaults=default_params)
     except mlflow_error() as e:
         raise ValueError(f"MLflow at {uri}: {e.message}") from None
     except KeyboardInterrupt:  # (it reads MLflow and writes its tables at the end)

@@ -107,7 +107,7 @@ def run(args) -> int:
     args.prompt_template = args.prompt_template or "auto"
     store_file = None  # (the local store as it is now: faults.watch_file)
     if not args.no_mlflow:  # an unreachable server: one line now, before transformers and the model load
-        check_reachable(args.tracking_uri)
+        check_reachable(args.tracking_uri, experiment=args.experiment)
         from reports.record import tracking_uri
 
         store_file = faults.watch_file(tracking_uri(args.tracking_uri))

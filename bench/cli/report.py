@@ -10,7 +10,7 @@ from bench import faults
 from bench.cli.flags import add_plugin_flag, add_report_flags, report_options
 from bench.cli.interrupt import Stopped, finished, rerun
 from bench.config import TRACKING_URI_DEFAULT
-from bench.runs.tracking import check_reachable
+from bench.runs.tracking import answering, check_reachable
 from reports.load import _client, get_experiment, list_comparisons, resolve_tracking_uri
 from reports.record import mlflow_error
 from reports.report import build_report
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
-    except mlflow_error() as e:  # unreachable server, bad URI: one line naming the cause
+    except mlflow_error() as e:  # an error MLflow answered with (a bad URI, say): one line naming the cause
         if faults.describe(e) is not None:
             raise  # a fault of the store: its line (bench/cli/main.py)
         raise ValueError(f"MLflow at {args.tracking_uri or 'the default tracking URI'}: {e.message}") from None
@@ -40,6 +40,11 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     uri = check_reachable(resolve_tracking_uri(args.tracking_uri), reads_only=True)
     faults.check_output_folder(args.out_root, "--out-root")  # a file in its place, read-only: one line now
+    with answering(uri):  # a server lost during the work: one `stopped:` line within the bound, not MLflow's retries
+        return _report(args, uri)
+
+
+def _report(args: argparse.Namespace, uri: str) -> int:
     if args.comparison is None:  # say which one is reported when there is a choice
         client = _client(uri)
         comps = list_comparisons(client, get_experiment(client, args.experiment).experiment_id)

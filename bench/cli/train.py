@@ -32,7 +32,8 @@ def run(args: argparse.Namespace) -> int:
     root = cfg.output_dir
     cfg = resume.train_folder(cfg)  # <output_dir>/<experiment>/<algo>-s<seed>-<configuration key>
     resume.check_resume(cfg, root)  # --resume: the run's own configuration, or one line naming what differs
-    check_reachable(cfg.tracking_uri)  # an unreachable server: one line now, not minutes later after the model loads
+    # an unreachable server, its experiment's files unwritable: one line now, not minutes later after the model loads
+    check_reachable(cfg.tracking_uri, experiment=cfg.experiment)
     faults.check_output_folder(root, "--output-dir")  # a file in its place, a read-only file system: one line now
     engines.check(cfg)
     for warning in preflight.check_inputs(cfg):  # every source read, answers and prompt lengths counted

@@ -139,7 +139,7 @@ def main(args: argparse.Namespace) -> int:
 
     spec = spec_from_args(args)
     confirm_seeds = confirm_seeds_from_args(args, spec)
-    check_reachable(spec.base.tracking_uri)
+    check_reachable(spec.base.tracking_uri, experiment=spec.base.experiment)
     faults.check_output_folder(spec.base.output_dir, "--output-dir")  # a file in its place, read-only: one line now
     if args.out:  # a folder of the user's holding other files: refused now, not after the study
         faults.check_output_folder(args.out, "--out")

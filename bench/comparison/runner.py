@@ -149,7 +149,7 @@ def check_comparison(spec: ComparisonSpec) -> list[str]:
     ValueError line otherwise. Returns the warnings (params outside their declared ranges, what reading the inputs
     found)."""
     cfg = spec.cfg
-    check_reachable(cfg.tracking_uri)
+    check_reachable(cfg.tracking_uri, experiment=cfg.experiment)
     faults.check_output_folder(cfg.output_dir, "--output-dir")  # a file in its place, read-only: one line now
     if spec.report:  # a foreign folder where the report would go: one line now, not after training
         faults.check_output_folder(spec.out_root, "--out-root")

@@ -19,11 +19,13 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import bench
 from bench import faults
+from bench.faults import StoreRefused, StoreUnreachable
 from bench.inputs import check_tracking_scheme
 from bench.runs import stop
 from bench.runs.system_metrics import SystemMetrics
@@ -69,10 +71,6 @@ def store_client(uri: str) -> UninterruptedClient:
     return UninterruptedClient(record.open_client(uri))
 
 
-class StoreUnreachable(RuntimeError):
-    """The MLflow server did not answer a run's call within ``$POBENCH_MLFLOW_TIMEOUT`` seconds (one line)."""
-
-
 def timeout_s() -> float:
     """``$POBENCH_MLFLOW_TIMEOUT`` in seconds (default 5); a ValueError naming the variable when it is no number."""
     raw = os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT_S)
@@ -85,13 +83,14 @@ def timeout_s() -> float:
     return value
 
 
-def check_reachable(uri: str | None, *, reads_only: bool = False) -> str:
+def check_reachable(uri: str | None, *, reads_only: bool = False, experiment: str | None = None) -> str:
     """Resolve the tracking URI and, for an MLflow server (http/https), check that it answers within
     ``$POBENCH_MLFLOW_TIMEOUT`` seconds (default 5): one ValueError line naming the URI otherwise, before any model
     is loaded. (MLflow's own client retries a refused connection for about four minutes before it gives up.) A local
     SQLite store is checked without writing it (``bench.faults.check_store``); a command that only reads
     (``reads_only``: `bench report`, `bench compare`) refuses one that does not exist rather than create an empty one.
-    Returns the resolved URI."""
+    ``experiment``, the one the command records into: when it exists, the folder its runs' files go to is checked
+    (:func:`check_artifact_location`). Returns the resolved URI."""
     resolved = check_tracking_scheme(record.tracking_uri(uri))  # foo://bar: one line, not MLflow's traceback
     faults.note(store=resolved)  # (what a fault of the store met later names)
     db = faults.sqlite_file(resolved)
@@ -100,6 +99,8 @@ def check_reachable(uri: str | None, *, reads_only: bool = False) -> str:
                          "here first, or give --tracking-uri (or MLFLOW_TRACKING_URI) of the store that holds the runs")
     if not resolved.startswith(("http://", "https://")):
         faults.check_store(resolved)  # read-only, not SQLite, truncated, another schema revision: one line now
+        if experiment is not None:
+            check_artifact_location(resolved, experiment)
         return resolved
     timeout = timeout_s()
     try:
@@ -111,7 +112,42 @@ def check_reachable(uri: str | None, *, reads_only: bool = False) -> str:
         why = getattr(e, "reason", None) or e
         raise ValueError(f"MLflow tracking server {resolved} cannot be reached within {timeout:g} s ({why}); start it, "
                          f"or fix --tracking-uri / MLFLOW_TRACKING_URI ({TIMEOUT_ENV} sets the wait)") from None
+    if experiment is not None:
+        check_artifact_location(resolved, experiment)
     return resolved
+
+
+def check_artifact_location(uri: str, experiment: str) -> None:
+    """Refuse (one line, before any run) the existing experiment ``experiment`` of the store ``uri`` when its runs'
+    files go to a local folder that cannot be made or written (``bench.faults.check_artifact_folder``); nothing to
+    check for an experiment that does not exist yet (pobench gives it a folder beside the store) or a store not made
+    yet. A store that fails to answer here is met again, with its own line, by the work. (A local SQLite store is
+    read with ``sqlite3``, read-only: MLflow's store object, once made, keeps its connections to that file for the
+    process, and a store deleted meanwhile is then not made anew.)"""
+    db = faults.sqlite_file(uri)
+    if db is not None:
+        if not db.exists():
+            return
+        import sqlite3
+
+        try:
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=20)
+            try:
+                row = con.execute("select artifact_location from experiments where name = ?", (experiment,)).fetchone()
+            finally:
+                con.close()
+        except sqlite3.Error:
+            return
+        location = row[0] if row else None
+    else:
+        try:
+            with _bounded_http(timeout_s()) if uri.startswith(("http://", "https://")) else contextlib.nullcontext():
+                exp = open_client(uri).get_experiment_by_name(experiment)
+        except (mlflow_error(), OSError):
+            return
+        location = exp.artifact_location if exp is not None else None
+    if location:
+        faults.check_artifact_folder(experiment, location)
 
 
 def version_tags(commit: bool = True) -> dict[str, str]:
@@ -164,6 +200,8 @@ def _is_connection_error(e: BaseException) -> bool:
     import requests
     import urllib3
 
+    if _answered(e) is not None:  # (an error status the server answered with)
+        return False
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
@@ -174,6 +212,33 @@ def _is_connection_error(e: BaseException) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
+
+
+#: the statuses a proxy answers for a server behind it that does not answer (502 Bad Gateway, 503 Service
+#: Unavailable, 504 Gateway Timeout): no answer from MLflow, tried again until the bound as a refused connection is
+NO_ANSWER_STATUSES = (502, 503, 504)
+
+
+def _answered(error: BaseException) -> int | None:
+    """The HTTP error status the server answered ``error``'s request with (in its chain: MLflow's client raises
+    urllib3's "too many <status> error responses", its retries used up at the first with none left, or a requests
+    HTTPError), unless it is one of :data:`NO_ANSWER_STATUSES`; None for any other error. Held-out round 9: a server's
+    500 on an upload (its artifacts' disk full) was taken for no answer: "did not answer within 5 s", a traceback,
+    and the run left RUNNING."""
+    import re
+
+    import requests
+    import urllib3
+
+    for e in faults._chain(error):
+        status = None
+        if isinstance(e, urllib3.exceptions.ResponseError) and (m := re.search(r"too many (\d+) error", str(e))):
+            status = int(m.group(1))
+        elif isinstance(e, requests.exceptions.HTTPError) and e.response is not None:
+            status = e.response.status_code
+        if status is not None and status not in NO_ANSWER_STATUSES:
+            return status
+    return None
 
 
 @contextlib.contextmanager
@@ -189,6 +254,32 @@ def _bounded_http(seconds: float):
     finally:
         for k in added:
             os.environ.pop(k, None)
+
+
+@contextlib.contextmanager
+def answering(uri: str) -> Iterator[None]:
+    """A command's reads and writes of the store ``uri`` outside a training run (`bench report`, `bench compare`):
+    against an MLflow server, each request bounded by ``$POBENCH_MLFLOW_TIMEOUT`` with MLflow's retries off
+    (:func:`_bounded_http`, as a run's calls are), and a request that got no answer raised as
+    :class:`StoreUnreachable` naming the server (``bench.faults.describe``: one ``stopped:`` line, exit 1; an error
+    status it answered with: :class:`StoreRefused`). Held-out round 9: a server killed during `bench report` left it
+    waiting minutes in MLflow's retries, silent (or, killed as it answered, ``error: ... IncompleteRead``, exit 2, as
+    if the input were wrong). A local store: as it is."""
+    if not uri.startswith(("http://", "https://")):
+        yield
+        return
+    timeout = timeout_s()
+    try:
+        with _bounded_http(timeout):
+            yield
+    except Exception as e:
+        if (status := _answered(e)) is not None:
+            raise StoreRefused(f"the MLflow server {uri} answered a request with HTTP {status} (its log says why: its "
+                               "database or storage failed, say): fix the server, then rerun") from e
+        if not _is_connection_error(e):
+            raise
+        raise StoreUnreachable(f"MLflow tracking server {uri} stopped answering during the work ({_no_answer(e)}; "
+                               f"each request waits {timeout:g} s: {TIMEOUT_ENV})") from None
 
 
 #: where a run's sample completions go: one JSON file per sampled step, and the table of all of them at the end
@@ -216,7 +307,8 @@ class RunLogger:
     def call(self, fn, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)``, which talks to the store: against a server, within the timeout (a call that got
         no answer is tried again every half second until then; once the server was found unreachable, once), else
-        :class:`StoreUnreachable`. Errors the server answers with are raised as they are."""
+        :class:`StoreUnreachable`. An error status the server answers with (HTTP 500: its database or storage
+        failed) is :class:`StoreRefused`, one line; other errors it answers with are raised as they are."""
         if not self.remote:
             with stop.uninterrupted():  # (a signal ends the call first: no write left half-done, no lock held)
                 return fn(*args, **kwargs)
@@ -226,6 +318,10 @@ class RunLogger:
                 with _bounded_http(self.timeout), stop.uninterrupted():
                     return fn(*args, **kwargs)
             except (mlflow_error(), OSError) as e:
+                if (status := _answered(e)) is not None:
+                    raise StoreRefused(f"the MLflow server {self.uri} answered {getattr(fn, '__name__', 'a request')} "
+                                       f"with HTTP {status} (its log says why: its database or storage failed, say): "
+                                       "fix the server, then rerun") from e
                 if not _is_connection_error(e):
                     raise
                 if self.unreachable is None and time.monotonic() + RETRY_EVERY_S < deadline:
@@ -294,10 +390,40 @@ class RunLogger:
             self.call(record.retry_locked, self.client.set_tag, self.run_id, k, v)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        self.call(self.client.log_artifact, self.run_id, str(path), artifact_path)
+        self.store_file(Path(path).name, self.client.log_artifact, self.run_id, str(path), artifact_path)
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self.call(self.client.log_text, self.run_id, text, artifact_file)
+        self.store_file(artifact_file, self.client.log_text, self.run_id, text, artifact_file)
+
+    def store_file(self, name: str, fn, *args: Any) -> Any:
+        """``self.call(fn, *args)``, which stores the run's file ``name`` where its experiment keeps them: a refusal
+        there (an MLflow server's error status on the upload, S3 without credentials, ...) is
+        :class:`StoreRefused`, one line naming the file, the place and what to do (held-out round 9: a traceback, or
+        "did not answer" for a server that answered 500). A lost server and the faults ``bench.faults.describe``
+        words otherwise (a local folder's) are raised as they are."""
+        try:
+            return self.call(fn, *args)
+        except StoreUnreachable:
+            raise
+        except Exception as e:
+            if not isinstance(e, StoreRefused) and faults.describe(e) is not None:
+                raise
+            raise StoreRefused(self._refused(name, e)) from e
+
+    def _refused(self, name: str, e: BaseException) -> str:
+        status = _answered(e)
+        if status is not None:
+            return (f"the MLflow server {self.uri} refused to store {name} of run {self.run_id} (HTTP {status}; the "
+                    "server's log says why: its --artifacts-destination full or not writable, say): fix the server's "
+                    "storage, then rerun")
+        try:
+            exp = self.call(self.client.get_experiment, self.experiment_id)
+            where = f"experiment {exp.name!r} keeps its runs' files at {exp.artifact_location}, which"
+        except Exception:  # noqa: BLE001  (the line names what is known)
+            where = f"the place experiment {self.experiment_id} keeps its runs' files"
+        why = f"{type(e).__name__}: {faults._first(str(e))}" if str(e).strip() else type(e).__name__
+        return (f"{where} refused {name} ({why}): give another --experiment (a new one keeps its files beside the "
+                "store, or where the server chooses), or give pobench access to that place")
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         """The sample completions of training step ``step``: ``samples/step_<step>.json`` (written again, not added

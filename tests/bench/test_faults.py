@@ -150,6 +150,41 @@ def test_an_answer_cut_in_the_middle_is_given_up_after_the_timeout(monkeypatch):
             thread.join(timeout=30)
 
 
+@pytest.mark.parametrize("status", [500, 503])
+def test_an_error_status_is_an_answer_and_a_gateways_is_none(monkeypatch, status):
+    """Held-out round 9 (H27): a server answering HTTP 500 (its database or storage failed) was taken for one that
+    did not answer: waited for until the bound, then "did not answer within 5 s". It is one line at once
+    (``StoreRefused``); a proxy's 502 / 503 / 504 for a server behind it that does not answer stays "no answer"."""
+    import http.server
+    import threading
+
+    from bench.faults import StoreRefused
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    monkeypatch.setenv("POBENCH_MLFLOW_TIMEOUT", "1")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        t0 = time.perf_counter()
+        expected = StoreRefused if status == 500 else StoreUnreachable
+        with pytest.raises(expected) as e:
+            RunLogger(f"http://127.0.0.1:{server.server_port}", "x")
+        if status == 500:
+            assert "answered get_or_create_experiment with HTTP 500" in str(e.value) and time.perf_counter() - t0 < 3
+        else:
+            assert "did not answer within 1 s" in str(e.value)
+    finally:
+        server.shutdown()
+
+
 # ------------------------------------------------------------------ the MLflow server killed during a run
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["killed", "hung"])
@@ -361,3 +396,62 @@ def test_resume_from_step_0_is_refused_when_the_run_has_metrics(tmp_path, server
     client = MlflowClient(server.uri)
     (run,) = [r for r in _the_run(client) if r.info.run_name == "no-ckpt"]
     assert run.info.status == "FINISHED" and _steps(client, run.info.run_id, "rollout/reward_mean") == [1]
+
+
+# ------------------------------------------------------------------ held-out round 9: a server's storage, a lost server
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory):
+    """A real `mlflow server` that takes the runs' files by upload (``--artifacts-destination``); its own: the last
+    test kills it."""
+    if shutil.which("mlflow") is None:
+        pytest.skip("the `mlflow` command is not on PATH")
+    s = MlflowServer(tmp_path_factory.mktemp("mlflow-serving"), served_artifacts=True)
+    s.start()
+    yield s
+    s.stop()
+
+
+def test_a_server_refusing_an_upload_is_one_line_and_the_run_ends_failed(tmp_path, serving, bench_here):
+    """Held-out round 9 (H27): the server's artifact storage full (ENOSPC in its log), it answered the upload of
+    config.yaml with HTTP 500 at once: `bench train` said it "did not answer within 5 s", with a traceback, and left
+    the run RUNNING. Here the server cannot store the experiment's files (a file where its folder goes: the same 500
+    to the client, as root or not): one `stopped:` line naming the server and its status, the run FAILED."""
+    serving.start()
+    client = MlflowClient(serving.uri)
+    exp = client.create_experiment("refused")
+    (serving.root / "served").mkdir(exist_ok=True)
+    (serving.root / "served" / exp).write_text("in the way\n")
+    rc, _, err = bench_here([*_args(tmp_path, serving.uri, "up", experiment="refused", steps=1, eval_every=0),
+                             "--no-progress"], tmp_path)
+    lines = [ln for ln in err.splitlines() if ln.startswith("bench")]
+    assert rc == 1 and "Traceback" not in err and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith(f"bench train: stopped: the MLflow server {serving.uri} refused to store config.yaml "
+                               "of run "), lines
+    assert "(HTTP 500;" in lines[0] and "did not answer" not in lines[0], lines
+    assert [r.info.status for r in client.search_runs([exp])] == ["FAILED"]
+
+
+def test_a_server_lost_during_bench_report_is_one_stopped_line_within_the_bound(tmp_path, serving, bench_here,
+                                                                                 monkeypatch):
+    """Held-out round 9 (H28): the server SIGKILLed during `bench report`: minutes of MLflow's retries, silent (its
+    first call after the check, ``get_experiment``); killed as it answered, `error: ... IncompleteRead`, exit 2. Now
+    the report's requests are bounded as a run's are: one `stopped:` line naming the server, exit 1. The server is
+    killed as the report's work begins (its first call to the store after the check)."""
+    from bench.cli import report
+
+    serving.start()
+    asked = report.get_experiment
+
+    def killed_first(client, name):
+        serving.kill()
+        return asked(client, name)
+
+    monkeypatch.setattr(report, "get_experiment", killed_first)
+    t0 = time.perf_counter()
+    rc, _, err = bench_here(["report", "--tracking-uri", serving.uri], tmp_path)
+    lines = [ln for ln in err.splitlines() if ln.startswith("bench")]
+    assert rc == 1 and "Traceback" not in err and len(lines) == 1, err[-3000:]
+    assert lines[0].startswith(f"bench report: stopped: MLflow tracking server {serving.uri} stopped answering "
+                               "during the work (connection "), lines  # (refused, or closed: a kept-alive one)
+    assert lines[0].endswith("once it answers again, rerun the same command"), lines
+    assert time.perf_counter() - t0 < 30  # (MLflow's own retries: minutes)

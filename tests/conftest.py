@@ -28,7 +28,16 @@ from tests.net import free_port
 
 def pytest_configure(config):
     """Under pytest-xdist (`pytest -n 2`), tests marked ``xdist_group`` run on one worker (``--dist loadgroup``):
-    the Ray tests share that worker's one local Ray instance (``ray_local``) instead of starting one each."""
+    the Ray tests share that worker's one local Ray instance (``ray_local``) instead of starting one each.
+
+    And Ctrl-C raises KeyboardInterrupt in this process, as in a terminal or a notebook: a suite started in the
+    background by a non-interactive shell (`.ci/run &`, nohup) inherits an ignored SIGINT, where pobench rightly
+    takes a KeyboardInterrupt for one raised by code, not a stop (``bench.runs.stop.raised_by_code``); the tests that
+    stand for a user's Ctrl-C by raising it (an ``on_eval`` hook) model an interactive process."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if any(a == "--dist" or a.startswith("--dist=") for a in config.invocation_params.args):
         return  # (a scheduling the user chose)
     if getattr(config.option, "dist", "no") == "load":  # the controller: its scheduler
@@ -143,6 +152,23 @@ def no_tracking_uri_left_set():
     yield
     after = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
     assert after == before, f"the test left MLflow's tracking URI set: {after} (was {before})"
+
+
+@pytest.fixture(autouse=True)
+def no_signal_handler_left_set():
+    """A test that changes this process's SIGINT handler (a command's ``entry``, a pool worker's setup, a plugin's
+    import run here) must put it back: pobench reads it to tell a stop from a KeyboardInterrupt a plugin raised
+    (``bench.runs.stop.raised_by_code``), so a handler left set changes what later tests of the worker see. It is put
+    back, and the test fails naming it. (SIGTERM is not checked: ``ray.init`` installs Ray's own in the driver.)"""
+    import signal
+
+    before = {signal.SIGINT: signal.getsignal(signal.SIGINT)}
+    yield
+    changed = {s.name: signal.getsignal(s) for s, h in before.items() if signal.getsignal(s) != h}
+    for s, h in before.items():
+        if h is not None:
+            signal.signal(s, h)
+    assert not changed, f"this test left signal handlers set: {changed}"
 
 
 _EMPTY_STORE: list = []  # this process's empty store, made at first use

@@ -22,7 +22,7 @@ import sqlite3
 from pathlib import Path, PurePath
 
 from reports.paths import check_length
-from reports.record import sqlite_file  # noqa: F401  (the database file of a local SQLite URI: used here and by callers)
+from reports.record import sqlite_file
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 

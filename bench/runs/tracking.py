@@ -93,7 +93,7 @@ def check_reachable(uri: str | None, *, reads_only: bool = False, experiment: st
     (:func:`check_artifact_location`). Returns the resolved URI."""
     resolved = check_tracking_scheme(record.tracking_uri(uri))  # foo://bar: one line, not MLflow's traceback
     faults.note(store=resolved)  # (what a fault of the store met later names)
-    db = faults.sqlite_file(resolved)
+    db = record.sqlite_file(resolved)
     if reads_only and db is not None and not db.exists():
         raise ValueError(f"no MLflow store at {db} (the tracking URI {resolved}): nothing to read; run `bench run` "
                          "here first, or give --tracking-uri (or MLFLOW_TRACKING_URI) of the store that holds the runs")
@@ -124,7 +124,7 @@ def check_artifact_location(uri: str, experiment: str) -> None:
     yet. A store that fails to answer here is met again, with its own line, by the work. (A local SQLite store is
     read with ``sqlite3``, read-only: MLflow's store object, once made, keeps its connections to that file for the
     process, and a store deleted meanwhile is then not made anew.)"""
-    db = faults.sqlite_file(uri)
+    db = record.sqlite_file(uri)
     if db is not None:
         if not db.exists():
             return
@@ -241,6 +241,12 @@ def _answered(error: BaseException) -> int | None:
     return None
 
 
+def _refused_status(uri: str, what: str, status: int) -> StoreRefused:
+    """The one line of an error status (:func:`_answered`) the server ``uri`` answered ``what`` with."""
+    return StoreRefused(f"the MLflow server {uri} answered {what} with HTTP {status} (its log says why: its database "
+                        "or storage failed, say): fix the server, then rerun")
+
+
 @contextlib.contextmanager
 def _bounded_http(seconds: float):
     """MLflow's HTTP client without its own retries and with a request timeout of ``seconds`` (rounded up: MLflow
@@ -274,8 +280,7 @@ def answering(uri: str) -> Iterator[None]:
             yield
     except Exception as e:
         if (status := _answered(e)) is not None:
-            raise StoreRefused(f"the MLflow server {uri} answered a request with HTTP {status} (its log says why: its "
-                               "database or storage failed, say): fix the server, then rerun") from e
+            raise _refused_status(uri, "a request", status) from e
         if not _is_connection_error(e):
             raise
         raise StoreUnreachable(f"MLflow tracking server {uri} stopped answering during the work ({_no_answer(e)}; "
@@ -319,9 +324,7 @@ class RunLogger:
                     return fn(*args, **kwargs)
             except (mlflow_error(), OSError) as e:
                 if (status := _answered(e)) is not None:
-                    raise StoreRefused(f"the MLflow server {self.uri} answered {getattr(fn, '__name__', 'a request')} "
-                                       f"with HTTP {status} (its log says why: its database or storage failed, say): "
-                                       "fix the server, then rerun") from e
+                    raise _refused_status(self.uri, getattr(fn, "__name__", "a request"), status) from e
                 if not _is_connection_error(e):
                     raise
                 if self.unreachable is None and time.monotonic() + RETRY_EVERY_S < deadline:

@@ -9,12 +9,12 @@ started, waited for, and cancelled (a ``_Backend``); the wait / drain loop (``Ex
 job's result as it ends, passes the progress events the jobs sent (start / step / eval / msg) to ``notify``, and on
 Ctrl-C (or SIGTERM) cancels the running jobs, lets them checkpoint, and raises KeyboardInterrupt.
 
-Local pool: processes forked from a ``forkserver`` that imported what a pair needs once (torch, transformers, MLflow,
-the training loop: ``POOL_PRELOAD``) and holds no other state; a fresh one for each pool, stopped and reaped with it
-(so no process of a pool outlives it, and the CPU its workers used is counted where the command's is). Spawned
-workers imported all of that each (about 5 CPU-seconds each). No fork of a process holding torch / MLflow state
-(the command's own: its threads, its store's connections). One torch thread each, SIGINT
-ignored in the workers: Ctrl-C reaches the parent, which stops handing out jobs and sends SIGTERM to the busy
+Local pool: processes forked from a ``forkserver`` that imported what a pair needs once (torch, MLflow, and the
+training loop with transformers, or the module of a job's own ``train_fn``: ``pool_preload``) and holds no other
+state; a fresh one for each pool, stopped and reaped with it (so no process of a pool outlives it, and the CPU its
+workers used is counted where the command's is). Spawned workers imported all of that each (about 5 CPU-seconds
+each). No fork of a process holding torch / MLflow state (the command's own: its threads, its store's connections).
+One torch thread each, SIGINT ignored in the workers: Ctrl-C reaches the parent, which stops handing out jobs and sends SIGTERM to the busy
 workers; the training loop turns that into its interrupt path (checkpoint the last finished step, run KILLED), so
 rerunning the command resumes exactly there. Results are identical to running the pairs one after another: every
 random draw of a run is a pure function of its config and seed, and every run uses one intra-op thread either way.
@@ -231,7 +231,7 @@ class LocalExecutor(Executor):
                 except Exception as e:  # noqa: BLE001
                     raise ValueError(f"{name} runs in the worker processes and must be picklable (a module-level "
                                      f"function) ({e}); or pass workers=1") from None
-            self.backend = _Pool(self.slots, cfg.plugins)
+            self.backend = _Pool(self.slots, cfg.plugins, pool_preload((shipped or {}).get("train_fn")))
         else:
             self.backend = _Inline()
         return self.slots
@@ -293,21 +293,34 @@ def _pool_task(fn: Callable[..., Any], args: tuple, not_started: Any) -> Any:
         raise exit_called(e) from None
 
 
-#: imported once, by the forkserver a pool's workers are forked from (what a pair or a tune worker imports: the
-#: training loop, transformers' model of the built-in policy, MLflow's client and its SQLite store, which pobench
-#: imports on first use); a name missing here costs each worker its import (MLflow's: ~2 CPU-seconds a worker)
-POOL_PRELOAD = ["bench.comparison.pairs", "bench.tune.workers", "bench.engines.native.loop",
-                "transformers.models.llama.modeling_llama", "mlflow.tracking",
+#: imported once, by the forkserver a pool's workers are forked from: what every job imports (a pair or a tune
+#: worker, MLflow's client and its SQLite store, which pobench imports on first use); a name missing here costs each
+#: worker its import (MLflow's: ~2 CPU-seconds a worker)
+POOL_PRELOAD = ["bench.comparison.pairs", "bench.tune.workers", "mlflow.tracking",
                 "mlflow.store.tracking.sqlalchemy_store"]
+#: and what pobench's own training imports: the native loop, transformers' model of the built-in policy (~3 CPU-seconds
+#: more, torch's compiler modules among them, which transformers imports)
+ENGINE_PRELOAD = ["bench.engines.native.loop", "transformers.models.llama.modeling_llama"]
 
 
-def _pool_context():
-    """A multiprocessing context whose processes fork from a forkserver that preloaded ``POOL_PRELOAD``; ``spawn``
-    where the platform has no forkserver."""
+def pool_preload(train_fn: Callable[..., Any] | None) -> list[str]:
+    """What a pool's server imports for jobs that train with ``train_fn``: pobench's engines (``None``, or a function
+    of ``bench.engines``: ``bench.engines.entry.train``) add ``ENGINE_PRELOAD``; a function of a notebook or a test
+    (``ComparisonSpec.train_fn``, ``TuneSpec.train_fn``) adds its own module instead, which imports what it trains
+    with (``__main__`` is the server's to import)."""
+    module = getattr(getattr(train_fn, "func", train_fn), "__module__", None) or ""  # (a partial: its function)
+    if train_fn is None or module.split(".")[:2] == ["bench", "engines"]:
+        return POOL_PRELOAD + ENGINE_PRELOAD
+    return POOL_PRELOAD + ([module] if module and module != "__main__" else [])
+
+
+def _pool_context(preload: list[str]):
+    """A multiprocessing context whose processes fork from a forkserver that imported ``preload``; ``spawn`` where
+    the platform has no forkserver."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(POOL_PRELOAD)
+    ctx.set_forkserver_preload(preload)
     return ctx
 
 
@@ -324,8 +337,8 @@ def _stop_forkserver(ctx) -> None:
 
 
 class _Pool(_Backend):
-    def __init__(self, workers: int, plugins: list[str]) -> None:
-        self.ctx = ctx = _pool_context()
+    def __init__(self, workers: int, plugins: list[str], preload: list[str]) -> None:
+        self.ctx = ctx = _pool_context(preload)
         self.queue, self.stop = ctx.Queue(), ctx.Event()
         # (a worker has the environment its server started with: this process's now, the server being the pool's own)
         self.pool = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_pool_init,

@@ -159,7 +159,8 @@ def _run_workers(spec: TuneSpec, workers: int, n: int, executor: str, ray_addres
     if executor == "local" and min(n, missing) == 1:
         return run_study(spec, log=log)
     try:
-        n = ex.start(min(workers or missing, missing), spec.base)  # (Ray: at most one per CPU / GPU of the cluster)
+        # (Ray: at most one per CPU / GPU of the cluster)
+        n = ex.start(min(workers or missing, missing), spec.base, {"train_fn": spec.train_fn})
         log(f"study {spec.study!r}: {n} {executor} workers (parent MLflow run {runs.parent_id})")
         jobs = [Job(i, _worker, (worker_spec(spec, i), i)) for i in range(n)]
         results = ex.run(jobs, lambda *event: log(str(event[-1])))  # Ctrl-C: each running trial queued again

@@ -9,7 +9,9 @@ import resource
 from pathlib import Path
 
 from bench.config import TrainConfig
-from bench.executors import POOL_PRELOAD, Job, LocalExecutor
+from bench.engines import entry
+from bench.executors import ENGINE_PRELOAD, POOL_PRELOAD, Job, LocalExecutor, pool_preload
+from tests.bench.fake_trainer import fake_train
 from tests.conftest import fresh_store
 
 
@@ -20,7 +22,8 @@ def _where(notify, name: str) -> dict:
 
     return {"env": os.environ.get(name), "cwd": os.getcwd(), "ppid": os.getppid(),
             "parent": multiprocessing.parent_process().pid,
-            "preloaded": [m for m in POOL_PRELOAD if m in sys.modules]}
+            "preloaded": [m for m in pool_preload(fake_train) if m in sys.modules],
+            "engine": [m for m in ENGINE_PRELOAD if m in sys.modules]}
 
 
 def _opens_a_store(notify, uri: str) -> list[str]:
@@ -46,7 +49,7 @@ def test_pool_workers_fork_from_a_preloaded_server_that_ends_with_the_pool(tmp_p
     before = _children()
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
     ex = LocalExecutor(workers=2)
-    assert ex.start(2, TrainConfig()) == 2
+    assert ex.start(2, TrainConfig(), {"train_fn": fake_train}) == 2  # (the stand-in trainer: no transformers)
     try:
         got = ex.run([Job(i, _where, ("POBENCH_TEST_POOL_VALUE",)) for i in range(2)]
                      + [Job(2, _opens_a_store, (fresh_store(tmp_path),))], lambda *e: None)
@@ -59,7 +62,8 @@ def test_pool_workers_fork_from_a_preloaded_server_that_ends_with_the_pool(tmp_p
     assert {r["parent"] for r in got.values()} == {os.getpid()}  # (the command, which its watch follows)
     servers = {r["ppid"] for r in got.values()}
     assert len(servers) == 1 and servers != {os.getpid()}, got  # forked by one server, not spawned by this process
-    assert all(r["preloaded"] == POOL_PRELOAD for r in got.values())  # imported by the server, before the fork
+    # imported by the server, before the fork: what the jobs' train_fn needs, not what pobench's engines would
+    assert all(r["preloaded"] == pool_preload(fake_train) and not r["engine"] for r in got.values()), got
     # nothing of the pool outlives it (the next pool gets a server with the environment of its time), and the server
     # was reaped here: its CPU and its workers' (which it reaped) count as this process's children's
     assert forkserver._forkserver._forkserver_pid is None
@@ -71,3 +75,17 @@ def _tracker():
     from multiprocessing import resource_tracker
 
     return resource_tracker._resource_tracker
+
+
+def test_the_pool_server_imports_what_the_jobs_train_with():
+    """pobench's engines (the default train_fn of `bench run` and `bench tune`) get the native loop and transformers'
+    Llama preloaded; a notebook's or a test's train_fn its own module instead (the engines' ~3 CPU-seconds saved in
+    each pool it makes); every name is a module that exists (the server skips one that does not, silently)."""
+    import functools
+    import importlib.util
+
+    for fn in (None, entry.train):
+        assert pool_preload(fn) == POOL_PRELOAD + ENGINE_PRELOAD
+    assert pool_preload(fake_train) == pool_preload(functools.partial(fake_train, eval_fn=None)) == [
+        *POOL_PRELOAD, "tests.bench.fake_trainer"]
+    assert all(importlib.util.find_spec(m) is not None for m in POOL_PRELOAD + ENGINE_PRELOAD)

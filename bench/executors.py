@@ -14,10 +14,11 @@ training loop with transformers, or the module of a job's own ``train_fn``: ``po
 state; a fresh one for each pool, stopped and reaped with it (so no process of a pool outlives it, and the CPU its
 workers used is counted where the command's is). Spawned workers imported all of that each (about 5 CPU-seconds
 each). No fork of a process holding torch / MLflow state (the command's own: its threads, its store's connections).
-One torch thread each, SIGINT ignored in the workers: Ctrl-C reaches the parent, which stops handing out jobs and sends SIGTERM to the busy
-workers; the training loop turns that into its interrupt path (checkpoint the last finished step, run KILLED), so
-rerunning the command resumes exactly there. Results are identical to running the pairs one after another: every
-random draw of a run is a pure function of its config and seed, and every run uses one intra-op thread either way.
+One torch thread each, SIGINT ignored in the workers: Ctrl-C reaches the parent, which stops handing out jobs and
+sends SIGTERM to the busy workers; the training loop turns that into its interrupt path (checkpoint the last
+finished step, run KILLED), so rerunning the command resumes exactly there. Results are identical to running the
+pairs one after another: every random draw of a run is a pure function of its config and seed, and every run uses
+one intra-op thread either way.
 
 Ray (optional: ``pip install 'pobench[ray]'``): each job gets one GPU when the cluster has GPUs (and the config does
 not ask for ``device: cpu``), else one CPU. Jobs are not retried by Ray (``max_retries=0``): a pair whose job fails

@@ -100,6 +100,31 @@ def test_holm_by_hand():
     assert S.holm([None]) == [None]
 
 
+def test_holm_equals_statsmodels_and_runs_no_garbage_collection():
+    """Our Holm (statsmodels' runs a full garbage collection per call) against statsmodels' multipletests on random
+    p-values: ties, values whose product passes 1, NaN / None among them, 1 to 9 tests."""
+    import gc
+
+    from statsmodels.stats.multitest import multipletests
+
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        m = int(rng.integers(1, 10))
+        p = rng.choice([0.001, 0.01, 0.03, 0.2, 0.6], m) if trial % 3 == 0 else rng.uniform(0, 1, m) ** 3
+        given: list = list(map(float, p)) + [None, float("nan")][: trial % 3]
+        expected = multipletests(p, alpha=S.ALPHA, method="holm")[1]
+        got = S.holm(given)
+        assert got[m:] == [None] * (len(given) - m)
+        assert got[:m] == pytest.approx(list(expected), abs=0, rel=1e-12), (list(p), got, expected)
+    collections = []
+    gc.callbacks.append(lambda phase, info: collections.append(info["generation"]) if phase == "start" else None)
+    try:
+        S.holm([0.01, 0.04, 0.03])
+    finally:
+        gc.callbacks.pop()
+    assert 2 not in collections
+
+
 def _power_nct(d: float, n: int) -> float:
     """Two-sided paired t-test power from scipy's noncentral t (independent of statsmodels)."""
     df, nc = n - 1, d * math.sqrt(n)

@@ -211,7 +211,7 @@ def _line(ax, x, mean, lo, hi, i: int, label: str, n: int, crowded: bool = False
 
 def _covers_data(fig, ax, leg) -> bool:
     """Whether the legend's box holds a point of a plotted line (lines densified between their vertices)."""
-    fig.canvas.draw()
+    fig.draw_without_rendering()  # (the layout, where "best" puts the legend, without drawing the pixels)
     box = leg.get_window_extent()
     for line in ax.get_lines():
         xy = np.asarray(line.get_xydata(), dtype=float)

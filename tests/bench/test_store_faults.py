@@ -11,6 +11,7 @@ processes where the fault is a read-only file system: a read-only bind mount in 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import sqlite3
@@ -300,6 +301,16 @@ def test_a_sigterm_while_a_new_store_is_created_leaves_it_whole_or_absent(tmp_pa
     faults.check_store(f"sqlite:///{db}")  # whole (at MLflow's revision, every table) or absent: the next takes it
 
 
+def _no_aws_credentials(tmp_path, monkeypatch) -> None:
+    """boto3 installed, and no AWS credentials anywhere it looks (nor an instance's metadata service)."""
+    pytest.importorskip("boto3")
+    for k in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(k)
+    for k, v in {"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": str(tmp_path / "none"),
+                 "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}.items():
+        monkeypatch.setenv(k, v)
+
+
 @pytest.mark.parametrize("where", ["proc", "under-a-file", "s3"])
 def test_an_experiment_whose_files_cannot_be_stored_is_one_line(tmp_path, bench_here, monkeypatch, where):
     """Held-out round 9 (H21, H22): an experiment made beforehand with an artifact location pobench cannot write
@@ -310,12 +321,7 @@ def test_an_experiment_whose_files_cannot_be_stored_is_one_line(tmp_path, bench_
     from mlflow import MlflowClient
 
     if where == "s3":
-        pytest.importorskip("boto3")
-        for k in [k for k in os.environ if k.startswith("AWS_")]:
-            monkeypatch.delenv(k)
-        for k, v in {"AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": str(tmp_path / "none"),
-                     "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}.items():
-            monkeypatch.setenv(k, v)
+        _no_aws_credentials(tmp_path, monkeypatch)
     (tmp_path / "afile").write_text("mine\n")
     location = {"proc": "/proc/nope/arts", "under-a-file": str(tmp_path / "afile" / "arts"),
                 "s3": "s3://nobucket/arts"}[where]
@@ -335,6 +341,40 @@ def test_an_experiment_whose_files_cannot_be_stored_is_one_line(tmp_path, bench_
                         "written", "give another --experiment")
         assert statuses == [] and not (tmp_path / ".pobench" / "runs" / "x").exists()
     assert (tmp_path / "afile").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("argv", [
+    pytest.param(["run", "--algos", "grpo", "--seeds", "0", "--no-controls", "--steps", "2", "--no-progress"],
+                 id="run"),
+    pytest.param(["tune", "--algo", "grpo", "--trials", "1", "--steps", "2"], id="tune"),
+    pytest.param(["eval", "--benchmarks", "arith", "--limit", "2", "--max-new-tokens", "8"], id="eval")])
+def test_a_cloud_place_refusing_the_files_of_bench_run_tune_eval_is_one_line(tmp_path, bench_here, monkeypatch, argv):
+    """Held-out round 9's leftover: the files a command stores outside a training run (the comparison run's
+    config.yaml, the report, the study's outputs, `bench eval`'s results) on S3 without credentials were botocore's
+    traceback (`bench tune`: Optuna's traceback of the failed trial too). Now one `stopped:` line naming the refusal
+    and what to do, exit 1, no run left RUNNING; `bench eval`'s results are in its local folder all the same."""
+    from mlflow import MlflowClient
+
+    from tests.bench import fake_trainer
+
+    _no_aws_credentials(tmp_path, monkeypatch)
+    fake_trainer.inject(monkeypatch.setattr)
+    MlflowClient(fresh_store(tmp_path)).create_experiment("x", artifact_location="s3://nobucket/arts")
+    for handler in logging.getLogger("optuna").handlers:  # (Optuna's lines to this test's stderr, as to a user's;
+        for holder in (handler, handler.formatter):     # its colouring formatter keeps the stream it was made with)
+            if hasattr(holder, "stream"):
+                monkeypatch.setattr(holder, "stream", sys.stderr)
+    rc, _, err = bench_here([*argv, "--experiment", "x"], tmp_path)
+    lines = [ln for ln in err.splitlines() if ln.startswith(("bench", "[W", "Traceback"))
+             and not ln.startswith(("bench eval: --max-new-tokens", "bench eval: arith: 2 problems"))]
+    assert rc == 1 and "Traceback" not in err, err[-3000:]
+    assert len(lines) == 1 and "NoCredentialsError: Unable to locate credentials" in lines[0], lines
+    assert lines[0].startswith(f"bench {argv[0]}: stopped: "), lines
+    assert "give another --experiment" in lines[0] and "credentials" in lines[0], lines
+    statuses = [s for (s,) in sqlite3.connect(tmp_path / "mlflow.db").execute("select status from runs")]
+    assert statuses and "RUNNING" not in statuses, statuses
+    if argv[0] == "eval":
+        assert list((tmp_path / ".pobench" / "eval").glob("*/results.json"))
 
 
 def test_a_store_missing_one_of_mlflows_tables_is_damaged_one_line_before_any_work(tmp_path, bench_here):

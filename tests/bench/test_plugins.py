@@ -378,29 +378,30 @@ def test_bench_run_trains_plugin_objectives_with_trl(tmp_path, bench_here):
     assert "objectives.py@" in runs["sign-pg"].data.tags["pobench.plugins"]
 
 
-def test_resume_after_the_plugin_was_edited_is_refused_naming_its_digests(tmp_path):
+def test_resume_after_the_plugin_was_edited_is_refused_naming_its_digests(tmp_path, bench_here):
     """Held-out round 8 (F4): `bench train --plugin p.py --run-name r` killed after a checkpoint, `p.py` edited
     (kl_coef 0.0 -> 0.5), then `--resume`: accepted silently, the remaining steps trained with the new kl_coef while
     the run recorded the old value and the old plugin digest. Now the resume compares the plugins' source digests
     the run recorded (`inputs.json`) and refuses in one line naming the plugin's digests and what to do, exit 2,
-    before any training (fresh processes: a plugin is imported once per process)."""
+    before any training (the resume in a fresh process: a plugin is imported once per process; the first run, which
+    only makes the run to resume, in this one, whose registries the fixture puts back)."""
     import yaml
 
     plugin = tmp_path / "p.py"
     plugin.write_text('from algorithms import register\nregister("mine", base="grpo", description="a", kl_coef=0.0)\n')
-    train = [sys.executable, "-m", "bench.cli", "train", "--plugin", "p.py", "--algo", "mine", "--run-name", "r",
-             "--no-progress", *TINY_FLAGS]
-    env = _env(POBENCH_CACHE_DIR=str(tmp_path / "cache"))
-    done = subprocess.run(train, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    train = ["train", "--plugin", "p.py", "--algo", "mine", "--run-name", "r", "--no-progress", *TINY_FLAGS]
+    fresh_store(tmp_path)  # (the default store of the working folder)
+    rc, _, err = bench_here(train, tmp_path, POBENCH_CACHE_DIR=str(tmp_path / "cache"))
+    assert rc == 0, err[-3000:]
     old = f"p.py@{source_digest(plugin)}"
     plugin.write_text(plugin.read_text().replace("kl_coef=0.0", "kl_coef=0.5"))  # as the user did
     new = f"p.py@{source_digest(plugin)}"
     run_dir = tmp_path / ".pobench" / "runs" / "pobench" / "r"
     before = sorted(p.name for p in run_dir.iterdir())
 
-    done = subprocess.run([*train, "--steps", "2", "--resume"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "bench.cli", *train, "--steps", "2", "--resume"], cwd=tmp_path,
+                          env=_env(POBENCH_CACHE_DIR=str(tmp_path / "cache")), capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 2, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr

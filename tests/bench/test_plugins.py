@@ -24,7 +24,7 @@ from algorithms import PolicyBatch, get_objective
 from bench.cli import main
 from bench.config import TrainConfig
 from bench.plugins import load_plugins, objective_source, source_digest
-from tests.conftest import ON_RAY, fresh_store
+from tests.conftest import ON_RAY, forkserver_context, fresh_store
 
 from .test_parallel import model_dir, tiny  # noqa: F401  (fixtures)
 
@@ -96,7 +96,8 @@ def test_a_plugin_s_identity_covers_the_local_modules_it_imports(tmp_path):
     the KL coefficient its objective registers with) reused the old runs under the new meaning. Its identity now
     covers the source of every module it imports from outside installed packages, at import time or later inside a
     function; the same source elsewhere keeps it, and a plugin without such imports keeps the digest it had (each
-    hash in a fresh process, as a new command computes it)."""
+    hash in a fresh process, as a new command computes it: forked from a forkserver that imported pobench once, not
+    the plugin, nor its modules)."""
     lib = tmp_path / "lib"
     (lib / "helpers").mkdir(parents=True)
     (lib / "settings.py").write_text("KL = 0.0\n")
@@ -108,31 +109,35 @@ def test_a_plugin_s_identity_covers_the_local_modules_it_imports(tmp_path):
                       "def later():\n    from helpers.deep import SCALE\n    return SCALE\n")
     alone = tmp_path / "alone.py"
     alone.write_text("import json\nX = 1\n")
-    code = f"""
-        import json
-        from bench.config import TrainConfig
-        from bench.plugins import plugins_tag
-        print(json.dumps([TrainConfig(plugins=[{str(plugin)!r}]).comparison_hash(), plugins_tag([{str(plugin)!r}]),
-                          plugins_tag([{str(alone)!r}])]))
-    """
+    from concurrent.futures import ProcessPoolExecutor
 
     def identity() -> list[str]:
-        done = _python(code, tmp_path, PYTHONPATH=f"{ROOT}:{lib}")
-        assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(done.stdout.splitlines()[-1])
+        with ProcessPoolExecutor(1, mp_context=ctx) as fresh:  # (a new process each time)
+            return fresh.submit(_identity_in_this_process, str(plugin), str(alone), str(lib)).result(timeout=300)
 
-    first = identity()
-
-    assert first[2] == f"alone.py@{source_digest(alone)}"  # no local import: the digest runs were stored under
-    (lib / "settings.py").write_text("KL = 0.1\n")
-    changed_setting = identity()
-    (lib / "settings.py").write_text("KL = 0.0\n")
-    (lib / "helpers" / "deep.py").write_text("SCALE = 2.0\n")
-    changed_lazy = identity()
-    (lib / "helpers" / "deep.py").write_text("SCALE = 1.0\n")
+    with forkserver_context("bench.config", "bench.plugins", __name__) as ctx:
+        first = identity()
+        assert first[2] == f"alone.py@{source_digest(alone)}"  # no local import: the digest runs were stored under
+        (lib / "settings.py").write_text("KL = 0.1\n")
+        changed_setting = identity()
+        (lib / "settings.py").write_text("KL = 0.0\n")
+        (lib / "helpers" / "deep.py").write_text("SCALE = 2.0\n")
+        changed_lazy = identity()
+        (lib / "helpers" / "deep.py").write_text("SCALE = 1.0\n")
+        again = identity()
     assert changed_setting[0] != first[0] and changed_lazy[0] != first[0]          # the comparison hash
     assert changed_setting[1] != first[1] and changed_lazy[1] != first[1]          # the run's pobench.plugins tag
-    assert identity() == first                                                      # the same source: the same runs
+    assert again == first                                                           # the same source: the same runs
+
+
+def _identity_in_this_process(plugin: str, alone: str, lib: str) -> list[str]:
+    """The comparison hash and ``pobench.plugins`` tag of ``plugin``, and the tag of ``alone``, computed in a process
+    that never imported them, with ``lib`` on its import path (as $PYTHONPATH puts it)."""
+    sys.path.insert(0, lib)
+    from bench.config import TrainConfig
+    from bench.plugins import plugins_tag
+
+    return [TrainConfig(plugins=[plugin]).comparison_hash(), plugins_tag([plugin]), plugins_tag([alone])]
 
 
 def test_a_plugin_importing_by_a_computed_name_is_warned_about(tmp_path, capsys):

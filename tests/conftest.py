@@ -14,7 +14,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # subject (tests/reports/test_figures.py, test_report.py), with this unset.
 os.environ.setdefault("POBENCH_FIGURE_FORMATS", "png")
 
-import shutil  # noqa: E402
+import contextlib  # noqa: E402
+import shutil
 import signal
 import subprocess
 import sys
@@ -202,6 +203,24 @@ def fresh_store(folder, name: str = "mlflow.db") -> str:
     if not db.exists():
         shutil.copy(_empty_store_file(), db)
     return f"sqlite:///{db}"
+
+
+@contextlib.contextmanager
+def forkserver_context(*preload: str):
+    """A multiprocessing context whose processes fork from a forkserver of their own that imported ``preload`` once
+    (for tests that start several processes at once: three spawned processes each import pobench again, seconds of
+    CPU each; forked ones are separate processes all the same). The forkserver is stopped at the end, so this
+    process's next pool (bench/executors.py) starts one with its own preload."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(preload))
+    try:
+        yield ctx
+    finally:
+        with contextlib.suppress(Exception):  # (CPython's: every version with a forkserver has it)
+            forkserver._forkserver._stop()
 
 
 @pytest.fixture

@@ -140,7 +140,10 @@ def _history(client, run_id, key):
 @pytest.mark.slow
 def test_two_objectives_two_seeds_report_equals_mlflow_series(tmp_path, model_dir):
     cfg = tiny(tmp_path, model_dir, "e2e")
-    res = run_comparison(ComparisonSpec(cfg, ["grpo", "tepo"], [0, 1], out_root=tmp_path / "out", progress=False))
+    # (one pair after another in this process: the report is the subject; real training in a local pool is
+    # test_plugins.py's two spawned workers, the pool's runs equal to these test_compare.py's)
+    res = run_comparison(ComparisonSpec(cfg, ["grpo", "tepo"], [0, 1], out_root=tmp_path / "out", progress=False,
+                                        workers=1))
     assert [(p.variant, p.seed, p.outcome) for p in res.pairs] == [
         ("grpo", 0, "finished"), ("grpo", 1, "finished"), ("tepo", 0, "finished"), ("tepo", 1, "finished")]
     out = tmp_path / "out" / "e2e" / res.comparison
@@ -196,7 +199,8 @@ def test_two_objectives_two_seeds_report_equals_mlflow_series(tmp_path, model_di
     assert "report/report.md" in art
 
     # the same command again: every pair reused, nothing retrained
-    again = run_comparison(ComparisonSpec(cfg, ["grpo", "tepo"], [0, 1], out_root=tmp_path / "out", progress=False))
+    again = run_comparison(ComparisonSpec(cfg, ["grpo", "tepo"], [0, 1], out_root=tmp_path / "out", progress=False,
+                                          workers=1))
     assert again.comparison == res.comparison
     assert all(p.outcome == "reused" for p in again.pairs)
     assert len(_runs(client, "e2e")) == 4

@@ -24,7 +24,7 @@ from algorithms import PolicyBatch, get_objective
 from bench.cli import main
 from bench.config import TrainConfig
 from bench.plugins import load_plugins, objective_source, source_digest
-from tests.conftest import ON_RAY, fresh_store
+from tests.conftest import ON_RAY, forkserver_context, fresh_store
 
 from .test_parallel import model_dir, tiny  # noqa: F401  (fixtures)
 
@@ -96,7 +96,8 @@ def test_a_plugin_s_identity_covers_the_local_modules_it_imports(tmp_path):
     the KL coefficient its objective registers with) reused the old runs under the new meaning. Its identity now
     covers the source of every module it imports from outside installed packages, at import time or later inside a
     function; the same source elsewhere keeps it, and a plugin without such imports keeps the digest it had (each
-    hash in a fresh process, as a new command computes it)."""
+    hash in a fresh process, as a new command computes it: forked from a forkserver that imported pobench once, not
+    the plugin, nor its modules)."""
     lib = tmp_path / "lib"
     (lib / "helpers").mkdir(parents=True)
     (lib / "settings.py").write_text("KL = 0.0\n")
@@ -108,31 +109,35 @@ def test_a_plugin_s_identity_covers_the_local_modules_it_imports(tmp_path):
                       "def later():\n    from helpers.deep import SCALE\n    return SCALE\n")
     alone = tmp_path / "alone.py"
     alone.write_text("import json\nX = 1\n")
-    code = f"""
-        import json
-        from bench.config import TrainConfig
-        from bench.plugins import plugins_tag
-        print(json.dumps([TrainConfig(plugins=[{str(plugin)!r}]).comparison_hash(), plugins_tag([{str(plugin)!r}]),
-                          plugins_tag([{str(alone)!r}])]))
-    """
+    from concurrent.futures import ProcessPoolExecutor
 
     def identity() -> list[str]:
-        done = _python(code, tmp_path, PYTHONPATH=f"{ROOT}:{lib}")
-        assert done.returncode == 0, done.stderr[-3000:]
-        return json.loads(done.stdout.splitlines()[-1])
+        with ProcessPoolExecutor(1, mp_context=ctx) as fresh:  # (a new process each time)
+            return fresh.submit(_identity_in_this_process, str(plugin), str(alone), str(lib)).result(timeout=300)
 
-    first = identity()
-
-    assert first[2] == f"alone.py@{source_digest(alone)}"  # no local import: the digest runs were stored under
-    (lib / "settings.py").write_text("KL = 0.1\n")
-    changed_setting = identity()
-    (lib / "settings.py").write_text("KL = 0.0\n")
-    (lib / "helpers" / "deep.py").write_text("SCALE = 2.0\n")
-    changed_lazy = identity()
-    (lib / "helpers" / "deep.py").write_text("SCALE = 1.0\n")
+    with forkserver_context("bench.config", "bench.plugins", __name__) as ctx:
+        first = identity()
+        assert first[2] == f"alone.py@{source_digest(alone)}"  # no local import: the digest runs were stored under
+        (lib / "settings.py").write_text("KL = 0.1\n")
+        changed_setting = identity()
+        (lib / "settings.py").write_text("KL = 0.0\n")
+        (lib / "helpers" / "deep.py").write_text("SCALE = 2.0\n")
+        changed_lazy = identity()
+        (lib / "helpers" / "deep.py").write_text("SCALE = 1.0\n")
+        again = identity()
     assert changed_setting[0] != first[0] and changed_lazy[0] != first[0]          # the comparison hash
     assert changed_setting[1] != first[1] and changed_lazy[1] != first[1]          # the run's pobench.plugins tag
-    assert identity() == first                                                      # the same source: the same runs
+    assert again == first                                                           # the same source: the same runs
+
+
+def _identity_in_this_process(plugin: str, alone: str, lib: str) -> list[str]:
+    """The comparison hash and ``pobench.plugins`` tag of ``plugin``, and the tag of ``alone``, computed in a process
+    that never imported them, with ``lib`` on its import path (as $PYTHONPATH puts it)."""
+    sys.path.insert(0, lib)
+    from bench.config import TrainConfig
+    from bench.plugins import plugins_tag
+
+    return [TrainConfig(plugins=[plugin]).comparison_hash(), plugins_tag([plugin]), plugins_tag([alone])]
 
 
 def test_a_plugin_importing_by_a_computed_name_is_warned_about(tmp_path, capsys):
@@ -378,29 +383,30 @@ def test_bench_run_trains_plugin_objectives_with_trl(tmp_path, bench_here):
     assert "objectives.py@" in runs["sign-pg"].data.tags["pobench.plugins"]
 
 
-def test_resume_after_the_plugin_was_edited_is_refused_naming_its_digests(tmp_path):
+def test_resume_after_the_plugin_was_edited_is_refused_naming_its_digests(tmp_path, bench_here):
     """Held-out round 8 (F4): `bench train --plugin p.py --run-name r` killed after a checkpoint, `p.py` edited
     (kl_coef 0.0 -> 0.5), then `--resume`: accepted silently, the remaining steps trained with the new kl_coef while
     the run recorded the old value and the old plugin digest. Now the resume compares the plugins' source digests
     the run recorded (`inputs.json`) and refuses in one line naming the plugin's digests and what to do, exit 2,
-    before any training (fresh processes: a plugin is imported once per process)."""
+    before any training (the resume in a fresh process: a plugin is imported once per process; the first run, which
+    only makes the run to resume, in this one, whose registries the fixture puts back)."""
     import yaml
 
     plugin = tmp_path / "p.py"
     plugin.write_text('from algorithms import register\nregister("mine", base="grpo", description="a", kl_coef=0.0)\n')
-    train = [sys.executable, "-m", "bench.cli", "train", "--plugin", "p.py", "--algo", "mine", "--run-name", "r",
-             "--no-progress", *TINY_FLAGS]
-    env = _env(POBENCH_CACHE_DIR=str(tmp_path / "cache"))
-    done = subprocess.run(train, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    train = ["train", "--plugin", "p.py", "--algo", "mine", "--run-name", "r", "--no-progress", *TINY_FLAGS]
+    fresh_store(tmp_path)  # (the default store of the working folder)
+    rc, _, err = bench_here(train, tmp_path, POBENCH_CACHE_DIR=str(tmp_path / "cache"))
+    assert rc == 0, err[-3000:]
     old = f"p.py@{source_digest(plugin)}"
     plugin.write_text(plugin.read_text().replace("kl_coef=0.0", "kl_coef=0.5"))  # as the user did
     new = f"p.py@{source_digest(plugin)}"
     run_dir = tmp_path / ".pobench" / "runs" / "pobench" / "r"
     before = sorted(p.name for p in run_dir.iterdir())
 
-    done = subprocess.run([*train, "--steps", "2", "--resume"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "bench.cli", *train, "--steps", "2", "--resume"], cwd=tmp_path,
+                          env=_env(POBENCH_CACHE_DIR=str(tmp_path / "cache")), capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 2, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr

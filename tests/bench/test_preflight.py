@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -53,23 +52,58 @@ def test_some_unparseable_answers_and_long_prompts_are_counted(tmp_path):
                                   "256 tokens")
 
 
-@pytest.mark.parametrize("cmd", ["train", "run", "tune"])
-def test_offline_hub_source_is_one_line_naming_the_flag(cmd, tmp_path):
-    data = gsm(tmp_path / "train.jsonl", ["5", "6"])
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
-           "POBENCH_CACHE_DIR": str(tmp_path / "cache")}
-    env.pop("POBENCH_DATA_DIR", None)
-    extra = {"run": ["--algos", "grpo", "--no-progress"], "tune": ["--algo", "grpo"]}.get(cmd, [])
+OFFLINE_COMMANDS = {"train": [], "run": ["--algos", "grpo", "--no-progress"], "tune": ["--algo", "grpo"]}
+_ONE_PROCESS = """
+import json, os, sys, time
+from bench.cli.main import main
+for cmd, (folder, argv) in json.loads(sys.argv[1]).items():
+    os.chdir(folder)
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "bench.cli", cmd, *extra, "--task", "gsm8k", "--data", str(data)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    seconds = time.perf_counter() - t0
-    assert out.returncode == 2, out.stderr[-2000:]
-    assert out.stderr.strip().splitlines() == [
+    rc = main(argv)
+    print(f"=== {cmd} {rc} {time.perf_counter() - t0:.1f}", file=sys.stderr, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory) -> dict[str, tuple[int, list[str], float, Path]]:
+    """``{command: (exit code, stderr lines, seconds, folder)}`` of `bench train|run|tune ... --task gsm8k --data
+    FILE` with HF_HUB_OFFLINE=1, each in a folder of its own, one after another in one fresh process: the hub
+    libraries read the offline setting when they are imported, as in the user's process (a process for each of the
+    three commands imported everything three times: ~7 CPU-seconds each). Everything the process wrote to stderr is
+    in the lines of the command that wrote it."""
+    root = tmp_path_factory.mktemp("offline")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_HOME": str(root / "hf"),
+           "POBENCH_CACHE_DIR": str(root / "cache")}
+    env.pop("POBENCH_DATA_DIR", None)
+    plan = {}
+    for cmd, extra in OFFLINE_COMMANDS.items():
+        (root / cmd).mkdir()
+        data = gsm(root / cmd / "train.jsonl", ["5", "6"])
+        plan[cmd] = [str(root / cmd), [cmd, *extra, "--task", "gsm8k", "--data", str(data)]]
+    done = subprocess.run([sys.executable, "-c", _ONE_PROCESS, json.dumps(plan)], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got, lines = {}, []
+    for line in done.stderr.splitlines():
+        if line.startswith("=== "):
+            _, cmd, rc, seconds = line.split()
+            got[cmd] = (int(rc), lines, float(seconds), root / cmd)
+            lines = []
+        else:
+            lines.append(line)
+    assert list(got) == list(OFFLINE_COMMANDS) and not lines, done.stderr[-3000:]
+    return got
+
+
+@pytest.mark.parametrize("cmd", list(OFFLINE_COMMANDS))
+def test_offline_hub_source_is_one_line_naming_the_flag(cmd, offline):
+    rc, lines, seconds, folder = offline[cmd]
+    assert rc == 2, lines[-40:]
+    assert "\n".join(lines).strip().splitlines() == [
         f"bench {cmd}: error: --eval-data: the test split of gsm8k (openai/gsm8k) could not be read from the Hugging "
         "Face hub (HF_HUB_OFFLINE is set); pass a local JSONL / JSON / parquet file or folder with --eval-data PATH"]
     assert seconds < 60  # no retries
-    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / ".pobench").exists()
+    assert not (folder / "mlflow.db").exists() and not (folder / ".pobench").exists()
 
 
 def test_offline_hub_model_not_in_the_cache_names_model(tmp_path, monkeypatch, capsys):

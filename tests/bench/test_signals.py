@@ -367,7 +367,8 @@ def test_stopped_bench_eval_writes_the_finished_benchmarks_marked_partial(tmp_pa
     if not (DATA / "gsm8k").is_dir():
         pytest.skip(f"{DATA / 'gsm8k'} not found (the shared benchmark data)")
     uri = fresh_store(tmp_path)
-    argv = [*BENCH, "eval", "--benchmarks", "arith,gsm8k", "--data", f"gsm8k={DATA / 'gsm8k'}", "--limit", "300",
+    # (40 problems: arith takes ~2 s, gsm8k's longer prompts ~25 s, the window for the signal; 300 took ~15 CPU-s)
+    argv = [*BENCH, "eval", "--benchmarks", "arith,gsm8k", "--data", f"gsm8k={DATA / 'gsm8k'}", "--limit", "40",
             "--k", "4", "--max-new-tokens", "48", "--out", "out", "--tracking-uri", uri]
     proc = Proc(argv, tmp_path)
     proc.wait_for(lambda: any(ln.startswith("bench eval: arith:") for ln in proc.err), "arith evaluated")

@@ -37,12 +37,22 @@ def _env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory) -> Path:
-    """A working folder with a finished comparison (`bench run`, fake trainer) in its default store ``mlflow.db``."""
+    """A working folder with a finished comparison (`bench run`, fake trainer) in its default store ``mlflow.db``
+    (run in this process, as ``bench_here`` runs a command: the tests' subject is what comes after it)."""
+    from mlflow.tracking._tracking_service import utils
+
+    from bench.cli.main import main
+    from tests.bench import fake_trainer
+
     work = tmp_path_factory.mktemp("compared")
     fresh_store(work)
-    done = subprocess.run([*FAKE_CLI, *RUN, "--no-report"], cwd=work, env=_env(), capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    with pytest.MonkeyPatch.context() as mp:
+        fake_trainer.inject(mp.setattr)
+        for k in [k for k in os.environ if k.startswith("MLFLOW_")]:
+            mp.delenv(k)
+        mp.setattr(utils, "_tracking_uri", None)
+        mp.chdir(work)
+        assert main([*RUN, "--no-report"]) == 0
     return work
 
 

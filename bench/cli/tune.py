@@ -107,6 +107,7 @@ def spec_from_args(args: argparse.Namespace) -> tune.TuneSpec:
         trials=args.trials, seeds=parse_seeds(args.seeds, default=(0,)), storage=args.storage, pruner=args.pruner,
         pruner_warmup=args.pruner_warmup, pruner_startup=args.pruner_startup, heartbeat=args.heartbeat,
         grace=args.grace, max_retry=args.max_retry, sampler_seed=args.sampler_seed)
+    tune.check_kept(spec.storage)  # an in-memory storage: lost with the process
     tune.make_pruner(spec.pruner)  # bad pruner spec -> error now
     tune.check_reported(spec.metric, base)  # a key the evaluation does not report -> error now
     return spec
@@ -148,6 +149,7 @@ def main(args: argparse.Namespace) -> int:
     for warning in preflight.check_inputs(spec.base):  # every source read, answers and prompt lengths counted
         print(f"bench tune: warning: {warning}", file=sys.stderr)
     tune.check_worker_settings(spec, args.workers, args.executor, args.ray_address)  # (before any file is made)
+    tune.check_new_study(spec)  # an earlier study of its name in another storage: its trials' folders and runs
     local = _local_files(spec)  # (identity of the SQLite files the study writes to, as they are now)
     try:
         study = tune.run_workers(spec, args.workers, args.executor, args.ray_address)

@@ -1,0 +1,60 @@
+"""Held-out round 10's bad inputs and conflicting flags, each as the user met it (H02, H06, H08, H13, H16-H20):
+
+- ``bench tune`` on an in-memory storage, or on another storage under the name of a study held elsewhere;
+"""
+
+from __future__ import annotations
+
+from tests.bench.test_signals import statuses
+from tests.conftest import fresh_store
+
+
+def _lines(err: str) -> list[str]:
+    return [ln for ln in err.strip().splitlines() if ln.strip() and " INFO mlflow" not in ln]
+
+
+def _tune(uri: str, *extra: str) -> list[str]:
+    return ["tune", "--algo", "grpo", "--trials", "1", "--steps", "1", "--seeds", "0", "--tracking-uri", uri,
+            "--experiment", "tx", "--eval-every", "1", "--samples-every", "0", "--sampler-seed", "0", "--workers", "1",
+            *extra]
+
+
+def test_a_study_of_the_same_name_in_another_storage_is_refused_before_any_work(tmp_path, bench_here,
+                                                                                monkeypatch):
+    """H02: after a study on the default storage, the same `bench tune` with `--storage sqlite:///` (in memory) or
+    with a new SQLite file made a study run and a trial run, then trial 0 met the earlier trial's run folder: Optuna's
+    traceback, advice naming --resume / --run-name (flags tune has not), exit 2, and the in-memory study's run left
+    RUNNING. Now: one line, exit 2, before any storage file or MLflow run; the original study is still joined."""
+    from tests.bench import fake_trainer
+
+    fake_trainer.inject(monkeypatch.setattr)
+    uri = fresh_store(tmp_path)
+    rc, _, err = bench_here(_tune(uri), tmp_path)
+    assert rc == 0, err[-3000:]
+    before = statuses(uri, "tx")
+    assert before == ["FINISHED"] * 3, before
+
+    rc, _, err = bench_here(_tune(uri, "--storage", "sqlite:///"), tmp_path)
+    lines = _lines(err)
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert "--storage sqlite:///: an in-memory Optuna storage is lost" in lines[0], lines
+
+    other = tmp_path / "other.db"
+    rc, _, err = bench_here(_tune(uri, "--storage", f"sqlite:///{other}"), tmp_path)
+    lines = _lines(err)
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert "--study tune-grpo: the MLflow run" in lines[0] and "another Optuna storage" in lines[0], lines
+    assert str(tmp_path / ".pobench/tune/optuna.db") in lines[0] and str(other) in lines[0], lines
+    assert "--resume" not in lines[0] and "--run-name" not in lines[0] and "another --study" in lines[0], lines
+    assert not other.exists()
+
+    # another experiment (no MLflow run of the study there): the earlier trial's run folder is what collides
+    rc, _, err = bench_here([*_tune(uri, "--storage", f"sqlite:///{other}"), "--experiment", "ty"], tmp_path)
+    lines = _lines(err)
+    assert rc == 2 and len(lines) == 1, err[-3000:]
+    assert "tune-grpo-t0-s0 holds trial 0's run of an earlier study" in lines[0], lines
+    assert "another --output-dir" in lines[0], lines
+    assert statuses(uri, "tx") == before  # no run made, none RUNNING
+
+    rc, _, err = bench_here(_tune(uri), tmp_path)  # the study itself, on its storage: joined as before
+    assert rc == 0, err[-3000:]

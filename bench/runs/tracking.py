@@ -117,6 +117,39 @@ def check_reachable(uri: str | None, *, reads_only: bool = False, experiment: st
     return resolved
 
 
+def check_comparison(cfg: Any) -> None:
+    """``bench train --comparison ID``: the runs the experiment already holds under ``ID`` (a `bench run`
+    comparison's run and pairs, or earlier `bench train --comparison ID` runs) must have been trained under this run's
+    configuration (``pobench.config_hash``), else the report of ``ID`` would be refused for good as mixing configs
+    (held-out round 10, H06): one ValueError line naming both hashes and what to do, before any work. A run of the
+    same configuration joins ``ID`` (e.g. one more objective compared under the same conditions)."""
+    if not cfg.comparison:
+        return
+    if "'" in cfg.comparison:
+        raise ValueError(f"--comparison {cfg.comparison!r}: a quote (') cannot be searched for in MLflow; choose an "
+                         "id without one")
+    uri = record.tracking_uri(cfg.tracking_uri)
+    db = record.sqlite_file(uri)
+    if db is not None and not db.exists():
+        return
+    client = store_client(uri)
+    experiment = client.get_experiment_by_name(cfg.experiment)
+    if experiment is None:
+        return
+    member = record.member_tag(cfg.comparison)
+    runs = [*client.search_runs([experiment.experiment_id], f"tags.`{record.COMPARISON}` = '{cfg.comparison}'",
+                                max_results=1000),
+            *client.search_runs([experiment.experiment_id], f"tags.`{member}` = '1'", max_results=1000)]
+    hashes = {r.data.tags.get(record.CONFIG_HASH) for r in runs if r.data.tags.get(member) != "0"} - {None}
+    own = cfg.comparison_hash()
+    if hashes - {own}:
+        theirs = ", ".join(sorted(hashes - {own}))
+        raise ValueError(f"--comparison {cfg.comparison}: the runs of that comparison in experiment {cfg.experiment!r} "
+                         f"were trained under another configuration (config hash {theirs}; this run's: {own}), so "
+                         "its report would mix configurations; drop --comparison (the run gets none), or give the "
+                         "flags that comparison was trained with (`bench run` compares objectives under one config)")
+
+
 def check_artifact_location(uri: str, experiment: str) -> None:
     """Refuse (one line, before any run) the existing experiment ``experiment`` of the store ``uri`` when its runs'
     files go to a local folder that cannot be made or written (``bench.faults.check_artifact_folder``); nothing to

@@ -1,6 +1,7 @@
 """Held-out round 10's bad inputs and conflicting flags, each as the user met it (H02, H06, H08, H13, H16-H20):
 
 - ``bench tune`` on an in-memory storage, or on another storage under the name of a study held elsewhere;
+- ``bench train --comparison ID`` of a comparison trained under another configuration;
 """
 
 from __future__ import annotations
@@ -57,4 +58,37 @@ def test_a_study_of_the_same_name_in_another_storage_is_refused_before_any_work(
     assert statuses(uri, "tx") == before  # no run made, none RUNNING
 
     rc, _, err = bench_here(_tune(uri), tmp_path)  # the study itself, on its storage: joined as before
+    assert rc == 0, err[-3000:]
+
+
+def test_bench_train_into_a_comparison_of_another_configuration_is_refused_and_its_report_kept(
+        tmp_path, bench_here, monkeypatch):
+    """H06: `bench train --algo tepo --comparison <id of a bench run comparison>` with other settings tagged its run
+    into that comparison, whose report was then refused for good ("mixes runs with different configs"). Now: one
+    line naming both configurations, exit 2, before any run; the comparison's report is still made."""
+    from mlflow import MlflowClient
+
+    from tests.bench import fake_trainer
+
+    fake_trainer.inject(monkeypatch.setattr)
+    uri = fresh_store(tmp_path)
+    run = ["run", "--algos", "grpo", "--seeds", "0", "--no-controls", "--workers", "1", "--no-progress", "--no-report",
+           "--tracking-uri", uri, "--experiment", "ex", "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
+           "--eval-every", "1", "--eval-problems", "4", "--samples-every", "0"]
+    rc, _, err = bench_here(run, tmp_path)
+    assert rc == 0, err[-3000:]
+    client = MlflowClient(uri)
+    exp_id = client.get_experiment_by_name("ex").experiment_id
+    (cid,) = {r.data.tags["pobench.comparison"] for r in client.search_runs([exp_id], "")}
+    before = statuses(uri, "ex")
+
+    rc, _, err = bench_here(["train", "--algo", "tepo", "--comparison", cid, "--tracking-uri", uri, "--experiment",
+                             "ex", "--steps", "3", "--no-progress"], tmp_path)
+    lines = _lines(err)
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert f"--comparison {cid}: the runs of that comparison" in lines[0], lines
+    assert "another configuration" in lines[0] and "drop --comparison" in lines[0], lines
+    assert statuses(uri, "ex") == before and not list((tmp_path / ".pobench/runs").rglob("tepo*"))
+
+    rc, _, err = bench_here(["report", "--tracking-uri", uri, "--experiment", "ex", "--comparison", cid], tmp_path)
     assert rc == 0, err[-3000:]

@@ -2,6 +2,7 @@
 
 - ``bench tune`` on an in-memory storage, or on another storage under the name of a study held elsewhere;
 - ``bench train --comparison ID`` of a comparison trained under another configuration;
+- a damaged ``config.yaml`` / ``inputs.json`` in the run folder ``--resume`` continues;
 """
 
 from __future__ import annotations
@@ -92,3 +93,31 @@ def test_bench_train_into_a_comparison_of_another_configuration_is_refused_and_i
 
     rc, _, err = bench_here(["report", "--tracking-uri", uri, "--experiment", "ex", "--comparison", cid], tmp_path)
     assert rc == 0, err[-3000:]
+
+
+def test_a_damaged_config_or_inputs_file_on_resume_is_one_line_naming_it(tmp_path, bench_here):
+    """H08: on `bench train --resume`, a config.yaml cut mid-way gave a YAML traceback, an empty one a 40-field
+    "None -> ..." line, a cut inputs.json a JSON error naming no file. Now each is one line naming the file and what
+    to do, exit 2, before any work."""
+    uri = fresh_store(tmp_path)
+    argv = ["train", "--algo", "grpo", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+            "--max-new-tokens", "8", "--eval-every", "0", "--samples-every", "0", "--checkpoint-every", "1",
+            "--tracking-uri", uri, "--no-progress"]
+    rc, _, err = bench_here(argv, tmp_path)
+    assert rc == 0, err[-3000:]
+    (run,) = (tmp_path / ".pobench/runs/pobench").glob("grpo-s0-*")
+    config, inputs = run / "config.yaml", run / "inputs.json"
+    good = config.read_text()
+    resume = [*argv[:4], "2", *argv[5:], "--resume"]
+    for damage, file, why in ((good[:300] + "\n: : [\n", config, "invalid YAML at line"), ("", config, "empty"),
+                              (None, inputs, "invalid JSON")):
+        config.write_text(good)
+        if damage is None:
+            inputs.write_text('{"data')
+        else:
+            file.write_text(damage)
+        rc, _, err = bench_here(resume, tmp_path)
+        lines = _lines(err)
+        assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+        assert f"--resume: {file.relative_to(tmp_path)} is damaged ({why}" in lines[0] and "restore it" in lines[0], lines
+    assert statuses(uri, "pobench") == ["FINISHED"]

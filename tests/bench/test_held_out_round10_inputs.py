@@ -3,9 +3,13 @@
 - ``bench tune`` on an in-memory storage, or on another storage under the name of a study held elsewhere;
 - ``bench train --comparison ID`` of a comparison trained under another configuration;
 - a damaged ``config.yaml`` / ``inputs.json`` in the run folder ``--resume`` continues;
+- a plugin's loss raising during training: exit 1 whatever the exception's class;
+- ``--max-new-tokens`` past the built-in model's context with the generated task: warned as for a file task;
 """
 
 from __future__ import annotations
+
+import pytest
 
 from tests.bench.test_signals import statuses
 from tests.conftest import fresh_store
@@ -119,5 +123,45 @@ def test_a_damaged_config_or_inputs_file_on_resume_is_one_line_naming_it(tmp_pat
         rc, _, err = bench_here(resume, tmp_path)
         lines = _lines(err)
         assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
-        assert f"--resume: {file.relative_to(tmp_path)} is damaged ({why}" in lines[0] and "restore it" in lines[0], lines
+        said = f"--resume: {file.relative_to(tmp_path)} is damaged ({why}"
+        assert said in lines[0] and "restore it" in lines[0], lines
     assert statuses(uri, "pobench") == ["FINISHED"]
+
+
+@pytest.mark.parametrize("error", ["ValueError", "FileNotFoundError", "RuntimeError"])
+def test_a_plugin_raising_during_training_exits_1_whatever_the_class(tmp_path, bench_here, error):
+    """H13: a plugin's policy_term raising ValueError or FileNotFoundError exited 2 ("bad input, before any work"),
+    RuntimeError 1, though each run had started (and ended FAILED). Now each is exit 1 with the plugin's line."""
+    name = f"r10-{error.lower()}"
+    (tmp_path / "bad.py").write_text(
+        "from algorithms import register\nfrom algorithms.policy_gradient import PGConfig, PolicyGradient\n"
+        "class B(PolicyGradient):\n    config_class = PGConfig\n"
+        f"    def policy_term(self, batch, ratio, adv, is_w):\n        raise {error}('plugin bug')\n"
+        f"register({name!r}, B, description='t')\n")
+    uri = fresh_store(tmp_path)
+    rc, _, err = bench_here(["train", "--plugin", "bad.py", "--algo", name, "--steps", "1", "--prompts-per-step", "2",
+                             "--group-size", "2", "--max-new-tokens", "8", "--eval-every", "0", "--samples-every",
+                             "0", "--tracking-uri", uri, "--no-progress"], tmp_path)
+    lines = [ln for ln in _lines(err) if "error" in ln or "stopped" in ln]
+    assert rc == 1, err[-3000:]
+    assert lines == [f"bench train: error: plugin bad.py raised {error}: plugin bug at {tmp_path}/bad.py:6 (in "
+                     "policy_term): fix the plugin (POBENCH_TRACEBACK=1 shows the traceback)"], err[-3000:]
+    assert statuses(uri, "pobench") == ["FAILED"]
+
+
+def test_max_new_tokens_past_the_context_is_warned_for_a_generated_task(tmp_path, bench_here, monkeypatch):
+    """H16: `bench train --max-new-tokens 100000` (the built-in model's context: 256) with the generated arith task
+    was accepted without the warning a file task gets (the check skipped generated tasks). The fake trainer: what is
+    tested is the check before any work, which `bench run` makes as `bench train` does."""
+    from tests.bench import fake_trainer
+
+    fake_trainer.inject(monkeypatch.setattr)
+    uri = fresh_store(tmp_path)
+    rc, _, err = bench_here(["run", "--algos", "grpo", "--seeds", "0", "--no-controls", "--workers", "1",
+                             "--no-progress", "--no-report", "--tracking-uri", uri, "--steps", "1", "--eval-every",
+                             "0", "--samples-every", "0", "--max-new-tokens", "100000"], tmp_path)
+    assert rc == 0, err[-3000:]
+    warned = [ln for ln in _lines(err) if "warning" in ln]
+    assert len(warned) == 2, err[-3000:]  # the training and the held-out side
+    assert "--max-new-tokens 100000 is at least the model's context of 256 tokens: every training completion is cut"\
+        in warned[0], warned

@@ -96,6 +96,10 @@ def spec_from_args(args: argparse.Namespace) -> tune.TuneSpec:
         check_seed(args.sampler_seed, "--sampler-seed")
     if args.trials < 1:
         raise ValueError(f"--trials {args.trials}: must be >= 1")
+    for flag, value in (("--pruner-warmup", args.pruner_warmup), ("--pruner-startup", args.pruner_startup),
+                        ("--max-retry", args.max_retry)):
+        if value < 0:  # (Optuna's own words named no flag; a negative --max-retry was taken)
+            raise ValueError(f"{flag} {value}: must be >= 0")
     if args.heartbeat < 1 or (args.grace is not None and args.grace <= args.heartbeat):
         raise ValueError("--heartbeat must be >= 1 and --grace longer than --heartbeat")
     base = _base_config(args)

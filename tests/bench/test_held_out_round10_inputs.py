@@ -4,6 +4,7 @@
 - ``bench train --comparison ID`` of a comparison trained under another configuration;
 - a damaged ``config.yaml`` / ``inputs.json`` in the run folder ``--resume`` continues;
 - a plugin's loss raising during training: exit 1 whatever the exception's class;
+- ``bench tune --pruner-warmup -1`` / ``--max-retry -1``;
 - ``--max-new-tokens`` past the built-in model's context with the generated task: warned as for a file task;
 """
 
@@ -165,3 +166,12 @@ def test_max_new_tokens_past_the_context_is_warned_for_a_generated_task(tmp_path
     assert len(warned) == 2, err[-3000:]  # the training and the held-out side
     assert "--max-new-tokens 100000 is at least the model's context of 256 tokens: every training completion is cut"\
         in warned[0], warned
+
+
+@pytest.mark.parametrize("flag", ["--pruner-warmup", "--pruner-startup", "--max-retry"])
+def test_a_negative_pruner_or_retry_count_is_refused_naming_the_flag(tmp_path, bench_here, flag):
+    """H17: `bench tune --pruner-warmup -1` was refused in Optuna's words ("n_warmup_steps=-1"), naming no flag;
+    `--max-retry -1` was taken and the study trained. Now one line naming the flag, exit 2, nothing made."""
+    rc, _, err = bench_here(_tune(f"sqlite:///{tmp_path}/mlflow.db", flag, "-1"), tmp_path)
+    assert rc == 2 and _lines(err) == [f"bench tune: error: {flag} -1: must be >= 0"], err[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -5,6 +5,9 @@
 - a damaged ``config.yaml`` / ``inputs.json`` in the run folder ``--resume`` continues;
 - a plugin's loss raising during training: exit 1 whatever the exception's class;
 - ``bench tune --pruner-warmup -1`` / ``--max-retry -1``;
+- ``bench eval``: flags that would be ignored (``--split`` with one file, ``--no-mlflow`` with an MLflow run's
+  name or parent), and rows whose field is there but empty or no text;
+- ``bench list`` with flags it would drop (``--details`` with ``--compare``, ``--params`` without it);
 - ``--max-new-tokens`` past the built-in model's context with the generated task: warned as for a file task;
 """
 
@@ -175,3 +178,46 @@ def test_a_negative_pruner_or_retry_count_is_refused_naming_the_flag(tmp_path, b
     rc, _, err = bench_here(_tune(f"sqlite:///{tmp_path}/mlflow.db", flag, "-1"), tmp_path)
     assert rc == 2 and _lines(err) == [f"bench tune: error: {flag} -1: must be >= 0"], err[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--split", "nosuch"], "--split nosuch: --data one.jsonl is one file, read whole"),
+    (["--parent-run-id", "abc"], "--no-mlflow records no MLflow run, so --parent-run-id would be ignored"),
+    (["--run-name", "x"], "--no-mlflow records no MLflow run, so --run-name would be ignored"),
+])
+def test_bench_eval_refuses_flags_it_would_ignore(tmp_path, bench_here, flags, said):
+    """H18: `bench eval --data one.jsonl --split nosuch` evaluated the file and recorded split "nosuch";
+    `--no-mlflow --parent-run-id abc` / `--run-name x` were taken and ignored. Now one line, exit 2, nothing made."""
+    (tmp_path / "one.jsonl").write_text('{"question": "What is 2+2?", "answer": "4"}\n')
+    rc, _, err = bench_here(["eval", "--benchmarks", "gsm8k", "--data", "one.jsonl", "--no-mlflow", "--out", "o",
+                             *flags], tmp_path)
+    assert rc == 2 and len(_lines(err)) == 1 and said in err, err[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.jsonl"]
+
+
+@pytest.mark.parametrize("row, said", [
+    ('{"question": "What is 2+2?", "answer": ""}', "no reference answer: field 'answer' is empty"),
+    ('{"question": "", "answer": "4"}', "no question: field 'question' is empty"),
+    ('{"question": ["x"], "answer": "4"}', "no question: field 'question' is a list, not text"),
+    ('{"q": "What is 2+2?", "answer": "4"}', "no question: expected field 'question' or 'problem'"),
+])
+def test_a_row_with_an_empty_or_non_text_field_names_it(tmp_path, bench_here, row, said):
+    """H18: rows whose 'answer' was "" or whose 'question' was "" or ["x"] said "expected field 'answer'; fields
+    present: answer, question": the field is there, empty or no text. Now the line says which."""
+    (tmp_path / "one.jsonl").write_text(row + "\n")
+    rc, _, err = bench_here(["eval", "--benchmarks", "gsm8k", "--data", "one.jsonl", "--no-mlflow", "--out", "o"],
+                            tmp_path)
+    assert rc == 2 and len(_lines(err)) == 1 and said in err, err[-3000:]
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--details", "grpo", "--compare", "grpo"], "--details and --compare: one listing at a time"),
+    (["--params", "/nonexistent"], "--params: only read with --compare NAMES"),
+    (["--compare", ""], "--compare: no objective given"),
+])
+def test_bench_list_refuses_flags_it_would_drop(tmp_path, bench_here, flags, said):
+    """H19: `bench list --details grpo --compare grpo` printed the details only; `--params /nonexistent` without
+    --compare exited 0 (the file never read); `--compare ""` printed the plain list. Now one line each, exit 2."""
+    rc, out, err = bench_here(["list", *flags], tmp_path)
+    assert rc == 2 and len(_lines(err)) == 1 and f"bench list: error: {said}" in err, err
+    assert out == ""

@@ -17,7 +17,7 @@ from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.config import TrainConfig
 from bench.engines import RunStopped
 from bench.inputs import check_seed
-from bench.runs.tracking import check_reachable
+from bench.runs.tracking import check_outside_artifacts, check_reachable
 from bench.tune.confirm import summary_of
 from bench.tune.outputs import print_leaderboard, study_dir, write_outputs
 from bench.tune.outputs import show as show_study
@@ -146,6 +146,7 @@ def main(args: argparse.Namespace) -> int:
     confirm_seeds = confirm_seeds_from_args(args, spec)
     check_reachable(spec.base.tracking_uri, experiment=spec.base.experiment)
     faults.check_output_folder(spec.base.output_dir, "--output-dir")  # a file in its place, read-only: one line now
+    check_outside_artifacts(spec.base.tracking_uri, spec.base.experiment, spec.base.output_dir, "--output-dir")
     if args.out:  # a folder of the user's holding other files: refused now, not after the study
         faults.check_output_folder(args.out, "--out")
         check_out_is_ours(args.out, "--out")

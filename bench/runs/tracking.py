@@ -157,10 +157,37 @@ def check_artifact_location(uri: str, experiment: str) -> None:
     yet. A store that fails to answer here is met again, with its own line, by the work. (A local SQLite store is
     read with ``sqlite3``, read-only: MLflow's store object, once made, keeps its connections to that file for the
     process, and a store deleted meanwhile is then not made anew.)"""
+    location = _experiment_location(uri, experiment)
+    if location:
+        faults.check_artifact_folder(experiment, location)
+
+
+def check_outside_artifacts(uri: str, experiment: str, folder: str | Path, flag: str) -> None:
+    """Refuse (one line) a folder pobench writes run folders into (``--output-dir``) inside MLflow's artifact folder
+    of the store ``uri``: ``mlartifacts/`` beside a local SQLite store, or the local folder of ``experiment``'s runs'
+    files (held-out round 10, H20: `bench train --output-dir mlartifacts` put its run folder and ``.locks`` among the
+    runs' ``<run id>/`` folders, as `bench report --out-root mlartifacts` is refused)."""
+    roots = []
+    db = record.sqlite_file(record.tracking_uri(uri))
+    if db is not None:
+        roots.append(db.parent.resolve() / record.ARTIFACTS)
+    location = _experiment_location(record.tracking_uri(uri), experiment)
+    if location and location.startswith(("/", "file:")):
+        roots.append(Path(location.removeprefix("file://").removeprefix("file:")).resolve())
+    out = Path(folder).resolve()
+    for root in roots:
+        if out == root or root in out.parents:
+            raise ValueError(f"{flag} {folder}: inside MLflow's artifact folder {root} (its runs' files, which the "
+                             f"store points to): not writing run folders there; choose another {flag}")
+
+
+def _experiment_location(uri: str, experiment: str) -> str | None:
+    """Where the existing experiment ``experiment`` of the store ``uri`` keeps its runs' files; None for none (an
+    experiment or store not made yet, a store that does not answer: met again by the work)."""
     db = record.sqlite_file(uri)
     if db is not None:
         if not db.exists():
-            return
+            return None
         import sqlite3
 
         try:
@@ -170,17 +197,14 @@ def check_artifact_location(uri: str, experiment: str) -> None:
             finally:
                 con.close()
         except sqlite3.Error:
-            return
-        location = row[0] if row else None
-    else:
-        try:
-            with _bounded_http(timeout_s()) if uri.startswith(("http://", "https://")) else contextlib.nullcontext():
-                exp = open_client(uri).get_experiment_by_name(experiment)
-        except (mlflow_error(), OSError):
-            return
-        location = exp.artifact_location if exp is not None else None
-    if location:
-        faults.check_artifact_folder(experiment, location)
+            return None
+        return row[0] if row else None
+    try:
+        with _bounded_http(timeout_s()) if uri.startswith(("http://", "https://")) else contextlib.nullcontext():
+            exp = open_client(uri).get_experiment_by_name(experiment)
+    except (mlflow_error(), OSError):
+        return None
+    return exp.artifact_location if exp is not None else None
 
 
 def version_tags(commit: bool = True) -> dict[str, str]:

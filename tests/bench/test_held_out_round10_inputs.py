@@ -8,6 +8,7 @@
 - ``bench eval``: flags that would be ignored (``--split`` with one file, ``--no-mlflow`` with an MLflow run's
   name or parent), and rows whose field is there but empty or no text;
 - ``bench list`` with flags it would drop (``--details`` with ``--compare``, ``--params`` without it);
+- ``--output-dir`` inside MLflow's artifact folder;
 - ``--max-new-tokens`` past the built-in model's context with the generated task: warned as for a file task;
 """
 
@@ -221,3 +222,20 @@ def test_bench_list_refuses_flags_it_would_drop(tmp_path, bench_here, flags, sai
     rc, out, err = bench_here(["list", *flags], tmp_path)
     assert rc == 2 and len(_lines(err)) == 1 and f"bench list: error: {said}" in err, err
     assert out == ""
+
+
+@pytest.mark.parametrize("command", ["train", "tune"])
+def test_an_output_dir_inside_mlflows_artifact_folder_is_refused(tmp_path, bench_here, command):
+    """H20: `bench train --output-dir mlartifacts` put its run folder and .locks among the runs' <run id>/ folders of
+    MLflow's artifact folder (`bench report --out-root mlartifacts` is refused). Now one line, exit 2, before any
+    run."""
+    uri = fresh_store(tmp_path)
+    (tmp_path / "mlartifacts").mkdir(exist_ok=True)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    argv = _tune(uri) if command == "tune" else ["train", "--algo", "grpo", "--steps", "1", "--tracking-uri", uri]
+    for out in ("mlartifacts", "mlartifacts/runs"):
+        rc, _, err = bench_here([*argv, "--output-dir", out], tmp_path)
+        lines = _lines(err)
+        assert rc == 2 and len(lines) == 1, err[-3000:]
+        assert f"--output-dir {out}: inside MLflow's artifact folder {tmp_path / 'mlartifacts'}" in lines[0], lines
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

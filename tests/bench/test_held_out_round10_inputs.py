@@ -103,6 +103,18 @@ def test_bench_train_into_a_comparison_of_another_configuration_is_refused_and_i
     rc, _, err = bench_here(["report", "--tracking-uri", uri, "--experiment", "ex", "--comparison", cid], tmp_path)
     assert rc == 0, err[-3000:]
 
+    # a store the code before left so (a run of other settings tagged into the comparison): the report leaves it out
+    # and says so, instead of refusing the comparison for good
+    rc, _, err = bench_here([*run[:2], "dapo", *run[3:], "--steps", "3"], tmp_path)
+    assert rc == 0, err[-3000:]
+    (other,) = [r for r in client.search_runs([exp_id], "tags.`pobench.kind` = 'train'")
+                if r.data.tags["pobench.comparison"] != cid]
+    client.set_tag(other.info.run_id, "pobench.comparison", cid)
+    rc, _, err = bench_here(["report", "--tracking-uri", uri, "--experiment", "ex", "--comparison", cid], tmp_path)
+    assert rc == 0, err[-3000:]
+    report = (tmp_path / "reports/out/ex" / cid / "report.md").read_text()
+    assert f"Run {other.info.run_name} (dapo, seed 0) was trained under another configuration" in report
+
 
 def test_a_damaged_config_or_inputs_file_on_resume_is_one_line_naming_it(tmp_path, bench_here):
     """H08: on `bench train --resume`, a config.yaml cut mid-way gave a YAML traceback, an empty one a 40-field

@@ -166,17 +166,13 @@ def test_a_plugin_raising_during_training_exits_1_whatever_the_class(tmp_path, b
     assert statuses(uri, "pobench") == ["FAILED"]
 
 
-def test_max_new_tokens_past_the_context_is_warned_for_a_generated_task(tmp_path, bench_here, monkeypatch):
+def test_max_new_tokens_past_the_context_is_warned_for_a_generated_task(tmp_path, bench_here):
     """H16: `bench train --max-new-tokens 100000` (the built-in model's context: 256) with the generated arith task
-    was accepted without the warning a file task gets (the check skipped generated tasks). The fake trainer: what is
-    tested is the check before any work, which `bench run` makes as `bench train` does."""
-    from tests.bench import fake_trainer
-
-    fake_trainer.inject(monkeypatch.setattr)
+    was accepted without the warning a file task gets (the check skipped generated tasks)."""
     uri = fresh_store(tmp_path)
-    rc, _, err = bench_here(["run", "--algos", "grpo", "--seeds", "0", "--no-controls", "--workers", "1",
-                             "--no-progress", "--no-report", "--tracking-uri", uri, "--steps", "1", "--eval-every",
-                             "0", "--samples-every", "0", "--max-new-tokens", "100000"], tmp_path)
+    rc, _, err = bench_here(["train", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--eval-every",
+                             "0", "--samples-every", "0", "--no-progress", "--max-new-tokens", "100000", "--run-name",
+                             "mnt", "--eval-problems", "4", "--tracking-uri", uri], tmp_path)
     assert rc == 0, err[-3000:]
     warned = [ln for ln in _lines(err) if "warning" in ln]
     assert len(warned) == 2, err[-3000:]  # the training and the held-out side

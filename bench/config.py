@@ -162,7 +162,8 @@ class TrainConfig:
     run_name: str | None = _f(None, "MLflow run name (default: <algo>-s<seed>).")
     experiment: str = _f("pobench", "MLflow experiment name.")
     tracking_uri: str | None = _f(None, f"MLflow tracking URI (default: {TRACKING_URI_DEFAULT}).")
-    comparison: str | None = _f(None, "Comparison id tag (set by `bench run`).")
+    comparison: str | None = _f(None, "Comparison id tag (set by `bench run`); `bench train` joins an existing "
+                                      "comparison only with its configuration.")
     tags: dict = _f({}, "Extra MLflow tags (not under pobench. or mlflow.: those are pobench's and MLflow's own).")
     resume: bool = _f(False, "Resume from the last checkpoint in output_dir (same MLflow run).")
 

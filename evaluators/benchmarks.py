@@ -44,6 +44,20 @@ class EmptyAnswerError(BadRowError):
     """The source gives an empty reference answer: the row is dropped with a warning (it cannot be scored)."""
 
 
+def _missing(row: dict, names: tuple[str, ...], found: Any, expected: str | None = None) -> str:
+    """Why a row has no usable ``names`` field: one that is there but empty or not text is named as such (held-out
+    round 10, H18: "expected field 'answer'; fields present: answer, question"); else the fields expected and the
+    fields present."""
+    if found is not None:  # (a value that is no text: a list, a number, a mapping)
+        name = next(n for n in names if row.get(n) is found)
+        return f"field {name!r} is a {type(found).__name__}, not text"
+    empty = [n for n in names if n in row]
+    if empty:
+        return f"field {empty[0]!r} is empty"
+    return (f"expected field {expected or ' or '.join(map(repr, names))}; "
+            f"fields present: {', '.join(sorted(row)) or 'none'}")
+
+
 def _strip_dollars(text: str) -> str:
     """``$2^{1009}$`` -> ``2^{1009}``; ``$69$,$84$`` -> ``69, 84``."""
     text = text.strip()
@@ -152,8 +166,7 @@ class Benchmark:
         """Map one source row to a `Problem`; a row without question or answer raises `BadRowError`."""
         question = self._first(row, self.question_fields)
         if not isinstance(question, str):
-            raise BadRowError(f"{where}: no question: expected field {' or '.join(map(repr, self.question_fields))}; "
-                              f"fields present: {', '.join(sorted(row))}")
+            raise BadRowError(f"{where}: no question: {_missing(row, self.question_fields, question)}")
         context = self._first(row, self.context_fields)
         if isinstance(context, str) and context.strip():
             question = context.strip() + "\n\n" + question
@@ -179,8 +192,7 @@ class Benchmark:
             expected = " or ".join(map(repr, self.answer_fields))
             if self.answer_in_solution:
                 expected += f" (or a \\boxed{{}} in {' or '.join(map(repr, self.solution_fields))})"
-            raise BadRowError(f"{where}: no reference answer: expected field {expected}; "
-                              f"fields present: {', '.join(sorted(row))}")
+            raise BadRowError(f"{where}: no reference answer: {_missing(row, self.answer_fields, None, expected)}")
         if isinstance(value, list):
             text = ", ".join(_strip_dollars(str(v)) for v in value)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -65,6 +65,9 @@ class Comparison:
     missing: list[tuple[str, int]] = field(default_factory=list)
     """(objective, seed) pairs the comparison run records (``bench run``'s objectives × seeds) that have no run in the
     store at all: deleted, or never trained (reported, never silently left out)."""
+    other_config: list[RunData] = field(default_factory=list)
+    """Runs tagged into the comparison under another configuration than its run records (`bench train --comparison`
+    before held-out round 10): left out of the tables, each named in the report's notes."""
 
     @property
     def objectives(self) -> list[str]:
@@ -181,6 +184,12 @@ def load_comparison(experiment: str, comparison: str | None = None, tracking_uri
     hashes: dict[str, list[str]] = {}
     for m in members:
         hashes.setdefault(m.config_hash, []).append(m.name)
+    recorded = _comparison_tags(client, exp.experiment_id, comparison)
+    other_config = []
+    if len(hashes) > 1 and recorded.get(CONFIG_HASH) in hashes:  # runs tagged in by `bench train --comparison`
+        other_config = [m for m in members if m.config_hash != recorded[CONFIG_HASH]]  # (left out, said: H06)
+        members = [m for m in members if m.config_hash == recorded[CONFIG_HASH]]
+        hashes = {recorded[CONFIG_HASH]: hashes[recorded[CONFIG_HASH]]}
     if len(hashes) > 1:
         detail = "; ".join(f"{h}: {', '.join(sorted(n))}" for h, n in sorted(hashes.items()))
         raise ValueError(f"comparison {comparison!r} mixes runs with different configs (pobench.config_hash), so "
@@ -197,7 +206,7 @@ def load_comparison(experiment: str, comparison: str | None = None, tracking_uri
         raise ValueError(f"comparison {comparison!r} in experiment {experiment!r} has no finished training run "
                          f"({len(not_finished)} unfinished)")
     present = {(m.variant, m.seed) for m in members}
-    missing = [p for p in _recorded_pairs(client, exp.experiment_id, comparison) if p not in present
+    missing = [p for p in _recorded_pairs(recorded) if p not in present
                and (objectives is None or p[0] in wanted) and (seeds is None or p[1] in wanted_s)]
     keys = [*SERIES_KEYS, *[k for k in extra_keys if k not in SERIES_KEYS]]
     for m in done if with_series else []:
@@ -208,15 +217,18 @@ def load_comparison(experiment: str, comparison: str | None = None, tracking_uri
         first.setdefault(m.variant, len(first))
     done.sort(key=lambda m: (first[m.variant], m.seed))
     return Comparison(experiment=experiment, experiment_id=exp.experiment_id, comparison_id=comparison,
-                      tracking_uri=uri, runs=done, not_finished=not_finished, missing=missing)
+                      tracking_uri=uri, runs=done, not_finished=not_finished, missing=missing,
+                      other_config=other_config)
 
 
-def _recorded_pairs(client, exp_id: str, comparison: str) -> list[tuple[str, int]]:
-    """The (objective, seed) pairs the comparison's own run records, in its order; none without that run."""
+def _comparison_tags(client, exp_id: str, comparison: str) -> dict[str, str]:
+    """The tags of the comparison's own run (`bench run`'s); none without that run."""
     found = _search(client, exp_id, f"tags.`{KIND}` = 'comparison' and tags.`{COMPARISON}` = '{comparison}'")
-    if not found:
-        return []
-    tags = found[0].data.tags
+    return dict(found[0].data.tags) if found else {}
+
+
+def _recorded_pairs(tags: dict[str, str]) -> list[tuple[str, int]]:
+    """The (objective, seed) pairs the comparison's own run records (its ``tags``), in its order; none without it."""
     objectives = [o for o in tags.get(OBJECTIVES, "").split(",") if o]
     seeds = [int(s) for s in tags.get(SEEDS, "").split(",") if s.strip().lstrip("-").isdigit()]
     return [(o, s) for o in objectives for s in seeds]

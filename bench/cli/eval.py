@@ -103,6 +103,12 @@ def run(args) -> int:
                    batch_size=args.batch_size, prompt_template=args.prompt_template)
     if args.comparison is not None:
         return eval_comparison.run(args)
+    if args.no_mlflow:  # (they were ignored silently: held-out round 10, H18)
+        given = [f for f, v in (("--parent-run-id", args.parent_run_id), ("--run-name", args.run_name),
+                                ("--tracking-uri", args.tracking_uri)) if v is not None]
+        if given:
+            raise ValueError(f"--no-mlflow records no MLflow run, so {' / '.join(given)} would be ignored: drop "
+                             f"{'them' if len(given) > 1 else 'it'}, or drop --no-mlflow")
     args.model = args.model or BUILTIN_MODEL
     args.prompt_template = args.prompt_template or "auto"
     store_file = None  # (the local store as it is now: faults.watch_file)
@@ -122,6 +128,10 @@ def run(args) -> int:
     if args.harness and args.no_greedy:
         raise ValueError("--harness lm-eval compares greedy decoding: drop --no-greedy")
     data = resolve_data(benchmarks, args.data)
+    files = [d for d in data.values() if d is not None and Path(d).is_file()]
+    if args.split != "test" and files:  # (a file is read whole: the split was ignored, and recorded)
+        raise ValueError(f"--split {args.split}: --data {files[0]} is one file, read whole; a split is chosen in a "
+                         "folder (<split>.jsonl, ...) or a hub dataset: drop --split, or give the folder")
     loaded: list[tuple[Task, list, str]] = []
     for b in benchmarks:  # source: a path or hub id, or "generated"
         problems, source = b.load_rows(args.split, data=data[b.name], limit=args.limit,

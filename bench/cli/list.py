@@ -38,7 +38,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def check_flags(args: argparse.Namespace) -> None:
+    """One line for flags `bench list` would drop silently (held-out round 10, H19): more than one of --details /
+    --compare / --markdown (one listing at a time), --compare given empty, and --config / --params and the
+    --compare settings without --compare."""
+    chosen = [f for f, v in (("--details", args.details), ("--compare", args.compare),
+                             ("--markdown", args.markdown)) if v not in (None, False)]
+    if len(chosen) > 1:
+        raise ValueError(f"{' and '.join(chosen)}: one listing at a time; give one of them")
+    if args.compare is not None and not args.compare.strip():
+        raise ValueError("--compare: no objective given; e.g. --compare grpo,dapo or --compare @tepo")
+    if args.compare is None:
+        unused = [f for f, v in (("--config", args.config), ("--params", args.params),
+                                 ("--update-epochs", args.update_epochs), ("--minibatches", args.minibatches),
+                                 ("--lr", args.lr)) if v is not None]
+        if unused:
+            raise ValueError(f"{' / '.join(unused)}: only read with --compare NAMES; add --compare, or drop "
+                             f"{'them' if len(unused) > 1 else 'it'}")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_flags(args)
     if args.details:
         print(details_text(args.details))
         return 0

@@ -14,7 +14,7 @@ from bench.engines import RunStopped, TrainingDiverged
 from bench.engines import entry as engines
 from bench.runs import resume
 from bench.runs.run import end_runs_of_killed, last_checkpoint
-from bench.runs.tracking import check_reachable
+from bench.runs.tracking import check_comparison, check_outside_artifacts, check_reachable
 from reports import metric_keys as K
 
 
@@ -34,7 +34,9 @@ def run(args: argparse.Namespace) -> int:
     resume.check_resume(cfg, root)  # --resume: the run's own configuration, or one line naming what differs
     # an unreachable server, its experiment's files unwritable: one line now, not minutes later after the model loads
     check_reachable(cfg.tracking_uri, experiment=cfg.experiment)
+    check_comparison(cfg)  # --comparison ID of runs trained under another configuration: its report would break
     faults.check_output_folder(root, "--output-dir")  # a file in its place, a read-only file system: one line now
+    check_outside_artifacts(cfg.tracking_uri, cfg.experiment, root, "--output-dir")
     engines.check(cfg)
     for warning in preflight.check_inputs(cfg):  # every source read, answers and prompt lengths counted
         print(f"bench train: warning: {warning}", file=sys.stderr)

@@ -17,7 +17,7 @@ from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.config import TrainConfig
 from bench.engines import RunStopped
 from bench.inputs import check_seed
-from bench.runs.tracking import check_reachable
+from bench.runs.tracking import check_outside_artifacts, check_reachable
 from bench.tune.confirm import summary_of
 from bench.tune.outputs import print_leaderboard, study_dir, write_outputs
 from bench.tune.outputs import show as show_study
@@ -96,6 +96,10 @@ def spec_from_args(args: argparse.Namespace) -> tune.TuneSpec:
         check_seed(args.sampler_seed, "--sampler-seed")
     if args.trials < 1:
         raise ValueError(f"--trials {args.trials}: must be >= 1")
+    for flag, value in (("--pruner-warmup", args.pruner_warmup), ("--pruner-startup", args.pruner_startup),
+                        ("--max-retry", args.max_retry)):
+        if value < 0:  # (Optuna's own words named no flag; a negative --max-retry was taken)
+            raise ValueError(f"{flag} {value}: must be >= 0")
     if args.heartbeat < 1 or (args.grace is not None and args.grace <= args.heartbeat):
         raise ValueError("--heartbeat must be >= 1 and --grace longer than --heartbeat")
     base = _base_config(args)
@@ -107,6 +111,7 @@ def spec_from_args(args: argparse.Namespace) -> tune.TuneSpec:
         trials=args.trials, seeds=parse_seeds(args.seeds, default=(0,)), storage=args.storage, pruner=args.pruner,
         pruner_warmup=args.pruner_warmup, pruner_startup=args.pruner_startup, heartbeat=args.heartbeat,
         grace=args.grace, max_retry=args.max_retry, sampler_seed=args.sampler_seed)
+    tune.check_kept(spec.storage)  # an in-memory storage: lost with the process
     tune.make_pruner(spec.pruner)  # bad pruner spec -> error now
     tune.check_reported(spec.metric, base)  # a key the evaluation does not report -> error now
     return spec
@@ -141,6 +146,7 @@ def main(args: argparse.Namespace) -> int:
     confirm_seeds = confirm_seeds_from_args(args, spec)
     check_reachable(spec.base.tracking_uri, experiment=spec.base.experiment)
     faults.check_output_folder(spec.base.output_dir, "--output-dir")  # a file in its place, read-only: one line now
+    check_outside_artifacts(spec.base.tracking_uri, spec.base.experiment, spec.base.output_dir, "--output-dir")
     if args.out:  # a folder of the user's holding other files: refused now, not after the study
         faults.check_output_folder(args.out, "--out")
         check_out_is_ours(args.out, "--out")
@@ -148,6 +154,7 @@ def main(args: argparse.Namespace) -> int:
     for warning in preflight.check_inputs(spec.base):  # every source read, answers and prompt lengths counted
         print(f"bench tune: warning: {warning}", file=sys.stderr)
     tune.check_worker_settings(spec, args.workers, args.executor, args.ray_address)  # (before any file is made)
+    tune.check_new_study(spec)  # an earlier study of its name in another storage: its trials' folders and runs
     local = _local_files(spec)  # (identity of the SQLite files the study writes to, as they are now)
     try:
         study = tune.run_workers(spec, args.workers, args.executor, args.ray_address)

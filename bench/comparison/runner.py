@@ -42,7 +42,7 @@ from bench.runs.run import (
     has_checkpoint,
     remove_run_folder,
 )
-from bench.runs.tracking import check_reachable, store_client, version_tags
+from bench.runs.tracking import check_outside_artifacts, check_reachable, store_client, version_tags
 from reports.record import (
     COMPARISON,
     CONFIG_HASH,
@@ -151,6 +151,7 @@ def check_comparison(spec: ComparisonSpec) -> list[str]:
     cfg = spec.cfg
     check_reachable(cfg.tracking_uri, experiment=cfg.experiment)
     faults.check_output_folder(cfg.output_dir, "--output-dir")  # a file in its place, read-only: one line now
+    check_outside_artifacts(cfg.tracking_uri, cfg.experiment, cfg.output_dir, "--output-dir")
     if spec.report:  # a foreign folder where the report would go: one line now, not after training
         faults.check_output_folder(spec.out_root, "--out-root")
         reports_in = report_folder(spec.out_root, cfg.experiment)

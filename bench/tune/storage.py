@@ -36,6 +36,24 @@ def redact(url: str) -> str:
         return re.sub(r"//[^/@]*@", "//***@", url)
 
 
+def check_kept(url: str | None) -> None:
+    """``--storage``: a storage that outlives the command. An in-memory SQLite URL (``sqlite://``, ``sqlite:///``,
+    ``sqlite:///:memory:``) is refused, as ``--tracking-uri sqlite:///`` is: the study would be lost when bench tune
+    ends, could not be resumed, joined by another worker or shown (held-out round 10, H02)."""
+    if url is None:
+        return
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:  # (not a URL: open_storage says so)
+        return
+    if parsed.get_backend_name() == "sqlite" and (parsed.database or ":memory:") == ":memory:":
+        raise ValueError(f"--storage {url}: an in-memory Optuna storage is lost when bench tune ends (its study "
+                         "could not be resumed, joined by another worker or shown); give a file, e.g. --storage "
+                         f"{default_storage_url()} (the default)")
+
+
 def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_retry: int = 3,
                  on_stale: Callable[[optuna.Study, optuna.trial.FrozenTrial], None] | None = None
                  ) -> optuna.storages.RDBStorage:

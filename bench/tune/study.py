@@ -40,13 +40,14 @@ from bench.engines import StopTraining, TrainingDiverged
 from bench.engines import entry as engines
 from bench.engines.base import RunStopped
 from bench.runs import stop
+from bench.runs.tracking import store_client
 from bench.tune.metric import TuneMetric, trial_value
 from bench.tune.runs import DEAD_REASON, StudyRuns
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url, make_pruner, open_storage, redact
 from reports import metric_keys as K
 from reports.paths import lock_file
-from reports.record import STUDY, TRIAL, retry_locked, tracking_uri
+from reports.record import KIND, STUDY, TRIAL, retry_locked, sqlite_file, tracking_uri
 
 
 def open_study(spec: TuneSpec) -> tuple[optuna.Study, StudyRuns]:
@@ -70,6 +71,50 @@ def open_study(spec: TuneSpec) -> tuple[optuna.Study, StudyRuns]:
         study.sampler = optuna.samplers.TPESampler(seed=resumed_seed(spec.sampler_seed, held))
         runs.join_parent(study, spec)
     return study, runs
+
+
+def check_new_study(spec: TuneSpec) -> None:
+    """A study this storage does not hold yet must not take the place of an earlier study of its name held in another
+    storage (or in a storage since replaced): its trial run folders (``<output_dir>/<study>-t<N>-s<seed>``) would
+    collide with the earlier trials' at trial 0, and its MLflow runs mix with theirs. One ValueError line naming
+    both, before any study, storage file or MLflow run is created (held-out round 10, H02). A study the storage holds
+    is joined / resumed as before."""
+    url = spec.storage or default_storage_url()
+    db = sqlite_file(url)
+    if db is None or db.exists():
+        if spec.study in optuna.study.get_all_study_names(open_storage(url)):
+            return
+    here = f"the Optuna storage {redact(url)} holds no study {spec.study!r}"
+    what = ("pass --storage <that storage> to resume that study, or another --study to start a new one here "
+            "(the earlier one's runs keep their names)")
+    earlier = _earlier_study_run(spec)
+    if earlier is not None and earlier[1] != redact(url):
+        raise ValueError(f"--study {spec.study}: the MLflow run {earlier[0]} (experiment {spec.base.experiment!r}) "
+                         f"holds a study of that name in another Optuna storage, {earlier[1]}, and {here}: {what}")
+    for n in range(spec.trials):
+        for seed in spec.seeds:
+            folder = seed_config(spec, {}, seed, n, "").run_dir()
+            if folder.is_dir() and any(folder.iterdir()):
+                raise ValueError(f"--study {spec.study}: {folder} holds trial {n}'s run of an earlier study of that "
+                                 f"name, and {here} (the earlier one ran in another storage, or this one was replaced):"
+                                 f" {what}, or another --output-dir")
+
+
+def _earlier_study_run(spec: TuneSpec) -> tuple[str, str] | None:
+    """(run id, storage) of a study's MLflow run named ``spec.study`` in the experiment, if the store holds one (a
+    local store that does not exist yet is not created)."""
+    uri = tracking_uri(spec.base.tracking_uri)
+    db = sqlite_file(uri)
+    if db is not None and not db.exists():
+        return None
+    client = store_client(uri)
+    experiment = client.get_experiment_by_name(spec.base.experiment)
+    if experiment is None:
+        return None
+    for run in client.search_runs([experiment.experiment_id], f"tags.`{KIND}` = 'tune-study'", max_results=5000):
+        if run.data.tags.get(STUDY) == spec.study:
+            return run.info.run_id, run.data.params.get("storage", "")
+    return None
 
 
 def resumed_seed(seed: int | None, trials: int) -> int | None:

@@ -205,7 +205,8 @@ BAD_REWARD = {  # the one line of each plugin task's bad reward
 def test_a_plugin_tasks_reward_that_raises_or_is_not_a_number_is_one_line(tmp_path, bench_here, kind):
     """Held-out round 5: a plugin task's reward raising ValueError gave only its message (no plugin, no line); a
     string gave torch's "too many dimensions 'str'"; a NaN was reported as the loss diverging (exit 3). Now one line
-    naming the plugin's line, or the task, the problem and the value; exit 2."""
+    naming the plugin's line (exit 1: the plugin's code raised during the work), or the task, the problem and the
+    value (exit 2)."""
     from evaluators import unregister_task
 
     n = "r5"
@@ -218,7 +219,8 @@ def test_a_plugin_tasks_reward_that_raises_or_is_not_a_number_is_one_line(tmp_pa
         for k in BAD_REWARD:
             unregister_task(f"{k}-{n}")
     text = out + err
-    assert rc == 2 and "Traceback" not in text and BAD_REWARD[kind] in text, text[-3000:]
+    # (the plugin's own error met during the training: exit 1 whatever its class, held-out round 10, H13)
+    assert rc == (1 if kind == "raising" else 2) and "Traceback" not in text and BAD_REWARD[kind] in text, text[-3000:]
     if kind == "raising":
         assert "rewards.py:10 (in reward)" in text, text[-3000:]
     else:

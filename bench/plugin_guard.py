@@ -4,10 +4,13 @@ handlers, the output streams), put back and named; used by bench/plugins.py for 
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
+import sysconfig
 import warnings
+from pathlib import Path
 from typing import Any
 
 
@@ -53,6 +56,7 @@ class KeepProcessState:
     they are opened again on their file descriptors, so the refusal's line can be written."""
 
     def __enter__(self) -> KeepProcessState:
+        self.reads = FileReads().__enter__()
         self.cwd, self.dtype, self.changed = os.getcwd(), _default_dtype(), []
         self.filters = list(warnings.filters)
         self.handlers = {name: signal.getsignal(getattr(signal, name)) for name in GUARDED_SIGNALS}
@@ -60,6 +64,7 @@ class KeepProcessState:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.reads.__exit__()
         try:
             now = os.getcwd()
         except OSError:  # (it went into a folder since removed)
@@ -132,3 +137,62 @@ def check_streams(spec: str, keep: KeepProcessState) -> None:
     if keep.closed:
         raise ValueError(f"plugin {spec} closed {keep.closed} while imported, where pobench writes its output and its "
                          "errors: fix the plugin (leave the command's streams open)")
+
+
+# ------------------------------------------------------------------ the files a plugin's import reads
+_RECORDING: list[list[tuple[str, str]]] = []   # the lists of the imports being recorded (nested: each gets the read)
+_hooked = False
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple(str(Path(paths[k]).resolve()) + os.sep for k in ("stdlib", "platstdlib") if paths.get(k))
+
+
+def _caller(frame) -> str:
+    """The file of the innermost frame from ``frame`` out that is not the standard library's (``pathlib``,
+    ``runpy``, ``json``, the import system's frozen modules): the code that asked for the file to be opened."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not name.startswith("<frozen ") and not os.path.realpath(name).startswith(_stdlib()):
+            return name
+        frame = frame.f_back
+    return ""
+
+
+def _on_audit(event: str, args: tuple) -> None:
+    """Python's audit hook (``sys.addaudithook``: it stays for the process's life, so it does nothing unless an
+    import is recorded): an ``open`` for reading is recorded with the file of the code that asked for it."""
+    if event != "open" or not _RECORDING:
+        return
+    try:  # (an exception here would be the open's own)
+        path, mode, flags = args
+        if isinstance(path, int) or (flags or 0) & (os.O_WRONLY | os.O_RDWR) or \
+                (isinstance(mode, str) and any(c in mode for c in "wax+")):
+            return
+        entry = (os.path.abspath(os.fsdecode(path)), _caller(sys._getframe(1)))
+        for reads in _RECORDING:
+            reads.append(entry)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class FileReads:
+    """Around a plugin's import: ``files``, every file opened for reading while it ran (a data file its settings
+    come from, a file it runs by path: ``runpy.run_path``, ``exec(open(...).read())``, a module loaded with
+    ``importlib.util.spec_from_file_location``; held-out round 10), each as (absolute path, the file of the code that
+    opened it: the innermost caller outside the standard library). bench/plugins.py keeps those its own code opened
+    and puts their content into its digest."""
+
+    def __enter__(self) -> FileReads:
+        global _hooked
+        if not _hooked:
+            sys.addaudithook(_on_audit)
+            _hooked = True
+        self.files: list[tuple[str, str]] = []
+        _RECORDING.append(self.files)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _RECORDING[:] = [r for r in _RECORDING if r is not self.files]

@@ -1,0 +1,114 @@
+"""Held-out round 10's plugin cases (H01, H07, H10, H11) and two commands at once on one folder (H12, H14):
+
+- a plugin objective whose setting comes from a file it reads at import, a file it runs by path, or an environment
+  variable is another comparison when that value changes (the old run was reused, and a resume trained on);
+- a plugin that fails to load only in a pool worker is one line naming it in each pair's line;
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import plugins
+from bench.config import TrainConfig
+
+from .test_plugins import _registries_as_they_were  # noqa: F401  (autouse: the registries as they were)
+
+TINY = ["--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--eval-every", "0",
+        "--samples-every", "0", "--checkpoint-every", "1", "--no-progress"]
+
+
+def _one_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    return lines[0]
+
+
+def _new_process(plugin: Path) -> None:
+    """Forget ``plugin`` as a new command's process has never loaded it: its module and its objectives."""
+    from algorithms import registry
+
+    loaded = plugins._LOADED.pop(str(plugin.resolve()), None)
+    if loaded is not None:
+        sys.modules.pop(loaded.module, None)
+        for name in [n for n, s in registry._REGISTRY.items() if s.module == loaded.module]:
+            registry.unregister(name)
+
+
+def _hash(plugin: Path) -> str:
+    _new_process(plugin)
+    return TrainConfig(plugins=[str(plugin)]).comparison_hash()
+
+
+# ------------------------------------------------------------------ H01, H07: a plugin's settings from elsewhere
+PLUGINS = {
+    # H01: a JSON file it reads at import
+    "json": ("import json, pathlib\nfrom algorithms import register\n"
+             "kl = json.loads((pathlib.Path(__file__).parent / 'kl.json').read_text())['kl_coef']\n"
+             "register('grpo-cfg', base='grpo', description='kl from kl.json', kl_coef=kl)\n", "kl.json",
+             '{"kl_coef": 0.0}', '{"kl_coef": 0.05}'),
+    # H07: a file it runs by path (the value reaches no objective: a reward function's, say)
+    "runpy": ("import runpy, pathlib\nns = runpy.run_path(str(pathlib.Path(__file__).parent / 'settings.py'))\n"
+              "SCALE = ns['SCALE']\n", "settings.py", "SCALE = 1.0\n", "SCALE = 2.0\n"),
+    "exec": ("import pathlib\nexec(open(pathlib.Path(__file__).parent / 'settings.py').read())\n", "settings.py",
+             "SCALE = 1.0\n", "SCALE = 2.0\n"),
+    "spec_from_file_location": (
+        "import importlib.util, pathlib\n"
+        "spec = importlib.util.spec_from_file_location('mysettings', pathlib.Path(__file__).parent / 'settings.py')\n"
+        "mod = importlib.util.module_from_spec(spec)\nspec.loader.exec_module(mod)\n", "settings.py", "SCALE = 1.0\n",
+        "SCALE = 2.0\n"),
+}
+
+
+@pytest.mark.parametrize("kind", list(PLUGINS))
+def test_a_file_a_plugin_reads_or_runs_at_import_is_part_of_its_identity(tmp_path, kind):
+    """H01 / H07: the comparison id stayed the same when the file a plugin read its setting from (or ran by path)
+    changed, so `bench run` reused the old run under the new value. The content of each file its own code opens while
+    imported is now in its digest (bench/plugin_guard.py ``FileReads``): another value, another comparison; the same
+    content, the same one; the run's pobench.plugins tag names the file."""
+    source, name, before, after = PLUGINS[kind]
+    plugin = tmp_path / "plug.py"
+    plugin.write_text(source)
+    (tmp_path / name).write_text(before)
+    first = _hash(plugin)
+    assert plugins.plugins_tag([str(plugin)]).endswith(f"+{name}")
+    (tmp_path / name).write_text(after)
+    assert _hash(plugin) != first
+    (tmp_path / name).write_text(before)
+    assert _hash(plugin) == first
+
+
+def test_an_objective_setting_from_an_environment_variable_is_part_of_the_identity(tmp_path, monkeypatch):
+    """H01 (p03): ``kl_coef=float(os.environ.get("MY_KL", "0"))`` kept the comparison id when MY_KL changed. The
+    resolved settings of each objective a plugin registers are now in its identity, wherever a value came from."""
+    plugin = tmp_path / "envplug.py"
+    plugin.write_text("import os\nfrom algorithms import register\nregister('grpo-env', base='grpo', "
+                      "description='kl from MY_KL', kl_coef=float(os.environ.get('MY_KL', '0')))\n")
+    monkeypatch.delenv("MY_KL", raising=False)
+    first = _hash(plugin)
+    monkeypatch.setenv("MY_KL", "0.05")
+    assert _hash(plugin) != first
+    monkeypatch.setenv("MY_KL", "0")
+    assert _hash(plugin) == first
+
+
+def test_resume_after_the_plugin_s_data_file_changed_is_refused(tmp_path, bench_here):
+    """H01 (p02t): `bench train --plugin cfgplug.py` trained, kl.json changed, then `--steps 2 --resume` trained the
+    extra step with the new kl_coef while the run recorded the old one, exit 0. Now the new value is another folder
+    key, and the resume is refused in one line naming the plugin's changed sources, exit 2, nothing trained."""
+    source, name, before, after = PLUGINS["json"]
+    plugin = tmp_path / "cfgplug.py"
+    plugin.write_text(source)
+    (tmp_path / name).write_text(before)
+    train = ["train", "--algo", "grpo-cfg", "--plugin", "cfgplug.py", *TINY]
+    rc, _, err = bench_here(train, tmp_path)
+    assert rc == 0, err[-3000:]
+    (tmp_path / name).write_text(after)
+    _new_process(plugin)
+    rc, _, err = bench_here([*train, "--steps", "2", "--resume"], tmp_path)
+    assert rc == 2, err[-3000:]
+    line = _one_line(err)
+    assert "plugin sources (cfgplug.py@" in line and "with another configuration" in line, line

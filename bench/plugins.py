@@ -8,15 +8,16 @@ the command's process, and in every worker that trains (a spawned process, a Ray
 verl worker), each of which is given the same list. A ``.py`` file is imported under a name derived from its path
 (``pobench_plugin_<stem>_<hash>``), the same in every process, so objects defined there pickle between them.
 
-Identity: ``identity(specs)`` (each plugin's file name and a digest of its source, of the source of every module
-it imports from outside installed packages (:func:`local_imports`) and of the files its code reads while imported
+Identity: ``identity(specs)`` (each plugin's file name and a digest of its source, of the source of every module it
+imports from outside installed packages (:func:`local_imports`) and of the files its code reads while imported
 (:func:`read_files`), and the resolved ``settings`` of the objectives it registers) enters
 ``TrainConfig.comparison_hash``, so a changed plugin, or a changed module of the user's it imports, trains again;
 ``plugins_tag(specs)`` is what a run's ``pobench.plugins`` tag holds. Imports by a name computed at run time cannot
-be known from the source: each is a warning (``Plugin.unknown``), printed once by the command line. ``with_plugins(cfg, objectives)`` adds to a config
-the plugins that the objectives and tasks it uses came from when they were registered by a module the config does
-not name yet (an import in a notebook), and ``check_shippable`` refuses, before any worker starts, an objective or
-task registered in ``__main__`` (a notebook cell), which no worker can import.
+be known from the source: each is a warning (``Plugin.unknown``), printed once by the command line.
+``with_plugins(cfg, objectives)`` adds to a config the plugins that the objectives and tasks it uses came from when
+they were registered by a module the config does not name yet (an import in a notebook), and ``check_shippable``
+refuses, before any worker starts, an objective or task registered in ``__main__`` (a notebook cell), which no
+worker can import.
 """
 
 from __future__ import annotations

@@ -112,3 +112,26 @@ def test_resume_after_the_plugin_s_data_file_changed_is_refused(tmp_path, bench_
     assert rc == 2, err[-3000:]
     line = _one_line(err)
     assert "plugin sources (cfgplug.py@" in line and "with another configuration" in line, line
+
+
+# ------------------------------------------------------------------ H10: a plugin that fails in a worker only
+def test_a_plugin_failing_to_load_in_a_pool_worker_only_is_named_in_each_pair_s_line(tmp_path, bench_here):
+    """H10: a plugin that loads in the command's process but raises in a pool worker (here: it is not the main
+    process; a working folder or an environment variable of the parent's only alike) gave Python's "Exception in
+    initializer:" with two chained tracebacks, and each pair said "worker process ended (BrokenProcessPool: ...)",
+    never naming the plugin. Now each pair's line names the plugin, its file and its error, no traceback, exit 1
+    (real pool processes: the plugin is loaded in each)."""
+    (tmp_path / "workerfail.py").write_text(
+        "import multiprocessing\nfrom algorithms import register\n"
+        "if multiprocessing.current_process().name != 'MainProcess':\n"
+        "    raise RuntimeError('cannot load in a worker (no GPU here)')\n"
+        "register('grpo-w', base='grpo', description='fails in workers')\n")
+    rc, out, err = bench_here(["run", "--algos", "grpo-w", "--no-controls", "--seeds", "0,1", "--workers", "2",
+                               *TINY[:-5], "--eval-every", "1", "--plugin", "workerfail.py", "--no-progress"],
+                              tmp_path)
+    assert rc == 1, (out + err)[-3000:]
+    assert "Traceback" not in out + err and "initializer" not in out + err, (out + err)[-3000:]
+    why = f"plugin {tmp_path / 'workerfail.py'} failed to load in a worker process: RuntimeError: cannot load in a " \
+          "worker (no GPU here)"
+    for seed in (0, 1):
+        assert f"seed {seed}: failed: {why}" in out, out[-3000:]

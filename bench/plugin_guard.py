@@ -4,12 +4,15 @@ handlers, the output streams), put back and named; used by bench/plugins.py for 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
 import sys
 import sysconfig
+import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +199,44 @@ class FileReads:
 
     def __exit__(self, *exc) -> None:
         _RECORDING[:] = [r for r in _RECORDING if r is not self.files]
+
+
+# ------------------------------------------------------------------ os._exit called by a plugin's code
+class PluginExit(SystemExit):
+    """``os._exit(code)`` called by a loaded plugin's code in the command's own thread: raised instead (``call``,
+    ``where``: what and where, for ``bench.faults.exit_called``), so it is handled as its ``sys.exit`` is."""
+
+    call = "os._exit"
+
+    def __init__(self, code: Any, where: str) -> None:
+        super().__init__(code)
+        self.where = where
+
+
+def guard_os_exit(plugin_at: Callable[[str], str | None]) -> None:
+    """Replace ``os._exit`` in this process (once) by a function that, called by a plugin's code (``plugin_at``: the
+    plugin a source file belongs to, or None), raises ``PluginExit`` in the main thread: held-out round 10, an
+    ``os._exit(0)`` in a plugin's loss ended `bench train` with exit 0, nothing said, its run left RUNNING. Any other
+    caller (multiprocessing ending a child, a library), and a process forked since (a plugin's own child), exits as
+    before; a plugin's call in another thread cannot be raised where the command would see it: one line on stderr and
+    exit 1 instead of its code (the run is ended FAILED by the next command in that experiment)."""
+    if getattr(os._exit, "pobench_guard", False):
+        return
+    real, pid = os._exit, os.getpid()
+
+    def _exit(code: int) -> None:
+        caller = sys._getframe(1)
+        spec = plugin_at(caller.f_code.co_filename) if os.getpid() == pid else None
+        if spec is None:
+            real(code)
+        where = f"{caller.f_code.co_filename}:{caller.f_lineno} (in {caller.f_code.co_name})"
+        if threading.current_thread() is threading.main_thread():
+            raise PluginExit(code, where)
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"pobench: error: plugin {spec} called os._exit({code!r}) in a thread at {where}; ended "
+                             "with exit 1 (fix the plugin: raise an exception instead)\n")
+            sys.stderr.flush()
+        real(1)
+
+    _exit.pobench_guard = True
+    os._exit = _exit

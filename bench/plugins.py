@@ -42,7 +42,7 @@ from typing import Any
 
 from algorithms import get_spec, list_objectives, registered_advantage
 from algorithms.registry import default_config
-from bench.plugin_guard import KeepProcessState, check_streams
+from bench.plugin_guard import KeepProcessState, check_streams, guard_os_exit
 from evaluators import list_benchmarks, task_module
 from evaluators.hints import NOT_REGULAR, not_regular
 
@@ -310,6 +310,12 @@ def _plugin_files() -> dict[str, Plugin]:
     return files
 
 
+def _plugin_at(filename: str) -> str | None:
+    """The plugin (as named) whose source file ``filename`` is, or None."""
+    plugin = _plugin_files().get(os.path.realpath(filename))
+    return None if plugin is None else plugin.spec
+
+
 def plugin_threads() -> list[tuple[threading.Thread, Plugin]]:
     """The live non-daemon threads a loaded plugin started (their target, or their class's ``run``, is in a plugin's
     file): the interpreter would wait for them at exit for ever, deaf to Ctrl-C."""
@@ -405,7 +411,9 @@ def load_entry_points() -> list[Plugin]:
 
 def load_plugins(specs: Sequence[str] | None = ()) -> list[Plugin]:
     """Import the installed plugins and ``specs`` (module names or ``.py`` files), each once per process, in order;
-    returns the ``specs``' plugins. A missing file or module, or one that fails to import: ValueError, one line."""
+    returns the ``specs``' plugins. A missing file or module, or one that fails to import: ValueError, one line.
+    A plugin's code calling ``os._exit`` raises instead (``bench.plugin_guard.guard_os_exit``)."""
+    guard_os_exit(_plugin_at)
     load_entry_points()
     out = []
     for spec in specs or ():

@@ -135,3 +135,27 @@ def test_a_plugin_failing_to_load_in_a_pool_worker_only_is_named_in_each_pair_s_
           "worker (no GPU here)"
     for seed in (0, 1):
         assert f"seed {seed}: failed: {why}" in out, out[-3000:]
+
+
+# ------------------------------------------------------------------ H11: os._exit in a plugin's loss
+def test_os_exit_in_a_plugin_objective_s_loss_fails_the_run_in_one_line(tmp_path):
+    """H11: a plugin objective calling os._exit(0) in its loss ended `bench train` with exit 0, nothing said, its run
+    left RUNNING. A process cannot catch os._exit; pobench replaces it, for a loaded plugin's code, by a raise handled
+    as its sys.exit is: one line naming the plugin's line, a failure's exit code, the run FAILED (a real process:
+    the exit is the subject)."""
+    from tests.bench.test_held_out_round9 import _bench
+    from tests.bench.test_signals import statuses
+    from tests.conftest import fresh_store
+
+    uri = fresh_store(tmp_path)
+    (tmp_path / "osexit.py").write_text(
+        "import os\nfrom algorithms import register\nfrom algorithms.policy_gradient import PolicyGradient\n\n\n"
+        "class OsExitPG(PolicyGradient):\n    def policy_term(self, batch, ratio, adv, is_w):\n"
+        "        os._exit(0)\n\n\n"
+        "register('osexit', OsExitPG, description='calls os._exit(0) in its loss')\n")
+    done = _bench(["train", "--algo", "osexit", "--plugin", "osexit.py", *TINY], tmp_path)
+    # (the exit code of a plugin's sys.exit, whatever it is: held-out round 10 H13 is about which)
+    assert done.returncode in (1, 2), (done.stdout + done.stderr)[-3000:]
+    line = _one_line(done.stderr)
+    assert f"os._exit(0) was called inside the work at {tmp_path / 'osexit.py'}:8 (in policy_term)" in line, line
+    assert statuses(uri, "pobench") == ["FAILED"]

@@ -159,3 +159,24 @@ def test_os_exit_in_a_plugin_objective_s_loss_fails_the_run_in_one_line(tmp_path
     line = _one_line(done.stderr)
     assert f"os._exit(0) was called inside the work at {tmp_path / 'osexit.py'}:8 (in policy_term)" in line, line
     assert statuses(uri, "pobench") == ["FAILED"]
+
+
+# ------------------------------------------------------------------ H12, H14: two commands at once on one folder
+def test_a_warmstart_into_a_folder_another_warmstart_writes_now_is_refused(tmp_path, bench_here):
+    """H12: two `bench warmstart` of different recipes into one `--out` at once both ended 0, the model of one silently
+    replaced by the other's (the one-after-the-other refusal was raced past). The folder is now held from the look
+    at what it holds until the model is saved: a warm start into it while another holds it is refused in one line,
+    exit 2, nothing written there (the other command's hold taken here, as it takes it: no race in the test)."""
+    from filelock import FileLock
+
+    other = FileLock(str(tmp_path / ".locks" / "m2.warmstart.lock"), thread_local=False)
+    (tmp_path / ".locks").mkdir()
+    other.acquire(timeout=0)
+    try:
+        rc, _, err = bench_here(["warmstart", "--steps", "3", "--eval", "0", "--out", "m2", "--no-progress"],
+                                tmp_path)
+    finally:
+        other.release()
+    assert rc == 2, err[-3000:]
+    assert "another bench warmstart is writing a model there now" in _one_line(err)
+    assert not (tmp_path / "m2").exists()

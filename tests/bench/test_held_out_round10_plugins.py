@@ -180,3 +180,35 @@ def test_a_warmstart_into_a_folder_another_warmstart_writes_now_is_refused(tmp_p
     assert rc == 2, err[-3000:]
     assert "another bench warmstart is writing a model there now" in _one_line(err)
     assert not (tmp_path / "m2").exists()
+
+
+def test_two_comparison_evals_at_once_store_each_evaluation_once(tmp_path, bench_here):
+    """H14: two `bench eval --comparison` at once both planned "0 stored, N to evaluate", both evaluated everything,
+    and each model's evaluation was stored twice. Each (run, benchmark, settings) evaluation is now claimed with a lock
+    (as `bench run` claims its pairs), and asked for again once claimed. Here without a race: the second command's
+    plan is made first, the first command then evaluates and stores, and the second one goes on: it reuses the
+    stored evaluation instead of storing a duplicate."""
+    from mlflow import MlflowClient
+
+    from bench.comparison.evals import EvalSettings, evaluate_missing, plan_evaluations
+
+    run = ["run", "--algos", "grpo", "--seeds", "0", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+           "--eval-problems", "4", "--eval-every", "1", "--max-new-tokens", "8", "--samples-every", "0",
+           "--workers", "1", "--no-progress", "--no-report", "--no-controls"]
+    rc, _, err = bench_here(run, tmp_path)
+    assert rc == 0, err[-3000:]
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp_id = client.get_experiment_by_name("pobench").experiment_id
+    (train,) = client.search_runs([exp_id], "tags.`pobench.kind` = 'train'")
+    cid = train.data.tags["pobench.comparison"]
+    settings = EvalSettings(limit=4, max_new_tokens=8, device="cpu", dtype="float32")
+    second = plan_evaluations("pobench", cid, ["arith"], settings, uri, client)  # planned before the first stores
+    assert second.missing == 1
+    rc, _, err = bench_here(["eval", "--comparison", cid, "--benchmarks", "arith", "--limit", "4",
+                             "--max-new-tokens", "8", "--temperature", "0"], tmp_path)
+    assert rc == 0 and "0 stored, 1 to evaluate" in err, err[-3000:]
+    (first,) = client.search_runs([exp_id], "tags.`pobench.kind` = 'eval'")
+    assert plan_evaluations("pobench", cid, ["arith"], settings, uri, client).reused == 1  # (the command's settings)
+    assert list(evaluate_missing(second, settings, "pobench", uri, tmp_path / "e2")) == [first.info.run_id]
+    assert len(client.search_runs([exp_id], "tags.`pobench.kind` = 'eval'")) == 1

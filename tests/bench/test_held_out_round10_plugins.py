@@ -3,6 +3,9 @@
 - a plugin objective whose setting comes from a file it reads at import, a file it runs by path, or an environment
   variable is another comparison when that value changes (the old run was reused, and a resume trained on);
 - a plugin that fails to load only in a pool worker is one line naming it in each pair's line;
+- a plugin's os._exit in its loss fails the run in one line (it ended the command with 0, the run left RUNNING);
+- a warm start into a folder another one writes now is refused; two `bench eval --comparison` store each evaluation
+  once.
 """
 
 from __future__ import annotations

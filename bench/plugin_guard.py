@@ -158,10 +158,16 @@ def _caller(frame) -> str:
     ``runpy``, ``json``, the import system's frozen modules): the code that asked for the file to be opened."""
     while frame is not None:
         name = frame.f_code.co_filename
-        if not name.startswith("<frozen ") and not os.path.realpath(name).startswith(_stdlib()):
+        if not _library(name):
             return name
         frame = frame.f_back
     return ""
+
+
+@functools.lru_cache(maxsize=4096)
+def _library(filename: str) -> bool:
+    """Whether a code file is the standard library's (cached: the hook sees the same few files again and again)."""
+    return filename.startswith("<frozen ") or os.path.realpath(filename).startswith(_stdlib())
 
 
 def _on_audit(event: str, args: tuple) -> None:

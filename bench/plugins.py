@@ -223,6 +223,13 @@ def _not_users(path: Path) -> bool:
         any(r == path or r in path.parents for r in (*_installed_roots(), *_pobench_roots()))
 
 
+@functools.lru_cache(maxsize=1)
+def _excluded_prefixes() -> tuple[str, ...]:
+    """``_not_users``'s folders as path prefixes: most files an import opens are ruled out without resolving them."""
+    return tuple(str(r).rstrip(os.sep) + os.sep for r in (*_installed_roots(), *_pobench_roots())) + \
+        ("/proc/", "/sys/", "/dev/")
+
+
 def read_files(opened: Sequence[tuple[str, str]], source: str | Path, deps: Sequence[Path] = ()) -> tuple[str, ...]:
     """The files a plugin's own code (or a local module's, or code it ran by path) read while it was imported
     (``opened``: bench/plugin_guard.py ``FileReads``): those opened by code that is not installed nor pobench's,
@@ -230,8 +237,12 @@ def read_files(opened: Sequence[tuple[str, str]], source: str | Path, deps: Sequ
     source. A file an installed library reads (its own configuration) is not the plugin's."""
     covered = [Path(source).resolve(), *(Path(d).resolve() for d in deps)]
     out: dict[str, None] = {}
+    users: dict[str, bool] = {}  # caller -> whether it is the user's code (the same few callers, many files)
     for path, caller in opened:
-        if caller.startswith("<frozen ") or (not caller.startswith("<") and _not_users(Path(caller).resolve())):
+        if caller not in users:
+            users[caller] = not caller.startswith("<frozen ") and \
+                (caller.startswith("<") or not _not_users(Path(caller).resolve()))
+        if not users[caller] or path.startswith(_excluded_prefixes()):  # (a module an import opened, mostly)
             continue
         p = Path(path).resolve()
         if p.suffix == ".pyc":

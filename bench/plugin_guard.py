@@ -232,7 +232,10 @@ def guard_os_exit(plugin_at: Callable[[str], str | None]) -> None:
 
     def _exit(code: int) -> None:
         caller = sys._getframe(1)
-        spec = plugin_at(caller.f_code.co_filename) if os.getpid() == pid else None
+        try:
+            spec = plugin_at(caller.f_code.co_filename) if os.getpid() == pid else None
+        except Exception:  # noqa: BLE001  (never in the way of an exit: an interpreter ending, say)
+            spec = None
         if spec is None:
             real(code)
         where = f"{caller.f_code.co_filename}:{caller.f_lineno} (in {caller.f_code.co_name})"

@@ -423,8 +423,7 @@ def load_entry_points() -> list[Plugin]:
 def load_plugins(specs: Sequence[str] | None = ()) -> list[Plugin]:
     """Import the installed plugins and ``specs`` (module names or ``.py`` files), each once per process, in order;
     returns the ``specs``' plugins. A missing file or module, or one that fails to import: ValueError, one line.
-    A plugin's code calling ``os._exit`` raises instead (``bench.plugin_guard.guard_os_exit``)."""
-    guard_os_exit(_plugin_at)
+    Once a plugin is loaded, its code calling ``os._exit`` raises instead (``bench.plugin_guard.guard_os_exit``)."""
     load_entry_points()
     out = []
     for spec in specs or ():
@@ -434,6 +433,8 @@ def load_plugins(specs: Sequence[str] | None = ()) -> list[Plugin]:
         if key not in _LOADED:
             _LOADED[key] = _import_file(spec) if _is_file(spec) else _import_module(spec)
         out.append(_LOADED[key])
+    if _LOADED or _ENTRY_POINTS:  # (a process without plugins keeps its os._exit)
+        guard_os_exit(_plugin_at)
     return out
 
 

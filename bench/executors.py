@@ -211,6 +211,8 @@ class _Backend:
 def _died(task: Job, what: str, e: BaseException) -> Any:
     text = str(e).strip().splitlines()
     why = f"{what} ended ({type(e).__name__}: {text[0] if text else ''})".replace(": )", ")")
+    if isinstance(e, WorkerSetupFailed):  # (the worker lives on: its plugin's line says it all)
+        why = text[0] if text else why
     return WorkerDied(why, str(e), e) if task.failed is None else task.failed(why, str(e))
 
 
@@ -270,11 +272,16 @@ class _Inline(_Backend):
         pass
 
 
-_WORKER: dict[str, Any] = {"queue": None, "stop": None}
+_WORKER: dict[str, Any] = {"queue": None, "stop": None, "setup": None}
+
+
+class WorkerSetupFailed(RuntimeError):
+    """A task's worker process could not load the run's plugins: the plugin's one line (``pool_worker_setup``)."""
 
 
 def _pool_init(queue, stop, plugins: list[str]) -> None:
-    pool_worker_setup(plugins)  # (the run's objectives and tasks, as in the parent; signals as the parent decides)
+    # (the run's objectives and tasks, as in the parent; signals as the parent decides)
+    _WORKER["setup"] = pool_worker_setup(plugins)
     _WORKER["queue"], _WORKER["stop"] = queue, stop
 
 
@@ -285,6 +292,8 @@ def _pool_notify(*event: Any) -> None:
 def _pool_task(fn: Callable[..., Any], args: tuple, not_started: Any) -> Any:
     if _WORKER["stop"].is_set():
         return not_started
+    if _WORKER["setup"] is not None:
+        raise WorkerSetupFailed(_WORKER["setup"])
     try:
         with busy():
             return fn(_pool_notify, *args)

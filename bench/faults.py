@@ -40,7 +40,10 @@ def exit_called(e: SystemExit) -> ExitCalled:
         last, tb = tb, tb.tb_next
     where = "" if last is None else \
         f" at {last.tb_frame.f_code.co_filename}:{last.tb_lineno} (in {last.tb_frame.f_code.co_name})"
-    return ExitCalled(f"sys.exit({e.code!r}) was called inside the work{where}: nothing in pobench exits there, so it "
+    if getattr(e, "where", None):  # (os._exit called by a plugin: bench.plugin_guard.PluginExit, raised for it)
+        where = f" at {e.where}"
+    call = getattr(e, "call", "sys.exit")
+    return ExitCalled(f"{call}({e.code!r}) was called inside the work{where}: nothing in pobench exits there, so it "
                       "is a plugin's (its objective, estimator or reward): make it raise an exception instead")
 
 

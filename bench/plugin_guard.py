@@ -4,10 +4,16 @@ handlers, the output streams), put back and named; used by bench/plugins.py for 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import signal
 import sys
+import sysconfig
+import threading
 import warnings
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 
@@ -53,6 +59,7 @@ class KeepProcessState:
     they are opened again on their file descriptors, so the refusal's line can be written."""
 
     def __enter__(self) -> KeepProcessState:
+        self.reads = FileReads().__enter__()
         self.cwd, self.dtype, self.changed = os.getcwd(), _default_dtype(), []
         self.filters = list(warnings.filters)
         self.handlers = {name: signal.getsignal(getattr(signal, name)) for name in GUARDED_SIGNALS}
@@ -60,6 +67,7 @@ class KeepProcessState:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.reads.__exit__()
         try:
             now = os.getcwd()
         except OSError:  # (it went into a folder since removed)
@@ -132,3 +140,112 @@ def check_streams(spec: str, keep: KeepProcessState) -> None:
     if keep.closed:
         raise ValueError(f"plugin {spec} closed {keep.closed} while imported, where pobench writes its output and its "
                          "errors: fix the plugin (leave the command's streams open)")
+
+
+# ------------------------------------------------------------------ the files a plugin's import reads
+_RECORDING: list[list[tuple[str, str]]] = []   # the lists of the imports being recorded (nested: each gets the read)
+_hooked = False
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple(str(Path(paths[k]).resolve()) + os.sep for k in ("stdlib", "platstdlib") if paths.get(k))
+
+
+def _caller(frame) -> str:
+    """The file of the innermost frame from ``frame`` out that is not the standard library's (``pathlib``,
+    ``runpy``, ``json``, the import system's frozen modules): the code that asked for the file to be opened."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not _library(name):
+            return name
+        frame = frame.f_back
+    return ""
+
+
+@functools.lru_cache(maxsize=4096)
+def _library(filename: str) -> bool:
+    """Whether a code file is the standard library's (cached: the hook sees the same few files again and again)."""
+    return filename.startswith("<frozen ") or os.path.realpath(filename).startswith(_stdlib())
+
+
+def _on_audit(event: str, args: tuple) -> None:
+    """Python's audit hook (``sys.addaudithook``: it stays for the process's life, so it does nothing unless an
+    import is recorded): an ``open`` for reading is recorded with the file of the code that asked for it."""
+    if event != "open" or not _RECORDING:
+        return
+    try:  # (an exception here would be the open's own)
+        path, mode, flags = args
+        if isinstance(path, int) or (flags or 0) & (os.O_WRONLY | os.O_RDWR) or \
+                (isinstance(mode, str) and any(c in mode for c in "wax+")):
+            return
+        entry = (os.path.abspath(os.fsdecode(path)), _caller(sys._getframe(1)))
+        for reads in _RECORDING:
+            reads.append(entry)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class FileReads:
+    """Around a plugin's import: ``files``, every file opened for reading while it ran (a data file its settings
+    come from, a file it runs by path: ``runpy.run_path``, ``exec(open(...).read())``, a module loaded with
+    ``importlib.util.spec_from_file_location``; held-out round 10), each as (absolute path, the file of the code that
+    opened it: the innermost caller outside the standard library). bench/plugins.py keeps those its own code opened
+    and puts their content into its digest."""
+
+    def __enter__(self) -> FileReads:
+        global _hooked
+        if not _hooked:
+            sys.addaudithook(_on_audit)
+            _hooked = True
+        self.files: list[tuple[str, str]] = []
+        _RECORDING.append(self.files)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _RECORDING[:] = [r for r in _RECORDING if r is not self.files]
+
+
+# ------------------------------------------------------------------ os._exit called by a plugin's code
+class PluginExit(SystemExit):
+    """``os._exit(code)`` called by a loaded plugin's code in the command's own thread: raised instead (``call``,
+    ``where``: what and where, for ``bench.faults.exit_called``), so it is handled as its ``sys.exit`` is."""
+
+    call = "os._exit"
+
+    def __init__(self, code: Any, where: str) -> None:
+        super().__init__(code)
+        self.where = where
+
+
+def guard_os_exit(plugin_at: Callable[[str], str | None]) -> None:
+    """Replace ``os._exit`` in this process (once) by a function that, called by a plugin's code (``plugin_at``: the
+    plugin a source file belongs to, or None), raises ``PluginExit`` in the main thread: held-out round 10, an
+    ``os._exit(0)`` in a plugin's loss ended `bench train` with exit 0, nothing said, its run left RUNNING. Any other
+    caller (multiprocessing ending a child, a library), and a process forked since (a plugin's own child), exits as
+    before; a plugin's call in another thread cannot be raised where the command would see it: one line on stderr and
+    exit 1 instead of its code (the run is ended FAILED by the next command in that experiment)."""
+    if getattr(os._exit, "pobench_guard", False):
+        return
+    real, pid = os._exit, os.getpid()
+
+    def _exit(code: int) -> None:
+        caller = sys._getframe(1)
+        try:
+            spec = plugin_at(caller.f_code.co_filename) if os.getpid() == pid else None
+        except Exception:  # noqa: BLE001  (never in the way of an exit: an interpreter ending, say)
+            spec = None
+        if spec is None:
+            real(code)
+        where = f"{caller.f_code.co_filename}:{caller.f_lineno} (in {caller.f_code.co_name})"
+        if threading.current_thread() is threading.main_thread():
+            raise PluginExit(code, where)
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"pobench: error: plugin {spec} called os._exit({code!r}) in a thread at {where}; ended "
+                             "with exit 1 (fix the plugin: raise an exception instead)\n")
+            sys.stderr.flush()
+        real(1)
+
+    _exit.pobench_guard = True
+    os._exit = _exit

@@ -8,14 +8,16 @@ the command's process, and in every worker that trains (a spawned process, a Ray
 verl worker), each of which is given the same list. A ``.py`` file is imported under a name derived from its path
 (``pobench_plugin_<stem>_<hash>``), the same in every process, so objects defined there pickle between them.
 
-Identity: ``identity(specs)`` (each plugin's file name and a digest of its source and of the source of every module
-it imports from outside installed packages: :func:`local_imports`) enters ``TrainConfig.comparison_hash``, so a
-changed plugin, or a changed module of the user's it imports, trains again; ``record(specs)`` is what a run's
-``pobench.plugins`` tag holds. Imports by a name computed at run time cannot be known from the source: each is a
-warning (``Plugin.unknown``), printed once by the command line. ``with_plugins(cfg, objectives)`` adds to a config
-the plugins that the objectives and tasks it uses came from when they were registered by a module the config does
-not name yet (an import in a notebook), and ``check_shippable`` refuses, before any worker starts, an objective or
-task registered in ``__main__`` (a notebook cell), which no worker can import.
+Identity: ``identity(specs)`` (each plugin's file name and a digest of its source, of the source of every module it
+imports from outside installed packages (:func:`local_imports`) and of the files its code reads while imported
+(:func:`read_files`), and the resolved ``settings`` of the objectives it registers) enters
+``TrainConfig.comparison_hash``, so a changed plugin, or a changed module of the user's it imports, trains again;
+``plugins_tag(specs)`` is what a run's ``pobench.plugins`` tag holds. Imports by a name computed at run time cannot
+be known from the source: each is a warning (``Plugin.unknown``), printed once by the command line.
+``with_plugins(cfg, objectives)`` adds to a config the plugins that the objectives and tasks it uses came from when
+they were registered by a module the config does not name yet (an import in a notebook), and ``check_shippable``
+refuses, before any worker starts, an objective or task registered in ``__main__`` (a notebook cell), which no
+worker can import.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from algorithms import get_spec, registered_advantage
-from bench.plugin_guard import KeepProcessState, check_streams
+from algorithms import get_spec, list_objectives, registered_advantage
+from algorithms.registry import default_config
+from bench.plugin_guard import KeepProcessState, check_streams, guard_os_exit
 from evaluators import list_benchmarks, task_module
 from evaluators.hints import NOT_REGULAR, not_regular
 
@@ -66,6 +69,7 @@ class Plugin:
     imports: tuple[str, ...] = ()   # the local modules its digest covers besides its own source
     unknown: tuple[str, ...] = ()   # where it imports by a computed name (``file:line``): not in its digest
     changed: tuple[str, ...] = ()   # process-wide state it changed while imported, put back (_KeepProcessState)
+    reads: tuple[str, ...] = ()     # the files its code read while imported (their content is in its digest)
 
     @property
     def label(self) -> str:
@@ -74,8 +78,9 @@ class Plugin:
 
     @property
     def recorded(self) -> str:
-        """``<file name>@<digest>`` plus ``+<module>`` for each local module the digest covers: what a run records."""
-        return self.label + "".join(f"+{m}" for m in self.imports)
+        """``<file name>@<digest>`` (and ``~<settings>``: ``settings``) plus ``+<module>`` for each local module and
+        ``+<file name>`` for each file read at import the digest covers: what a run records."""
+        return self.label + settings(self) + "".join(f"+{m}" for m in (*self.imports, *map(_name, self.reads)))
 
 
 _LOADED: dict[str, Plugin] = {}     # key: the absolute file path of a file plugin, else the module name
@@ -201,18 +206,75 @@ def local_imports(source: str | Path, also: Sequence[str] = ()) -> tuple[dict[st
     return dict(sorted(found.items())), unknown
 
 
-def plugin_digest(source: str | Path, also: Sequence[str] = ()) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
-    """(digest, the local modules it covers, the computed-name imports) of a plugin's code: its own source digest
-    when it imports nothing of the user's (the digest runs stored before this covered), else a digest of that and of
-    each local module's name and source digest (by content, not path)."""
+def _name(path: str) -> str:
+    return Path(path).name
+
+
+@functools.lru_cache(maxsize=1)
+def _pobench_roots() -> tuple[Path, ...]:
+    found = (importlib.util.find_spec(p) for p in POBENCH_PACKAGES)
+    return tuple(Path(loc).resolve() for f in found if f and f.submodule_search_locations
+                 for loc in f.submodule_search_locations)
+
+
+def _not_users(path: Path) -> bool:
+    """Whether ``path`` is installed code, pobench's, or a device's or the kernel's file: never a plugin's input."""
+    return path.parts[1:2] in (("proc",), ("sys",), ("dev",)) or \
+        any(r == path or r in path.parents for r in (*_installed_roots(), *_pobench_roots()))
+
+
+@functools.lru_cache(maxsize=1)
+def _excluded_prefixes() -> tuple[str, ...]:
+    """``_not_users``'s folders as path prefixes: most files an import opens are ruled out without resolving them."""
+    return tuple(str(r).rstrip(os.sep) + os.sep for r in (*_installed_roots(), *_pobench_roots())) + \
+        ("/proc/", "/sys/", "/dev/")
+
+
+def read_files(opened: Sequence[tuple[str, str]], source: str | Path, deps: Sequence[Path] = ()) -> tuple[str, ...]:
+    """The files a plugin's own code (or a local module's, or code it ran by path) read while it was imported
+    (``opened``: bench/plugin_guard.py ``FileReads``): those opened by code that is not installed nor pobench's,
+    less the sources its digest covers already (its own, its local modules'); a cached ``.pyc`` stands for its
+    source. A file an installed library reads (its own configuration) is not the plugin's."""
+    covered = [Path(source).resolve(), *(Path(d).resolve() for d in deps)]
+    out: dict[str, None] = {}
+    users: dict[str, bool] = {}  # caller -> whether it is the user's code (the same few callers, many files)
+    for path, caller in opened:
+        if caller not in users:
+            users[caller] = not caller.startswith("<frozen ") and \
+                (caller.startswith("<") or not _not_users(Path(caller).resolve()))
+        if not users[caller] or path.startswith(_excluded_prefixes()):  # (a module an import opened, mostly)
+            continue
+        p = Path(path).resolve()
+        if p.suffix == ".pyc":
+            try:
+                p = Path(importlib.util.source_from_cache(str(p))).resolve()
+            except ValueError:
+                continue
+        if _not_users(p) or any(c == p or c in p.parents for c in covered) or not p.is_file():
+            continue
+        out[str(p)] = None
+    return tuple(sorted(out, key=lambda f: (_name(f), f)))
+
+
+def plugin_digest(source: str | Path, also: Sequence[str] = (), opened: Sequence[tuple[str, str]] = ()
+                  ) -> tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(digest, the local modules it covers, the computed-name imports, the files read at import it covers) of a
+    plugin's code: its own source digest when it imports nothing of the user's and reads no file (the digest runs
+    stored before this covered), else a digest of that, of each local module's name and source digest, and of each
+    file's name and content its code read while imported (``read_files``; by content, not path)."""
+    from bench.runs.identity import file_digest  # (cached by path, size, times and inode)
+
     own = source_digest(source)
     deps, unknown = local_imports(source, also)
-    if not deps:
-        return own, (), tuple(unknown)
+    reads = read_files(opened, source, list(deps.values()))
+    if not deps and not reads:
+        return own, (), tuple(unknown), ()
     h = hashlib.sha256(own.encode())
     for name, unit in deps.items():
         h.update(f"\0{name}\0{source_digest(unit)}".encode())
-    return h.hexdigest()[:12], tuple(deps), tuple(unknown)
+    for f in reads:
+        h.update(f"\0file:{_name(f)}\0{file_digest(f)}".encode())
+    return h.hexdigest()[:12], tuple(deps), tuple(unknown), reads
 
 
 def _new_modules(before: set[str]) -> list[str]:
@@ -240,8 +302,10 @@ def _import_file(spec: str) -> Plugin:
                 del sys.modules[name]
                 raise _failed(spec, e) from e
     check_streams(spec, kept)
-    digest, imports, unknown = plugin_digest(path, [m for m in _new_modules(before) if m != name])
-    return Plugin(spec, name, str(path), digest, imports=imports, unknown=unknown, changed=tuple(kept.changed))
+    digest, imports, unknown, reads = plugin_digest(path, [m for m in _new_modules(before) if m != name],
+                                                    kept.reads.files)
+    return Plugin(spec, name, str(path), digest, imports=imports, unknown=unknown, changed=tuple(kept.changed),
+                  reads=reads)
 
 
 #: set (to anything but 0) to see the traceback of an exception a plugin's code raised, instead of its one line
@@ -255,6 +319,12 @@ def _plugin_files() -> dict[str, Plugin]:
         paths = [p.path] + [getattr(sys.modules.get(m), "__file__", None) for m in (p.module, *p.imports)]
         files.update({os.path.realpath(f): p for f in paths if f})
     return files
+
+
+def _plugin_at(filename: str) -> str | None:
+    """The plugin (as named) whose source file ``filename`` is, or None."""
+    plugin = _plugin_files().get(os.path.realpath(filename))
+    return None if plugin is None else plugin.spec
 
 
 def plugin_threads() -> list[tuple[threading.Thread, Plugin]]:
@@ -328,8 +398,8 @@ def _import_module(spec: str, entry_point: bool = False) -> Plugin:
                          "imported, it runs no code and registers nothing)")
     if not source:
         return Plugin(spec, module.__name__, source, "none", entry_point, changed=tuple(kept.changed))
-    digest, imports, unknown = plugin_digest(source, _new_modules(before))
-    return Plugin(spec, module.__name__, source, digest, entry_point, imports, unknown, tuple(kept.changed))
+    digest, imports, unknown, reads = plugin_digest(source, _new_modules(before), kept.reads.files)
+    return Plugin(spec, module.__name__, source, digest, entry_point, imports, unknown, tuple(kept.changed), reads)
 
 
 def load_entry_points() -> list[Plugin]:
@@ -352,7 +422,8 @@ def load_entry_points() -> list[Plugin]:
 
 def load_plugins(specs: Sequence[str] | None = ()) -> list[Plugin]:
     """Import the installed plugins and ``specs`` (module names or ``.py`` files), each once per process, in order;
-    returns the ``specs``' plugins. A missing file or module, or one that fails to import: ValueError, one line."""
+    returns the ``specs``' plugins. A missing file or module, or one that fails to import: ValueError, one line.
+    Once a plugin is loaded, its code calling ``os._exit`` raises instead (``bench.plugin_guard.guard_os_exit``)."""
     load_entry_points()
     out = []
     for spec in specs or ():
@@ -362,6 +433,8 @@ def load_plugins(specs: Sequence[str] | None = ()) -> list[Plugin]:
         if key not in _LOADED:
             _LOADED[key] = _import_file(spec) if _is_file(spec) else _import_module(spec)
         out.append(_LOADED[key])
+    if _LOADED or _ENTRY_POINTS:  # (a process without plugins keeps its os._exit)
+        guard_os_exit(_plugin_at)
     return out
 
 
@@ -384,10 +457,24 @@ def normalized(specs: Sequence[str]) -> list[str]:
     return out
 
 
+def settings(plugin: Plugin) -> str:
+    """``~<digest>`` of the resolved settings (every config field, defaults included) of each objective ``plugin``
+    registered, '' when it registers none: a value its code reads from anywhere at import (an environment variable, a
+    file its digest does not cover) is part of the objective (held-out round 10); what its code reads later, while it
+    trains, is not known here."""
+    names = [n for n in list_objectives() if _module_of(get_spec(n).module) is plugin]
+    if not names:
+        return ""
+    resolved = {n: dataclasses.asdict(default_config(n)) for n in names}
+    text = json.dumps(resolved, sort_keys=True, default=lambda o: getattr(o, "__qualname__", type(o).__name__))
+    return "~" + hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
 def identity(specs: Sequence[str]) -> list[str]:
-    """What ``TrainConfig.comparison_hash`` takes of the plugins: each one's file name and source digest (content,
-    not path: a moved file is the same plugin, an edited one is not)."""
-    return [p.label for p in load_plugins(specs)]
+    """What ``TrainConfig.comparison_hash`` takes of the plugins: each one's file name and digest (its source, the
+    local modules it imports and the files it read at import, by content, not path: a moved file is the same plugin,
+    an edited one is not) and its objectives' resolved ``settings``."""
+    return [p.label + settings(p) for p in load_plugins(specs)]
 
 
 def plugins_tag(specs: Sequence[str]) -> str:

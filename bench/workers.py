@@ -147,16 +147,24 @@ def one_thread() -> None:
 _POOL_WORKER = {"busy": False}  # in a pool process: inside a task (``busy``)
 
 
-def pool_worker_setup(plugins: Sequence[str]) -> None:
+def pool_worker_setup(plugins: Sequence[str]) -> str | None:
     """A pool process of `bench run` / `bench tune`: one torch thread, quiet libraries, the run's plugins;
     Ctrl-C ignored (it reaches the parent, which decides), SIGTERM taken only while a task runs (``busy``): the
-    training's interrupt path, once; an idle worker ignores it and ends with the pool."""
+    training's interrupt path, once; an idle worker ignores it and ends with the pool. Returns the one line of a
+    plugin that failed to load here (it loaded in the command's process: held-out round 10, a plugin depending on
+    the working folder, an environment variable or being the main process), which each of its tasks reports: raised
+    here, it was Python's "Exception in initializer" traceback and a broken pool whose pairs never named the plugin."""
     one_thread()
     quiet_libraries()
-    load_plugins(list(plugins))
+    try:
+        load_plugins(list(plugins))
+        failed = None
+    except Exception as e:  # noqa: BLE001  (ValueError, one line, naming the plugin: bench/plugins.py _failed)
+        failed = str(e).replace(" failed to load: ", " failed to load in a worker process: ", 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_pool_sigterm)
     threading.Thread(target=_watch_parent, name="pobench-parent-watch", daemon=True).start()
+    return failed
 
 
 #: the longest a busy worker of a dead parent is given to checkpoint and end its run KILLED before it exits anyway

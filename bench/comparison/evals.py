@@ -17,12 +17,14 @@ before any work; :func:`evaluate_missing` evaluates and stores the rest, one at 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.comparison.store import pair_lock
 from bench.eval_inputs import check_settings, max_new_tokens, resolve_data
 from bench.evaluate import evaluate, log_to_mlflow, write_outputs
 from bench.model import format_prompt, load_policy
@@ -31,8 +33,8 @@ from bench.runs.identity import model_digest
 from evaluators import get_benchmark
 from reports.evals import find_stored, settings_key
 from reports.load import Comparison, load_comparison
-from reports.paths import contained, safe_component
-from reports.record import BENCHMARK, COMPARISON, EVAL_KEY, FINAL_DIGEST
+from reports.paths import contained, lock_file, safe_component
+from reports.record import BENCHMARK, COMPARISON, EVAL_KEY, FINAL_DIGEST, open_client
 
 
 @dataclass(frozen=True)
@@ -159,27 +161,58 @@ def evaluate_missing(plan: EvalPlan, settings: EvalSettings, experiment: str, ur
                    if settings.batch_size is not None and settings.backend == "hf" else {})
         sampler = make_sampler(settings.backend, model, tokenizer, **options)
         for b, problems, source, key in missing:
-            if (b.name, template) not in max_new_of:  # the runs of a comparison share their model's architecture
-                prompts = [format_prompt(tokenizer, p.question, template) for p in problems]
-                max_new_of[(b.name, template)] = max_new_tokens(settings.max_new_tokens, model,
-                                                                [len(tokenizer(x)["input_ids"]) for x in prompts])
-            max_new = max_new_of[(b.name, template)]
-            res = evaluate(sampler, tokenizer, b, problems, k=settings.k, temperature=settings.temperature,
-                           seed=settings.seed, n_samples=settings.n_samples if settings.temperature > 0 else 0,
-                           greedy=settings.greedy, max_new_tokens=max_new, top_p=settings.top_p,
-                           prompt_template=template)
-            res.source = source
-            meta = {"model": str(path), "split": settings.split, "limit": settings.limit, "k": settings.k,
-                    "n_samples": settings.n_samples, "temperature": settings.temperature, "top_p": settings.top_p,
-                    "max_new_tokens": max_new, "prompt_template": template, "seed": settings.seed,
-                    "backend": settings.backend}
-            out_dir = contained(out_root, safe_component(cmp.comparison_id, "--comparison"),
-                                safe_component(r.name, "run name"), safe_component(b.name, "benchmark"))
-            paths = write_outputs([res], out_dir, meta)
-            run_id = log_to_mlflow([res], params={**meta, "benchmarks": b.name}, artifacts=paths,
-                                   run_name=f"eval-{b.name}-{r.name}", experiment=experiment, tracking_uri=uri,
-                                   parent_run_id=r.run_id, tags={BENCHMARK: b.name, EVAL_KEY: key,
-                                                                 COMPARISON: cmp.comparison_id, FINAL_DIGEST: digest})
-            acc = res.metrics.get("greedy_acc") or res.metrics.get("pass@1")
-            print(f"bench eval: {r.name} on {b.name}: {100 * acc.value:.1f}% in {res.seconds:.1f}s", file=sys.stderr)
+            with _claimed(r, b, key, digest, cmp.experiment_id, uri) as done:
+                run_id = done or _evaluate_one(r, path, template, b, problems, source, key, digest, model, tokenizer,
+                                               sampler, max_new_of, settings, experiment, uri, out_root, cmp)
             yield run_id
+
+
+@contextlib.contextmanager
+def _claimed(r, b, key: str, digest: str, experiment_id: str, uri: str) -> Iterator[str | None]:
+    """Hold the claim on one (run, benchmark, settings) evaluation (``<output_dir>/.locks/<run>.eval-<benchmark>-<key>
+    .lock``, as `bench run` claims its pairs: bench/comparison/store.py ``pair_lock``); yields None to evaluate it, or
+    the id of the evaluation another process stored since this one planned (held-out round 10: two
+    `bench eval --comparison` at once evaluated everything twice and stored duplicates)."""
+    lock = lock_file(r.params["output_dir"], f"{r.name}.eval-{b.name}-{key}")
+
+    def waiting(_: str) -> None:
+        print(f"bench eval: {r.name} on {b.name} is being evaluated by another process (lock {lock}); waiting for "
+              "it to finish, then its result is reused", file=sys.stderr)
+
+    with pair_lock(lock, f"{r.name} on {b.name}", on_wait=waiting):
+        # (asked once the claim is held, waited for or not: the other process may have stored it and let go since
+        # this one planned)
+        stored = find_stored(open_client(uri), experiment_id, r.run_id, key)
+        stored = stored if stored is not None and stored[1] == digest else None  # (of these final weights)
+        if stored is not None:
+            print(f"bench eval: {r.name} on {b.name}: stored by another process since (reused)", file=sys.stderr)
+        yield None if stored is None else stored[0]
+
+
+def _evaluate_one(r, path, template, b, problems, source, key, digest, model, tokenizer, sampler, max_new_of,
+                  settings, experiment, uri, out_root, cmp) -> str:
+    """Evaluate and store one (run, benchmark) of ``evaluate_missing``; returns its MLflow run id."""
+    if (b.name, template) not in max_new_of:  # the runs of a comparison share their model's architecture
+        prompts = [format_prompt(tokenizer, p.question, template) for p in problems]
+        max_new_of[(b.name, template)] = max_new_tokens(settings.max_new_tokens, model,
+                                                        [len(tokenizer(x)["input_ids"]) for x in prompts])
+    max_new = max_new_of[(b.name, template)]
+    res = evaluate(sampler, tokenizer, b, problems, k=settings.k, temperature=settings.temperature,
+                   seed=settings.seed, n_samples=settings.n_samples if settings.temperature > 0 else 0,
+                   greedy=settings.greedy, max_new_tokens=max_new, top_p=settings.top_p,
+                   prompt_template=template)
+    res.source = source
+    meta = {"model": str(path), "split": settings.split, "limit": settings.limit, "k": settings.k,
+            "n_samples": settings.n_samples, "temperature": settings.temperature, "top_p": settings.top_p,
+            "max_new_tokens": max_new, "prompt_template": template, "seed": settings.seed,
+            "backend": settings.backend}
+    out_dir = contained(out_root, safe_component(cmp.comparison_id, "--comparison"),
+                        safe_component(r.name, "run name"), safe_component(b.name, "benchmark"))
+    paths = write_outputs([res], out_dir, meta)
+    run_id = log_to_mlflow([res], params={**meta, "benchmarks": b.name}, artifacts=paths,
+                           run_name=f"eval-{b.name}-{r.name}", experiment=experiment, tracking_uri=uri,
+                           parent_run_id=r.run_id, tags={BENCHMARK: b.name, EVAL_KEY: key,
+                                                         COMPARISON: cmp.comparison_id, FINAL_DIGEST: digest})
+    acc = res.metrics.get("greedy_acc") or res.metrics.get("pass@1")
+    print(f"bench eval: {r.name} on {b.name}: {100 * acc.value:.1f}% in {res.seconds:.1f}s", file=sys.stderr)
+    return run_id

@@ -94,8 +94,9 @@ def differences(cfg, then: dict[str, Any], inputs: dict[str, str]) -> list[str]:
     for key in sorted(set(inputs) | set(current)):
         if key == PLUGIN_SOURCES:  # (a run recorded before pobench kept its plugins' digests: its tag names them)
             if key in inputs and inputs[key] != current.get(key):
-                out.append(f"plugin sources ({inputs[key]} -> {current.get(key) or 'none'}: a plugin's source, or a "
-                           "module of yours it imports, changed since the run started; restore it to resume)")
+                out.append(f"plugin sources ({inputs[key]} -> {current.get(key) or 'none'}: a plugin's source, a "
+                           "module of yours it imports, a file it reads at import or its objectives' settings changed "
+                           "since the run started; restore it to resume)")
         elif inputs and inputs.get(key) != current.get(key):
             out.append(f"inputs.{key} (the content of the run's {key.replace('_', ' ')} changed)")
     return out

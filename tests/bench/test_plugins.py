@@ -410,6 +410,7 @@ def test_resume_after_the_plugin_was_edited_is_refused_naming_its_digests(tmp_pa
     assert done.returncode == 2, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
-    assert f"plugin sources ({old} -> {new}" in lines[0] and "another --run-name" in lines[0], lines[0]
+    assert f"plugin sources ({old}~" in lines[0] and f" -> {new}~" in lines[0], lines[0]  # (~: its settings)
+    assert "another --run-name" in lines[0], lines[0]
     assert sorted(p.name for p in run_dir.iterdir()) == before  # nothing trained: no checkpoint of step 2
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["steps"] == 1

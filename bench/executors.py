@@ -10,15 +10,15 @@ job's result as it ends, passes the progress events the jobs sent (start / step 
 Ctrl-C (or SIGTERM) cancels the running jobs, lets them checkpoint, and raises KeyboardInterrupt.
 
 Local pool: processes forked from a ``forkserver`` that imported what a pair needs once (torch, MLflow, and the
-training loop with transformers, or the module of a job's own ``train_fn``: ``pool_preload``) and holds no other
-state; a fresh one for each pool, stopped and reaped with it (so no process of a pool outlives it, and the CPU its
-workers used is counted where the command's is). Spawned workers imported all of that each (about 5 CPU-seconds
-each). No fork of a process holding torch / MLflow state (the command's own: its threads, its store's connections).
-One torch thread each, SIGINT ignored in the workers: Ctrl-C reaches the parent, which stops handing out jobs and
-sends SIGTERM to the busy workers; the training loop turns that into its interrupt path (checkpoint the last
-finished step, run KILLED), so rerunning the command resumes exactly there. Results are identical to running the
-pairs one after another: every random draw of a run is a pure function of its config and seed, and every run uses
-one intra-op thread either way.
+training loop with transformers, or the module of a job's own ``train_fn``: ``bench.workers.pool_preload``) and
+holds no other state; a fresh one for each pool, stopped and reaped with it (so no process of a pool outlives it,
+and the CPU its workers used is counted where the command's is). Spawned workers imported all of that each (about 5
+CPU-seconds each). No fork of a process holding torch / MLflow state (the command's own: its threads, its store's
+connections). One torch thread each, SIGINT ignored in the workers: Ctrl-C reaches the parent, which stops handing
+out jobs and sends SIGTERM to the busy workers; the training loop turns that into its interrupt path (checkpoint the
+last finished step, run KILLED), so rerunning the command resumes exactly there. Results are identical to running
+the pairs one after another: every random draw of a run is a pure function of its config and seed, and every run
+uses one intra-op thread either way.
 
 Ray (optional: ``pip install 'pobench[ray]'``): each job gets one GPU when the cluster has GPUs (and the config does
 not ask for ``device: cpu``), else one CPU. Jobs are not retried by Ray (``max_retries=0``): a pair whose job fails
@@ -34,9 +34,7 @@ all nodes share (or an MLflow server / PostgreSQL store): docs/SCALE.md, "Spread
 from __future__ import annotations
 
 import concurrent.futures as cf
-import contextlib
 import importlib.util
-import multiprocessing as mp
 import os
 import pickle
 import queue as queue_mod
@@ -54,8 +52,11 @@ from bench.workers import (
     busy,
     import_ray,
     init_ray,
+    pool_context,
+    pool_preload,
     pool_worker_setup,
     resolve_workers,
+    stop_forkserver,
     stop_pool_workers,
     task_context,
     task_resources,
@@ -303,52 +304,9 @@ def _pool_task(fn: Callable[..., Any], args: tuple, not_started: Any) -> Any:
         raise exit_called(e) from None
 
 
-#: imported once, by the forkserver a pool's workers are forked from: what every job imports (a pair or a tune
-#: worker, MLflow's client and its SQLite store, which pobench imports on first use); a name missing here costs each
-#: worker its import (MLflow's: ~2 CPU-seconds a worker)
-POOL_PRELOAD = ["bench.comparison.pairs", "bench.tune.workers", "mlflow.tracking",
-                "mlflow.store.tracking.sqlalchemy_store"]
-#: and what pobench's own training imports: the native loop, transformers' model of the built-in policy (~3 CPU-seconds
-#: more, torch's compiler modules among them, which transformers imports)
-ENGINE_PRELOAD = ["bench.engines.native.loop", "transformers.models.llama.modeling_llama"]
-
-
-def pool_preload(train_fn: Callable[..., Any] | None) -> list[str]:
-    """What a pool's server imports for jobs that train with ``train_fn``: pobench's engines (``None``, or a function
-    of ``bench.engines``: ``bench.engines.entry.train``) add ``ENGINE_PRELOAD``; a function of a notebook or a test
-    (``ComparisonSpec.train_fn``, ``TuneSpec.train_fn``) adds its own module instead, which imports what it trains
-    with (``__main__`` is the server's to import)."""
-    module = getattr(getattr(train_fn, "func", train_fn), "__module__", None) or ""  # (a partial: its function)
-    if train_fn is None or module.split(".")[:2] == ["bench", "engines"]:
-        return POOL_PRELOAD + ENGINE_PRELOAD
-    return POOL_PRELOAD + ([module] if module and module != "__main__" else [])
-
-
-def _pool_context(preload: list[str]):
-    """A multiprocessing context whose processes fork from a forkserver that imported ``preload``; ``spawn`` where
-    the platform has no forkserver."""
-    if "forkserver" not in mp.get_all_start_methods():
-        return mp.get_context("spawn")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(preload)
-    return ctx
-
-
-def _stop_forkserver(ctx) -> None:
-    """End the pool's forkserver and reap it: a later pool starts its own (with this process's environment then),
-    and the server's CPU and its workers' (which it reaped) count in this process's children's."""
-    if ctx.get_start_method() != "forkserver":
-        return
-    from multiprocessing import forkserver
-
-    server = getattr(forkserver, "_forkserver", None)
-    with contextlib.suppress(Exception):  # (CPython's: every version with a forkserver has it)
-        server._stop()
-
-
 class _Pool(_Backend):
     def __init__(self, workers: int, plugins: list[str], preload: list[str]) -> None:
-        self.ctx = ctx = _pool_context(preload)
+        self.ctx = ctx = pool_context(preload)
         self.queue, self.stop = ctx.Queue(), ctx.Event()
         # (a worker has the environment its server started with: this process's now, the server being the pool's own)
         self.pool = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_pool_init,
@@ -384,11 +342,11 @@ class _Pool(_Backend):
         self.stop.set()  # queued tasks return "not started"
         stop_pool_workers(self.pool)
         self.pool.shutdown(wait=True, cancel_futures=True)
-        _stop_forkserver(self.ctx)
+        stop_forkserver(self.ctx)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
-        _stop_forkserver(self.ctx)
+        stop_forkserver(self.ctx)
 
 
 # ------------------------------------------------------------------ ray: one task each

@@ -1,5 +1,6 @@
 """What `bench run` and `bench tune` share about the processes and Ray tasks that train for them: the ``--seeds`` and
-``--workers`` rules, how a worker process or Ray task is set up, and the connection to Ray.
+``--workers`` rules, how a worker process or Ray task is set up, what a local pool's forkserver imports before it
+forks the workers (``pool_preload``), and the connection to Ray.
 
 Ray is optional (``pip install 'pobench[ray]'``) and imported only when asked for. A Ray task gets the driver's
 environment (``MLFLOW_*``, ``POBENCH_*``, the Hugging Face offline switches) and working folder (``task_setup``),
@@ -12,6 +13,7 @@ import contextlib
 import importlib.abc
 import importlib.util
 import logging
+import multiprocessing as mp
 import os
 import signal
 import sys
@@ -304,3 +306,47 @@ def task_setup(ctx: dict[str, Any], notify: Notify, index: int) -> None:
     if here != ctx["code_root"] and os.path.isdir(ctx["code_root"]):
         notify("msg", index, f"note: a Ray worker runs pobench from {here}, this process from {ctx['code_root']}")
     load_plugins(ctx.get("plugins", ()))  # after the working folder: the driver's objectives and tasks
+
+
+# ------------------------------------------------------------------ the forkserver of a local pool (bench/executors.py)
+#: imported once, by the forkserver a pool's workers are forked from: what every job imports (a pair or a tune
+#: worker, MLflow's client and its SQLite store, which pobench imports on first use); a name missing here costs each
+#: worker its import (MLflow's: ~2 CPU-seconds a worker)
+POOL_PRELOAD = ["bench.comparison.pairs", "bench.tune.workers", "mlflow.tracking",
+                "mlflow.store.tracking.sqlalchemy_store"]
+#: and what pobench's own training imports: the native loop, transformers' model of the built-in policy (~3 CPU-seconds
+#: more, torch's compiler modules among them, which transformers imports)
+ENGINE_PRELOAD = ["bench.engines.native.loop", "transformers.models.llama.modeling_llama"]
+
+
+def pool_preload(train_fn: Callable[..., Any] | None) -> list[str]:
+    """What a pool's server imports for jobs that train with ``train_fn``: pobench's engines (``None``, or a function
+    of ``bench.engines``: ``bench.engines.entry.train``) add ``ENGINE_PRELOAD``; a function of a notebook or a test
+    (``ComparisonSpec.train_fn``, ``TuneSpec.train_fn``) adds its own module instead, which imports what it trains
+    with (``__main__`` is the server's to import)."""
+    module = getattr(getattr(train_fn, "func", train_fn), "__module__", None) or ""  # (a partial: its function)
+    if train_fn is None or module.split(".")[:2] == ["bench", "engines"]:
+        return POOL_PRELOAD + ENGINE_PRELOAD
+    return POOL_PRELOAD + ([module] if module and module != "__main__" else [])
+
+
+def pool_context(preload: list[str]):
+    """A multiprocessing context whose processes fork from a forkserver that imported ``preload``; ``spawn`` where
+    the platform has no forkserver."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(preload)
+    return ctx
+
+
+def stop_forkserver(ctx) -> None:
+    """End the pool's forkserver and reap it: a later pool starts its own (with this process's environment then),
+    and the server's CPU and its workers' (which it reaped) count in this process's children's."""
+    if ctx.get_start_method() != "forkserver":
+        return
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    with contextlib.suppress(Exception):  # (CPython's: every version with a forkserver has it)
+        server._stop()

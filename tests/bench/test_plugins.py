@@ -23,7 +23,8 @@ from mlflow import MlflowClient
 from algorithms import PolicyBatch, get_objective
 from bench.cli import main
 from bench.config import TrainConfig
-from bench.plugins import load_plugins, objective_source, source_digest
+from bench.plugin_identity import source_digest
+from bench.plugins import load_plugins, objective_source
 from tests.conftest import ON_RAY, forkserver_context, fresh_store
 
 from .test_parallel import model_dir, tiny  # noqa: F401  (fixtures)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from bench.config import TrainConfig
 from bench.engines import entry
-from bench.executors import ENGINE_PRELOAD, POOL_PRELOAD, Job, LocalExecutor, pool_preload
+from bench.executors import Job, LocalExecutor
+from bench.workers import ENGINE_PRELOAD, POOL_PRELOAD, pool_preload
 from tests.bench.fake_trainer import fake_train
 from tests.conftest import fresh_store
 

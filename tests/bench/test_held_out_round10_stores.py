@@ -1,0 +1,109 @@
+"""Held-out round 10: MLflow stores that are a database server (PostgreSQL) or an HTTP server that answers wrongly,
+before and during the work: one line naming the store, the documented exit code, nothing started or left RUNNING."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+
+import pytest
+
+from bench import cli
+from tests.bench.test_mlflow_unreachable import CMDS
+from tests.net import free_port
+
+cli.build_parser()  # (every subcommand module imported once)
+
+PRE_WORK = ["train", "run", "report", "tune", "eval"]
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    from tests import pg
+
+    reason = pg.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with pg.PostgresServer() as server:
+        yield server
+
+
+def _one_line(rc: int, err: str, *needles: str) -> str:
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, (rc, err[-3000:])
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+# ------------------------------------------------------------------ H04: a PostgreSQL store that cannot be used
+@pytest.mark.parametrize("cmd", PRE_WORK)
+def test_postgres_store_with_nothing_listening_is_one_line_before_any_work(cmd, tmp_path, bench_here):
+    """Held-out round 10 (H04): `--tracking-uri postgresql://...` with nothing listening was a ~200-line traceback
+    from the pre-work check (MLflow's store made by check_artifact_location), exit 1. Now one line naming the URI,
+    password hidden, and the cause; exit 2; nothing made."""
+    uri = f"postgresql://postgres:secret@127.0.0.1:{free_port()}/mlf"
+    rc, _, err = bench_here([*CMDS[cmd], "--tracking-uri", uri], tmp_path)
+    line = _one_line(rc, err, "the MLflow store postgresql", "127.0.0.1", "Connection refused", "start its database")
+    assert "secret" not in line and "***" in line
+    assert not list(tmp_path.iterdir())  # no run folder, no study, no store
+
+
+def test_postgres_store_without_its_database_is_one_line(tmp_path, bench_here, postgres):
+    """H04: the server answers, the database does not exist: one line with PostgreSQL's own cause."""
+    rc, _, err = bench_here([*CMDS["train"], "--tracking-uri", postgres.url("nodb")], tmp_path)
+    _one_line(rc, err, "the MLflow store", 'database "nodb" does not exist', "create the database")
+    assert not list(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------ H05: a server that answers, but not as MLflow
+@pytest.fixture
+def answering_server():
+    """``start(status, body) -> uri``: an HTTP server on loopback answering every request with that status and body
+    (a proxy refusing access, another web server at the address)."""
+    servers = []
+
+    def start(status: int, body: str) -> str:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                data = body.encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_POST = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+@pytest.mark.parametrize("cmd", ["train", "run", "eval", "tune"])
+def test_a_server_refusing_access_is_one_line_before_any_work(cmd, tmp_path, bench_here, answering_server):
+    """Held-out round 10 (H05): a tracking server answering 403 was MLflow's traceback in train / run / eval / tune
+    (bench train after loading the model and making two run folders). Now the pre-work check asks the API once:
+    one line, exit 2, naming the credentials variables; nothing made."""
+    uri = answering_server(403, "Forbidden")
+    rc, _, err = bench_here([*CMDS[cmd], "--tracking-uri", uri], tmp_path)
+    _one_line(rc, err, uri, "refused access (HTTP 403)", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_PASSWORD")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("status,body,needle", [(401, "Unauthorized", "refused access (HTTP 401)"),
+                                                (200, "<html>hello</html>", "not an MLflow tracking server")])
+def test_a_server_answering_401_or_a_page_is_one_line(status, body, needle, tmp_path, bench_here, answering_server):
+    """H05: 401, and 200 with a page that is not MLflow's JSON (another web server at that address)."""
+    uri = answering_server(status, body)
+    rc, _, err = bench_here([*CMDS["train"], "--tracking-uri", uri], tmp_path)
+    _one_line(rc, err, uri, needle)
+    assert not list(tmp_path.iterdir())

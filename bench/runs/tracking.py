@@ -316,7 +316,8 @@ class RunLogger:
     def __init__(self, uri: str | None, experiment: str) -> None:
         self.uri = record.tracking_uri(uri)
         self.remote = self.uri.startswith(("http://", "https://"))
-        self.timeout = timeout_s() if self.remote else 0.0
+        self.server = self.remote or _database_server(self.uri)  # (a store behind a server that may stop answering)
+        self.timeout = timeout_s() if self.server else 0.0
         self.unreachable: str | None = None  # why the server did not answer (set once a call gave up)
         self.run_dir: Path | None = None  # the run's folder, where run.json lives (set by the lifecycle)
         self.folder_lock: Any = None  # the run folder's lock while the run is open (bench/runs/lifecycle.py)
@@ -327,11 +328,13 @@ class RunLogger:
         self.system = SystemMetrics()  # the machine's samples, taken with the metrics logged (a bad $ENV: now)
 
     def call(self, fn, *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)``, which talks to the store: against a server, within the timeout (a call that got
-        no answer is tried again every half second until then; once the server was found unreachable, once), else
-        :class:`StoreUnreachable`. An error status the server answers with (HTTP 500: its database or storage
-        failed) is :class:`StoreRefused`, one line; other errors it answers with are raised as they are."""
-        if not self.remote:
+        """``fn(*args, **kwargs)``, which talks to the store: against a server (an MLflow server, or the database
+        server of a PostgreSQL / MySQL store), within the timeout (a call that got no answer is tried again every
+        half second until then; once the server was found unreachable, once), else :class:`StoreUnreachable`. An
+        error status an MLflow server answers with (HTTP 500: its database or storage failed) is
+        :class:`StoreRefused`, one line; other errors it answers with are raised as they are. (Held-out round 10,
+        H03: a PostgreSQL store stopped during a run was three chained tracebacks and the run left RUNNING.)"""
+        if not self.server:
             with stop.uninterrupted():  # (a signal ends the call first: no write left half-done, no lock held)
                 return fn(*args, **kwargs)
         deadline = time.monotonic() + self.timeout
@@ -339,17 +342,18 @@ class RunLogger:
             try:
                 with _bounded_http(self.timeout), stop.uninterrupted():
                     return fn(*args, **kwargs)
-            except (mlflow_error(), OSError) as e:
-                if (status := faults.answered_status(e)) is not None:
+            except Exception as e:
+                if self.remote and (status := faults.answered_status(e)) is not None:
                     raise _refused_status(self.uri, getattr(fn, "__name__", "a request"), status) from e
-                if not _is_connection_error(e):
+                if not (_is_connection_error(e) if self.remote else _is_database_gone(e)):
                     raise
                 if self.unreachable is None and time.monotonic() + RETRY_EVERY_S < deadline:
                     time.sleep(RETRY_EVERY_S)
                     continue
                 why = _no_answer(e)
                 self.unreachable = self.unreachable or why
-                raise StoreUnreachable(f"MLflow tracking server {self.uri} did not answer within {self.timeout:g} s "
+                what = "MLflow tracking server" if self.remote else "database server of the MLflow store"
+                raise StoreUnreachable(f"the {what} {redact(self.uri)} did not answer within {self.timeout:g} s "
                                        f"({why})") from None
 
     def start(self, run_name: str, tags: dict[str, str], params: dict[str, str]) -> str:
@@ -479,15 +483,42 @@ class RunLogger:
             self.call(record.retry_locked, self.client.set_terminated, self.run_id, status=status)
 
 
+def _database_server(uri: str) -> bool:
+    """Whether ``uri`` is an MLflow store that is a database server's SQLAlchemy URL (PostgreSQL, MySQL, ...)."""
+    from mlflow.utils.uri import get_uri_scheme
+
+    return not uri.startswith("sqlite:") and get_uri_scheme(uri).split("+")[0] in DATABASE_SCHEMES
+
+
+#: what a database driver says of a connection that is gone or was never made (psycopg2, PyMySQL, pyodbc)
+DATABASE_GONE = ("connection refused", "could not connect", "server closed the connection", "terminating connection",
+                 "connection to server", "connection already closed", "lost connection", "can't connect",
+                 "gone away", "connection reset", "timeout expired", "communication link failure")
+
+
+def _is_database_gone(e: BaseException) -> bool:
+    """The error of a request to a database server that got no answer (the server stopped, restarted, or cannot be
+    reached), as SQLAlchemy raises it (``OperationalError`` / ``InterfaceError`` of the driver, a pool invalidated)
+    and MLflow wraps it; not one the database answered (a constraint, a bad query)."""
+    for c in faults._chain(e):
+        name = type(c).__name__
+        if name == "InvalidatePoolError" or getattr(c, "connection_invalidated", False):
+            return True
+        if name in ("OperationalError", "InterfaceError") and any(w in str(c).lower() for w in DATABASE_GONE):
+            return True
+    return False
+
+
 def _no_answer(e: BaseException) -> str:
     """In a few words, how a request got no answer (MLflow's own message repeats urllib3's at length)."""
     text = str(e)
-    if "Connection refused" in text or "NewConnectionError" in text:
+    if "Connection refused" in text or "NewConnectionError" in text or "connection refused" in text:
         return "connection refused"
     if "timed out" in text or "Timeout" in text:
         return "no answer: timed out"
     if "RemoteDisconnected" in text or "Connection reset" in text or "Connection aborted" in text \
-            or "Connection broken" in text or "IncompleteRead" in text:
+            or "Connection broken" in text or "IncompleteRead" in text or "server closed the connection" in text \
+            or "terminating connection" in text:
         return "connection closed by the server"
     return (text.strip().splitlines()[0] if text.strip() else type(e).__name__)[:200]
 

@@ -107,3 +107,46 @@ def test_a_server_answering_401_or_a_page_is_one_line(status, body, needle, tmp_
     rc, _, err = bench_here([*CMDS["train"], "--tracking-uri", uri], tmp_path)
     _one_line(rc, err, uri, needle)
     assert not list(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------ H03: a PostgreSQL store lost during bench train
+TINY = ["--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--eval-every", "0",
+        "--samples-every", "0", "--checkpoint-every", "1", "--no-progress"]
+
+
+def test_a_postgres_store_stopped_during_bench_train_is_one_stopped_line(tmp_path, bench_here, postgres, monkeypatch):
+    """Held-out round 10 (H03): the PostgreSQL server of the MLflow store stopped during `bench train`: three chained
+    tracebacks (from end_run's set_tags), exit 1, the run left RUNNING and no end in run.json. Now as for a lost
+    MLflow server: one `stopped:` line naming the store (password hidden), what was kept and the resume command,
+    exit 1, the end recorded in run.json; the resume applies it and finishes the run."""
+    from mlflow import MlflowClient
+
+    from bench.runs import checkpoint
+    from bench.runs.tracking import read_run_record
+
+    url = postgres.create_database("h03")
+    real_save = checkpoint.save
+
+    def save_then_stop_the_server(folder, step, **parts):
+        out = real_save(folder, step, **parts)
+        if step == 1:
+            postgres._run("pg_ctl", "-D", str(postgres.data), "-m", "immediate", "-w", "stop")
+        return out
+
+    monkeypatch.setattr(checkpoint, "save", save_then_stop_the_server)
+    argv = ["train", "--algo", "grpo", "--steps", "2", *TINY, "--tracking-uri", url]
+    rc, _, err = bench_here(argv, tmp_path, POBENCH_MLFLOW_TIMEOUT="1")
+    lines = [ln for ln in err.strip().splitlines() if " INFO mlflow." not in ln]  # (MLflow's making the tables)
+    assert rc == 1 and len(lines) == 1, err[-3000:]
+    assert "stopped:" in lines[0] and "database server of the MLflow store postgresql" in lines[0], lines[0]
+    assert "kept: the checkpoint of step 1" in lines[0] and "--resume" in lines[0], lines[0]
+    (record,) = (tmp_path / ".pobench" / "runs" / "pobench").glob("*/run.json")
+    found = read_run_record(record.parent)
+    assert found["unsent_end"]["status"] == "FAILED", found
+
+    postgres.serve()  # the server is back: the resume applies the end, then trains the last step
+    monkeypatch.setattr(checkpoint, "save", real_save)
+    rc, _, err = bench_here([*argv, "--resume"], tmp_path)
+    assert rc == 0, err[-3000:]
+    run = MlflowClient(url).get_run(found["run_id"])
+    assert run.info.status == "FINISHED" and "FAILED" in run.data.tags.get("pobench.resumed_after", ""), run.data.tags

@@ -321,7 +321,9 @@ class RunLogger:
         self.unreachable: str | None = None  # why the server did not answer (set once a call gave up)
         self.run_dir: Path | None = None  # the run's folder, where run.json lives (set by the lifecycle)
         self.folder_lock: Any = None  # the run folder's lock while the run is open (bench/runs/lifecycle.py)
+        self.watched = None  # (a local SQLite file as it is once open: replaced meanwhile, a call says so)
         self.client = self.call(open_client, self.uri)  # a fresh local store is created under a lock
+        self.watched = faults.watch_file(self.uri)
         self.experiment_id = self.call(get_or_create_experiment, self.client, self.uri, experiment)
         self.run_id: str | None = None
         self.pending: list[tuple[str, float, int, int]] = []  # (key, value, timestamp ms, step)
@@ -335,8 +337,16 @@ class RunLogger:
         :class:`StoreRefused`, one line; other errors it answers with are raised as they are. (Held-out round 10,
         H03: a PostgreSQL store stopped during a run was three chained tracebacks and the run left RUNNING.)"""
         if not self.server:
-            with stop.uninterrupted():  # (a signal ends the call first: no write left half-done, no lock held)
-                return fn(*args, **kwargs)
+            try:
+                with stop.uninterrupted():  # (a signal ends the call first: no write left half-done, no lock held)
+                    return fn(*args, **kwargs)
+            except Exception:
+                if faults.changed(self.watched) != "replaced by another file":
+                    raise
+                # (held-out round 10, H09: said "became read-only: make it writable", without what was kept)
+                raise StoreUnreachable(f"the MLflow store {self.watched[0]} was replaced by another file while the "
+                                       "run wrote to it (the run's record is in the file that was there): put that "
+                                       "file back to keep the run's record") from None
         deadline = time.monotonic() + self.timeout
         while True:
             try:

@@ -214,3 +214,35 @@ def test_bench_run_with_its_server_killed_mid_comparison_stops_within_the_bound(
     runs = client.search_runs([exp.experiment_id])
     assert runs and not [r.info.run_id for r in runs if r.info.status == "RUNNING"], \
         [(r.data.tags.get("pobench.kind"), r.info.status) for r in runs]
+
+
+# ------------------------------------------------------------------ H09: the local store replaced during bench train
+def test_the_store_replaced_during_bench_train_is_said_so_with_what_was_kept(tmp_path, bench_here, monkeypatch):
+    """Held-out round 10 (H09): mlflow.db replaced by another store while bench train trained was reported as "became
+    read-only: make the file and its folder writable" (nothing was read-only), without what was kept or the resume
+    command. Now: one `stopped:` line saying the store was replaced and what to do, the checkpoint kept, the resume
+    command, exit 1, the end recorded in run.json."""
+    import os
+
+    from bench.runs import checkpoint
+    from bench.runs.tracking import read_run_record
+    from tests.conftest import fresh_store
+
+    fresh_store(tmp_path)
+    other = fresh_store(tmp_path / "other")[len("sqlite:///"):]
+    real_save = checkpoint.save
+
+    def save_then_replace_the_store(folder, step, **parts):
+        out = real_save(folder, step, **parts)
+        if step == 1:
+            os.replace(other, tmp_path / "mlflow.db")
+        return out
+
+    monkeypatch.setattr(checkpoint, "save", save_then_replace_the_store)
+    rc, _, err = bench_here(["train", "--algo", "grpo", "--steps", "2", *TINY], tmp_path)
+    lines = err.strip().splitlines()
+    assert rc == 1 and len(lines) == 1, err[-3000:]
+    assert "replaced by another file" in lines[0] and "read-only" not in lines[0], lines[0]
+    assert "kept: the checkpoint of step 1" in lines[0] and "--resume" in lines[0], lines[0]
+    (record,) = (tmp_path / ".pobench" / "runs" / "pobench").glob("*/run.json")
+    assert read_run_record(record.parent)["unsent_end"]["status"] == "FAILED"

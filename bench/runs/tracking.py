@@ -326,6 +326,7 @@ class RunLogger:
         self.watched = faults.watch_file(self.uri)
         self.experiment_id = self.call(get_or_create_experiment, self.client, self.uri, experiment)
         self.run_id: str | None = None
+        self.stored: list[str] = []  # the run's files this process stored (their paths in the run's folder of files)
         self.pending: list[tuple[str, float, int, int]] = []  # (key, value, timestamp ms, step)
         self.system = SystemMetrics()  # the machine's samples, taken with the metrics logged (a bad $ENV: now)
 
@@ -425,9 +426,27 @@ class RunLogger:
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         self.store_file(Path(path).name, self.client.log_artifact, self.run_id, str(path), artifact_path)
+        self.stored.append(f"{artifact_path}/{Path(path).name}" if artifact_path else Path(path).name)
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self.store_file(artifact_file, self.client.log_text, self.run_id, text, artifact_file)
+        self.stored.append(artifact_file)
+
+    def lost_files(self) -> tuple[Path, list[str]] | None:
+        """The local folder of the run's files and those this process stored there that are gone now (the folder
+        deleted while the run trained: MLflow makes it again for the next file, silently); None when none is gone
+        or the files are not kept in a local folder. Held-out round 10 (H15)."""
+        if self.run_id is None or not self.stored:
+            return None
+        from mlflow.utils.file_utils import local_file_uri_to_path
+        from mlflow.utils.uri import get_uri_scheme
+
+        uri = self.call(self.client.get_run, self.run_id).info.artifact_uri
+        if get_uri_scheme(uri) not in ("", "file"):
+            return None
+        root = Path(local_file_uri_to_path(uri))
+        gone = [n for n in dict.fromkeys(self.stored) if not (root / n).exists()]
+        return (root, gone) if gone else None
 
     def store_file(self, name: str, fn, *args: Any) -> Any:
         """``self.call(fn, *args)``, which stores the run's file ``name`` where its experiment keeps them: a refusal

@@ -246,3 +246,33 @@ def test_the_store_replaced_during_bench_train_is_said_so_with_what_was_kept(tmp
     assert "kept: the checkpoint of step 1" in lines[0] and "--resume" in lines[0], lines[0]
     (record,) = (tmp_path / ".pobench" / "runs" / "pobench").glob("*/run.json")
     assert read_run_record(record.parent)["unsent_end"]["status"] == "FAILED"
+
+
+# ------------------------------------------------------------------ H15: mlartifacts/ deleted during bench train
+def test_the_runs_files_folder_deleted_during_bench_train_is_warned(tmp_path, bench_here, monkeypatch):
+    """Held-out round 10 (H15): mlartifacts/ deleted while bench train trained: the run FINISHED without its
+    config.yaml artifact, nothing said. Now a warning names the files lost; the run still finishes (its training is
+    whole)."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    from bench.runs import checkpoint
+    from tests.conftest import fresh_store
+
+    uri = fresh_store(tmp_path)
+    real_save = checkpoint.save
+
+    def save_then_delete_the_files(folder, step, **parts):
+        out = real_save(folder, step, **parts)
+        if step == 1:
+            shutil.rmtree(tmp_path / "mlartifacts")
+        return out
+
+    monkeypatch.setattr(checkpoint, "save", save_then_delete_the_files)
+    rc, _, err = bench_here(["train", "--algo", "grpo", "--steps", "2", *TINY], tmp_path)
+    assert rc == 0, err[-3000:]
+    warned = [ln for ln in err.splitlines() if "was deleted while it trained" in ln]
+    assert len(warned) == 1 and "config.yaml lost" in warned[0], err[-3000:]
+    (run,) = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("pobench").experiment_id])
+    assert run.info.status == "FINISHED"

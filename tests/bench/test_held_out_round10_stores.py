@@ -276,3 +276,31 @@ def test_the_runs_files_folder_deleted_during_bench_train_is_warned(tmp_path, be
     assert len(warned) == 1 and "config.yaml lost" in warned[0], err[-3000:]
     (run,) = MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("pobench").experiment_id])
     assert run.info.status == "FINISHED"
+
+
+def test_bench_eval_with_its_server_killed_before_logging_stops_within_the_bound(tmp_path, bench_here, own_server,
+                                                                                  monkeypatch):
+    """The same for `bench eval`: its server killed once the results are written, its logging to MLflow (MLflow's
+    retries: minutes, then a traceback) is one `stopped:` line naming the server and the results kept, exit 1."""
+    import time
+
+    from bench.cli import eval as eval_command
+
+    own_server.start()
+    real_write = eval_command.write_outputs
+
+    def write_then_kill(*args, **kwargs):
+        out = real_write(*args, **kwargs)
+        own_server.kill()
+        return out
+
+    monkeypatch.setattr(eval_command, "write_outputs", write_then_kill)
+    t0 = time.monotonic()
+    rc, _, err = bench_here([*CMDS["eval"], "--out", "res", "--tracking-uri", own_server.uri], tmp_path,
+                            POBENCH_MLFLOW_TIMEOUT="1")
+    seconds = time.monotonic() - t0
+    own_server.start()
+    last = err.strip().splitlines()[-1]
+    assert rc == 1 and last.startswith(f"bench eval: stopped: MLflow tracking server {own_server.uri}"), err[-3000:]
+    assert "kept: res/results.json" in last and "Traceback" not in err, last
+    assert (tmp_path / "res" / "results.json").is_file() and seconds < 60

@@ -5,7 +5,8 @@ An MLflow server (http/https) that stops answering during a run is detected with
 seconds (default 5): every call of a :class:`RunLogger` runs with MLflow's own HTTP retries off and its request
 timeout at that bound (MLflow's defaults retry for minutes), and a refused connection is tried again every half
 second until the bound; then :class:`StoreUnreachable`. (MLflow's ``MLFLOW_HTTP_REQUEST_*`` variables set by the user
-win.) The run folder keeps ``run.json`` (:func:`read_run_record`): the MLflow run's id, written as soon as the run is
+win.) The database server of a PostgreSQL / MySQL store is treated the same (a refused or dropped connection).
+The run folder keeps ``run.json`` (:func:`read_run_record`): the MLflow run's id, written as soon as the run is
 opened, and the end that could not be sent (applied at the next contact: bench/runs/lifecycle.py).
 """
 

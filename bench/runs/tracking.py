@@ -289,7 +289,8 @@ def answering(uri: str) -> Iterator[None]:
     status it answered with: :class:`StoreRefused`). Held-out round 9: a server killed during `bench report` left it
     waiting minutes in MLflow's retries, silent (or, killed as it answered, ``error: ... IncompleteRead``, exit 2, as
     if the input were wrong). A local store: as it is."""
-    if not uri.startswith(("http://", "https://")):
+    remote = uri.startswith(("http://", "https://"))
+    if not remote and not _database_server(uri):
         yield
         return
     timeout = timeout_s()
@@ -297,12 +298,13 @@ def answering(uri: str) -> Iterator[None]:
         with _bounded_http(timeout):
             yield
     except Exception as e:
-        if (status := faults.answered_status(e)) is not None:
+        if remote and (status := faults.answered_status(e)) is not None:
             raise _refused_status(uri, "a request", status) from e
-        if not _is_connection_error(e):
+        if not (_is_connection_error(e) if remote else _is_database_gone(e)):
             raise
-        raise StoreUnreachable(f"MLflow tracking server {uri} stopped answering during the work ({_no_answer(e)}; "
-                               f"each request waits {timeout:g} s: {TIMEOUT_ENV})") from None
+        what = "MLflow tracking server" if remote else "the database server of the MLflow store"
+        raise StoreUnreachable(f"{what} {redact(uri)} stopped answering during the work ({_no_answer(e)}"
+                               + (f"; each request waits {timeout:g} s: {TIMEOUT_ENV})" if remote else ")")) from None
 
 
 #: where a run's sample completions go: one JSON file per sampled step, and the table of all of them at the end
@@ -364,8 +366,8 @@ class RunLogger:
                     continue
                 why = _no_answer(e)
                 self.unreachable = self.unreachable or why
-                what = "MLflow tracking server" if self.remote else "database server of the MLflow store"
-                raise StoreUnreachable(f"the {what} {redact(self.uri)} did not answer within {self.timeout:g} s "
+                what = "MLflow tracking server" if self.remote else "the database server of the MLflow store"
+                raise StoreUnreachable(f"{what} {redact(self.uri)} did not answer within {self.timeout:g} s "
                                        f"({why})") from None
 
     def start(self, run_name: str, tags: dict[str, str], params: dict[str, str]) -> str:

@@ -304,3 +304,29 @@ def test_bench_eval_with_its_server_killed_before_logging_stops_within_the_bound
     assert rc == 1 and last.startswith(f"bench eval: stopped: MLflow tracking server {own_server.uri}"), err[-3000:]
     assert "kept: res/results.json" in last and "Traceback" not in err, last
     assert (tmp_path / "res" / "results.json").is_file() and seconds < 60
+
+
+def test_bench_eval_with_its_postgres_store_stopped_before_logging_is_one_stopped_line(tmp_path, bench_here, postgres,
+                                                                                       monkeypatch):
+    """A PostgreSQL store lost outside a run (`bench eval`'s logging) is the same line as a lost MLflow server
+    (``answering`` on a database server), not SQLAlchemy's traceback."""
+    from bench.cli import eval as eval_command
+
+    url = postgres.create_database("evalstop")
+    real_write = eval_command.write_outputs
+
+    def write_then_stop(*args, **kwargs):
+        out = real_write(*args, **kwargs)
+        postgres._run("pg_ctl", "-D", str(postgres.data), "-m", "immediate", "-w", "stop")
+        return out
+
+    monkeypatch.setattr(eval_command, "write_outputs", write_then_stop)
+    try:
+        rc, _, err = bench_here([*CMDS["eval"], "--out", "res", "--tracking-uri", url], tmp_path,
+                                POBENCH_MLFLOW_TIMEOUT="1")
+    finally:
+        postgres.serve()
+    last = err.strip().splitlines()[-1]
+    assert rc == 1 and last.startswith("bench eval: stopped: the database server of the MLflow store postgresql"), \
+        err[-3000:]
+    assert "kept: res/results.json" in last and "Traceback" not in err, last

@@ -3,7 +3,7 @@ and what to do (docs/RELIABILITY.md). Two halves, one wording:
 
 - before any work, what can be known is checked and refused as bad input (ValueError: exit 2): :func:`check_store`
   (a local SQLite store that is not a file, not SQLite, truncated, of another MLflow schema revision, or read-only:
-  the file or the folder SQLite writes its journal in; ``bench.runs.tracking.check_reachable`` calls it for every
+  the file or the folder SQLite writes its journal in; ``bench.runs.store_check.check_reachable`` calls it for every
   command), :func:`check_output_folder` (``--output-dir`` / ``--out-root`` naming a file, or on a read-only file
   system) and :func:`check_writable` (a run folder);
 - a fault met during the work is turned into its line by :func:`describe` (``bench/cli/main.py``, every command:

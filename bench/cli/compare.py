@@ -17,7 +17,8 @@ from algorithms.registry import default_config
 from bench.cli.flags import add_units_flag
 from bench.cli.interrupt import Stopped, rerun
 from bench.config import TRACKING_URI_DEFAULT, TrainConfig
-from bench.runs.tracking import answering, check_reachable, flatten
+from bench.runs.store_check import check_reachable
+from bench.runs.tracking import answering, flatten
 from reports.compare import compare_comparisons, parse_spec
 from reports.paths import user_files
 from reports.record import mlflow_error

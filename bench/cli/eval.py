@@ -27,7 +27,8 @@ from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
 from bench.inputs import check_seed, name_list
 from bench.model import format_prompt, load_policy, resolve_device, resolve_model_path, warn_unknown_characters
 from bench.rollout import make_sampler
-from bench.runs.tracking import check_reachable
+from bench.runs.store_check import check_reachable
+from bench.runs.tracking import answering
 from evaluators import get_benchmark, list_benchmarks
 from reports.paths import check_out_is_ours, claim_output_folder, make_owned
 
@@ -197,10 +198,17 @@ def run(args) -> int:
             print(f"bench eval: warning: the MLflow store {store_file[0]} was {how} while the evaluation ran, with the "
                   "runs it held; this evaluation is logged into a new store there (restore the old one from a backup "
                   "to keep them)", file=sys.stderr)
-        run_id = log_to_mlflow(results, params={**meta, "benchmarks": ",".join(names)}, artifacts=paths,
-                               run_name=args.run_name or f"eval-{Path(args.model).name}",
-                               experiment=args.experiment, tracking_uri=args.tracking_uri,
-                               parent_run_id=args.parent_run_id)
+        from reports.record import tracking_uri
+
+        try:  # (a server lost now: one `stopped:` line within $POBENCH_MLFLOW_TIMEOUT, not minutes of retries)
+            with answering(tracking_uri(args.tracking_uri)):
+                run_id = log_to_mlflow(results, params={**meta, "benchmarks": ",".join(names)}, artifacts=paths,
+                                       run_name=args.run_name or f"eval-{Path(args.model).name}",
+                                       experiment=args.experiment, tracking_uri=args.tracking_uri,
+                                       parent_run_id=args.parent_run_id)
+        except faults.StoreUnreachable as e:
+            raise faults.StoreUnreachable(f"{e}; kept: {', '.join(str(p) for p in paths)} (the evaluation's results, "
+                                          "not logged to MLflow)") from None
         print(f"bench eval: MLflow run {run_id}")
     return 0
 

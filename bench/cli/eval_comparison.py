@@ -10,7 +10,7 @@ from pathlib import Path
 from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.comparison.evals import EvalSettings, evaluate_missing, plan_evaluations
 from bench.inputs import name_list
-from bench.runs.tracking import check_reachable
+from bench.runs.store_check import check_reachable
 from reports.evals import benchmark_table, load_evals
 from reports.record import open_client
 from reports.tables import Units

@@ -10,7 +10,8 @@ from bench import faults
 from bench.cli.flags import add_plugin_flag, add_report_flags, report_options
 from bench.cli.interrupt import Stopped, finished, rerun
 from bench.config import TRACKING_URI_DEFAULT
-from bench.runs.tracking import answering, check_reachable
+from bench.runs.store_check import check_reachable
+from bench.runs.tracking import answering
 from reports.load import _client, get_experiment, list_comparisons, resolve_tracking_uri
 from reports.record import mlflow_error
 from reports.report import build_report

@@ -14,7 +14,7 @@ from bench.engines import RunStopped, TrainingDiverged
 from bench.engines import entry as engines
 from bench.runs import resume
 from bench.runs.run import end_runs_of_killed, last_checkpoint
-from bench.runs.tracking import check_comparison, check_outside_artifacts, check_reachable
+from bench.runs.store_check import check_comparison, check_outside_artifacts, check_reachable
 from reports import metric_keys as K
 
 

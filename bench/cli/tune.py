@@ -17,7 +17,7 @@ from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.config import TrainConfig
 from bench.engines import RunStopped
 from bench.inputs import check_seed
-from bench.runs.tracking import check_outside_artifacts, check_reachable
+from bench.runs.store_check import check_outside_artifacts, check_reachable
 from bench.tune.confirm import summary_of
 from bench.tune.outputs import print_leaderboard, study_dir, write_outputs
 from bench.tune.outputs import show as show_study

@@ -28,7 +28,7 @@ from bench.model import load_policy
 from bench.plugins import plugin_failure
 from bench.rollout import make_sampler
 from bench.runs.run import experiment_dir, folder_held, has_checkpoint, remove_run_folder, seed_and_threads
-from bench.runs.tracking import store_client
+from bench.runs.tracking import answering, store_client
 from bench.workers import Notify
 from evaluators.metrics import summarize
 from reports import metric_keys as K
@@ -101,7 +101,9 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
     what = f"{p.variant} seed {p.seed}"
     lock = lock_file(cfg.output_dir, cfg.experiment, p.run_name)
     try:
-        with pair_lock(lock, what, on_wait=lambda msg: notify("msg", job.index, msg)) as free:
+        with answering(cfg.tracking_uri), \
+                pair_lock(lock, what, on_wait=lambda msg: notify("msg", job.index, msg)) as free:
+            # (the pair's own requests bounded as its run's are: a lost server is its one line within the bound)
             client = store_client(cfg.tracking_uri)
             if not ctx.force or not free:
                 done = finished_run(client, ctx.experiment_id, cfg, p)

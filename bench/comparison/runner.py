@@ -29,6 +29,7 @@ from bench.comparison.store import lock_file, pair_lock
 from bench.config import TrainConfig
 from bench.engines import entry as engines
 from bench.executors import Job, WorkerDied, make_executor
+from bench.faults import StoreUnreachable
 from bench.plugins import check_shippable, with_plugins
 from bench.runs.identity import written_by_note
 from bench.runs.run import (
@@ -42,7 +43,8 @@ from bench.runs.run import (
     has_checkpoint,
     remove_run_folder,
 )
-from bench.runs.tracking import check_outside_artifacts, check_reachable, store_client, version_tags
+from bench.runs.store_check import check_outside_artifacts, check_reachable
+from bench.runs.tracking import answering, store_client, version_tags
 from reports.record import (
     COMPARISON,
     CONFIG_HASH,
@@ -192,8 +194,28 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
                          "never measures; set --eval-every >= 1, or pass --no-report")
     cfg = ex.prepare(replace(cfg, tracking_uri=tracking_uri(cfg.tracking_uri)))
     uri = cfg.tracking_uri
+    known: dict[str, Any] = {}  # (the comparison and its pairs, once planned: what a lost server's line says is kept)
+    try:
+        # every request of the comparison itself (its run, the reuse marks, the report) bounded as a run's are: a
+        # server lost mid-comparison is one `stopped:` line within $POBENCH_MLFLOW_TIMEOUT, not minutes of MLflow's
+        # retries and its traceback (found by the lead after held-out round 10)
+        with answering(uri):
+            return _open_and_run(spec, ex, cfg, uri, algos, seeds, params, t_start, known)
+    except StoreUnreachable as e:
+        if "pairs" not in known:
+            raise
+        s = _stopped(cfg, known["cid"], known["pairs"])
+        raise StoreUnreachable(f"{e}; kept: {s.finished} of {s.total} pairs of comparison {s.comparison} finished, "
+                               f"{s.checkpointed} checkpointed (the rerun reuses and resumes them, and ends the runs "
+                               "left RUNNING)") from None
+
+
+def _open_and_run(spec: ComparisonSpec, ex, cfg: TrainConfig, uri: str, algos: list[str], seeds: list[int],
+                  params: dict[str, dict[str, Any]], t_start: float, known: dict[str, Any]) -> ComparisonResult:
+    """``run_comparison`` once every check passed: plan, open the comparison's run, train, report."""
     client = store_client(uri)  # (a fresh local store is created under a lock: reports/record.py open_client)
     cid, pairs = plan(cfg, algos, seeds, params, force=spec.force, client=client)
+    known.update(cid=cid, pairs=pairs)
     for p in pairs:  # a folder pobench may not write into or delete: refused now, before any record
         if spec.force:  # (--force deletes only what pobench wrote in its own run folders)
             check_removable(run_dir(cfg, p))
@@ -295,7 +317,8 @@ def _run(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pair]
         retry_locked(client.set_terminated, parent, status="KILLED")
         raise _stopped(cfg, cid, pairs) from None
     except BaseException:
-        retry_locked(client.set_terminated, parent, status="KILLED")
+        with contextlib.suppress(Exception):  # (a lost server: the next command ends it, `_end_killed`)
+            retry_locked(client.set_terminated, parent, status="KILLED")
         raise
     retry_locked(client.set_terminated, parent, status=status)
     result.seconds = time.perf_counter() - t_start

@@ -267,7 +267,23 @@ def finish_run(logger: RunLogger, stopped_early: bool = False) -> None:
     except (mlflow_error(), OSError, ValueError) as e:  # (not worth failing a trained run for; a lost server is)
         print(f"bench: warning: the samples table was not logged ({str(e).strip()[:200]}); the per-step files "
               "samples/step_*.json are", file=sys.stderr)
+    warn_lost_files(logger)
     end_run(logger)
+
+
+def warn_lost_files(logger: RunLogger) -> None:
+    """A warning naming the run's files that are gone from its local folder of files (deleted while it trained:
+    held-out round 10, H15, the run FINISHED without its config.yaml, nothing said)."""
+    try:
+        lost = logger.lost_files()
+    except (mlflow_error(), OSError):  # (the end met the store's fault itself)
+        return
+    if lost is not None:
+        root, gone = lost
+        names = ", ".join(gone[:5]) + (f" and {len(gone) - 5} more" if len(gone) > 5 else "")
+        print(f"bench: warning: the folder of MLflow run {logger.run_id}'s files ({root}) was deleted while it "
+              f"trained: {names} lost (MLflow made the folder again for later files)"
+              + (f"; the run's config.yaml is still in {logger.run_dir}" if logger.run_dir else ""), file=sys.stderr)
 
 
 def is_fault(e: BaseException) -> bool:

@@ -5,7 +5,8 @@ An MLflow server (http/https) that stops answering during a run is detected with
 seconds (default 5): every call of a :class:`RunLogger` runs with MLflow's own HTTP retries off and its request
 timeout at that bound (MLflow's defaults retry for minutes), and a refused connection is tried again every half
 second until the bound; then :class:`StoreUnreachable`. (MLflow's ``MLFLOW_HTTP_REQUEST_*`` variables set by the user
-win.) The run folder keeps ``run.json`` (:func:`read_run_record`): the MLflow run's id, written as soon as the run is
+win.) The database server of a PostgreSQL / MySQL store is treated the same (a refused or dropped connection).
+The run folder keeps ``run.json`` (:func:`read_run_record`): the MLflow run's id, written as soon as the run is
 opened, and the end that could not be sent (applied at the next contact: bench/runs/lifecycle.py).
 """
 
@@ -17,8 +18,6 @@ import math
 import os
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,10 @@ from typing import Any
 import bench
 from bench import faults
 from bench.faults import StoreRefused, StoreUnreachable
-from bench.inputs import check_tracking_scheme
 from bench.runs import stop
 from bench.runs.system_metrics import SystemMetrics
 from reports import record
+from reports.dburl import redact
 from reports.record import (
     GIT_COMMIT,
     GIT_DIRTY,
@@ -44,6 +43,8 @@ TIMEOUT_ENV = "POBENCH_MLFLOW_TIMEOUT"  # seconds pobench waits for an MLflow se
 DEFAULT_TIMEOUT_S = 5.0
 RUN_RECORD = "run.json"  # in the run folder: {"run_id", "tracking_uri", "experiment"[, "unsent_end"]}
 RETRY_EVERY_S = 0.5  # a refused connection is tried again after this, until the timeout
+#: the schemes of the MLflow stores that are a database server's SQLAlchemy URL (SQLite is checked as a file)
+DATABASE_SCHEMES = ("postgresql", "postgres", "mysql", "mssql")
 
 
 class UninterruptedClient:
@@ -81,130 +82,6 @@ def timeout_s() -> float:
     if not value > 0 or math.isinf(value):
         raise ValueError(f"{TIMEOUT_ENV}={raw!r}: expected a positive number of seconds")
     return value
-
-
-def check_reachable(uri: str | None, *, reads_only: bool = False, experiment: str | None = None) -> str:
-    """Resolve the tracking URI and, for an MLflow server (http/https), check that it answers within
-    ``$POBENCH_MLFLOW_TIMEOUT`` seconds (default 5): one ValueError line naming the URI otherwise, before any model
-    is loaded. (MLflow's own client retries a refused connection for about four minutes before it gives up.) A local
-    SQLite store is checked without writing it (``bench.faults.check_store``); a command that only reads
-    (``reads_only``: `bench report`, `bench compare`) refuses one that does not exist rather than create an empty one.
-    ``experiment``, the one the command records into: when it exists, the folder its runs' files go to is checked
-    (:func:`check_artifact_location`). Returns the resolved URI."""
-    resolved = check_tracking_scheme(record.tracking_uri(uri))  # foo://bar: one line, not MLflow's traceback
-    faults.note(store=resolved)  # (what a fault of the store met later names)
-    db = record.sqlite_file(resolved)
-    if reads_only and db is not None and not db.exists():
-        raise ValueError(f"no MLflow store at {db} (the tracking URI {resolved}): nothing to read; run `bench run` "
-                         "here first, or give --tracking-uri (or MLFLOW_TRACKING_URI) of the store that holds the runs")
-    if not resolved.startswith(("http://", "https://")):
-        faults.check_store(resolved)  # read-only, not SQLite, truncated, another schema revision: one line now
-        if experiment is not None:
-            check_artifact_location(resolved, experiment)
-        return resolved
-    timeout = timeout_s()
-    try:
-        with urllib.request.urlopen(resolved.rstrip("/") + "/health", timeout=timeout):
-            pass
-    except urllib.error.HTTPError:  # the server answered (maybe 401 / 404 behind a proxy): it is reachable
-        pass
-    except (OSError, ValueError) as e:  # URLError (refused, DNS), timeouts, malformed URLs
-        why = getattr(e, "reason", None) or e
-        raise ValueError(f"MLflow tracking server {resolved} cannot be reached within {timeout:g} s ({why}); start it, "
-                         f"or fix --tracking-uri / MLFLOW_TRACKING_URI ({TIMEOUT_ENV} sets the wait)") from None
-    if experiment is not None:
-        check_artifact_location(resolved, experiment)
-    return resolved
-
-
-def check_comparison(cfg: Any) -> None:
-    """``bench train --comparison ID``: the runs the experiment already holds under ``ID`` (a `bench run`
-    comparison's run and pairs, or earlier `bench train --comparison ID` runs) must have been trained under this run's
-    configuration (``pobench.config_hash``), else the report of ``ID`` would be refused for good as mixing configs
-    (held-out round 10, H06): one ValueError line naming both hashes and what to do, before any work. A run of the
-    same configuration joins ``ID`` (e.g. one more objective compared under the same conditions)."""
-    if not cfg.comparison:
-        return
-    if "'" in cfg.comparison:
-        raise ValueError(f"--comparison {cfg.comparison!r}: a quote (') cannot be searched for in MLflow; choose an "
-                         "id without one")
-    uri = record.tracking_uri(cfg.tracking_uri)
-    db = record.sqlite_file(uri)
-    if db is not None and not db.exists():
-        return
-    client = store_client(uri)
-    experiment = client.get_experiment_by_name(cfg.experiment)
-    if experiment is None:
-        return
-    member = record.member_tag(cfg.comparison)
-    runs = [*client.search_runs([experiment.experiment_id], f"tags.`{record.COMPARISON}` = '{cfg.comparison}'",
-                                max_results=1000),
-            *client.search_runs([experiment.experiment_id], f"tags.`{member}` = '1'", max_results=1000)]
-    hashes = {r.data.tags.get(record.CONFIG_HASH) for r in runs if r.data.tags.get(member) != "0"} - {None}
-    own = cfg.comparison_hash()
-    if hashes - {own}:
-        theirs = ", ".join(sorted(hashes - {own}))
-        raise ValueError(f"--comparison {cfg.comparison}: the runs of that comparison in experiment {cfg.experiment!r} "
-                         f"were trained under another configuration (config hash {theirs}; this run's: {own}), so "
-                         "its report would mix configurations; drop --comparison (the run gets none), or give the "
-                         "flags that comparison was trained with (`bench run` compares objectives under one config)")
-
-
-def check_artifact_location(uri: str, experiment: str) -> None:
-    """Refuse (one line, before any run) the existing experiment ``experiment`` of the store ``uri`` when its runs'
-    files go to a local folder that cannot be made or written (``bench.faults.check_artifact_folder``); nothing to
-    check for an experiment that does not exist yet (pobench gives it a folder beside the store) or a store not made
-    yet. A store that fails to answer here is met again, with its own line, by the work. (A local SQLite store is
-    read with ``sqlite3``, read-only: MLflow's store object, once made, keeps its connections to that file for the
-    process, and a store deleted meanwhile is then not made anew.)"""
-    location = _experiment_location(uri, experiment)
-    if location:
-        faults.check_artifact_folder(experiment, location)
-
-
-def check_outside_artifacts(uri: str, experiment: str, folder: str | Path, flag: str) -> None:
-    """Refuse (one line) a folder pobench writes run folders into (``--output-dir``) inside MLflow's artifact folder
-    of the store ``uri``: ``mlartifacts/`` beside a local SQLite store, or the local folder of ``experiment``'s runs'
-    files (held-out round 10, H20: `bench train --output-dir mlartifacts` put its run folder and ``.locks`` among the
-    runs' ``<run id>/`` folders, as `bench report --out-root mlartifacts` is refused)."""
-    roots = []
-    db = record.sqlite_file(record.tracking_uri(uri))
-    if db is not None:
-        roots.append(db.parent.resolve() / record.ARTIFACTS)
-    location = _experiment_location(record.tracking_uri(uri), experiment)
-    if location and location.startswith(("/", "file:")):
-        roots.append(Path(location.removeprefix("file://").removeprefix("file:")).resolve())
-    out = Path(folder).resolve()
-    for root in roots:
-        if out == root or root in out.parents:
-            raise ValueError(f"{flag} {folder}: inside MLflow's artifact folder {root} (its runs' files, which the "
-                             f"store points to): not writing run folders there; choose another {flag}")
-
-
-def _experiment_location(uri: str, experiment: str) -> str | None:
-    """Where the existing experiment ``experiment`` of the store ``uri`` keeps its runs' files; None for none (an
-    experiment or store not made yet, a store that does not answer: met again by the work)."""
-    db = record.sqlite_file(uri)
-    if db is not None:
-        if not db.exists():
-            return None
-        import sqlite3
-
-        try:
-            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=20)
-            try:
-                row = con.execute("select artifact_location from experiments where name = ?", (experiment,)).fetchone()
-            finally:
-                con.close()
-        except sqlite3.Error:
-            return None
-        return row[0] if row else None
-    try:
-        with _bounded_http(timeout_s()) if uri.startswith(("http://", "https://")) else contextlib.nullcontext():
-            exp = open_client(uri).get_experiment_by_name(experiment)
-    except (mlflow_error(), OSError):
-        return None
-    return exp.artifact_location if exp is not None else None
 
 
 def version_tags(commit: bool = True) -> dict[str, str]:
@@ -279,7 +156,7 @@ def _refused_status(uri: str, what: str, status: int) -> StoreRefused:
 
 
 @contextlib.contextmanager
-def _bounded_http(seconds: float):
+def bounded_http(seconds: float):
     """MLflow's HTTP client without its own retries and with a request timeout of ``seconds`` (rounded up: MLflow
     reads an integer), for the calls inside; variables the user set are kept. MLflow reads them at every request."""
     bounds = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(max(1, math.ceil(seconds)))}
@@ -297,25 +174,27 @@ def _bounded_http(seconds: float):
 def answering(uri: str) -> Iterator[None]:
     """A command's reads and writes of the store ``uri`` outside a training run (`bench report`, `bench compare`):
     against an MLflow server, each request bounded by ``$POBENCH_MLFLOW_TIMEOUT`` with MLflow's retries off
-    (:func:`_bounded_http`, as a run's calls are), and a request that got no answer raised as
+    (:func:`bounded_http`, as a run's calls are), and a request that got no answer raised as
     :class:`StoreUnreachable` naming the server (``bench.faults.describe``: one ``stopped:`` line, exit 1; an error
     status it answered with: :class:`StoreRefused`). Held-out round 9: a server killed during `bench report` left it
     waiting minutes in MLflow's retries, silent (or, killed as it answered, ``error: ... IncompleteRead``, exit 2, as
     if the input were wrong). A local store: as it is."""
-    if not uri.startswith(("http://", "https://")):
+    remote = uri.startswith(("http://", "https://"))
+    if not remote and not _database_server(uri):
         yield
         return
     timeout = timeout_s()
     try:
-        with _bounded_http(timeout):
+        with bounded_http(timeout):
             yield
     except Exception as e:
-        if (status := faults.answered_status(e)) is not None:
+        if remote and (status := faults.answered_status(e)) is not None:
             raise _refused_status(uri, "a request", status) from e
-        if not _is_connection_error(e):
+        if not (_is_connection_error(e) if remote else _is_database_gone(e)):
             raise
-        raise StoreUnreachable(f"MLflow tracking server {uri} stopped answering during the work ({_no_answer(e)}; "
-                               f"each request waits {timeout:g} s: {TIMEOUT_ENV})") from None
+        what = "MLflow tracking server" if remote else "the database server of the MLflow store"
+        raise StoreUnreachable(f"{what} {redact(uri)} stopped answering during the work ({_no_answer(e)}"
+                               + (f"; each request waits {timeout:g} s: {TIMEOUT_ENV})" if remote else ")")) from None
 
 
 #: where a run's sample completions go: one JSON file per sampled step, and the table of all of them at the end
@@ -330,40 +209,55 @@ class RunLogger:
     def __init__(self, uri: str | None, experiment: str) -> None:
         self.uri = record.tracking_uri(uri)
         self.remote = self.uri.startswith(("http://", "https://"))
-        self.timeout = timeout_s() if self.remote else 0.0
+        self.server = self.remote or _database_server(self.uri)  # (a store behind a server that may stop answering)
+        self.timeout = timeout_s() if self.server else 0.0
         self.unreachable: str | None = None  # why the server did not answer (set once a call gave up)
         self.run_dir: Path | None = None  # the run's folder, where run.json lives (set by the lifecycle)
         self.folder_lock: Any = None  # the run folder's lock while the run is open (bench/runs/lifecycle.py)
+        self.watched = None  # (a local SQLite file as it is once open: replaced meanwhile, a call says so)
         self.client = self.call(open_client, self.uri)  # a fresh local store is created under a lock
+        self.watched = faults.watch_file(self.uri)
         self.experiment_id = self.call(get_or_create_experiment, self.client, self.uri, experiment)
         self.run_id: str | None = None
+        self.stored: list[str] = []  # the run's files this process stored (their paths in the run's folder of files)
         self.pending: list[tuple[str, float, int, int]] = []  # (key, value, timestamp ms, step)
         self.system = SystemMetrics()  # the machine's samples, taken with the metrics logged (a bad $ENV: now)
 
     def call(self, fn, *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args, **kwargs)``, which talks to the store: against a server, within the timeout (a call that got
-        no answer is tried again every half second until then; once the server was found unreachable, once), else
-        :class:`StoreUnreachable`. An error status the server answers with (HTTP 500: its database or storage
-        failed) is :class:`StoreRefused`, one line; other errors it answers with are raised as they are."""
-        if not self.remote:
-            with stop.uninterrupted():  # (a signal ends the call first: no write left half-done, no lock held)
-                return fn(*args, **kwargs)
+        """``fn(*args, **kwargs)``, which talks to the store: against a server (an MLflow server, or the database
+        server of a PostgreSQL / MySQL store), within the timeout (a call that got no answer is tried again every
+        half second until then; once the server was found unreachable, once), else :class:`StoreUnreachable`. An
+        error status an MLflow server answers with (HTTP 500: its database or storage failed) is
+        :class:`StoreRefused`, one line; other errors it answers with are raised as they are. (Held-out round 10,
+        H03: a PostgreSQL store stopped during a run was three chained tracebacks and the run left RUNNING.)"""
+        if not self.server:
+            try:
+                with stop.uninterrupted():  # (a signal ends the call first: no write left half-done, no lock held)
+                    return fn(*args, **kwargs)
+            except Exception:
+                if faults.changed(self.watched) != "replaced by another file":
+                    raise
+                # (held-out round 10, H09: said "became read-only: make it writable", without what was kept)
+                raise StoreUnreachable(f"the MLflow store {self.watched[0]} was replaced by another file while the "
+                                       "run wrote to it (the run's record is in the file that was there): put that "
+                                       "file back to keep the run's record") from None
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                with _bounded_http(self.timeout), stop.uninterrupted():
+                with bounded_http(self.timeout), stop.uninterrupted():
                     return fn(*args, **kwargs)
-            except (mlflow_error(), OSError) as e:
-                if (status := faults.answered_status(e)) is not None:
+            except Exception as e:
+                if self.remote and (status := faults.answered_status(e)) is not None:
                     raise _refused_status(self.uri, getattr(fn, "__name__", "a request"), status) from e
-                if not _is_connection_error(e):
+                if not (_is_connection_error(e) if self.remote else _is_database_gone(e)):
                     raise
                 if self.unreachable is None and time.monotonic() + RETRY_EVERY_S < deadline:
                     time.sleep(RETRY_EVERY_S)
                     continue
                 why = _no_answer(e)
                 self.unreachable = self.unreachable or why
-                raise StoreUnreachable(f"MLflow tracking server {self.uri} did not answer within {self.timeout:g} s "
+                what = "MLflow tracking server" if self.remote else "the database server of the MLflow store"
+                raise StoreUnreachable(f"{what} {redact(self.uri)} did not answer within {self.timeout:g} s "
                                        f"({why})") from None
 
     def start(self, run_name: str, tags: dict[str, str], params: dict[str, str]) -> str:
@@ -425,9 +319,27 @@ class RunLogger:
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         self.store_file(Path(path).name, self.client.log_artifact, self.run_id, str(path), artifact_path)
+        self.stored.append(f"{artifact_path}/{Path(path).name}" if artifact_path else Path(path).name)
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self.store_file(artifact_file, self.client.log_text, self.run_id, text, artifact_file)
+        self.stored.append(artifact_file)
+
+    def lost_files(self) -> tuple[Path, list[str]] | None:
+        """The local folder of the run's files and those this process stored there that are gone now (the folder
+        deleted while the run trained: MLflow makes it again for the next file, silently); None when none is gone
+        or the files are not kept in a local folder. Held-out round 10 (H15)."""
+        if self.run_id is None or not self.stored:
+            return None
+        from mlflow.utils.file_utils import local_file_uri_to_path
+        from mlflow.utils.uri import get_uri_scheme
+
+        uri = self.call(self.client.get_run, self.run_id).info.artifact_uri
+        if get_uri_scheme(uri) not in ("", "file"):
+            return None
+        root = Path(local_file_uri_to_path(uri))
+        gone = [n for n in dict.fromkeys(self.stored) if not (root / n).exists()]
+        return (root, gone) if gone else None
 
     def store_file(self, name: str, fn, *args: Any) -> Any:
         """``self.call(fn, *args)``, which stores the run's file ``name`` where its experiment keeps them: a refusal
@@ -493,15 +405,42 @@ class RunLogger:
             self.call(record.retry_locked, self.client.set_terminated, self.run_id, status=status)
 
 
+def _database_server(uri: str) -> bool:
+    """Whether ``uri`` is an MLflow store that is a database server's SQLAlchemy URL (PostgreSQL, MySQL, ...)."""
+    from mlflow.utils.uri import get_uri_scheme
+
+    return not uri.startswith("sqlite:") and get_uri_scheme(uri).split("+")[0] in DATABASE_SCHEMES
+
+
+#: what a database driver says of a connection that is gone or was never made (psycopg2, PyMySQL, pyodbc)
+DATABASE_GONE = ("connection refused", "could not connect", "server closed the connection", "terminating connection",
+                 "connection to server", "connection already closed", "lost connection", "can't connect",
+                 "gone away", "connection reset", "timeout expired", "communication link failure")
+
+
+def _is_database_gone(e: BaseException) -> bool:
+    """The error of a request to a database server that got no answer (the server stopped, restarted, or cannot be
+    reached), as SQLAlchemy raises it (``OperationalError`` / ``InterfaceError`` of the driver, a pool invalidated)
+    and MLflow wraps it; not one the database answered (a constraint, a bad query)."""
+    for c in faults._chain(e):
+        name = type(c).__name__
+        if name == "InvalidatePoolError" or getattr(c, "connection_invalidated", False):
+            return True
+        if name in ("OperationalError", "InterfaceError") and any(w in str(c).lower() for w in DATABASE_GONE):
+            return True
+    return False
+
+
 def _no_answer(e: BaseException) -> str:
     """In a few words, how a request got no answer (MLflow's own message repeats urllib3's at length)."""
     text = str(e)
-    if "Connection refused" in text or "NewConnectionError" in text:
+    if "Connection refused" in text or "NewConnectionError" in text or "connection refused" in text:
         return "connection refused"
     if "timed out" in text or "Timeout" in text:
         return "no answer: timed out"
     if "RemoteDisconnected" in text or "Connection reset" in text or "Connection aborted" in text \
-            or "Connection broken" in text or "IncompleteRead" in text:
+            or "Connection broken" in text or "IncompleteRead" in text or "server closed the connection" in text \
+            or "terminating connection" in text:
         return "connection closed by the server"
     return (text.strip().splitlines()[0] if text.strip() else type(e).__name__)[:200]
 

@@ -5,7 +5,6 @@ parameters), the pruner (``--pruner``), and counts of trials by state.
 
 from __future__ import annotations
 
-import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +14,7 @@ import optuna
 from optuna.trial import TrialState
 
 from bench.faults import check_sqlite_file, damaged
-from reports.dburl import INSTALL_HINT, with_driver
+from reports.dburl import INSTALL_HINT, redact, with_driver
 from reports.record import store_lock
 
 DEFAULT_DIR = Path(".pobench/tune")
@@ -24,16 +23,6 @@ FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
 def default_storage_url(root: Path = DEFAULT_DIR) -> str:
     return f"sqlite:///{(root / 'optuna.db').resolve()}"
-
-
-def redact(url: str) -> str:
-    """A storage URL with its password hidden (for logs and MLflow params)."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL sqlalchemy understands: shown as given minus anything that looks like user:pass@
-        return re.sub(r"//[^/@]*@", "//***@", url)
 
 
 def check_kept(url: str | None) -> None:

@@ -68,6 +68,6 @@ def test_silent_server_times_out_after_the_configured_seconds(silent_port, capsy
 
 
 def test_a_real_server_passes_the_check(mlflow_server):
-    from bench.runs.tracking import check_reachable
+    from bench.runs.store_check import check_reachable
 
     assert check_reachable(mlflow_server) == mlflow_server

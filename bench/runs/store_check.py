@@ -1,0 +1,183 @@
+"""The checks a command makes of its MLflow store before any work (every command: ``check_reachable``): the store
+answers within ``$POBENCH_MLFLOW_TIMEOUT`` (an MLflow server's API with the user's credentials, a database server's
+connection, a SQLite file's revision and tables), the experiment's artifact folder can be written, the output folder
+is not inside MLflow's artifact folder, and a `bench train --comparison ID` joins a comparison of its own
+configuration. Each failure is one ValueError line (exit 2), before any run or folder is made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from bench import faults
+from bench.inputs import check_tracking_scheme
+from bench.runs.tracking import DATABASE_SCHEMES, TIMEOUT_ENV, bounded_http, store_client, timeout_s
+from reports import record
+from reports.dburl import connect_error, redact
+from reports.record import mlflow_error, open_client
+
+
+def check_reachable(uri: str | None, *, reads_only: bool = False, experiment: str | None = None) -> str:
+    """Resolve the tracking URI and, for an MLflow server (http/https), check that it answers within
+    ``$POBENCH_MLFLOW_TIMEOUT`` seconds (default 5): one ValueError line naming the URI otherwise, before any model
+    is loaded. (MLflow's own client retries a refused connection for about four minutes before it gives up.) A local
+    SQLite store is checked without writing it (``bench.faults.check_store``); a command that only reads
+    (``reads_only``: `bench report`, `bench compare`) refuses one that does not exist rather than create an empty one.
+    ``experiment``, the one the command records into: when it exists, the folder its runs' files go to is checked
+    (:func:`check_artifact_location`). Returns the resolved URI."""
+    resolved = check_tracking_scheme(record.tracking_uri(uri))  # foo://bar: one line, not MLflow's traceback
+    faults.note(store=resolved)  # (what a fault of the store met later names)
+    db = record.sqlite_file(resolved)
+    if reads_only and db is not None and not db.exists():
+        raise ValueError(f"no MLflow store at {db} (the tracking URI {resolved}): nothing to read; run `bench run` "
+                         "here first, or give --tracking-uri (or MLFLOW_TRACKING_URI) of the store that holds the runs")
+    if not resolved.startswith(("http://", "https://")):
+        faults.check_store(resolved)  # read-only, not SQLite, truncated, another schema revision: one line now
+        from mlflow.utils.uri import get_uri_scheme
+
+        if db is None and get_uri_scheme(resolved).split("+")[0] in DATABASE_SCHEMES:
+            why = connect_error(resolved, timeout_s())  # (PostgreSQL, MySQL, ...: down, no such database: held-out
+            if why is not None:  # round 10, H04: MLflow's traceback from the first request)
+                raise ValueError(f"the MLflow store {redact(resolved)} cannot be used: {why}; start its database "
+                                 "server or create the database, or fix --tracking-uri / MLFLOW_TRACKING_URI")
+        if experiment is not None:
+            check_artifact_location(resolved, experiment)
+        return resolved
+    timeout = timeout_s()
+    try:
+        with urllib.request.urlopen(resolved.rstrip("/") + "/health", timeout=timeout):
+            pass
+    except urllib.error.HTTPError:  # the server answered (maybe 401 / 404 behind a proxy): its API is asked below
+        pass
+    except (OSError, ValueError) as e:  # URLError (refused, DNS), timeouts, malformed URLs
+        why = getattr(e, "reason", None) or e
+        raise ValueError(f"MLflow tracking server {resolved} cannot be reached within {timeout:g} s ({why}); start it, "
+                         f"or fix --tracking-uri / MLFLOW_TRACKING_URI ({TIMEOUT_ENV} sets the wait)") from None
+    check_api(resolved, timeout)
+    if experiment is not None:
+        check_artifact_location(resolved, experiment)
+    return resolved
+
+
+def check_comparison(cfg: Any) -> None:
+    """``bench train --comparison ID``: the runs the experiment already holds under ``ID`` (a `bench run`
+    comparison's run and pairs, or earlier `bench train --comparison ID` runs) must have been trained under this run's
+    configuration (``pobench.config_hash``), else the report of ``ID`` would be refused for good as mixing configs
+    (held-out round 10, H06): one ValueError line naming both hashes and what to do, before any work. A run of the
+    same configuration joins ``ID`` (e.g. one more objective compared under the same conditions)."""
+    if not cfg.comparison:
+        return
+    if "'" in cfg.comparison:
+        raise ValueError(f"--comparison {cfg.comparison!r}: a quote (') cannot be searched for in MLflow; choose an "
+                         "id without one")
+    uri = record.tracking_uri(cfg.tracking_uri)
+    db = record.sqlite_file(uri)
+    if db is not None and not db.exists():
+        return
+    client = store_client(uri)
+    experiment = client.get_experiment_by_name(cfg.experiment)
+    if experiment is None:
+        return
+    member = record.member_tag(cfg.comparison)
+    runs = [*client.search_runs([experiment.experiment_id], f"tags.`{record.COMPARISON}` = '{cfg.comparison}'",
+                                max_results=1000),
+            *client.search_runs([experiment.experiment_id], f"tags.`{member}` = '1'", max_results=1000)]
+    hashes = {r.data.tags.get(record.CONFIG_HASH) for r in runs if r.data.tags.get(member) != "0"} - {None}
+    own = cfg.comparison_hash()
+    if hashes - {own}:
+        theirs = ", ".join(sorted(hashes - {own}))
+        raise ValueError(f"--comparison {cfg.comparison}: the runs of that comparison in experiment {cfg.experiment!r} "
+                         f"were trained under another configuration (config hash {theirs}; this run's: {own}), so "
+                         "its report would mix configurations; drop --comparison (the run gets none), or give the "
+                         "flags that comparison was trained with (`bench run` compares objectives under one config)")
+
+
+def check_api(uri: str, timeout: float) -> None:
+    """Ask the MLflow server ``uri`` one request of its API (the first experiment), as the work will, with the
+    user's credentials (``MLFLOW_TRACKING_TOKEN`` / ``_USERNAME`` / ``_PASSWORD``): a ValueError line when it refuses
+    access (401 / 403), answers something that is not MLflow's JSON (another web server at that address), or
+    answers another error status. Held-out round 10 (H05): train / run / eval / tune met those at their first
+    request, bench train after loading the model and making run folders, with MLflow's traceback."""
+    import re
+
+    try:
+        with bounded_http(timeout):
+            open_client(uri).search_experiments(max_results=1)
+    except Exception as e:  # noqa: BLE001  (worded below; anything else is met again by the work)
+        text = str(e)
+        m = re.search(r"error code (\d+) != 200", text)
+        status = int(m.group(1)) if m else faults.answered_status(e)
+        if status in (401, 403):
+            raise ValueError(f"the MLflow tracking server {uri} refused access (HTTP {status}): give credentials "
+                             "in MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, "
+                             "or fix --tracking-uri / MLFLOW_TRACKING_URI") from None
+        if "not in a valid JSON format" in text:
+            body = text.split("Response body:", 1)[-1].strip()[:80] if "Response body:" in text else ""
+            raise ValueError(f"{uri} answered the MLflow API with something that is not MLflow's (JSON expected"
+                             f"{'; got ' + body if body else ''}): it is not an MLflow tracking server; fix "
+                             "--tracking-uri / MLFLOW_TRACKING_URI") from None
+        if status is not None:
+            raise ValueError(f"the MLflow tracking server {uri} answered its API with HTTP {status} "
+                             f"({faults._first(text)[:200]}): fix --tracking-uri / MLFLOW_TRACKING_URI, or the server "
+                             "(its log says why)") from None
+
+
+def check_artifact_location(uri: str, experiment: str) -> None:
+    """Refuse (one line, before any run) the existing experiment ``experiment`` of the store ``uri`` when its runs'
+    files go to a local folder that cannot be made or written (``bench.faults.check_artifact_folder``); nothing to
+    check for an experiment that does not exist yet (pobench gives it a folder beside the store) or a store not made
+    yet. A store that fails to answer here is met again, with its own line, by the work. (A local SQLite store is
+    read with ``sqlite3``, read-only: MLflow's store object, once made, keeps its connections to that file for the
+    process, and a store deleted meanwhile is then not made anew.)"""
+    location = _experiment_location(uri, experiment)
+    if location:
+        faults.check_artifact_folder(experiment, location)
+
+
+def check_outside_artifacts(uri: str, experiment: str, folder: str | Path, flag: str) -> None:
+    """Refuse (one line) a folder pobench writes run folders into (``--output-dir``) inside MLflow's artifact folder
+    of the store ``uri``: ``mlartifacts/`` beside a local SQLite store, or the local folder of ``experiment``'s runs'
+    files (held-out round 10, H20: `bench train --output-dir mlartifacts` put its run folder and ``.locks`` among the
+    runs' ``<run id>/`` folders, as `bench report --out-root mlartifacts` is refused)."""
+    roots = []
+    db = record.sqlite_file(record.tracking_uri(uri))
+    if db is not None:
+        roots.append(db.parent.resolve() / record.ARTIFACTS)
+    location = _experiment_location(record.tracking_uri(uri), experiment)
+    if location and location.startswith(("/", "file:")):
+        roots.append(Path(location.removeprefix("file://").removeprefix("file:")).resolve())
+    out = Path(folder).resolve()
+    for root in roots:
+        if out == root or root in out.parents:
+            raise ValueError(f"{flag} {folder}: inside MLflow's artifact folder {root} (its runs' files, which the "
+                             f"store points to): not writing run folders there; choose another {flag}")
+
+
+def _experiment_location(uri: str, experiment: str) -> str | None:
+    """Where the existing experiment ``experiment`` of the store ``uri`` keeps its runs' files; None for none (an
+    experiment or store not made yet, a store that does not answer: met again by the work)."""
+    db = record.sqlite_file(uri)
+    if db is not None:
+        if not db.exists():
+            return None
+        import sqlite3
+
+        try:
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=20)
+            try:
+                row = con.execute("select artifact_location from experiments where name = ?", (experiment,)).fetchone()
+            finally:
+                con.close()
+        except sqlite3.Error:
+            return None
+        return row[0] if row else None
+    try:
+        with bounded_http(timeout_s()) if uri.startswith(("http://", "https://")) else contextlib.nullcontext():
+            exp = open_client(uri).get_experiment_by_name(experiment)
+    except (mlflow_error(), OSError):
+        return None
+    return exp.artifact_location if exp is not None else None

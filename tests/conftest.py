@@ -314,3 +314,16 @@ def mlflow_server(tmp_path_factory):
         yield server.uri
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A real PostgreSQL server on loopback (tests/pg.py) for the tests of a module; skipped, with the reason, where
+    its binaries are missing."""
+    from tests import pg
+
+    reason = pg.unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    with pg.PostgresServer() as server:
+        yield server

@@ -17,17 +17,6 @@ cli.build_parser()  # (every subcommand module imported once)
 PRE_WORK = ["train", "run", "report", "tune", "eval"]
 
 
-@pytest.fixture(scope="module")
-def postgres():
-    from tests import pg
-
-    reason = pg.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with pg.PostgresServer() as server:
-        yield server
-
-
 def _one_line(rc: int, err: str, *needles: str) -> str:
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1, (rc, err[-3000:])

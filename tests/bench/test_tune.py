@@ -330,17 +330,6 @@ def _finished_by(output: str) -> set[int]:
             if "] trial " in line and (": COMPLETE" in line or ": PRUNED" in line)}
 
 
-@pytest.fixture(scope="module")
-def postgres():
-    from tests import pg
-
-    reason = pg.unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    with pg.PostgresServer() as server:
-        yield server
-
-
 @pytest.mark.slow
 def test_two_workers_share_one_postgres_study(postgres, mlflow_server, tmp_path):
     url = postgres.create_database(f"optuna_{_uid()}")

@@ -15,7 +15,7 @@ from typing import Any
 
 from bench import faults
 from bench.inputs import check_tracking_scheme
-from bench.runs.tracking import DATABASE_SCHEMES, TIMEOUT_ENV, bounded_http, store_client, timeout_s
+from bench.runs.tracking import TIMEOUT_ENV, bounded_http, database_server, store_client, timeout_s
 from reports import record
 from reports.dburl import connect_error, redact
 from reports.record import mlflow_error, open_client
@@ -37,9 +37,7 @@ def check_reachable(uri: str | None, *, reads_only: bool = False, experiment: st
                          "here first, or give --tracking-uri (or MLFLOW_TRACKING_URI) of the store that holds the runs")
     if not resolved.startswith(("http://", "https://")):
         faults.check_store(resolved)  # read-only, not SQLite, truncated, another schema revision: one line now
-        from mlflow.utils.uri import get_uri_scheme
-
-        if db is None and get_uri_scheme(resolved).split("+")[0] in DATABASE_SCHEMES:
+        if database_server(resolved):
             why = connect_error(resolved, timeout_s())  # (PostgreSQL, MySQL, ...: down, no such database: held-out
             if why is not None:  # round 10, H04: MLflow's traceback from the first request)
                 raise ValueError(f"the MLflow store {redact(resolved)} cannot be used: {why}; start its database "

@@ -180,7 +180,7 @@ def answering(uri: str) -> Iterator[None]:
     waiting minutes in MLflow's retries, silent (or, killed as it answered, ``error: ... IncompleteRead``, exit 2, as
     if the input were wrong). A local store: as it is."""
     remote = uri.startswith(("http://", "https://"))
-    if not remote and not _database_server(uri):
+    if not remote and not database_server(uri):
         yield
         return
     timeout = timeout_s()
@@ -209,7 +209,7 @@ class RunLogger:
     def __init__(self, uri: str | None, experiment: str) -> None:
         self.uri = record.tracking_uri(uri)
         self.remote = self.uri.startswith(("http://", "https://"))
-        self.server = self.remote or _database_server(self.uri)  # (a store behind a server that may stop answering)
+        self.server = self.remote or database_server(self.uri)  # (a store behind a server that may stop answering)
         self.timeout = timeout_s() if self.server else 0.0
         self.unreachable: str | None = None  # why the server did not answer (set once a call gave up)
         self.run_dir: Path | None = None  # the run's folder, where run.json lives (set by the lifecycle)
@@ -405,7 +405,7 @@ class RunLogger:
             self.call(record.retry_locked, self.client.set_terminated, self.run_id, status=status)
 
 
-def _database_server(uri: str) -> bool:
+def database_server(uri: str) -> bool:
     """Whether ``uri`` is an MLflow store that is a database server's SQLAlchemy URL (PostgreSQL, MySQL, ...)."""
     from mlflow.utils.uri import get_uri_scheme
 

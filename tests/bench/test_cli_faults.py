@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from bench import cli
+from tests import launch
 from tests.conftest import fresh_store
 
 
@@ -94,7 +95,7 @@ def store(tmp_path):
 
 
 def _report(tmp_path, uri) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bench.cli", "report", "--experiment", "cmp", "--tracking-uri",
+    return launch.Popen([sys.executable, "-m", "bench.cli", "report", "--experiment", "cmp", "--tracking-uri",
                              uri, "--out-root", str(tmp_path / "out")], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -137,7 +138,7 @@ def test_a_sigterm_striking_inside_c_run_python_still_exits_143(tmp_path):
         "import ctypes\n"
         "ctypes.pythonapi.PyRun_SimpleString(b'import os, signal; os.kill(os.getpid(), signal.SIGTERM)')\n"
         "raise KeyboardInterrupt  # (what the interrupt would have done outside PyRun_String)\n")
-    done = subprocess.run([sys.executable, "-m", "bench.cli", "list", "--plugin", "cee.py"], cwd=tmp_path,
+    done = launch.run([sys.executable, "-m", "bench.cli", "list", "--plugin", "cee.py"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 128 + signal.SIGTERM, (done.returncode, done.stderr[-2000:])
     assert _lines(done.stderr)[-1].startswith("bench list: stopped by SIGTERM; kept nothing"), done.stderr

@@ -7,7 +7,6 @@ script runs; a few as real processes)."""
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 
 import pytest
@@ -16,6 +15,7 @@ from bench import cli
 from bench.cli.flags import config_from_args
 from bench.comparison.plan import load_params
 from bench.config import TrainConfig
+from tests import launch
 
 
 def _yaml(tmp_path, text: str, name: str = "c.yaml"):
@@ -152,7 +152,7 @@ def test_bad_config_files_as_a_user_meets_them(tmp_path, cmd, content):
     else:
         path = _yaml(tmp_path, content)
     argv = [cmd, "--config", str(path), *(["--algo", "grpo"] if cmd == "tune" else [])]
-    done = subprocess.run([sys.executable, "-m", "bench.cli", *argv], cwd=tmp_path, capture_output=True, text=True,
+    done = launch.run([sys.executable, "-m", "bench.cli", *argv], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and f"bench {cmd}: error: --config {path}" in done.stderr, done.stderr

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import launch
+
 pytest.importorskip("trl")
 
 from algorithms import PolicyBatch, get_objective, list_objectives  # noqa: E402
@@ -225,7 +227,7 @@ def test_torchrun_two_processes_write_one_mlflow_run(tmp_path):
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
            "-m", "bench.engines.trl", "--config", str(tmp_path / "run.yaml")]
-    res = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=900)
+    res = launch.run(cmd, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("trl-ddp")
@@ -300,7 +302,7 @@ def test_trl_run_resumes_after_sigkill_like_a_native_one(tmp_path, monkeypatch, 
               "--checkpoint-every", "2", "--samples-every", "0", "--device", "cpu", "--tracking-uri", uri]
     killed = [*common, "--experiment", "killed", "--run-name", "killed", "--output-dir", str(tmp_path / "runs")]
     log = open(tmp_path / "killed.log", "wb")  # (a pipe nobody reads could fill and stall the run)
-    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "train", *killed], cwd=tmp_path, env=_env(tmp_path),
+    proc = launch.Popen([sys.executable, "-m", "bench.cli", "train", *killed], cwd=tmp_path, env=_env(tmp_path),
                             stdout=log, stderr=subprocess.STDOUT)
     ckpt = tmp_path / "runs" / "killed" / "killed" / "ckpt-0000002" / "state.json"  # <experiment>/<run>
     deadline = time.time() + 600

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from bench.cli import main
 from bench.comparison import ComparisonSpec, run_comparison
 from bench.executors import EXECUTORS, make_executor
 from bench.workers import absolute_tracking_uri, task_resources
+from tests import launch
 from tests.conftest import ON_RAY
 
 from .test_parallel import TIMING, TINY, all_series, model_dir, tiny  # noqa: F401  (fixtures)
@@ -186,7 +186,7 @@ def test_ray_gives_the_local_runs_then_reuses_and_force_retrains(tmp_path, model
     # --force: a fresh `bench run` process starts its own local Ray instance and retrains every pair
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-m", "bench.cli", *flags, "--force", "--workers", "2"], cwd=tmp_path,
+    proc = launch.run([sys.executable, "-m", "bench.cli", *flags, "--force", "--workers", "2"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert "on 2 worker(s) (Ray tasks)" in proc.stdout, proc.stdout

@@ -22,6 +22,7 @@ from mlflow import MlflowClient
 
 from bench.runs import checkpoint
 from bench.runs.tracking import RunLogger, StoreUnreachable
+from tests import launch
 from tests.conftest import MlflowServer
 from tests.net import free_port
 
@@ -52,7 +53,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _bench(args: list[str], cwd: Path, timeout: float = 300, **popen) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True, cwd=cwd,
+    return launch.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=timeout, env=popen.pop("env", _env()), **popen)
 
 
@@ -196,7 +197,7 @@ def test_mlflow_server_gone_mid_run_is_one_line_and_the_run_is_ended_at_the_next
     server.start()
     args = _args(tmp_path, server.uri, fault, steps=6)
     run_dir = tmp_path / "runs" / "faults" / fault
-    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = launch.Popen([sys.executable, "-m", "bench.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=tmp_path, env=_env(POBENCH_MLFLOW_TIMEOUT="3"))
     deadline = time.time() + 300
     while not (run_dir / "ckpt-0000001" / "state.json").exists():
@@ -318,7 +319,7 @@ def test_full_disk_at_the_final_weights_leaves_the_run_failed_not_finished(tmp_p
     run_dir = tmp_path / "runs" / "faults" / name
     log = tmp_path / "ends.log"
     env = _env(LAST_STEP="2", END_LOG=str(log))
-    done = subprocess.run([sys.executable, "-c", AT_FINAL, *args], capture_output=True, text=True, cwd=tmp_path,
+    done = launch.run([sys.executable, "-c", AT_FINAL, *args], capture_output=True, text=True, cwd=tmp_path,
                           timeout=600, env={**env, "LIMIT": "100000"})
     assert done.returncode == 1, done.stderr[-3000:]
     line = _stopped_line(done.stderr, libraries_warn=engine == "trl")
@@ -354,7 +355,7 @@ def test_no_resumable_checkpoint_ends_the_killed_run_failed(tmp_path, server, be
     server.start()
     args = _args(tmp_path, server.uri, "damaged", steps=40, eval_every=0)
     run_dir = tmp_path / "runs" / "faults" / "damaged"
-    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", *args], stdout=subprocess.DEVNULL,
+    proc = launch.Popen([sys.executable, "-m", "bench.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, cwd=tmp_path, env=_env())
     deadline = time.time() + 300
     while not (run_dir / "ckpt-0000001" / "state.json").exists():

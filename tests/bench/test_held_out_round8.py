@@ -20,13 +20,14 @@ from pathlib import Path
 import pytest
 
 from bench import faults
+from tests import launch
 
 TINY = ["--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--eval-every", "0", "--no-progress"]
 
 
 def _bench(argv: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    return subprocess.run([sys.executable, "-m", "bench.cli", *argv], cwd=cwd, env=env, capture_output=True,
+    return launch.run([sys.executable, "-m", "bench.cli", *argv], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 

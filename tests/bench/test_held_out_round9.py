@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import launch
 from tests.bench.test_signals import statuses
 
 TINY = ["--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--eval-every", "0",
@@ -27,7 +28,7 @@ TINY = ["--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--eval-
 def _bench(argv: list[str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess:
     """`python -m bench ARGV` in ``cwd`` (the user's spelling of the command), no MLFLOW_* variable."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    return subprocess.run([sys.executable, "-m", "bench", *argv], cwd=cwd, env=env, capture_output=True, text=True,
+    return launch.run([sys.executable, "-m", "bench", *argv], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests import launch
 from tests.bench.test_held_out_faults import TINY, _lines
 from tests.bench.test_signals import statuses
 from tests.conftest import fresh_store
@@ -233,7 +234,6 @@ def test_a_plugins_non_daemon_thread_does_not_keep_bench_alive(tmp_path):
     """Held-out round 6: a plugin starting a non-daemon thread at import made `bench list --plugin thr.py` print its
     output and then hang for ever, deaf to SIGINT and SIGTERM (only SIGKILL ended it). Now the thread gets a few
     seconds, then one line names it and the command exits with its own code."""
-    import subprocess
     import sys
     import time
 
@@ -245,7 +245,7 @@ def test_a_plugins_non_daemon_thread_does_not_keep_bench_alive(tmp_path):
         "threading.Thread(target=lambda: [time.sleep(1) for _ in iter(int, 1)], name='forever').start()\n"
         "register('thr-pg', base='grpo', description='grpo, with a thread that never ends')\n")
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "bench.cli", "list", "--plugin", "thr.py"], cwd=tmp_path,
+    done = launch.run([sys.executable, "-m", "bench.cli", "list", "--plugin", "thr.py"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120, env=env())
     assert done.returncode == 0 and "thr-pg" in done.stdout, done.stderr[-3000:]
     assert time.monotonic() - t0 < 60
@@ -335,7 +335,6 @@ def test_a_sigterm_after_a_plugin_ignoring_it_at_import_still_stops_the_command(
     that comes after it (here sent by a second plugin as it is imported, in the same process: no race) stops the
     command with its one line and 143. Run as `python -m bench` (which now installs the handlers as `bench` does)."""
     import signal
-    import subprocess
     import sys
 
     from tests.bench.test_signals import env
@@ -344,7 +343,7 @@ def test_a_sigterm_after_a_plugin_ignoring_it_at_import_still_stops_the_command(
                                         "from algorithms import register\n"
                                         "register('sig-pg', base='grpo', description='grpo, deaf to SIGTERM')\n")
     (tmp_path / "term.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n")
-    done = subprocess.run([sys.executable, "-m", "bench", "train", "--plugin", "sigign.py", "--plugin", "term.py",
+    done = launch.run([sys.executable, "-m", "bench", "train", "--plugin", "sigign.py", "--plugin", "term.py",
                            "--algo", "sig-pg", "--run-name", "r", *TINY], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300, env=env())
     assert done.returncode == 143, done.stderr[-3000:]

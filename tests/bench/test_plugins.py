@@ -25,6 +25,7 @@ from bench.cli import main
 from bench.config import TrainConfig
 from bench.plugin_identity import source_digest
 from bench.plugins import load_plugins, objective_source
+from tests import launch
 from tests.conftest import ON_RAY, forkserver_context, fresh_store
 
 from .test_parallel import model_dir, tiny  # noqa: F401  (fixtures)
@@ -69,7 +70,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _python(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=_env(**env),
+    return launch.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=_env(**env),
                           capture_output=True, text=True, timeout=600)
 
 
@@ -223,7 +224,7 @@ def test_a_plugin_that_calls_sys_exit_while_imported_is_one_line_not_a_silent_ex
     """Issue 29: a plugin calling ``sys.exit(3)`` at import ended `bench` silently with 3, the code documented as
     "diverged": it is the plugin's failure to load, one line and exit 2 (a real process, as a user runs it)."""
     (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
-    done = subprocess.run([sys.executable, "-m", "bench.cli", "list", "--plugin", "exits.py"], cwd=tmp_path,
+    done = launch.run([sys.executable, "-m", "bench.cli", "list", "--plugin", "exits.py"], cwd=tmp_path,
                           env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     (line,) = done.stderr.strip().splitlines()
@@ -276,7 +277,7 @@ def test_an_installed_plugin_is_loaded_from_its_entry_point(tmp_path):
     (site / "demo_plugin.py").write_text("from algorithms import register\n"
                                          "register('grpo-installed', base='grpo', description='installed', "
                                          "kl_coef=0.5)\n")
-    result = subprocess.run([sys.executable, "-m", "bench.cli", "list"], cwd=tmp_path, capture_output=True, text=True,
+    result = launch.run([sys.executable, "-m", "bench.cli", "list"], cwd=tmp_path, capture_output=True, text=True,
                             env=_env(PYTHONPATH=f"{ROOT}{os.pathsep}{site}"), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(ln for ln in result.stdout.splitlines() if ln.startswith("grpo-installed "))
@@ -405,7 +406,7 @@ def test_resume_after_the_plugin_was_edited_is_refused_naming_its_digests(tmp_pa
     run_dir = tmp_path / ".pobench" / "runs" / "pobench" / "r"
     before = sorted(p.name for p in run_dir.iterdir())
 
-    done = subprocess.run([sys.executable, "-m", "bench.cli", *train, "--steps", "2", "--resume"], cwd=tmp_path,
+    done = launch.run([sys.executable, "-m", "bench.cli", *train, "--steps", "2", "--resume"], cwd=tmp_path,
                           env=_env(POBENCH_CACHE_DIR=str(tmp_path / "cache")), capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 2, done.stderr[-3000:]

@@ -20,6 +20,7 @@ import optuna
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests import launch
 from tests.bench import fake_trainer
 from tests.conftest import fresh_store
 
@@ -41,7 +42,7 @@ class Proc:
     """A command started in its own process group, its stderr read line by line as it comes."""
 
     def __init__(self, argv: list[str], cwd: Path, **env_extra: str) -> None:
-        self.p = subprocess.Popen(argv, cwd=cwd, env=env(**env_extra), stdout=subprocess.PIPE,
+        self.p = launch.Popen(argv, cwd=cwd, env=env(**env_extra), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.err: list[str] = []
         self.out: list[str] = []

@@ -22,6 +22,7 @@ from bench.engines import TrainingDiverged
 from bench.engines.entry import train
 from bench.model import resolve_model_path
 from reports import metric_keys as K
+from tests import launch
 from tests.conftest import fresh_store
 
 TIME_KEYS = K.TIMING_PREFIXES
@@ -93,7 +94,7 @@ def test_resume_after_sigkill_has_no_missing_or_duplicated_step(tmp_path, uri, b
             "--eval-every", "4", "--eval-problems", "8", "--checkpoint-every", "2", "--samples-every", "0",
             "--lr", "1e-3", "--tracking-uri", uri, "--experiment", "test-resume", "--run-name", "killed",
             "--output-dir", str(tmp_path / "runs")]
-    proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "train", *args], stdout=subprocess.PIPE,
+    proc = launch.Popen([sys.executable, "-m", "bench.cli", "train", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     ckpt = tmp_path / "runs" / "test-resume" / "killed" / "ckpt-0000002" / "state.json"  # <experiment>/<run>
     deadline = time.time() + 600

@@ -20,6 +20,7 @@ from bench import tune
 from bench.cli import main as cli_main
 from bench.tune.outputs import write_outputs
 from bench.tune.runs import DEAD_REASON
+from tests import launch
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("tune_worker.py")
@@ -322,7 +323,7 @@ def _worker(storage, uri, exp, study, trials, **kw) -> subprocess.Popen:
             "--study", study, "--trials", str(trials)]
     for k, v in kw.items():
         args += [f"--{k.replace('_', '-')}", str(v)]
-    return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return launch.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _finished_by(output: str) -> set[int]:

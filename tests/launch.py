@@ -1,0 +1,413 @@
+"""`bench` processes for the tests, forked from a process that imported pobench once.
+
+A test that runs ``python -m bench.cli ...`` (or ``python -m bench``) as a separate process, to send it a signal,
+kill it, or see its exit code and lines, pays 5-8 CPU-seconds of imports (torch, MLflow, transformers) before the
+command starts; the suite starts a few hundred such processes. :func:`run` and :class:`Popen` take the arguments of
+``subprocess.run`` / ``subprocess.Popen`` and, for those commands, fork the process from a *zygote*: a process of this
+test worker's that imported what `bench` imports and waits. The forked process is a process of its own like the one
+``subprocess`` starts (its own pid, working folder, environment, standard streams, process group where
+``start_new_session``), and runs the command as ``python -m`` does (``runpy``, ``__main__``, ``sys.argv``,
+``sys.path[0]`` its working folder, the interpreter's exit: threads joined, ``atexit``, streams flushed, an uncaught
+KeyboardInterrupt ends it by SIGINT); the imports are the only part it does not do again, as the product's own pool
+workers fork from a forkserver that imported their modules (bench/workers.py).
+
+A command is forked from a zygote that imported with the same values of the variables read while modules are
+imported (``IMPORT_TIME_ENV``: the Hugging Face hub's offline switch, thread counts, ``PYTHON*``): one zygote per set of
+values, up to ``MAX_ZYGOTES``. Anything else runs through ``subprocess`` as it is, and so do the tests whose subject is
+the start of a process (they call ``subprocess`` themselves). ``POBENCH_TEST_FRESH=1`` runs every command through
+``subprocess``. tests/test_launch.py holds a forked command to what a fresh one sees and how it ends.
+
+Each forked process's CPU seconds (its own and its children's) reach this worker's ``RUSAGE_CHILDREN`` when the zygote
+ends (at the end of the worker), and :data:`CHILD_CPU` at once (the per-test CPU log of tests/conftest.py adds it)."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODULES = ("bench", "bench.cli")  # `python -m <one of these> ...` is forked from the zygote
+#: and `python <one of these> ...`
+SCRIPTS = tuple(os.path.join(REPO, "tests", "bench", f) for f in ("fake_trainer.py", "tune_worker.py"))
+#: variables read while modules are imported (their values are then fixed in the zygote's modules)
+IMPORT_TIME_ENV = ("HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH", "OMP_", "MKL_", "OPENBLAS", "CUDA", "PYTHON",
+                   "TOKENIZERS", "LD_", "TRL_", "ACCELERATE_", "RAY_", "MPL", "TQDM", "NUMEXPR")
+#: what the zygote imports: `bench`'s command line, the native engine with transformers' Llama, MLflow's client, Optuna
+PRELOAD = ("bench.cli.main", "bench.engines.native.loop", "transformers.models.llama.modeling_llama",
+           "mlflow.tracking", "optuna", "tests.bench.fake_trainer")
+CHILD_CPU = [0.0]  # CPU seconds of the forked processes that ended (their children's included)
+
+
+def _path_entries(env: dict[str, str]) -> list[str]:
+    return [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
+class _Zygote:
+    """A zygote of this process, for commands whose variables read at import are those of ``env``: started at the
+    first such command, ended at exit."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.dir = tempfile.mkdtemp(prefix="pobench-zygote-")
+        self.address = os.path.join(self.dir, "socket")
+        self.env = env
+        self.proc = subprocess.Popen([sys.executable, "-c", "from tests.launch import _serve; _serve()", self.address,
+                                      *PRELOAD], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env)
+        ready = self.proc.stdout.readline()
+        if ready.strip() != b"ready":
+            raise RuntimeError(f"the tests' zygote did not start (exit {self.proc.wait()})")
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()  # (it waits for the processes still running, then ends)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_ZYGOTES: dict[frozenset, _Zygote] = {}
+MAX_ZYGOTES = 3  # (a command of yet other import-time variables starts through ``subprocess``)
+
+
+def _key(env: dict[str, str]) -> frozenset:
+    return frozenset((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME_ENV) and k != "PYTHONPATH")
+
+
+def _zygote(env: dict[str, str]) -> _Zygote:
+    key = _key(env)
+    if key not in _ZYGOTES or _ZYGOTES[key].proc.poll() is not None:
+        _ZYGOTES[key] = _Zygote(env)
+    return _ZYGOTES[key]
+
+
+def _forkable(args, kwargs: dict) -> bool:
+    if os.environ.get("POBENCH_TEST_FRESH") == "1" or not isinstance(args, (list, tuple)):
+        return False
+    args = [str(a) for a in args]
+    if len(args) < 2 or args[0] != sys.executable:
+        return False
+    if not (args[1] == "-m" and args[2:3] and args[2] in MODULES or args[1] in SCRIPTS):
+        return False
+    if set(kwargs) - {"cwd", "env", "stdin", "stdout", "stderr", "text", "universal_newlines", "start_new_session",
+                      "encoding", "errors"}:
+        return False
+    env = dict(kwargs.get("env") or os.environ)
+    return _key(env) in _ZYGOTES or len(_ZYGOTES) < MAX_ZYGOTES
+
+
+def _stream(spec, mode: str, fds: list[int], keep: list[int]):
+    """The fd the forked process gets for one standard stream (None: inherit /dev/null for stdin, this process's for
+    the others), and this side's end of a pipe (or None)."""
+    if spec == PIPE:
+        r, w = os.pipe()
+        child, ours = (r, w) if mode == "r" else (w, r)
+        fds.append(child)
+        keep.append(child)
+        return ours
+    if spec == DEVNULL or (spec is None and mode == "r"):
+        fd = os.open(os.devnull, os.O_RDONLY if mode == "r" else os.O_WRONLY)
+        fds.append(fd)
+        keep.append(fd)
+    elif spec is None:
+        fds.append(0 if mode == "r" else (1 if not fds[1:] else 2))
+    elif isinstance(spec, int):
+        fds.append(spec)
+    else:
+        fds.append(spec.fileno())
+    return None
+
+
+class Popen:
+    """``subprocess.Popen`` for a `bench` command: forked from the zygote where it can be (:func:`_forkable`), else
+    ``subprocess.Popen`` itself (its attributes are then that object's)."""
+
+    def __new__(cls, args, **kwargs):
+        if not _forkable(args, kwargs):
+            return subprocess.Popen(args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, args, **kwargs) -> None:
+        self.args, self.returncode, self._status = list(args), None, None
+        text = kwargs.get("text") or kwargs.get("universal_newlines") or kwargs.get("encoding") is not None
+        fds: list[int] = []
+        close_after: list[int] = []
+        ends = [_stream(kwargs.get("stdin"), "r", fds, close_after),
+                _stream(kwargs.get("stdout"), "w", fds, close_after)]
+        if kwargs.get("stderr") == STDOUT:
+            fds.append(fds[1])
+            ends.append(None)
+        else:
+            ends.append(_stream(kwargs.get("stderr"), "w", fds, close_after))
+        env = dict(kwargs.get("env") or os.environ)
+        script = str(self.args[1]) != "-m"
+        request = {"module": None if script else str(self.args[2]),
+                   "script": str(self.args[1]) if script else None,
+                   "argv": [str(a) for a in self.args[2 if script else 3:]],
+                   "cwd": os.path.abspath(kwargs.get("cwd") or os.getcwd()),
+                   "env": env, "new_session": bool(kwargs.get("start_new_session"))}
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.connect(_zygote(env).address)
+        socket.send_fds(self._sock, [json.dumps(request).encode()], fds)
+        for fd in close_after:
+            os.close(fd)
+        self._buf = b""
+        self.pid = int(self._message())
+
+        def wrap(fd, mode):
+            if fd is None:
+                return None
+            if text:
+                return open(fd, mode, encoding=kwargs.get("encoding") or "utf-8",
+                            errors=kwargs.get("errors") or "strict")
+            return open(fd, mode + "b")
+
+        self.stdin, self.stdout, self.stderr = wrap(ends[0], "w"), wrap(ends[1], "r"), wrap(ends[2], "r")
+
+    def _message(self, timeout: float | None = None) -> str | None:
+        """The next line the zygote's waiter sends (None: none within ``timeout``)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._sock], [], [], left)[0]:
+                return None
+            chunk = self._sock.recv(4096)
+            if not chunk:
+                raise RuntimeError(f"the tests' zygote lost the process {getattr(self, 'pid', '?')}")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode()
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            line = self._message(0)
+            if line is not None:
+                status = json.loads(line)
+                self.returncode = status["returncode"]
+                CHILD_CPU[0] += status["cpu"]
+                self._sock.close()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            line = self._message(timeout)
+            if line is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._buf = line.encode() + b"\n" + self._buf
+            self.poll()
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, input=None, timeout: float | None = None):
+        if self.stdin is not None:
+            if input:
+                self.stdin.write(input)
+            self.stdin.close()
+        out: dict[str, object] = {}
+
+        def read(name):
+            stream = getattr(self, name)
+            out[name] = stream.read()
+            stream.close()
+
+        readers = [threading.Thread(target=read, args=(n,), daemon=True) for n in ("stdout", "stderr")
+                   if getattr(self, n) is not None and not getattr(self, n).closed]
+        for t in readers:
+            t.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in readers:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return out.get("stdout"), out.get("stderr")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s in (self.stdout, self.stderr, self.stdin):
+            if s is not None and not s.closed:
+                s.close()
+        self.wait()
+
+
+def run(args, *, input=None, capture_output: bool = False, timeout: float | None = None, check: bool = False,
+        **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` for a `bench` command (forked from the zygote where it can be)."""
+    if capture_output:
+        kwargs["stdout"], kwargs["stderr"] = PIPE, PIPE
+    if input is not None:
+        kwargs["stdin"] = PIPE
+    if not _forkable(args, kwargs):
+        return subprocess.run(args, input=input, timeout=timeout, check=check, **kwargs)
+    with Popen(args, **kwargs) as proc:
+        try:
+            out, err = proc.communicate(input, timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    if check:
+        done.check_returncode()
+    return done
+
+
+# --- the zygote's side ---------------------------------------------------------------------------------------------
+
+
+def _serve() -> None:
+    """The zygote: import ``sys.argv[2:]``, then fork one process per request on the socket ``sys.argv[1]`` until
+    its standard input closes; then wait for the processes still running."""
+    import importlib
+
+    address, preload = sys.argv[1], sys.argv[2:]
+    for name in preload:
+        importlib.import_module(name)
+    import gc
+
+    gc.collect()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(16)
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    waiters: set[int] = set()
+    while True:
+        for pid in list(waiters):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                waiters.discard(pid)
+        ready = select.select([listener, sys.stdin], [], [], 1.0)[0]
+        if sys.stdin in ready and not os.read(sys.stdin.fileno(), 1):
+            break
+        if listener in ready:
+            conn, _ = listener.accept()
+            msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                _waiter(conn, json.loads(msg), fds)  # (never returns)
+            conn.close()
+            for fd in fds:
+                os.close(fd)
+            waiters.add(pid)
+    for pid in waiters:
+        os.waitpid(pid, 0)
+
+
+def _waiter(conn: socket.socket, request: dict, fds: list[int]) -> None:
+    """A process between the zygote and the command's: forks the command's, says its pid, waits for its end and
+    says how it ended (exit code, or minus the signal, as ``subprocess`` does) and its CPU seconds."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # (the zygote's standard input is its lifeline, not ours)
+        pid = os.fork()
+        if pid == 0:
+            conn.close()
+            _command(request, fds)  # (never returns)
+        for fd in fds:
+            os.close(fd)
+        conn.sendall(f"{pid}\n".encode())
+        _, status, usage = os.wait4(pid, 0)
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        cpu = usage.ru_utime + usage.ru_stime
+        conn.sendall((json.dumps({"returncode": code, "cpu": cpu}) + "\n").encode())
+    finally:
+        os._exit(0)
+
+
+def _command(request: dict, fds: list[int]) -> None:
+    """The command's process: its session, streams, working folder, environment and ``sys.path`` as a fresh
+    ``python -m`` gets them, then the module run as ``__main__`` and the interpreter's exit."""
+    code = 1
+    try:
+        if request["new_session"]:
+            os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in set(fds):
+            if fd > 2:
+                os.close(fd)
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
+            signal.signal(s, signal.SIG_IGN if s == signal.SIGPIPE else signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.chdir(request["cwd"])
+        env = request["env"]
+        old_entries = _path_entries(os.environ)
+        os.environ.clear()
+        os.environ.update(env)
+        rest = [p for p in sys.path[1:] if p not in old_entries]
+        script = request["script"]
+        sys.path[:] = [os.path.dirname(script) if script else request["cwd"], *_path_entries(env), *rest]
+        import random
+
+        random.seed()
+        sys.argv = [script or "-m", *request["argv"]]  # (runpy puts the module's file first, as `python -m` does)
+        import runpy
+
+        try:
+            if script:
+                runpy.run_path(script, run_name="__main__")
+            else:
+                runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as e:
+            code = _exit_code(e.code)
+        except KeyboardInterrupt:
+            _finish()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        except BaseException:
+            sys.excepthook(*sys.exc_info())
+            code = 1
+        _finish()
+    finally:
+        os._exit(code)
+
+
+def _exit_code(value) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF
+    print(value, file=sys.stderr)
+    return 1
+
+
+def _finish() -> None:
+    """What the interpreter does at its exit: join the threads, run ``atexit``, flush the streams."""
+    try:
+        threading._shutdown()
+    except BaseException:
+        pass
+    atexit._run_exitfuncs()
+    for s in (sys.stdout, sys.stderr):
+        try:
+            s.flush()
+        except BaseException:
+            pass

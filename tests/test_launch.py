@@ -1,0 +1,84 @@
+"""tests/launch.py: a `bench` command forked from the tests' zygote sees the process a fresh ``python -m bench.cli``
+sees (its argv, ``sys.path[0]``, working folder, environment, ``__main__``, process group, standard streams, exit at
+the end: ``atexit``, a non-daemon thread joined, an exit code or a signal), so the tests that run commands this way
+test what a user runs."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests import launch
+
+PROBE = textwrap.dedent("""
+    import atexit, os, sys, threading, time, __main__
+    print("argv", sys.argv[1:])
+    print("argv0", os.path.basename(sys.argv[0]))
+    print("path0", sys.path[0])
+    print("cwd", os.getcwd())
+    print("var", os.environ.get("PROBE_VAR"), "MLFLOW_TRACKING_URI" in os.environ)
+    print("main", getattr(__main__.__spec__, "name", None))
+    print("own group", os.getpgid(0) == os.getpid())
+    print("stdin", sys.stdin.read() if os.environ.get("PROBE_STDIN") else "-")
+    print("to stderr", file=sys.stderr)
+    atexit.register(lambda: print("atexit ran"))
+    threading.Thread(target=lambda: (time.sleep(0.3), print("thread joined"))).start()
+    how = os.environ.get("PROBE_END")
+    if how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "keyboard":
+        raise KeyboardInterrupt
+    if how == "error":
+        raise RuntimeError("probe error")
+""").replace("import atexit,", "import signal, atexit,")
+
+
+def _both(tmp_path, env_extra: dict[str, str], *more: str, input=None, **kw):
+    """The probe plugin run by `bench list --plugin probe.py` through ``subprocess`` and through the zygote."""
+    import os
+
+    (tmp_path / "probe.py").write_text(PROBE)
+    argv = [sys.executable, "-m", "bench.cli", "list", "--plugin", "probe.py", *more]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.update(env_extra, PROBE_VAR="here")
+    fresh = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, input=input,
+                           **kw)
+    assert launch._forkable(argv, {"cwd": tmp_path, "env": env, **kw})
+    forked = launch.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, input=input, **kw)
+    return fresh, forked
+
+
+def _facts(out: str) -> list[str]:
+    return [ln for ln in out.splitlines() if ln.split(" ")[0] in
+            ("argv", "argv0", "path0", "cwd", "var", "main", "own", "stdin", "atexit", "thread")]
+
+
+def test_a_forked_command_sees_what_a_fresh_one_sees(tmp_path):
+    fresh, forked = _both(tmp_path, {"PROBE_STDIN": "1"}, input="typed\n", start_new_session=True)
+    assert fresh.returncode == forked.returncode == 0, (fresh.stderr, forked.stderr)
+    facts = _facts(fresh.stdout)
+    assert f"cwd {tmp_path}" in facts and f"path0 {tmp_path}" in facts and "var here False" in facts
+    assert "own group True" in facts and "stdin typed" in facts and "main bench.cli.__main__" in facts
+    assert "thread joined" in facts and "atexit ran" in facts
+    assert _facts(forked.stdout) == facts
+    assert forked.stderr.splitlines()[0] == fresh.stderr.splitlines()[0] == "to stderr"
+
+
+@pytest.mark.parametrize("how, code", [("unknown", 2), ("sigkill", -signal.SIGKILL), ("error", None),
+                                       ("keyboard", None)])
+def test_a_forked_command_ends_as_a_fresh_one_does(tmp_path, how, code):
+    fresh, forked = _both(tmp_path, {"PROBE_END": how}, *(["--details", "nosuch"] if how == "unknown" else []))
+    assert forked.returncode == fresh.returncode and (code is None or fresh.returncode == code), \
+        (fresh.returncode, forked.returncode, fresh.stderr[-800:], forked.stderr[-800:])
+    assert forked.stderr.splitlines()[-1:] == fresh.stderr.splitlines()[-1:]
+
+
+def test_other_commands_and_import_time_variables_go_through_subprocess():
+    assert not launch._forkable([sys.executable, "-c", "print(1)"], {})
+    assert not launch._forkable(["bench", "list"], {})
+    assert not launch._forkable([sys.executable, "-m", "bench.cli", "list"], {"preexec_fn": print})
+    assert isinstance(launch.Popen([sys.executable, "-c", "pass"]), subprocess.Popen)

@@ -3,7 +3,8 @@
 A test that runs ``python -m bench.cli ...`` (or ``python -m bench``) as a separate process, to send it a signal,
 kill it, or see its exit code and lines, pays 5-8 CPU-seconds of imports (torch, MLflow, transformers) before the
 command starts; the suite starts a few hundred such processes. :func:`run` and :class:`Popen` take the arguments of
-``subprocess.run`` / ``subprocess.Popen`` and, for those commands, fork the process from a *zygote*: a process of this
+``subprocess.run`` / ``subprocess.Popen`` and, for those commands (and the tests' scripts and ``python -c``
+programs that import pobench), fork the process from a *zygote*: a process of this
 test worker's that imported what `bench` imports and waits. The forked process is a process of its own like the one
 ``subprocess`` starts (its own pid, working folder, environment, standard streams, process group where
 ``start_new_session``), and runs the command as ``python -m`` does (``runpy``, ``__main__``, ``sys.argv``,
@@ -39,6 +40,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULES = ("bench", "bench.cli")  # `python -m <one of these> ...` is forked from the zygote
 #: and `python <one of these> ...`
 SCRIPTS = tuple(os.path.join(REPO, "tests", "bench", f) for f in ("fake_trainer.py", "tune_worker.py"))
+# and `python -c CODE ...` (the tests' programs that import pobench: a notebook's use of it, a fault set up first)
 #: variables read while modules are imported (their values are then fixed in the zygote's modules)
 IMPORT_TIME_ENV = ("HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH", "OMP_", "MKL_", "OPENBLAS", "CUDA", "PYTHON",
                    "TOKENIZERS", "LD_", "TRL_", "ACCELERATE_", "RAY_", "MPL", "TQDM", "NUMEXPR")
@@ -101,7 +103,8 @@ def _forkable(args, kwargs: dict) -> bool:
     args = [str(a) for a in args]
     if len(args) < 2 or args[0] != sys.executable:
         return False
-    if not (args[1] == "-m" and args[2:3] and args[2] in MODULES or args[1] in SCRIPTS):
+    if not (args[1] == "-m" and args[2:3] and args[2] in MODULES or args[1] in SCRIPTS or args[1] == "-c"
+            and args[2:3]):
         return False
     if set(kwargs) - {"cwd", "env", "stdin", "stdout", "stderr", "text", "universal_newlines", "start_new_session",
                       "encoding", "errors"}:
@@ -154,10 +157,10 @@ class Popen:
         else:
             ends.append(_stream(kwargs.get("stderr"), "w", fds, close_after))
         env = dict(kwargs.get("env") or os.environ)
-        script = str(self.args[1]) != "-m"
-        request = {"module": None if script else str(self.args[2]),
-                   "script": str(self.args[1]) if script else None,
-                   "argv": [str(a) for a in self.args[2 if script else 3:]],
+        how = str(self.args[1])
+        request = {"module": str(self.args[2]) if how == "-m" else None, "code": str(self.args[2]) if how == "-c"
+                   else None, "script": how if how not in ("-m", "-c") else None,
+                   "argv": [str(a) for a in self.args[3 if how in ("-m", "-c") else 2:]],
                    "cwd": os.path.abspath(kwargs.get("cwd") or os.getcwd()),
                    "env": env, "new_session": bool(kwargs.get("start_new_session"))}
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -362,17 +365,27 @@ def _command(request: dict, fds: list[int]) -> None:
         os.environ.clear()
         os.environ.update(env)
         rest = [p for p in sys.path[1:] if p not in old_entries]
-        script = request["script"]
-        sys.path[:] = [os.path.dirname(script) if script else request["cwd"], *_path_entries(env), *rest]
+        script, code_text = request["script"], request["code"]
+        first = os.path.dirname(script) if script else "" if code_text is not None else request["cwd"]
+        sys.path[:] = [first, *_path_entries(env), *rest]
         import random
 
         random.seed()
-        sys.argv = [script or "-m", *request["argv"]]  # (runpy puts the module's file first, as `python -m` does)
+        # (runpy puts the module's file first, as `python -m` does)
+        sys.argv = [script or ("-c" if code_text is not None else "-m"), *request["argv"]]
         import runpy
 
         try:
             if script:
                 runpy.run_path(script, run_name="__main__")
+            elif code_text is not None:  # `python -c`: a new __main__ without a file or spec
+                import builtins
+                import types
+
+                main = types.ModuleType("__main__")
+                main.__builtins__ = builtins
+                sys.modules["__main__"] = main
+                exec(compile(code_text, "<string>", "exec"), main.__dict__)
             else:
                 runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
             code = 0

@@ -77,8 +77,22 @@ def test_a_forked_command_ends_as_a_fresh_one_does(tmp_path, how, code):
     assert forked.stderr.splitlines()[-1:] == fresh.stderr.splitlines()[-1:]
 
 
-def test_other_commands_and_import_time_variables_go_through_subprocess():
-    assert not launch._forkable([sys.executable, "-c", "print(1)"], {})
+def test_other_commands_go_through_subprocess():
+    assert not launch._forkable([sys.executable, "-X", "importtime", "-m", "bench.cli", "list"], {})
     assert not launch._forkable(["bench", "list"], {})
     assert not launch._forkable([sys.executable, "-m", "bench.cli", "list"], {"preexec_fn": print})
-    assert isinstance(launch.Popen([sys.executable, "-c", "pass"]), subprocess.Popen)
+    assert isinstance(launch.Popen(["true"]), subprocess.Popen)
+
+
+def test_a_forked_python_c_program_sees_what_a_fresh_one_sees(tmp_path):
+    import os
+
+    code = ("import os, sys, __main__; print(sys.argv, repr(sys.path[0]), os.getcwd(), hasattr(__main__, '__file__'), "
+            "__main__.__spec__, __name__); import bench; sys.exit(3)")
+    argv = [sys.executable, "-c", code, "a", "b"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([launch.REPO, str(tmp_path)])}
+    fresh = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert launch._forkable(argv, {"cwd": tmp_path, "env": env})
+    forked = launch.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert fresh.returncode == forked.returncode == 3 and fresh.stdout == forked.stdout, (fresh, forked)
+    assert fresh.stdout.startswith(f"['-c', 'a', 'b'] '' {tmp_path} False None __main__"), fresh.stdout

@@ -97,7 +97,7 @@ def store(tmp_path):
 def _report(tmp_path, uri) -> subprocess.Popen:
     return launch.Popen([sys.executable, "-m", "bench.cli", "report", "--experiment", "cmp", "--tracking-uri",
                              uri, "--out-root", str(tmp_path / "out")], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                        stderr=subprocess.PIPE, text=True)
 
 
 def _lines(stderr: str) -> list[str]:
@@ -139,7 +139,7 @@ def test_a_sigterm_striking_inside_c_run_python_still_exits_143(tmp_path):
         "ctypes.pythonapi.PyRun_SimpleString(b'import os, signal; os.kill(os.getpid(), signal.SIGTERM)')\n"
         "raise KeyboardInterrupt  # (what the interrupt would have done outside PyRun_String)\n")
     done = launch.run([sys.executable, "-m", "bench.cli", "list", "--plugin", "cee.py"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+                      capture_output=True, text=True, timeout=120)
     assert done.returncode == 128 + signal.SIGTERM, (done.returncode, done.stderr[-2000:])
     assert _lines(done.stderr)[-1].startswith("bench list: stopped by SIGTERM; kept nothing"), done.stderr
 

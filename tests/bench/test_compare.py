@@ -215,7 +215,7 @@ def test_two_bench_runs_at_once_in_a_fresh_folder_train_each_pair_once(tmp_path)
     cmd = [*FAKE_CLI, "run", "--config", "tiny.yaml", "--algos", "grpo", "--seeds", "0,1", "--no-report",
            "--no-progress", "--workers", "1"]
     procs = [launch.Popen(cmd, cwd=tmp_path, env={**env(), "FAKE_STEP_S": "0.5"}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+                          stderr=subprocess.STDOUT, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n----\n".join(o[-3000:] for o in outs)
     client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
@@ -242,7 +242,7 @@ def test_ctrl_c_stops_the_workers_cleanly(tmp_path):
     cmd = [*FAKE_CLI, "run", "--config", "long.yaml", "--algos", "grpo,tepo", "--seeds", "0", "--workers", "2",
            "--no-report", "--no-progress"]
     proc = launch.Popen(cmd, cwd=tmp_path, env={**env(), "FAKE_STEP_S": "0.5"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                        stderr=subprocess.STDOUT, text=True, start_new_session=True)
     folder = tmp_path / ".pobench" / "runs" / "pobench"
     deadline = time.time() + 300
     while len({c.parent for c in folder.glob("*/ckpt-*")}) < 2:   # both pairs have trained a step
@@ -307,7 +307,7 @@ def test_a_run_folder_being_trained_is_not_trained_into_and_once_killed_its_run_
     fresh_store(tmp_path)   # (the default store of the working folder)
     argv = ["run", "--config", "long.yaml", "--algos", "grpo", "--seeds", "0", "--no-report", "--no-progress"]
     proc = launch.Popen([*FAKE_CLI, *argv], cwd=tmp_path, env={**env(), "FAKE_STEP_S": "0.5"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     folder = tmp_path / ".pobench" / "runs" / "pobench"
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     try:

@@ -153,7 +153,7 @@ def test_bad_config_files_as_a_user_meets_them(tmp_path, cmd, content):
         path = _yaml(tmp_path, content)
     argv = [cmd, "--config", str(path), *(["--algo", "grpo"] if cmd == "tune" else [])]
     done = launch.run([sys.executable, "-m", "bench.cli", *argv], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
+                      timeout=120)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and f"bench {cmd}: error: --config {path}" in done.stderr, done.stderr
 

@@ -303,7 +303,7 @@ def test_trl_run_resumes_after_sigkill_like_a_native_one(tmp_path, monkeypatch, 
     killed = [*common, "--experiment", "killed", "--run-name", "killed", "--output-dir", str(tmp_path / "runs")]
     log = open(tmp_path / "killed.log", "wb")  # (a pipe nobody reads could fill and stall the run)
     proc = launch.Popen([sys.executable, "-m", "bench.cli", "train", *killed], cwd=tmp_path, env=_env(tmp_path),
-                            stdout=log, stderr=subprocess.STDOUT)
+                        stdout=log, stderr=subprocess.STDOUT)
     ckpt = tmp_path / "runs" / "killed" / "killed" / "ckpt-0000002" / "state.json"  # <experiment>/<run>
     deadline = time.time() + 600
     while not ckpt.exists():

@@ -187,7 +187,7 @@ def test_ray_gives_the_local_runs_then_reuses_and_force_retrains(tmp_path, model
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     env.pop("RAY_ADDRESS", None)
     proc = launch.run([sys.executable, "-m", "bench.cli", *flags, "--force", "--workers", "2"], cwd=tmp_path,
-                          env=env, capture_output=True, text=True, timeout=600)
+                      env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert "on 2 worker(s) (Ray tasks)" in proc.stdout, proc.stdout
     for algo in ("grpo", "tepo"):

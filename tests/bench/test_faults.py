@@ -54,7 +54,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _bench(args: list[str], cwd: Path, timeout: float = 300, **popen) -> subprocess.CompletedProcess:
     return launch.run([sys.executable, "-m", "bench.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, env=popen.pop("env", _env()), **popen)
+                      timeout=timeout, env=popen.pop("env", _env()), **popen)
 
 
 def _stopped_line(err: str, libraries_warn: bool = False) -> str:
@@ -198,7 +198,7 @@ def test_mlflow_server_gone_mid_run_is_one_line_and_the_run_is_ended_at_the_next
     args = _args(tmp_path, server.uri, fault, steps=6)
     run_dir = tmp_path / "runs" / "faults" / fault
     proc = launch.Popen([sys.executable, "-m", "bench.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=tmp_path, env=_env(POBENCH_MLFLOW_TIMEOUT="3"))
+                        text=True, cwd=tmp_path, env=_env(POBENCH_MLFLOW_TIMEOUT="3"))
     deadline = time.time() + 300
     while not (run_dir / "ckpt-0000001" / "state.json").exists():
         assert proc.poll() is None, proc.communicate()[1][-3000:]
@@ -320,7 +320,7 @@ def test_full_disk_at_the_final_weights_leaves_the_run_failed_not_finished(tmp_p
     log = tmp_path / "ends.log"
     env = _env(LAST_STEP="2", END_LOG=str(log))
     done = launch.run([sys.executable, "-c", AT_FINAL, *args], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=600, env={**env, "LIMIT": "100000"})
+                      timeout=600, env={**env, "LIMIT": "100000"})
     assert done.returncode == 1, done.stderr[-3000:]
     line = _stopped_line(done.stderr, libraries_warn=engine == "trl")
     assert f"no space left on device while writing {run_dir / 'final'} (File too large: the file-size limit" \
@@ -356,7 +356,7 @@ def test_no_resumable_checkpoint_ends_the_killed_run_failed(tmp_path, server, be
     args = _args(tmp_path, server.uri, "damaged", steps=40, eval_every=0)
     run_dir = tmp_path / "runs" / "faults" / "damaged"
     proc = launch.Popen([sys.executable, "-m", "bench.cli", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, cwd=tmp_path, env=_env())
+                        stderr=subprocess.DEVNULL, cwd=tmp_path, env=_env())
     deadline = time.time() + 300
     while not (run_dir / "ckpt-0000001" / "state.json").exists():
         assert proc.poll() is None and time.time() < deadline

@@ -28,7 +28,7 @@ TINY = ["--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--eval-
 def _bench(argv: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     return launch.run([sys.executable, "-m", "bench.cli", *argv], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                      text=True, timeout=timeout)
 
 
 def _nothing_made(folder: Path) -> None:

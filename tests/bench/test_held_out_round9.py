@@ -29,7 +29,7 @@ def _bench(argv: list[str], cwd: Path, timeout: float = 180) -> subprocess.Compl
     """`python -m bench ARGV` in ``cwd`` (the user's spelling of the command), no MLFLOW_* variable."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     return launch.run([sys.executable, "-m", "bench", *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+                      timeout=timeout)
 
 
 def _nothing_made(folder: Path) -> None:

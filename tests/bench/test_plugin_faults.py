@@ -246,7 +246,7 @@ def test_a_plugins_non_daemon_thread_does_not_keep_bench_alive(tmp_path):
         "register('thr-pg', base='grpo', description='grpo, with a thread that never ends')\n")
     t0 = time.monotonic()
     done = launch.run([sys.executable, "-m", "bench.cli", "list", "--plugin", "thr.py"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, env=env())
+                      capture_output=True, text=True, timeout=120, env=env())
     assert done.returncode == 0 and "thr-pg" in done.stdout, done.stderr[-3000:]
     assert time.monotonic() - t0 < 60
     assert "thread(s) forever (plugin thr.py) still running after the command ended" in done.stderr, done.stderr
@@ -345,7 +345,7 @@ def test_a_sigterm_after_a_plugin_ignoring_it_at_import_still_stops_the_command(
     (tmp_path / "term.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n")
     done = launch.run([sys.executable, "-m", "bench", "train", "--plugin", "sigign.py", "--plugin", "term.py",
                            "--algo", "sig-pg", "--run-name", "r", *TINY], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env=env())
+                      text=True, timeout=300, env=env())
     assert done.returncode == 143, done.stderr[-3000:]
     assert "bench train: stopped by SIGTERM; kept nothing" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "mlflow.db").exists(), done.stderr[-3000:]

@@ -71,7 +71,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _python(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess:
     return launch.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=_env(**env),
-                          capture_output=True, text=True, timeout=600)
+                      capture_output=True, text=True, timeout=600)
 
 
 def _runs(uri: str, experiment: str) -> dict[str, object]:
@@ -225,7 +225,7 @@ def test_a_plugin_that_calls_sys_exit_while_imported_is_one_line_not_a_silent_ex
     "diverged": it is the plugin's failure to load, one line and exit 2 (a real process, as a user runs it)."""
     (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
     done = launch.run([sys.executable, "-m", "bench.cli", "list", "--plugin", "exits.py"], cwd=tmp_path,
-                          env=_env(), capture_output=True, text=True, timeout=300)
+                      env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
     (line,) = done.stderr.strip().splitlines()
     assert "plugin exits.py failed to load: it called sys.exit(3) while imported" in line, done.stderr
@@ -278,7 +278,7 @@ def test_an_installed_plugin_is_loaded_from_its_entry_point(tmp_path):
                                          "register('grpo-installed', base='grpo', description='installed', "
                                          "kl_coef=0.5)\n")
     result = launch.run([sys.executable, "-m", "bench.cli", "list"], cwd=tmp_path, capture_output=True, text=True,
-                            env=_env(PYTHONPATH=f"{ROOT}{os.pathsep}{site}"), timeout=300)
+                        env=_env(PYTHONPATH=f"{ROOT}{os.pathsep}{site}"), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     line = next(ln for ln in result.stdout.splitlines() if ln.startswith("grpo-installed "))
     assert "[installed plugin demo_plugin.py@" in line
@@ -407,8 +407,8 @@ def test_resume_after_the_plugin_was_edited_is_refused_naming_its_digests(tmp_pa
     before = sorted(p.name for p in run_dir.iterdir())
 
     done = launch.run([sys.executable, "-m", "bench.cli", *train, "--steps", "2", "--resume"], cwd=tmp_path,
-                          env=_env(POBENCH_CACHE_DIR=str(tmp_path / "cache")), capture_output=True, text=True,
-                          timeout=600)
+                      env=_env(POBENCH_CACHE_DIR=str(tmp_path / "cache")), capture_output=True, text=True,
+                      timeout=600)
     assert done.returncode == 2, done.stderr[-3000:]
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr

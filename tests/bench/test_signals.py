@@ -43,7 +43,7 @@ class Proc:
 
     def __init__(self, argv: list[str], cwd: Path, **env_extra: str) -> None:
         self.p = launch.Popen(argv, cwd=cwd, env=env(**env_extra), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.err: list[str] = []
         self.out: list[str] = []
         self._threads = [threading.Thread(target=self._read, args=(s, b), daemon=True)

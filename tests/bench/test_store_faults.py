@@ -80,14 +80,14 @@ def bench(bench_here, monkeypatch):
             return rc, [ln for ln in err.splitlines() if ln.strip() and " INFO mlflow" not in ln]
         command = [*FAKE_CLI, *argv]
         if os.geteuid() == 0:
-            if shutil.which("unshare") is None or launch.run(["unshare", "-m", "true"]).returncode != 0:
+            if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"]).returncode != 0:
                 pytest.skip("running as root without a private mount namespace (unshare -m): no read-only file system")
             mounts = " && ".join(f"mount --bind {p} {p} && mount -o remount,bind,ro {p}" for p in read_only)
             command = ["unshare", "-m", "sh", "-c", f"{mounts} && cd {work} && exec \"$@\"", "sh", *command]
         else:
             for p in read_only:
                 (work / p).chmod(0o555 if (work / p).is_dir() else 0o444)
-        done = launch.run(command, cwd=work, env=_env(), capture_output=True, text=True, timeout=600)
+        done = subprocess.run(command, cwd=work, env=_env(), capture_output=True, text=True, timeout=600)
         return done.returncode, [ln for ln in done.stderr.splitlines() if ln.strip() and " INFO mlflow" not in ln]
 
     return run
@@ -264,7 +264,7 @@ def test_a_file_size_limit_in_bench_report_is_one_line_and_leaves_no_folder(tmp_
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
 
-    done = launch.run([sys.executable, "-m", "bench.cli", "report", "--tracking-uri", uri], cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-m", "bench.cli", "report", "--tracking-uri", uri], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300, preexec_fn=limit)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     lines = [ln for ln in done.stderr.splitlines() if ln.startswith("bench report")]
@@ -295,7 +295,7 @@ def test_a_sigterm_while_a_new_store_is_created_leaves_it_whole_or_absent(tmp_pa
         return False
 
     proc = launch.Popen([sys.executable, "-m", "bench", *RUN[:4], "1", *RUN[5:], "--no-report"], cwd=tmp_path,
-                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                        env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while not begun():

@@ -95,7 +95,7 @@ def test_resume_after_sigkill_has_no_missing_or_duplicated_step(tmp_path, uri, b
             "--lr", "1e-3", "--tracking-uri", uri, "--experiment", "test-resume", "--run-name", "killed",
             "--output-dir", str(tmp_path / "runs")]
     proc = launch.Popen([sys.executable, "-m", "bench.cli", "train", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+                        stderr=subprocess.STDOUT)
     ckpt = tmp_path / "runs" / "test-resume" / "killed" / "ckpt-0000002" / "state.json"  # <experiment>/<run>
     deadline = time.time() + 600
     while not ckpt.exists():

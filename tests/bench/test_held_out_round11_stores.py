@@ -190,3 +190,78 @@ def test_a_malformed_timeout_is_refused_with_a_local_store_too(cmd, value, needl
     assert rc == 2 and len(lines) == 1, (rc, err[-3000:])
     assert f"POBENCH_MLFLOW_TIMEOUT={value!r}: {needle}" in lines[0], lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlflow.db"]
+
+
+# ------------------------------------------------------------------ H10: bench tune against a server answering 500
+def test_bench_tune_whose_server_answers_500_stops_within_the_bound_and_the_rerun_finishes(
+        tmp_path, bench_here, mlflow_server, fake_server, monkeypatch):
+    """Held-out round 11 (H10): `bench tune` whose server answered HTTP 500 from its first trial on was silent for
+    minutes (MLflow's own retries, a SIGTERM acted on ~2 minutes later) and left its study run RUNNING, saying
+    nothing of it. Now its requests are bounded as the other commands' are (``answering``): one `stopped:` line
+    within seconds naming the server, the trials kept and what became of the study's run, exit 1; with the server
+    healthy, the same command finishes the study and leaves no run RUNNING."""
+    import time
+
+    from bench.tune import runs as tune_runs
+    from tests.bench import fake_trainer
+
+    fake_trainer.inject(monkeypatch.setattr)
+    proxy = fake_server("proxy", mlflow_server)
+    real_start = tune_runs.StudyRuns.start_trial
+
+    def fail_from_the_first_trial(self, *args, **kwargs):
+        proxy.mode = "500"
+        return real_start(self, *args, **kwargs)
+
+    monkeypatch.setattr(tune_runs.StudyRuns, "start_trial", fail_from_the_first_trial)
+    argv = ["tune", "--algo", "grpo", "--trials", "2", "--steps", "2", "--eval-every", "1", "--workers", "1",
+            "--experiment", "h10", "--tracking-uri", proxy.uri]
+    t0 = time.monotonic()
+    rc, _, err = bench_here(argv, tmp_path, POBENCH_MLFLOW_TIMEOUT="2")
+    seconds = time.monotonic() - t0
+    last = err.strip().splitlines()[-1]
+    assert rc == 1 and last.startswith(f"bench tune: stopped: the MLflow server {proxy.uri} answered"), err[-3000:]
+    assert "HTTP 500" in last and "kept: 0 of 2 trials finished of study 'tune-grpo'" in last, last
+    assert "could not be ended (the server did not take it): the rerun continues it" in last, last
+    assert "Traceback" not in err and seconds < 60, (seconds, err[-3000:])
+
+    proxy.mode = "proxy"  # the server is healthy again: the same command finishes the study
+    monkeypatch.setattr(tune_runs.StudyRuns, "start_trial", real_start)
+    rc, _, err = bench_here(argv, tmp_path)
+    assert rc == 0, err[-3000:]
+    runs = _runs(mlflow_server, "h10")
+    assert runs and not [r.info.run_name for r in runs if r.info.status == "RUNNING"], \
+        [(r.info.run_name, r.info.status) for r in runs]
+
+
+# ------------------------------------------------------------------ H12: the store locked once the report is written
+def test_bench_report_stopped_by_a_locked_store_says_the_report_is_kept(tmp_path, bench_here, monkeypatch):
+    """Held-out round 11 (H12): `bench report` while another process held a write transaction on mlflow.db wrote
+    the report folder, then said `stopped: the MLflow store ... stayed locked ...` (after every wait: 93 s) without a
+    word of the report written. Now the line says it is kept, and where. (The lock is SQLite's "database is locked"
+    as MLflow raises it after its waits, met by the first write after the folder is written.)"""
+    import sqlite3
+
+    from mlflow.exceptions import MlflowException
+
+    from reports import report as report_module
+    from tests.conftest import fresh_store
+    from tests.reports.conftest import log_comparison
+
+    uri = fresh_store(tmp_path)
+    log_comparison(uri, experiment="h12", comparison="c12", objectives=("grpo", "dapo"), seeds=(0,))
+
+    def locked(*args, **kwargs):
+        try:
+            raise sqlite3.OperationalError("database is locked")
+        except sqlite3.OperationalError as e:
+            raise MlflowException(f"(sqlite3.OperationalError) {e}") from e
+
+    monkeypatch.setattr(report_module, "store", locked)
+    rc, _, err = bench_here(["report", "--experiment", "h12"], tmp_path)
+    lines = err.strip().splitlines()
+    assert rc == 1 and len(lines) == 1, (rc, err[-3000:])
+    folder = tmp_path / "reports" / "out" / "h12" / "c12"
+    assert lines[0].startswith("bench report: stopped: the MLflow store") and "stayed locked" in lines[0], lines[0]
+    assert f"kept: the report in {folder} (written before the store failed" in lines[0], lines[0]
+    assert (folder / "report.md").is_file()

@@ -298,7 +298,7 @@ def stopped(e: BaseException, logger: RunLogger | None, run_dir: Path | None, en
     """The one line of a run a fault stopped: the cause, the checkpoint kept, how its MLflow run was ended."""
     cause = (None if isinstance(e, (StoreUnreachable, ServerError, checkpoint.DiskFull)) else faults.describe(e)) \
         or (str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
-    parts = [cause]
+    parts = [cause.removesuffix(", then rerun")]  # (a server's error status: the resume command ends the line)
     last = checkpoint.latest(run_dir) if run_dir is not None else None
     if last is not None:
         parts.append(f"kept: the checkpoint of step {checkpoint.step_of(last)} in {last} (with the "

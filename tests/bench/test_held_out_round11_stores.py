@@ -129,7 +129,7 @@ def test_a_server_answering_500_late_in_bench_train_is_a_stopped_line_and_the_re
     assert rc == 1 and len(lines) == 1, err[-3000:]
     line = lines[0]
     assert line.startswith("bench train: stopped: ") and "HTTP 500" in line and proxy.uri in line, line
-    assert "retry_locked" not in line and "kept: the checkpoint of step 2" in line, line
+    assert "retry_locked" not in line and "fix the server; kept: the checkpoint of step 2" in line, line
     assert "resume with: " in line and "--resume" in line, line
     (record,) = (tmp_path / ".pobench" / "runs" / "h09").glob("*/run.json")
     found = read_run_record(record.parent)

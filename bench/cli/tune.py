@@ -17,12 +17,15 @@ from bench.cli.interrupt import Stopped, rerun_to_resume
 from bench.config import TrainConfig
 from bench.engines import RunStopped
 from bench.inputs import check_seed
+from bench.runs.server_answers import ServerError
 from bench.runs.store_check import check_outside_artifacts, check_reachable
+from bench.runs.tracking import answering, bounded_http, timeout_s
 from bench.tune.confirm import summary_of
 from bench.tune.outputs import print_leaderboard, study_dir, write_outputs
 from bench.tune.outputs import show as show_study
 from bench.workers import parse_seeds
 from reports.paths import check_out_is_ours, claim_output_folder
+from reports.record import open_client, tracking_uri
 
 # TrainConfig fields a study sets itself per trial (the rest come from --config and the flags)
 SKIP = ("algo", "seed", "run_name", "comparison", "resume")
@@ -156,8 +159,16 @@ def main(args: argparse.Namespace) -> int:
     tune.check_worker_settings(spec, args.workers, args.executor, args.ray_address)  # (before any file is made)
     tune.check_new_study(spec)  # an earlier study of its name in another storage: its trials' folders and runs
     local = _local_files(spec)  # (identity of the SQLite files the study writes to, as they are now)
+    uri = tracking_uri(spec.base.tracking_uri)
     try:
-        study = tune.run_workers(spec, args.workers, args.executor, args.ray_address)
+        # every request of the study (its run, its trials' runs, in this process and its workers') bounded as a run's
+        # are: a server lost or answering an error status is one `stopped:` line within $POBENCH_MLFLOW_TIMEOUT, not
+        # minutes of MLflow's retries, silent, deaf to SIGTERM (held-out round 11, H10)
+        with answering(uri):
+            study = tune.run_workers(spec, args.workers, args.executor, args.ray_address)
+    except (faults.StoreUnreachable, ServerError) as e:
+        print(f"bench tune: stopped: {_store_failed(spec, uri, e)}", file=sys.stderr)
+        return 1
     except tune.StudyStopped as e:  # SIGINT / SIGTERM: each running trial ends FAIL and is queued again
         raise Stopped(f"{e.finished} of {e.trials} trials finished of study {e.study!r} in {e.storage} (the running "
                       "trials are queued again)", rerun_to_resume()) from None
@@ -186,7 +197,12 @@ def main(args: argparse.Namespace) -> int:
         paths.update(tune.write_confirm(study, out))
         failed = _print_confirm(record)
     try:
-        tune.log_outputs(spec, study, out)
+        with answering(uri):
+            tune.log_outputs(spec, study, out)
+    except (faults.StoreUnreachable, ServerError) as e:
+        print(f"bench tune: stopped: {e}; kept: the study {spec.study!r}, complete, and its outputs in {out} (not all "
+              "logged to MLflow yet): once the server answers again, rerun the same command", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         raise Stopped(f"the study {spec.study!r}, complete, and its outputs in {out} (not all logged to MLflow yet)",
                       rerun_to_resume()) from None
@@ -219,12 +235,35 @@ def show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store_failed(spec: tune.TuneSpec, uri: str, error: BaseException) -> str:
+    """The line of a study stopped by its MLflow server (gone, or answering an error status): the cause, the
+    finished trials kept in the storage, what became of the study's MLflow run (ended FAILED, or left for the rerun,
+    which continues it), and what to do."""
+    import contextlib
+
+    import optuna
+
+    url = spec.storage or tune.default_storage_url()
+    finished, parent, status = "?", None, None
+    with contextlib.suppress(Exception):  # (what cannot be read is said as unknown)
+        study = optuna.load_study(study_name=spec.study, storage=tune.open_storage(url))
+        finished = str(tune.count(study, *tune.FINISHED))
+        parent = study.user_attrs.get("mlflow_parent_run_id")
+    if parent:
+        with contextlib.suppress(Exception), bounded_http(timeout_s()):
+            status = open_client(uri).get_run(parent).info.status
+    run = "no MLflow run of the study was made" if not parent else \
+        f"the study's MLflow run {parent} was ended {status}" if status not in (None, "RUNNING") else \
+        f"the study's MLflow run {parent} could not be ended (the server did not take it): the rerun continues it"
+    cause = str(error).removesuffix(", then rerun")
+    return (f"{cause}; kept: {finished} of {spec.trials} trials finished of study {spec.study!r} in {tune.redact(url)}"
+            f"; {run}; once the server answers again, rerun the same command to resume the study")
+
+
 def _local_files(spec) -> dict[str, tuple[Path, tuple[int, int] | None]]:
     """The local SQLite files of the Optuna storage and the MLflow store as they are now (``faults.watch_file``).
     Each is created now if it is not there yet (the study would create it moments later), so that a file deleted and
     created again while the study runs is told from the one it started with."""
-    from reports.record import open_client, tracking_uri
-
     store, storage = tracking_uri(spec.base.tracking_uri), spec.storage or tune.default_storage_url()
     tune.open_storage(storage)  # (first: an unreachable storage is its one line before any file is created)
     out = {}

@@ -39,6 +39,7 @@ from bench.plugins import plugin_failure, plugins_tag
 from bench.runs import checkpoint, identity, resume, stop
 from bench.runs.folders import check_claimable, claim_run_folder
 from bench.runs.locks import RunFolderBusy, _hold_folder, folder_held, folder_in_use
+from bench.runs.server_answers import ServerError
 from bench.runs.tracking import (
     RUN_RECORD,
     RunLogger,
@@ -165,7 +166,7 @@ def _open_run(cfg: TrainConfig, objective, run_dir: Path, folder: FileLock, resu
     except BaseException as e:
         try:
             end_run(logger, e)
-        except StoreUnreachable:
+        except (StoreUnreachable, ServerError):
             pass  # (the run's record names it; the resume settles it)
         raise
     return logger
@@ -228,7 +229,7 @@ def end_run(logger: RunLogger, error: BaseException | str | None = None) -> bool
         if cause:
             logger.set_tags({FAILURE: cause})
         logger.end(status)
-    except StoreUnreachable:
+    except (StoreUnreachable, ServerError):  # (no answer, or an error status: held-out round 11, H09)
         if logger.run_dir is None or logger.run_id is None:
             raise
         if status == "FINISHED":  # (a FINISHED end that did not arrive fails the run: ``recorded`` ends it FAILED,
@@ -289,15 +290,15 @@ def warn_lost_files(logger: RunLogger) -> None:
 def is_fault(e: BaseException) -> bool:
     """A fault outside the run that a resume gets past: the MLflow server gone, a full disk or file-size limit, a
     fault of the file system or the store (read-only, something in the way: ``bench.faults.describe``)."""
-    return isinstance(e, (StoreUnreachable, checkpoint.DiskFull)) or checkpoint.is_full(e) \
+    return isinstance(e, (StoreUnreachable, ServerError, checkpoint.DiskFull)) or checkpoint.is_full(e) \
         or (isinstance(e, Exception) and faults.describe(e) is not None)
 
 
 def stopped(e: BaseException, logger: RunLogger | None, run_dir: Path | None, ended: bool) -> RunStopped:
     """The one line of a run a fault stopped: the cause, the checkpoint kept, how its MLflow run was ended."""
-    cause = (None if isinstance(e, (StoreUnreachable, checkpoint.DiskFull)) else faults.describe(e)) \
+    cause = (None if isinstance(e, (StoreUnreachable, ServerError, checkpoint.DiskFull)) else faults.describe(e)) \
         or (str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
-    parts = [cause]
+    parts = [cause.removesuffix(", then rerun")]  # (a server's error status: the resume command ends the line)
     last = checkpoint.latest(run_dir) if run_dir is not None else None
     if last is not None:
         parts.append(f"kept: the checkpoint of step {checkpoint.step_of(last)} in {last} (with the "
@@ -362,7 +363,7 @@ def _left_run(cfg: TrainConfig, run_dir: Path) -> tuple[RunLogger, str] | None:
         logger.run_dir, logger.run_id = run_dir, run_id
         if logger.call(logger.client.get_run, run_id).info.status != "RUNNING":
             return None
-    except (StoreUnreachable, mlflow_error()):
+    except (StoreUnreachable, ServerError, mlflow_error()):
         return None  # (checked reachable just before: the store went away since; the run stays as it is)
     return logger, run_id
 
@@ -389,6 +390,9 @@ def end_left_running(cfg: TrainConfig, run_dir: Path) -> str:
     """A command refused a run folder with checkpoints (no ``--resume``): when its MLflow run is still RUNNING and no
     process trains there (its own was SIGKILLed after a checkpoint), that run is ended KILLED, as a stopped run is,
     so `--resume` continues it and nothing shows as running meanwhile. Returns what to add to the refusal's line."""
+    found = read_run_record(run_dir)
+    if found is not None and isinstance(found.get("unsent_end"), dict):  # (its end recorded when the server failed:
+        return _settle_left(cfg, run_dir, found)  # that end, not "killed": held-out round 11, H09)
     try:
         done = _end_left(cfg, run_dir, KeyboardInterrupt(), {STOPPED: "early"})
     except StoreUnreachable:
@@ -399,6 +403,21 @@ def end_left_running(cfg: TrainConfig, run_dir: Path) -> str:
     if ended is None:
         return f" (another process is training in {run_dir} now)"
     return f" (its MLflow run {run_id}, left RUNNING by a process that was killed, was ended KILLED)"
+
+
+def _settle_left(cfg: TrainConfig, run_dir: Path, found: dict[str, Any]) -> str:
+    """The end ``run.json`` of ``run_dir`` holds unsent, applied (``settle``) when no process trains there; what to
+    add to the refusal's line."""
+    try:
+        logger = RunLogger(cfg.tracking_uri, cfg.experiment)
+        with folder_held(run_dir):
+            if settle(logger, run_dir) is None:
+                return ""
+    except (StoreUnreachable, ServerError, RunFolderBusy, mlflow_error()):
+        return ""
+    end = found["unsent_end"]
+    return (f" (its MLflow run {found['run_id']}, whose end could not be sent when it stopped, was ended "
+            f"{end.get('status', 'FAILED')}" + (f": {str(end['failure'])[:200]}" if end.get("failure") else "") + ")")
 
 
 def end_runs_of_killed(cfg: TrainConfig, folder: Path, skip: frozenset[Path] = frozenset()) -> list[str]:

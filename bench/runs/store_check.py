@@ -15,6 +15,7 @@ from typing import Any
 
 from bench import faults
 from bench.inputs import check_tracking_scheme
+from bench.runs import server_answers, tracking
 from bench.runs.tracking import TIMEOUT_ENV, bounded_http, database_server, store_client, timeout_s
 from reports import record
 from reports.dburl import connect_error, redact
@@ -29,6 +30,8 @@ def check_reachable(uri: str | None, *, reads_only: bool = False, experiment: st
     (``reads_only``: `bench report`, `bench compare`) refuses one that does not exist rather than create an empty one.
     ``experiment``, the one the command records into: when it exists, the folder its runs' files go to is checked
     (:func:`check_artifact_location`). Returns the resolved URI."""
+    timeout = timeout_s()  # (a malformed value refused whatever the store: held-out round 11, H02, it was ignored
+    # for a local SQLite store, and refused only once a server was asked)
     resolved = check_tracking_scheme(record.tracking_uri(uri))  # foo://bar: one line, not MLflow's traceback
     faults.note(store=resolved)  # (what a fault of the store met later names)
     db = record.sqlite_file(resolved)
@@ -38,14 +41,13 @@ def check_reachable(uri: str | None, *, reads_only: bool = False, experiment: st
     if not resolved.startswith(("http://", "https://")):
         faults.check_store(resolved)  # read-only, not SQLite, truncated, another schema revision: one line now
         if database_server(resolved):
-            why = connect_error(resolved, timeout_s())  # (PostgreSQL, MySQL, ...: down, no such database: held-out
+            why = connect_error(resolved, timeout)  # (PostgreSQL, MySQL, ...: down, no such database: held-out
             if why is not None:  # round 10, H04: MLflow's traceback from the first request)
                 raise ValueError(f"the MLflow store {redact(resolved)} cannot be used: {why}; start its database "
                                  "server or create the database, or fix --tracking-uri / MLFLOW_TRACKING_URI")
         if experiment is not None:
             check_artifact_location(resolved, experiment)
         return resolved
-    timeout = timeout_s()
     try:
         with urllib.request.urlopen(resolved.rstrip("/") + "/health", timeout=timeout):
             pass
@@ -95,16 +97,22 @@ def check_comparison(cfg: Any) -> None:
 
 
 def check_api(uri: str, timeout: float) -> None:
-    """Ask the MLflow server ``uri`` one request of its API (the first experiment), as the work will, with the
-    user's credentials (``MLFLOW_TRACKING_TOKEN`` / ``_USERNAME`` / ``_PASSWORD``): a ValueError line when it refuses
-    access (401 / 403), answers something that is not MLflow's JSON (another web server at that address), or
+    """Ask the MLflow server ``uri`` two requests of its API, as the work will, with the user's credentials
+    (``MLFLOW_TRACKING_TOKEN`` / ``_USERNAME`` / ``_PASSWORD``): the first experiment, and an experiment that cannot
+    exist (id -1: an MLflow server answers with its error, never with an experiment). A ValueError line when it
+    refuses access (401 / 403), answers something that is not MLflow's JSON (another web server at that address), or
     answers another error status. Held-out round 10 (H05): train / run / eval / tune met those at their first
-    request, bench train after loading the model and making run folders, with MLflow's traceback."""
+    request, bench train after loading the model and making run folders, with MLflow's traceback. Held-out round 11:
+    a redirect loop (H06: two tracebacks), JSON of another shape or a body cut off (H07: a misleading line after a run
+    folder was made), a rate limit (H08: urllib3's words, cut) are each one line too
+    (``bench.runs.server_answers.not_mlflow``)."""
     import re
 
     try:
         with bounded_http(timeout):
-            open_client(uri).search_experiments(max_results=1)
+            client = open_client(uri)
+            client.search_experiments(max_results=1)
+            found = _experiment_that_cannot_exist(client)
     except Exception as e:  # noqa: BLE001  (worded below; anything else is met again by the work)
         text = str(e)
         m = re.search(r"error code (\d+) != 200", text)
@@ -118,10 +126,33 @@ def check_api(uri: str, timeout: float) -> None:
             raise ValueError(f"{uri} answered the MLflow API with something that is not MLflow's (JSON expected"
                              f"{'; got ' + body if body else ''}): it is not an MLflow tracking server; fix "
                              "--tracking-uri / MLFLOW_TRACKING_URI") from None
-        if status is not None:
-            raise ValueError(f"the MLflow tracking server {uri} answered its API with HTTP {status} "
-                             f"({faults._first(text)[:200]}): fix --tracking-uri / MLFLOW_TRACKING_URI, or the server "
-                             "(its log says why)") from None
+        cut_off = tracking._no_answer(e) if tracking._is_connection_error(e) else None
+        line = server_answers.not_mlflow(uri, e, timeout, cut_off)
+        if line is None and status is not None:
+            line = (f"the MLflow tracking server {uri} answered its API with HTTP {status} "
+                    f"{server_answers.status_advice(status)}")
+        if line is not None:
+            raise ValueError(line) from None
+        return
+    if found is not None:
+        raise ValueError(f"{uri} answered the MLflow API's request for an experiment that cannot exist (id -1) with "
+                         f"one ({found}): it is not an MLflow tracking server (every request answered alike); fix "
+                         "--tracking-uri / MLFLOW_TRACKING_URI")
+
+
+def _experiment_that_cannot_exist(client: Any) -> str | None:
+    """What the server answers for experiment -1: None for MLflow's own error answer (no such experiment, or an
+    invalid id), else the experiment it returned, in a few words (a server answering every request alike)."""
+    try:
+        exp = client.get_experiment("-1")
+    except mlflow_error() as e:
+        if getattr(e, "error_code", None) in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND",
+                                              "BAD_REQUEST"):
+            return None
+        raise
+    if exp is None or exp.experiment_id == "-1":
+        return None
+    return f"id {exp.experiment_id!r}, name {exp.name!r}"
 
 
 def check_artifact_location(uri: str, experiment: str) -> None:

@@ -26,6 +26,7 @@ import bench
 from bench import faults
 from bench.faults import StoreRefused, StoreUnreachable
 from bench.runs import stop
+from bench.runs.server_answers import refused_status
 from bench.runs.system_metrics import SystemMetrics
 from reports import record
 from reports.dburl import redact
@@ -148,13 +149,6 @@ def _is_connection_error(e: BaseException) -> bool:
     return False
 
 
-def _refused_status(uri: str, what: str, status: int) -> StoreRefused:
-    """The one line of an error status (:func:`bench.faults.answered_status`) the server ``uri`` answered ``what``
-    with."""
-    return StoreRefused(f"the MLflow server {uri} answered {what} with HTTP {status} (its log says why: its database "
-                        "or storage failed, say): fix the server, then rerun")
-
-
 @contextlib.contextmanager
 def bounded_http(seconds: float):
     """MLflow's HTTP client without its own retries and with a request timeout of ``seconds`` (rounded up: MLflow
@@ -189,7 +183,7 @@ def answering(uri: str) -> Iterator[None]:
             yield
     except Exception as e:
         if remote and (status := faults.answered_status(e)) is not None:
-            raise _refused_status(uri, "a request", status) from e
+            raise refused_status(uri, e, status) from e
         if not (_is_connection_error(e) if remote else _is_database_gone(e)):
             raise
         what = "MLflow tracking server" if remote else "the database server of the MLflow store"
@@ -248,7 +242,7 @@ class RunLogger:
                     return fn(*args, **kwargs)
             except Exception as e:
                 if self.remote and (status := faults.answered_status(e)) is not None:
-                    raise _refused_status(self.uri, getattr(fn, "__name__", "a request"), status) from e
+                    raise refused_status(self.uri, e, status) from e
                 if not (_is_connection_error(e) if self.remote else _is_database_gone(e)):
                     raise
                 if self.unreachable is None and time.monotonic() + RETRY_EVERY_S < deadline:

@@ -29,7 +29,7 @@ from bench.executors import Job, WorkerDied, make_executor, worker_lost
 from bench.inputs import SEED_MAX
 from bench.plugins import check_shippable, with_plugins
 from bench.runs.stop import sigterm_as_interrupt
-from bench.runs.tracking import store_client
+from bench.runs.tracking import answering, store_client
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url, redact
 from bench.tune.study import fail_dead_trials, open_study, run_study
@@ -60,7 +60,8 @@ def _worker(notify: Notify, spec: TuneSpec, i: int) -> int:
     """One worker, a job of the executor (a pool process or a Ray task, set up as a pair's job is: bench/executors.py;
     SIGTERM ends its trial FAIL, queued again); its lines go to the command's output through ``notify``. Returns
     the number of trials the study holds finished."""
-    study = run_study(spec, log=lambda m: notify("msg", i, f"[worker {i}] {m}"), worker=str(i))
+    with answering(tracking_uri(spec.base.tracking_uri)):  # (its server lost or failing: one line, named)
+        study = run_study(spec, log=lambda m: notify("msg", i, f"[worker {i}] {m}"), worker=str(i))
     return count(study, *FINISHED)
 
 

@@ -17,26 +17,54 @@ still interrupts at once (a store that hangs can be left with Ctrl-C twice)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 _RECEIVED: dict[str, int | None] = {"signal": None}
 _HELD: dict[str, Any] = {"depth": 0, "pending": False}  # inside ``uninterrupted``; a signal that came there
+_LOST: dict[str, Any] = {"signal": None, "hook": None}  # an interrupt Python dropped (below); the hook chained to
 
 
 def interrupt(signum: int, _frame: Any = None) -> None:
     """Signal handler: KeyboardInterrupt, once for SIGTERM (later ones while stopping are ignored); inside
-    ``uninterrupted`` the first one is held until the block ends."""
+    ``uninterrupted`` the first one is held until the block ends. An interrupt raised where Python cannot raise it
+    (a finalizer or a weak reference's callback run by the garbage collector: it prints "Exception ignored in" and
+    goes on) is delivered again at once (:func:`_redeliver`): the stop is not lost (held-out round 11)."""
     first = _RECEIVED["signal"] is None
     if first:
         _RECEIVED["signal"] = signum
-    if signum == signal.SIGTERM and not first:
+    if _LOST["signal"] == signum:
+        _LOST["signal"] = None
+    elif signum == signal.SIGTERM and not first:
         return
     if _HELD["depth"] and not _HELD["pending"]:
         _HELD["pending"] = True
         return
+    _watch_dropped()
     raise KeyboardInterrupt
+
+
+def _watch_dropped() -> None:
+    """Chain :func:`_redeliver` to ``sys.unraisablehook`` (once)."""
+    if _LOST["hook"] is None:
+        _LOST["hook"] = sys.unraisablehook
+        sys.unraisablehook = _redeliver
+
+
+def _redeliver(unraisable: Any) -> None:
+    """``sys.unraisablehook``: a KeyboardInterrupt of :func:`interrupt` that Python dropped is sent again as the
+    signal it came from, without the "Exception ignored" lines; anything else goes to the hook before."""
+    signum = _RECEIVED["signal"]
+    if isinstance(unraisable.exc_value, KeyboardInterrupt) and signum is not None:
+        _LOST["signal"] = signum
+        # (sent from a thread a moment later: sent here, its handler would run in this hook, where it is dropped too)
+        threading.Timer(0.02, os.kill, (os.getpid(), signum)).start()
+        return
+    (_LOST["hook"] or sys.__unraisablehook__)(unraisable)
 
 
 @contextlib.contextmanager

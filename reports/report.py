@@ -175,6 +175,7 @@ def analyse(cmp: Comparison, *, baseline: str | None = None, recorded_baseline: 
     for r in cmp.other_config:
         notes.append(f"Run {r.name} ({r.variant}, seed {r.seed}) was trained under another configuration (config "
                      f"hash {r.config_hash}) than the comparison records: left out.")
+    notes += cmp.odd  # runs whose tags contradict their params, two runs for one pair (held-out round 11, H11)
     if baseline is None and recorded_baseline and recorded_baseline not in cmp.objectives:
         notes.append(f"The recorded baseline {recorded_baseline} has no finished run here, so this report compares "
                      f"against {base} ({base_how}); the comparison keeps {recorded_baseline} as its baseline.")

@@ -27,6 +27,7 @@ from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
 from bench.inputs import check_seed, name_list
 from bench.model import format_prompt, load_policy, resolve_device, resolve_model_path, warn_unknown_characters
 from bench.rollout import make_sampler
+from bench.runs.locks import hold_out_folder
 from bench.runs.store_check import check_reachable
 from bench.runs.tracking import answering
 from evaluators import get_benchmark, list_benchmarks
@@ -124,6 +125,17 @@ def run(args) -> int:
     if args.out:  # a file in its place, a read-only one, a folder of the user's files: refused now, not after
         faults.check_output_folder(args.out, "--out")
         check_out_is_ours(args.out, "--out")
+    # another bench eval writing into --out now: refused in one line before any work (held-out round 11, H17)
+    lock = hold_out_folder(Path(args.out), "eval") if args.out else None
+    try:
+        return _evaluate(args, store_file)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _evaluate(args, store_file) -> int:
+    """`bench eval` without --comparison once its inputs and --out are checked (and --out held)."""
     names = name_list(args.benchmarks, "--benchmarks")
     benchmarks = [get_benchmark(n) for n in names]  # unknown names fail here, before any model is loaded
     if args.harness and args.no_greedy:

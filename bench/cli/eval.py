@@ -27,11 +27,10 @@ from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
 from bench.inputs import check_seed, name_list
 from bench.model import format_prompt, load_policy, resolve_device, resolve_model_path, warn_unknown_characters
 from bench.rollout import make_sampler
-from bench.runs.locks import hold_out_folder
 from bench.runs.store_check import check_reachable
 from bench.runs.tracking import answering
 from evaluators import get_benchmark, list_benchmarks
-from reports.paths import check_out_is_ours, claim_output_folder, make_owned
+from reports.paths import check_out_is_ours, claim_output_folder, hold_out_folder, make_owned
 
 if TYPE_CHECKING:
     from evaluators import Task

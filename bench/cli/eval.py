@@ -22,7 +22,13 @@ from bench.cli import eval_comparison
 from bench.cli.flags import add_plugin_flag
 from bench.cli.interrupt import Stopped, rerun
 from bench.config import BUILTIN_MODEL, TRACKING_URI_DEFAULT
-from bench.eval_inputs import DEFAULT_MAX_NEW_TOKENS, check_settings, max_new_tokens, resolve_data
+from bench.eval_inputs import (
+    DEFAULT_MAX_NEW_TOKENS,
+    check_settings,
+    drop_prompts_past_context,
+    max_new_tokens,
+    resolve_data,
+)
 from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
 from bench.inputs import check_seed, name_list
 from bench.model import format_prompt, load_policy, resolve_device, resolve_model_path, warn_unknown_characters
@@ -154,7 +160,10 @@ def _evaluate(args, store_file) -> int:
         warning = preflight.answer_check(b, problems, f"{b.name} ({source.source})")  # none parses: refused
         if warning:
             print(f"bench eval: warning: {warning}", file=sys.stderr)
-        loaded.append((b, problems, source.source))
+        loaded.append((b, problems, source))
+    # a prompt longer than the model's context: its row named, before the model loads (held-out round 11, H03)
+    loaded = [(b, ps, s.source) for b, ps, s in drop_prompts_past_context(args.model, loaded, args.prompt_template,
+                                                                          args.skip_bad_rows)]
 
     model, tokenizer = load_policy(args.model, args.device, args.dtype)
     options = {"max_batch_size": args.batch_size} if args.batch_size is not None and args.backend == "hf" else {}

@@ -130,17 +130,18 @@ def run(args) -> int:
     if args.out:  # a file in its place, a read-only one, a folder of the user's files: refused now, not after
         faults.check_output_folder(args.out, "--out")
         check_out_is_ours(args.out, "--out")
+    names, loaded = _inputs(args)
     # another bench eval writing into --out now: refused in one line before any work (held-out round 11, H17)
     lock = hold_out_folder(Path(args.out), "eval") if args.out else None
     try:
-        return _evaluate(args, store_file)
+        return _evaluate(args, store_file, names, loaded)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _evaluate(args, store_file) -> int:
-    """`bench eval` without --comparison once its inputs and --out are checked (and --out held)."""
+def _inputs(args) -> tuple[list[str], list]:
+    """The benchmarks' names and (task, problems, source) of each, every row checked, before any model loads."""
     names = name_list(args.benchmarks, "--benchmarks")
     benchmarks = [get_benchmark(n) for n in names]  # unknown names fail here, before any model is loaded
     if args.harness and args.no_greedy:
@@ -164,7 +165,11 @@ def _evaluate(args, store_file) -> int:
     # a prompt longer than the model's context: its row named, before the model loads (held-out round 11, H03)
     loaded = [(b, ps, s.source) for b, ps, s in drop_prompts_past_context(args.model, loaded, args.prompt_template,
                                                                           args.skip_bad_rows)]
+    return names, loaded
 
+
+def _evaluate(args, store_file, names: list[str], loaded: list) -> int:
+    """`bench eval` without --comparison once its inputs are read and checked (and --out held)."""
     model, tokenizer = load_policy(args.model, args.device, args.dtype)
     options = {"max_batch_size": args.batch_size} if args.batch_size is not None and args.backend == "hf" else {}
     engine = make_sampler(args.backend, model, tokenizer, **options)

@@ -239,3 +239,23 @@ def test_a_report_whose_comparison_run_was_deleted_says_so_and_what_it_uses(tmp_
         and f"restore_run('{gone}')" in notes[0], out
     md = (tmp_path / "out" / "pobench" / "c1" / "report.md").read_text()
     assert gone in md and "Baseline: grpo (the default)" in md
+
+
+# ------------------------------------------------------------------ H19: `bench train --comparison <unknown id>`
+def test_train_into_a_comparison_no_run_has_is_refused_before_any_work(tmp_path, bench_here):
+    """Held-out round 11 (H19): `bench train --comparison deadbeef123` (an id no comparison has) trained and tagged
+    its run into that made-up comparison, exit 0, no word (the help: it "joins an existing comparison"). Now one
+    line naming the id, the experiment and the comparisons that exist, exit 2, before any run or folder."""
+    uri = fresh_store(tmp_path)
+    _comparison(uri)
+    rc, out, err = bench_here(["train", "--steps", "1", "--comparison", "deadbeef123", "--tracking-uri", uri],
+                              tmp_path)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, (rc, err[-3000:])
+    assert "--comparison deadbeef123: no such comparison in experiment 'pobench'" in lines[0] \
+        and "(existing: c1)" in lines[0] and "drop --comparison" in lines[0], lines[0]
+    assert not (tmp_path / ".pobench").exists()  # no run folder
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    assert len(client.search_runs([client.get_experiment_by_name("pobench").experiment_id])) == 3  # no new run

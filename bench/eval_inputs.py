@@ -84,3 +84,44 @@ def max_new_tokens(requested: int | None, model, prompt_lengths: list[int]) -> i
         print(f"bench eval: warning: {too_long} of {len(prompt_lengths)} prompts plus {chosen} new tokens exceed the "
               f"model's context of {limit} tokens; their completions are unreliable", file=sys.stderr)
     return chosen
+
+
+def drop_prompts_past_context(model: str, loaded: list, template: str, skip_bad_rows: bool) -> list:
+    """``loaded`` ((task, problems, source) per benchmark, ``source`` the task's ``SourceRows`` or its name) without
+    the problems whose prompt alone is longer than the model's context: one line (ValueError) naming the row
+    (``file:line``) unless ``skip_bad_rows``, when they are skipped and counted in one line each benchmark. Read
+    from the model's tokenizer and config only, before the model loads. Held-out round 11 (H03): a 6 MB question was
+    a warning, then the model asked for 36 TB and a 70-line traceback (and it cut every row's --max-new-tokens)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from bench.model import format_prompt, resolve_model_path
+
+    try:
+        path = resolve_model_path(model)
+        limit = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+        tok = AutoTokenizer.from_pretrained(path) if limit is not None else None
+    except (OSError, ValueError):  # (a model that cannot be read: the model load says so in its own line)
+        return loaded
+    if limit is None:
+        return loaded
+    out = []
+    for task, problems, source in loaded:
+        kept = getattr(source, "kept", [])
+        where = kept if len(kept) == len(problems) else [f"{task.name} problem {p.id}" for p in problems]
+        lengths = [len(tok(format_prompt(tok, p.question, template))["input_ids"]) for p in problems]
+        over = [(w, n) for w, n in zip(where, lengths) if n >= limit]
+        if over and not skip_bad_rows:
+            more = f" ({len(over) - 1} more such row(s))" if len(over) > 1 else ""
+            raise ValueError(f"{over[0][0]}: its prompt is {over[0][1]} tokens, not shorter than the model's context "
+                             f"of {limit} tokens, so it cannot be evaluated{more}; shorten or remove the row, or pass "
+                             "--skip-bad-rows to skip such rows")
+        if over:
+            print(f"bench eval: {task.name}: skipped {len(over)} row(s) whose prompt is not shorter than the model's "
+                  f"context of {limit} tokens: {', '.join(w for w, _ in over[:5])}"
+                  f"{' ...' if len(over) > 5 else ''}", file=sys.stderr)
+            problems = [p for p, n in zip(problems, lengths) if n < limit]
+            if not problems:
+                raise ValueError(f"{task.name}: no problem left: every prompt is longer than the model's context of "
+                                 f"{limit} tokens")
+        out.append((task, problems, source))
+    return out

@@ -133,6 +133,7 @@ class Benchmark:
                 break
             try:
                 problems.append(self.to_problem(row, where, f"{split}-{index}"))
+                source.kept.append(where)
             except EmptyAnswerError as e:  # a source defect (MATH train has one `\boxed{}`): cannot be scored
                 source.skipped.append(str(e))
             except BadRowError as e:

@@ -32,6 +32,8 @@ class SourceRows:
     """What was read: a path or a hub id (with its config and split)."""
     skipped: list[str] = field(default_factory=list)
     """``where: why`` of each row skipped because of ``skip_bad_rows``."""
+    kept: list[str] = field(default_factory=list)
+    """``where`` of each problem a benchmark's ``load_rows`` made of these rows, in its order."""
 
 
 def _read_bytes(path: Path) -> bytes:

@@ -232,6 +232,7 @@ def _markdown(labels: list[str], analyses: list[Analysis], tables: dict[str, Tab
                      f"{a.interval}.")
         if cmp.missing:
             lines.append(f"  - {missing_note(cmp)}")
+        lines += [f"  - {n}" for n in cmp.odd]
     lines.append("")
     for t in tables.values():
         lines.append(f"### {t.title}\n\n{t.markdown()}\n{t.caption} ([CSV]({t.name}.csv), [LaTeX]({t.name}.tex))\n")

@@ -68,6 +68,10 @@ class Comparison:
     other_config: list[RunData] = field(default_factory=list)
     """Runs tagged into the comparison under another configuration than its run records (`bench train --comparison`
     before held-out round 10): left out of the tables, each named in the report's notes."""
+    odd: list[str] = field(default_factory=list)
+    """Notes on runs whose record does not add up (held-out round 11, H11): a run whose tags contradict its recorded
+    config (left out), two runs claiming one (objective, seed) (which one is used); said in the report, never
+    silently picked."""
 
     @property
     def objectives(self) -> list[str]:
@@ -195,10 +199,24 @@ def load_comparison(experiment: str, comparison: str | None = None, tracking_uri
         raise ValueError(f"comparison {comparison!r} mixes runs with different configs (pobench.config_hash), so "
                          f"its objectives were not compared under the same conditions: {detail}")
 
+    odd: list[str] = []
+    claimed = set()  # the pairs runs with edited tags trained (their params): said as such, not as "missing"
+    for m in [m for m in members if _contradiction(m)]:
+        odd.append(f"Run {m.name} ({m.run_id}) {_contradiction(m)}: its tags were changed after it was trained, so "
+                   f"it is left out; set its tags back to what it trained to count it.")
+        seed = m.params.get("seed", "")
+        claimed.add((m.tags.get(VARIANT) or m.params.get("algo") or m.objective,
+                     int(seed) if seed.lstrip("-").isdigit() else m.seed))
+        members.remove(m)
     finished = [m for m in members if m.status == "FINISHED"]
     not_finished = [m for m in members if m.status != "FINISHED"]
     by_key: dict[tuple[str, int], RunData] = {}
-    for m in sorted(finished, key=lambda m: m.start_time):  # a redone pair (--force) keeps its latest run
+    for m in sorted(finished, key=lambda m: m.start_time):  # a pair trained twice keeps its latest run, said
+        if (m.variant, m.seed) in by_key:
+            old = by_key[(m.variant, m.seed)]
+            odd.append(f"Runs {old.name} ({old.run_id}) and {m.name} ({m.run_id}) both claim {m.variant} seed "
+                       f"{m.seed} in this comparison: the later one, {m.run_id}, is used; to use the other, set the "
+                       f"tag {member_tag(comparison)}=0 on this one.")
         by_key[(m.variant, m.seed)] = m
     done = sorted(by_key.values(), key=lambda m: (m.variant, m.seed))
     not_finished = [m for m in not_finished if (m.variant, m.seed) not in by_key]
@@ -206,7 +224,7 @@ def load_comparison(experiment: str, comparison: str | None = None, tracking_uri
         raise ValueError(f"comparison {comparison!r} in experiment {experiment!r} has no finished training run "
                          f"({len(not_finished)} unfinished)")
     present = {(m.variant, m.seed) for m in members}
-    missing = [p for p in _recorded_pairs(recorded) if p not in present
+    missing = [p for p in _recorded_pairs(recorded) if p not in present and p not in claimed
                and (objectives is None or p[0] in wanted) and (seeds is None or p[1] in wanted_s)]
     keys = [*SERIES_KEYS, *[k for k in extra_keys if k not in SERIES_KEYS]]
     for m in done if with_series else []:
@@ -218,7 +236,17 @@ def load_comparison(experiment: str, comparison: str | None = None, tracking_uri
     done.sort(key=lambda m: (first[m.variant], m.seed))
     return Comparison(experiment=experiment, experiment_id=exp.experiment_id, comparison_id=comparison,
                       tracking_uri=uri, runs=done, not_finished=not_finished, missing=missing,
-                      other_config=other_config)
+                      other_config=other_config, odd=odd)
+
+
+def _contradiction(m: RunData) -> str:
+    """How a run's objective / seed tags contradict the config it recorded (params ``algo``, ``seed``); "" when they
+    agree or it recorded none."""
+    algo, seed = m.params.get("algo"), m.params.get("seed")
+    if (algo is None or algo == m.objective) and (seed is None or seed == str(m.seed)):
+        return ""
+    return (f"is tagged {OBJECTIVE}={m.objective}, {SEED}={m.seed} but its recorded config (params) trained "
+            f"{algo or m.objective} seed {seed if seed is not None else m.seed}")
 
 
 def _comparison_tags(client, exp_id: str, comparison: str) -> dict[str, str]:

@@ -354,3 +354,41 @@ def claim_output_folder(folder: str | Path, flag: str) -> Path:
     the same command writes into it again; any other folder: UnsafePath (:func:`check_out_is_ours`)."""
     check_out_is_ours(folder, flag)
     return make_owned(folder, "out")
+
+
+class OutFolderBusy(ValueError):
+    """Another command writes into this output folder now (one line; exit 2, before any work)."""
+
+
+def hold_out_folder(out: Path, command: str, flag: str = "--out",
+                    instead: str = "wait for it to end, or give another --out", on_busy=None):
+    """Hold output folder ``out`` for `bench <command>` until the returned lock (a ``filelock.FileLock``) is
+    released: ``<parent>/.locks/<name>.<command>.lock``, outside the folder as a run folder's lock is, an ``fcntl``
+    lock the kernel releases when its holder dies, the holder's process id beside it (``<lock>.pid``). Else
+    OutFolderBusy naming the folder and the process that holds it: two commands writing one folder at once each said
+    its results were there, and one's were silently lost (held-out round 11, H17, H21). Take it after the folder's
+    own checks (a file in its place, a user's folder): a refused command makes nothing but the lock. With
+    ``on_busy``: it is called with the line (worded as a wait) and the hold is waited for instead."""
+    from filelock import FileLock, Timeout
+
+    path = Path(out).parent / ".locks" / f"{Path(out).name}.{command}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pid = path.with_name(path.name + ".pid")
+    lock = FileLock(str(path), thread_local=False)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        try:
+            who = f"process {int(pid.read_text().split()[0])}"
+        except (OSError, ValueError, IndexError):
+            who = "another process"
+        if on_busy is None:
+            raise OutFolderBusy(f"{flag} {out}: another bench {command} ({who}) is writing there now (lock {path}); "
+                                f"{instead}") from None
+        on_busy(f"{flag} {out}: another bench {command} ({who}) is writing there now: waiting for it to end")
+        lock.acquire()
+    try:
+        pid.write_text(f"{os.getpid()}\n")
+    except OSError:  # (the process named is a courtesy: the lock holds without it)
+        pass
+    return lock

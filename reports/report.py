@@ -22,7 +22,7 @@ from reports.controls import control_bases, control_results, controls_note, cont
 from reports.derived import KEY_ACC, DerivedSettings, RunDerived, default_target, derive, store
 from reports.figures import CROWDED, FigureOptions, figure_formats
 from reports.load import Comparison, load_comparison
-from reports.record import BASELINE, COMPARISON, CONFIG_HASH, KIND, STOPPED
+from reports.record import BASELINE, COMPARISON, CONFIG_HASH, KIND, OBJECTIVES, SEEDS, STOPPED
 from reports.tables import Table, Units
 
 DEFAULT_BASELINE = "grpo"
@@ -175,6 +175,7 @@ def analyse(cmp: Comparison, *, baseline: str | None = None, recorded_baseline: 
     for r in cmp.other_config:
         notes.append(f"Run {r.name} ({r.variant}, seed {r.seed}) was trained under another configuration (config "
                      f"hash {r.config_hash}) than the comparison records: left out.")
+    notes += cmp.odd  # runs whose tags contradict their params, two runs for one pair (held-out round 11, H11)
     if baseline is None and recorded_baseline and recorded_baseline not in cmp.objectives:
         notes.append(f"The recorded baseline {recorded_baseline} has no finished run here, so this report compares "
                      f"against {base} ({base_how}); the comparison keeps {recorded_baseline} as its baseline.")
@@ -241,6 +242,26 @@ def comparison_run(client, cmp: Comparison):
     return found[0] if found else None
 
 
+def deleted_run_note(client, cmp: Comparison, new_run: bool) -> str:
+    """The note of a comparison whose own MLflow run was deleted ("" when none was): held-out round 11 (H20), its
+    report then chose the default baseline and made a new comparison run, without a word."""
+    from mlflow.entities import ViewType
+
+    gone = client.search_runs([cmp.experiment_id], filter_string=(
+        f"tags.`{KIND}` = 'comparison' and tags.`{COMPARISON}` = '{cmp.comparison_id}'"),
+        run_view_type=ViewType.DELETED_ONLY, max_results=1)
+    if not gone:
+        return ""
+    t, rid = gone[0].data.tags, gone[0].info.run_id
+    record = ", ".join(f"{what} {t[k]}" for what, k in (("baseline", BASELINE), ("objectives", OBJECTIVES),
+                                                         ("seeds", SEEDS)) if t.get(k))
+    return (f"The comparison's own MLflow run {rid} was deleted in MLflow{f' (it recorded {record})' if record else ''}"
+            ": this report does not use its record, so the baseline is chosen as without one and pairs it recorded "
+            "that the store lacks cannot be named" + ("; a new comparison run holds this report" if new_run else "")
+            + f". Restore the deleted run (MLflow's deleted runs, or MlflowClient().restore_run('{rid}')) and report "
+            "again to use its record.")
+
+
 def _artifact_run(client, cmp: Comparison) -> tuple[str, bool]:
     """The comparison's own MLflow run; created here when `bench run` did not make one."""
     found = comparison_run(client, cmp)
@@ -283,11 +304,15 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
                  out_root: str | Path = "reports/out", baseline: str | None = None, target_acc: float | None = None,
                  settings: DerivedSettings | None = None, objectives=None, seeds=None, options: ReportOptions | None
                  = None, store_derived: bool = True, log_artifacts: bool = True, figures_too: bool = True,
-                 client=None) -> Report:
+                 client=None, on_busy=lambda line: None) -> Report:
     """Write the comparison's report into ``<out_root>/<experiment>/<comparison>/`` (replacing only that folder, and
-    only when pobench made it) and into MLflow."""
-    from reports import curves, plots
-    from reports.paths import make_owned, new_temp_folder, remove_owned, replace_owned, user_files
+    only when pobench made it) and into MLflow. The folder is held from the write of the report to its record in
+    MLflow (another report of it at once is waited for, ``on_busy(line)`` told; with ``on_busy=None`` refused in one
+    line, as `bench report` does: ``reports.paths.hold_out_folder``; held-out round 11, H21)."""
+    from mlflow import MlflowClient
+
+    from reports.evals import load_evals
+    from reports.paths import hold_out_folder, make_owned
 
     options = options or ReportOptions()
     settings = settings or DerivedSettings()
@@ -295,17 +320,43 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
     extra = tuple(k for k in options.metrics if k)
     cmp = load_comparison(experiment, comparison, tracking_uri, objectives=objectives, seeds=seeds, client=client,
                           extra_keys=extra)
-    from mlflow import MlflowClient
-
     client = client or MlflowClient(tracking_uri=cmp.tracking_uri)
-    from reports.evals import load_evals
-
     crun = comparison_run(client, cmp)
     recorded = crun.data.tags.get(BASELINE) if crun is not None else None
     a = analyse(cmp, baseline=baseline, recorded_baseline=recorded, target_acc=target_acc, settings=settings,
                 units=options.units, evals=load_evals(client, cmp))
+    if crun is None and (gone := deleted_run_note(client, cmp, log_artifacts)):  # (said, not silent: H20)
+        a.notes.append(gone)
     dest = report_folder(out_root, experiment, cmp.comparison_id)
     make_owned(dest.parent, "reports")
+    hold = hold_out_folder(dest, "report", "the report folder", "run this one again once it has ended (its report then "
+                           "replaces that one), or give another --out-root", on_busy)  # (two at once: one lost, H21)
+    try:
+        rep = _write(a, dest, out_root, settings, options, extra, figures_too)
+        if store_derived:
+            for r in cmp.runs:
+                store(client, r.run_id, a.derived[r.run_id], cmp.comparison_id)
+        if log_artifacts:
+            run_id, created = _artifact_run(client, cmp)
+            log_written(client, run_id, dest, rep.kept)
+            if recorded is None or recorded in cmp.objectives or baseline is not None:  # (a stand-in: not recorded)
+                client.set_tag(run_id, BASELINE, a.baseline)
+            log_summary(client, run_id, a)
+            if created:
+                client.set_terminated(run_id)
+            rep.artifact_run_id = run_id
+    finally:
+        hold.release()
+    return rep
+
+
+def _write(a: Analysis, dest: Path, out_root, settings: DerivedSettings, options: ReportOptions,
+           extra: tuple[str, ...], figures_too: bool) -> Report:
+    """The report's files, written into a temporary folder swapped in for ``dest`` whole."""
+    from reports import curves, plots
+    from reports.paths import new_temp_folder, remove_owned, replace_owned, user_files
+
+    cmp = a.comparison
     tmp = new_temp_folder(dest)
     try:
         files: list[Path] = []
@@ -323,21 +374,8 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
         if tmp.exists():
             remove_owned(tmp, out_root)
     files = [dest / f.name for f in files]
-    rep = Report(dest, cmp, a.target, a.baseline, a.derived, a.tables, files, a.notes, figures=figs,
-                 kept=user_files(dest))
-    if store_derived:
-        for r in cmp.runs:
-            store(client, r.run_id, a.derived[r.run_id], cmp.comparison_id)
-    if log_artifacts:
-        run_id, created = _artifact_run(client, cmp)
-        log_written(client, run_id, dest, rep.kept)
-        if recorded is None or recorded in cmp.objectives or baseline is not None:  # (a stand-in is not recorded)
-            client.set_tag(run_id, BASELINE, a.baseline)
-        log_summary(client, run_id, a)
-        if created:
-            client.set_terminated(run_id)
-        rep.artifact_run_id = run_id
-    return rep
+    return Report(dest, cmp, a.target, a.baseline, a.derived, a.tables, files, a.notes, figures=figs,
+                  kept=user_files(dest))
 
 
 def log_summary(client, run_id: str, a: Analysis) -> None:

@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     for label, a in zip(res.labels, res.analyses):  # what a comparison lacks is said, never silently left out
         if a.comparison.missing:
             print(f"note: {label}: {missing_note(a.comparison)}")
+        for n in a.comparison.odd:  # runs whose record does not add up (held-out round 11, H11)
+            print(f"note: {label}: {n}")
     kept = user_files(res.out_dir)
     if kept:
         print(f"kept your files in {res.out_dir} (not pobench's): {', '.join(kept)}")

@@ -22,7 +22,13 @@ from bench.cli import eval_comparison
 from bench.cli.flags import add_plugin_flag
 from bench.cli.interrupt import Stopped, rerun
 from bench.config import BUILTIN_MODEL, TRACKING_URI_DEFAULT
-from bench.eval_inputs import DEFAULT_MAX_NEW_TOKENS, check_settings, max_new_tokens, resolve_data
+from bench.eval_inputs import (
+    DEFAULT_MAX_NEW_TOKENS,
+    check_settings,
+    drop_prompts_past_context,
+    max_new_tokens,
+    resolve_data,
+)
 from bench.evaluate import evaluate, format_table, log_to_mlflow, write_outputs
 from bench.inputs import check_seed, name_list
 from bench.model import format_prompt, load_policy, resolve_device, resolve_model_path, warn_unknown_characters
@@ -30,7 +36,7 @@ from bench.rollout import make_sampler
 from bench.runs.store_check import check_reachable
 from bench.runs.tracking import answering
 from evaluators import get_benchmark, list_benchmarks
-from reports.paths import check_out_is_ours, claim_output_folder, make_owned
+from reports.paths import check_out_is_ours, claim_output_folder, hold_out_folder, make_owned
 
 if TYPE_CHECKING:
     from evaluators import Task
@@ -124,6 +130,18 @@ def run(args) -> int:
     if args.out:  # a file in its place, a read-only one, a folder of the user's files: refused now, not after
         faults.check_output_folder(args.out, "--out")
         check_out_is_ours(args.out, "--out")
+    names, loaded = _inputs(args)
+    # another bench eval writing into --out now: refused in one line before any work (held-out round 11, H17)
+    lock = hold_out_folder(Path(args.out), "eval") if args.out else None
+    try:
+        return _evaluate(args, store_file, names, loaded)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _inputs(args) -> tuple[list[str], list]:
+    """The benchmarks' names and (task, problems, source) of each, every row checked, before any model loads."""
     names = name_list(args.benchmarks, "--benchmarks")
     benchmarks = [get_benchmark(n) for n in names]  # unknown names fail here, before any model is loaded
     if args.harness and args.no_greedy:
@@ -143,8 +161,15 @@ def run(args) -> int:
         warning = preflight.answer_check(b, problems, f"{b.name} ({source.source})")  # none parses: refused
         if warning:
             print(f"bench eval: warning: {warning}", file=sys.stderr)
-        loaded.append((b, problems, source.source))
+        loaded.append((b, problems, source))
+    # a prompt longer than the model's context: its row named, before the model loads (held-out round 11, H03)
+    loaded = [(b, ps, s.source) for b, ps, s in drop_prompts_past_context(args.model, loaded, args.prompt_template,
+                                                                          args.skip_bad_rows)]
+    return names, loaded
 
+
+def _evaluate(args, store_file, names: list[str], loaded: list) -> int:
+    """`bench eval` without --comparison once its inputs are read and checked (and --out held)."""
     model, tokenizer = load_policy(args.model, args.device, args.dtype)
     options = {"max_batch_size": args.batch_size} if args.batch_size is not None and args.backend == "hf" else {}
     engine = make_sampler(args.backend, model, tokenizer, **options)

@@ -312,7 +312,8 @@ def _run(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pair]
         elif spec.report and any(p.outcome.startswith(KEPT) for p in pairs):  # (swapped in whole, or not at all)
             result.report = build_report(cfg.experiment, cid, uri, out_root=spec.out_root, baseline=spec.baseline,
                                          target_acc=spec.target_acc, objectives=[p.variant for p in pairs],
-                                         seeds=seeds, client=client, options=spec.report_options)
+                                         seeds=seeds, client=client, options=spec.report_options,
+                                         on_busy=lambda line: print(f"pobench: {line}", file=sys.stderr))
     except KeyboardInterrupt:
         retry_locked(client.set_terminated, parent, status="KILLED")
         raise _stopped(cfg, cid, pairs) from None

@@ -68,7 +68,8 @@ def check_comparison(cfg: Any) -> None:
     comparison's run and pairs, or earlier `bench train --comparison ID` runs) must have been trained under this run's
     configuration (``pobench.config_hash``), else the report of ``ID`` would be refused for good as mixing configs
     (held-out round 10, H06): one ValueError line naming both hashes and what to do, before any work. A run of the
-    same configuration joins ``ID`` (e.g. one more objective compared under the same conditions)."""
+    same configuration joins ``ID`` (e.g. one more objective compared under the same conditions). An ``ID`` no run
+    of the experiment carries is refused too: the help says it joins an existing comparison."""
     if not cfg.comparison:
         return
     if "'" in cfg.comparison:
@@ -76,16 +77,21 @@ def check_comparison(cfg: Any) -> None:
                          "id without one")
     uri = record.tracking_uri(cfg.tracking_uri)
     db = record.sqlite_file(uri)
-    if db is not None and not db.exists():
-        return
-    client = store_client(uri)
-    experiment = client.get_experiment_by_name(cfg.experiment)
-    if experiment is None:
-        return
+    client = None if db is not None and not db.exists() else store_client(uri)
+    experiment = client.get_experiment_by_name(cfg.experiment) if client is not None else None
     member = record.member_tag(cfg.comparison)
-    runs = [*client.search_runs([experiment.experiment_id], f"tags.`{record.COMPARISON}` = '{cfg.comparison}'",
-                                max_results=1000),
-            *client.search_runs([experiment.experiment_id], f"tags.`{member}` = '1'", max_results=1000)]
+    runs = [] if experiment is None else [
+        *client.search_runs([experiment.experiment_id], f"tags.`{record.COMPARISON}` = '{cfg.comparison}'",
+                            max_results=1000),
+        *client.search_runs([experiment.experiment_id], f"tags.`{member}` = '1'", max_results=1000)]
+    if not runs:  # a typo'd or made-up id: the run joined a comparison nobody ran (held-out round 11, H19)
+        from reports.load import list_comparisons
+
+        known = sorted(list_comparisons(client, experiment.experiment_id)) if experiment is not None else []
+        shown = ", ".join(known[:10]) + (" ..." if len(known) > 10 else "")
+        raise ValueError(f"--comparison {cfg.comparison}: no such comparison in experiment {cfg.experiment!r} of "
+                         f"{redact(uri)} (existing: {shown or 'none'}); "
+                         "give the id of an existing one (`bench run` makes comparisons), or drop --comparison")
     hashes = {r.data.tags.get(record.CONFIG_HASH) for r in runs if r.data.tags.get(member) != "0"} - {None}
     own = cfg.comparison_hash()
     if hashes - {own}:

@@ -112,7 +112,7 @@ def test_reporting_comparison_b_keeps_comparison_a(scratch, handmade):
     assert (a.parent / "cB" / "report.md").exists()
     # reporting A again replaces A only, and leaves no temporary folder behind
     assert _report(uri, "--experiment", "two", "--comparison", "cA") == 0
-    assert sorted(p.name for p in a.parent.iterdir()) == [".pobench-owned", "cA", "cB"]
+    assert sorted(p.name for p in a.parent.iterdir()) == [".locks", ".pobench-owned", "cA", "cB"]  # (.locks: holds)
 
 
 def test_a_symlinked_experiment_folder_pointing_out_is_refused(scratch, handmade, capsys):
@@ -153,7 +153,8 @@ def test_three_reports_of_one_comparison_at_once_leave_one_complete_folder(handm
         outs = pool.starmap(_report_in_process, [(uri, str(tmp_path / "out"))] * 3)
     assert len(set(outs)) == 1
     folder = tmp_path / "out" / "par"
-    assert sorted(p.name for p in folder.iterdir()) == [".pobench-owned", "c1"]   # no temporary or old folder left
+    assert sorted(p.name for p in folder.iterdir()) == [".locks", ".pobench-owned", "c1"]   # no temporary or old
+    # folder left (.locks: the report folder's hold, reports.paths.hold_out_folder)
     assert {"report.md", "accuracy.csv", "curves.csv", "runs.csv"} <= {p.name for p in (folder / "c1").iterdir()}
 
 

@@ -1,0 +1,54 @@
+"""Held-out round 11's `bench tune` and plugin cases (issue 29): H14 / H15 (a stopped study on a PostgreSQL Optuna
+storage, and that storage hung), H13 (an objective's inverted search range), H01 (a held-out problem count past any
+bound), H16 (`bench warmstart --out` a file), H18 (a plugin's KeyboardInterrupt at import), H04 (a plugin moving the
+MLflow store through the environment), H05 (a plugin's child process left running)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import optuna
+
+from tests.bench import fake_trainer
+from tests.bench.test_held_out_faults import _lines
+from tests.bench.test_signals import statuses
+from tests.conftest import fresh_store
+
+
+def _tune_argv(storage: str, uri: str, *extra: str) -> list[str]:
+    return ["tune", "--algo", "grpo", "--trials", "2", "--steps", "2", "--seeds", "0", "--study", "st",
+            "--storage", storage, "--tracking-uri", uri, "--experiment", "tx", "--eval-every", "1",
+            "--samples-every", "0", "--sampler-seed", "0", "--workers", "1", *extra]
+
+
+def _sigterm_in_first_trial(monkeypatch) -> None:
+    """`bench tune` trains with the fake trainer, which sends this process SIGTERM as the first trial starts."""
+    fake_trainer.inject(monkeypatch.setattr)
+    real = fake_trainer.fake_train
+
+    def train(cfg, **kw):
+        os.kill(os.getpid(), signal.SIGTERM)  # (the handler raises KeyboardInterrupt here: a real stop)
+        return real(cfg, **kw)
+
+    monkeypatch.setattr(fake_trainer, "fake_train", train)
+
+
+# ------------------------------------------------------------------ H14: a stopped study on PostgreSQL
+def test_h14_a_stopped_bench_tune_on_a_plain_postgresql_url_says_stopped_and_ends_its_run(tmp_path, bench_here,
+                                                                                          monkeypatch, postgres):
+    """Held-out round 11 (H14): SIGTERM to `bench tune --storage postgresql://...` (the URL as the README writes it,
+    no driver named): the stop path opened the storage with SQLAlchemy's default driver (psycopg 3, not installed),
+    a 200-line traceback, exit 1, the study's MLflow run left RUNNING. Now the usual stopped line, exit 143."""
+    postgres.create_database("h14")
+    storage = f"postgresql://postgres@127.0.0.1:{postgres.port}/h14"
+    uri = fresh_store(tmp_path)
+    _sigterm_in_first_trial(monkeypatch)
+    rc, _, err = bench_here(_tune_argv(storage, uri), tmp_path)
+    lines = [ln for ln in _lines(err) if not ln.startswith("[")]
+    assert rc == 143 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert "stopped by SIGTERM; kept 0 of 2 trials finished of study 'st' in postgresql://" in lines[0], lines
+    assert "RUNNING" not in statuses(uri, "tx"), statuses(uri, "tx")
+    assert statuses(uri, "tx", "tune-study") == ["KILLED"]
+    trials = optuna.load_study(study_name="st", storage=postgres.url("h14")).trials
+    assert [t.state.name for t in trials] == ["FAIL", "WAITING"], trials  # queued again

@@ -32,7 +32,7 @@ from bench.runs.stop import sigterm_as_interrupt
 from bench.runs.tracking import store_client
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url, open_storage, redact
-from bench.tune.study import fail_dead_trials, open_study, run_study
+from bench.tune.study import _earlier_study_run, fail_dead_trials, open_study, run_study
 from bench.workers import Notify, resolve_workers
 from reports.record import FAILURE, retry_locked, tracking_uri
 
@@ -51,7 +51,7 @@ class StudyStopped(KeyboardInterrupt):
     KILLED): how many finished trials the study holds of the ``trials`` it needs, and where it is stored; the same
     call resumes it."""
 
-    def __init__(self, study: str, finished: int, trials: int, storage: str) -> None:
+    def __init__(self, study: str, finished: int | None, trials: int, storage: str) -> None:
         super().__init__(f"study {study!r}: {finished}/{trials} trials finished, in {storage}")
         self.study, self.finished, self.trials, self.storage = study, finished, trials, storage
 
@@ -95,14 +95,24 @@ def check_worker_settings(spec: TuneSpec, workers: int, executor: str, ray_addre
 
 
 def _stopped(spec: TuneSpec) -> StudyStopped:
-    """What a stopped study kept; its MLflow parent run ends KILLED (a rerun sets it RUNNING again)."""
+    """What a stopped study kept; its MLflow parent run ends KILLED (a rerun sets it RUNNING again). A storage that
+    does not answer now (held-out round 11, H15: hung) is not waited for: the count is unknown (None), the parent run
+    is found in the MLflow store by the study's name."""
     url = spec.storage or default_storage_url()
-    finished = 0
-    with contextlib.suppress(KeyError):  # (stopped before the study was created)
+    finished: int | None = 0
+    parent = None
+    try:
         study = _load(spec)
         finished = count(study, *FINISHED)
         parent = study.user_attrs.get("mlflow_parent_run_id")
-        if parent:
+    except KeyError:  # (stopped before the study was created)
+        pass
+    except Exception:  # noqa: BLE001  (the storage lost or hung: open_storage's ValueError, SQLAlchemy's errors)
+        finished = None
+        with contextlib.suppress(Exception):
+            parent = (_earlier_study_run(spec) or (None,))[0]
+    if parent:
+        with contextlib.suppress(Exception) if finished is None else contextlib.nullcontext():
             client = store_client(tracking_uri(spec.base.tracking_uri))
             if client.get_run(parent).info.status == "RUNNING":  # (the workers end their trials' runs now too)
                 retry_locked(client.set_terminated, parent, "KILLED")

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 
 import optuna
+import pytest
 
 from tests.bench import fake_trainer
 from tests.bench.test_held_out_faults import _lines
-from tests.bench.test_signals import statuses
+from tests.bench.test_signals import FAKE_CLI, Proc, checkpointed, statuses
 from tests.conftest import fresh_store
 
 
@@ -52,3 +55,51 @@ def test_h14_a_stopped_bench_tune_on_a_plain_postgresql_url_says_stopped_and_end
     assert statuses(uri, "tx", "tune-study") == ["KILLED"]
     trials = optuna.load_study(study_name="st", storage=postgres.url("h14")).trials
     assert [t.state.name for t in trials] == ["FAIL", "WAITING"], trials  # queued again
+
+
+def _server_processes(server) -> list[int]:
+    """The PostgreSQL server's processes: the postmaster and its children."""
+    main = int((server.data / "postmaster.pid").read_text().split()[0])
+    children = [int(p) for p in os.listdir("/proc") if p.isdigit() and _parent(int(p)) == main]
+    return [main, *children]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@pytest.mark.slow
+def test_h15_a_hung_optuna_postgresql_storage_stops_on_sigterm_in_seconds_in_one_line(tmp_path, postgres):
+    """Held-out round 11 (H15): the Optuna PostgreSQL server hung (SIGSTOPped: the kernel accepts, nothing answers)
+    while `bench tune` ran: the command hung for good and a SIGTERM did nothing until the server resumed (7 min),
+    then H14's traceback, the study run RUNNING. Now each request to the storage is bounded and waits interruptibly:
+    the SIGTERM ends the command within seconds, one line naming the storage, no run RUNNING."""
+    postgres.create_database("h15")
+    storage = f"postgresql://postgres@127.0.0.1:{postgres.port}/h15"
+    uri = fresh_store(tmp_path)
+    argv = _tune_argv(storage, uri, "--steps", "200", "--checkpoint-every", "1", "--out", "out")
+    proc = Proc([*FAKE_CLI, *argv], tmp_path, FAKE_STEP_S="0.2", POBENCH_MLFLOW_TIMEOUT="2")
+    stopped = []
+    try:
+        proc.wait_for(lambda: checkpointed(tmp_path / ".pobench" / "runs"), "the first trial's checkpoint")
+        for pid in _server_processes(postgres):
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        time.sleep(3)  # (a heartbeat / report of the trial now waits on the server)
+        os.killpg(proc.p.pid, signal.SIGTERM)
+        start = time.time()
+        rc = proc.finish(timeout=120)
+        took = time.time() - start
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        if proc.p.poll() is None:
+            os.killpg(proc.p.pid, signal.SIGKILL)
+    lines = [ln for ln in proc.lines() if not ln.startswith("[")]
+    assert "Traceback" not in proc.text() and len(lines) == 1, (took, proc.text())
+    assert took < 40, (took, proc.text())
+    assert rc in (1, 143) and f"127.0.0.1:{postgres.port}/h15" in lines[0], (rc, proc.text())
+    assert "RUNNING" not in statuses(uri, "tx"), statuses(uri, "tx")

@@ -18,6 +18,8 @@ from tests.bench.test_held_out_faults import _lines
 from tests.bench.test_signals import FAKE_CLI, Proc, checkpointed, statuses
 from tests.conftest import fresh_store
 
+from .test_plugins import _registries_as_they_were  # noqa: F401  (autouse: the registries as they were)
+
 
 def _tune_argv(storage: str, uri: str, *extra: str) -> list[str]:
     return ["tune", "--algo", "grpo", "--trials", "2", "--steps", "2", "--seeds", "0", "--study", "st",
@@ -103,3 +105,33 @@ def test_h15_a_hung_optuna_postgresql_storage_stops_on_sigterm_in_seconds_in_one
     assert took < 40, (took, proc.text())
     assert rc in (1, 143) and f"127.0.0.1:{postgres.port}/h15" in lines[0], (rc, proc.text())
     assert "RUNNING" not in statuses(uri, "tx"), statuses(uri, "tx")
+
+
+# ------------------------------------------------------------------ H13: an objective's inverted search range
+ODD_SPACE = """from dataclasses import dataclass
+from algorithms import register, param
+from algorithms.policy_gradient import PGConfig, PolicyGradient, clipped_surrogate
+@dataclass(frozen=True)
+class C(PGConfig):
+    weird: float = param(0.5, "x", search=(0.9, 0.1, False))
+class O(PolicyGradient):
+    config_class = C
+    def policy_term(self, batch, ratio, adv, is_w):
+        return clipped_surrogate(ratio, adv, 0.2, 0.2) + ({},)
+register("oddspace", O, description="x")
+"""
+
+
+def test_h13_an_objective_declaring_an_inverted_search_range_is_refused_when_registered(tmp_path, bench_here):
+    """Held-out round 11 (H13): `param(0.5, ..., search=(0.9, 0.1, False))` was accepted at registration; `bench
+    tune` made the store, the study and a study run (FAILED) before Optuna's "low <= high" error, naming neither the
+    field nor the plugin. Now the plugin fails to load: one line naming it, the objective and the field, exit 2,
+    nothing made."""
+    (tmp_path / "regodd2.py").write_text(ODD_SPACE)
+    rc, _, err = bench_here(["tune", "--plugin", "regodd2.py", "--algo", "oddspace", "--trials", "1", "--steps", "1",
+                             "--workers", "1"], tmp_path)
+    lines = _lines(err)
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert "plugin regodd2.py failed to load" in lines[0], lines
+    assert "objective 'oddspace': field weird: search range (0.9, 0.1, False) is inverted" in lines[0], lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["regodd2.py"]

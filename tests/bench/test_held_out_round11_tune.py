@@ -135,3 +135,23 @@ def test_h13_an_objective_declaring_an_inverted_search_range_is_refused_when_reg
     assert "plugin regodd2.py failed to load" in lines[0], lines
     assert "objective 'oddspace': field weird: search range (0.9, 0.1, False) is inverted" in lines[0], lines
     assert sorted(p.name for p in tmp_path.iterdir()) == ["regodd2.py"]
+
+
+# ------------------------------------------------------------------ H01: --eval-problems past any bound
+@pytest.mark.parametrize("how", ["flag", "config"])
+def test_h01_a_held_out_problem_count_past_the_maximum_is_refused_before_any_work(tmp_path, bench_here, how):
+    """Held-out round 11 (H01): `bench train --eval-problems 100000000000` (or such an int in --config) built its
+    held-out problem set for minutes before any run. Now refused in one line naming the field and the maximum, exit 2,
+    nothing made."""
+    if how == "flag":
+        argv = ["train", "--eval-problems", "100000000000", "--steps", "1"]
+    else:
+        (tmp_path / "c.yaml").write_text("eval_problems: 100000000000000000000000\n")
+        argv = ["train", "--config", "c.yaml", "--steps", "1"]
+    start = time.time()
+    rc, _, err = bench_here(argv, tmp_path)
+    lines = _lines(err)
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert "`eval_problems`" in lines[0] and "at most 1,000,000 held-out problems" in lines[0], lines
+    assert time.time() - start < 30
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if how == "flag" else ["c.yaml"])

@@ -155,3 +155,16 @@ def test_h01_a_held_out_problem_count_past_the_maximum_is_refused_before_any_wor
     assert "`eval_problems`" in lines[0] and "at most 1,000,000 held-out problems" in lines[0], lines
     assert time.time() - start < 30
     assert sorted(p.name for p in tmp_path.iterdir()) == ([] if how == "flag" else ["c.yaml"])
+
+
+# ------------------------------------------------------------------ H16: bench warmstart --out a file
+def test_h16_warmstart_out_naming_a_file_is_refused_before_any_work(tmp_path, bench_here):
+    """Held-out round 11 (H16): `bench warmstart --out wsfile` (a regular file): exit 1 with a `stopped:` line worded
+    as a fault met during work, and `.locks/` made beside it. Now the refusal every `--out` gives, exit 2, nothing
+    made, the file untouched."""
+    (tmp_path / "wsfile").write_text("hi\n")
+    rc, _, err = bench_here(["warmstart", "--out", "wsfile", "--steps", "30"], tmp_path)
+    lines = _lines(err)
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert lines[0] == "bench warmstart: error: --out wsfile: not a folder; give a folder (it is created when missing)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["wsfile"] and (tmp_path / "wsfile").read_text() == "hi\n"

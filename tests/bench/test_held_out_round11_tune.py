@@ -168,3 +168,32 @@ def test_h16_warmstart_out_naming_a_file_is_refused_before_any_work(tmp_path, be
     assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
     assert lines[0] == "bench warmstart: error: --out wsfile: not a folder; give a folder (it is created when missing)"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["wsfile"] and (tmp_path / "wsfile").read_text() == "hi\n"
+
+
+# ------------------------------------------------------------------ H18: a plugin's KeyboardInterrupt at import
+def test_h18_a_plugin_raising_keyboardinterrupt_at_import_failed_to_load(tmp_path, bench_here):
+    """Held-out round 11 (H18): a plugin raising KeyboardInterrupt while imported (no signal sent): exit 1 and not
+    worded as a plugin that failed to load, as every other exception at import is. Now that line, exit 2 (a real
+    Ctrl-C during the import stays a stop: bench.runs.stop.raised_by_code)."""
+    from bench.runs import stop
+
+    (tmp_path / "kbi.py").write_text('raise KeyboardInterrupt("at import")\n')
+    before = signal.signal(signal.SIGINT, stop.interrupt)  # (as `bench` has it: pytest's own handler records nothing)
+    try:
+        rc, _, err = bench_here(["train", "--plugin", "kbi.py", "--steps", "1"], tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    lines = _lines(err)
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert lines[0].startswith("bench train: error: plugin kbi.py failed to load: KeyboardInterrupt: at import"), lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kbi.py"]
+
+
+def test_h18_a_signal_during_a_plugin_s_import_stays_a_stop(monkeypatch):
+    """The other side of H18: a KeyboardInterrupt that a signal raised while the plugin was imported is a stop."""
+    from bench import plugins
+    from bench.runs import stop
+
+    monkeypatch.setitem(stop._RECEIVED, "signal", signal.SIGINT)
+    e = KeyboardInterrupt()
+    assert plugins._failed("kbi.py", e) is e

@@ -197,3 +197,23 @@ def test_h18_a_signal_during_a_plugin_s_import_stays_a_stop(monkeypatch):
     monkeypatch.setitem(stop._RECEIVED, "signal", signal.SIGINT)
     e = KeyboardInterrupt()
     assert plugins._failed("kbi.py", e) is e
+
+
+# ------------------------------------------------------------------ H04: a plugin moving the MLflow store
+TINY = ["--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "8", "--eval-every", "0",
+        "--samples-every", "0", "--checkpoint-every", "1", "--no-progress"]
+
+
+def test_h04_a_plugin_setting_mlflow_tracking_uri_at_import_is_put_back_and_named(tmp_path, bench_here):
+    """Held-out round 11 (H04): a plugin setting os.environ['MLFLOW_TRACKING_URI'] at import silently moved the run
+    to another store (`other.db`), which later commands without the plugin never read. Now the variable is put back
+    (as a plugin's os.chdir, dtype, warning filters and signal handlers are) and the warning names it; the run is in
+    the command's store."""
+    (tmp_path / "envmut.py").write_text("import os\nos.environ['MLFLOW_TRACKING_URI'] = 'sqlite:///other.db'\n")
+    rc, _, err = bench_here(["train", "--plugin", "envmut.py", *TINY], tmp_path)
+    assert rc == 0 and "Traceback" not in err, err[-3000:]
+    warned = [ln for ln in _lines(err) if "warning: plugin envmut.py changed" in ln]
+    assert len(warned) == 1 and "MLFLOW_TRACKING_URI" in warned[0] and "put them back" in warned[0], err[-3000:]
+    assert "other.db" not in warned[0]  # (the names only: a value may be a password)
+    assert not (tmp_path / "other.db").exists() and "MLFLOW_TRACKING_URI" not in os.environ
+    assert statuses(f"sqlite:///{tmp_path}/mlflow.db", "pobench", "train") == ["FINISHED"]

@@ -68,6 +68,8 @@ class KeepProcessState:
         self.filters = list(warnings.filters)
         self.handlers = {name: signal.getsignal(getattr(signal, name)) for name in GUARDED_SIGNALS}
         self.environ = _guarded_environ()
+        self.children_before = child_processes()
+        self.children: list[int] = []  # processes the import started that still run (held-out round 11, H05)
         self.closed = ""
         return self
 
@@ -91,6 +93,7 @@ class KeepProcessState:
         self._warning_filters()
         self._signal_handlers()
         self._environment()
+        self.children = sorted(child_processes() - self.children_before)
         closed = [name for name, fd in (("stdout", 1), ("stderr", 2)) if _reopen_closed(name, fd)]
         self.closed = " and ".join(f"sys.{name}" for name in closed)
 
@@ -147,6 +150,34 @@ GUARDED_ENV_PREFIXES = ("MLFLOW_", "POBENCH_")
 
 def _guarded_environ() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(GUARDED_ENV_PREFIXES)}
+
+
+def child_processes(pid: int | None = None) -> set[int]:
+    """The live (not zombie) child processes of ``pid`` (default this process), from Linux's ``/proc``; empty
+    elsewhere."""
+    pid = os.getpid() if pid is None else pid
+    out = set()
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return out
+    for e in entries:
+        try:
+            fields = Path(f"/proc/{e}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1] == str(pid) and fields[0] != "Z":
+            out.add(int(e))
+    return out
+
+
+def process_name(pid: int) -> str:
+    """A child's command line, shortened (for a warning)."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        cmd = ""
+    return f"{pid} ({cmd[:80]})" if cmd else str(pid)
 
 
 def _reopen_closed(name: str, fd: int) -> bool:

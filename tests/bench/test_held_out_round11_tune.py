@@ -17,7 +17,7 @@ import pytest
 
 from tests.bench import fake_trainer
 from tests.bench.test_held_out_faults import _lines
-from tests.bench.test_signals import FAKE_CLI, Proc, checkpointed, statuses
+from tests.bench.test_signals import FAKE_CLI, Proc, checkpointed, fresh_stop, statuses  # noqa: F401
 from tests.conftest import fresh_store
 
 from .test_plugins import _registries_as_they_were  # noqa: F401  (autouse: the registries as they were)
@@ -42,6 +42,7 @@ def _sigterm_in_first_trial(monkeypatch) -> None:
 
 
 # ------------------------------------------------------------------ H14: a stopped study on PostgreSQL
+@pytest.mark.usefixtures("fresh_stop")  # (the signal this test sends is forgotten after it)
 def test_h14_a_stopped_bench_tune_on_a_plain_postgresql_url_says_stopped_and_ends_its_run(tmp_path, bench_here,
                                                                                           monkeypatch, postgres):
     """Held-out round 11 (H14): SIGTERM to `bench tune --storage postgresql://...` (the URL as the README writes it,
@@ -173,6 +174,7 @@ def test_h16_warmstart_out_naming_a_file_is_refused_before_any_work(tmp_path, be
 
 
 # ------------------------------------------------------------------ H18: a plugin's KeyboardInterrupt at import
+@pytest.mark.usefixtures("fresh_stop")  # (no signal received before, in this process)
 def test_h18_a_plugin_raising_keyboardinterrupt_at_import_failed_to_load(tmp_path, bench_here):
     """Held-out round 11 (H18): a plugin raising KeyboardInterrupt while imported (no signal sent): exit 1 and not
     worded as a plugin that failed to load, as every other exception at import is. Now that line, exit 2 (a real

@@ -110,6 +110,30 @@ def test_h15_a_hung_optuna_postgresql_storage_stops_on_sigterm_in_seconds_in_one
     assert "RUNNING" not in statuses(uri, "tx"), statuses(uri, "tx")
 
 
+def test_h15_a_request_to_a_bounded_storage_that_gets_no_answer_fails_within_its_bound(monkeypatch):
+    """H15 without a signal: a PostgreSQL "server" that accepts and never answers (a listening socket nobody reads:
+    what a SIGSTOPped server is to its clients) fails the connection within the storage's bound, then the requests
+    after it at once, instead of waiting for ever."""
+    import socket
+
+    import psycopg2
+
+    from bench.tune import pgwait
+
+    monkeypatch.setattr(pgwait, "_BOUNDS", {})
+    monkeypatch.setattr(pgwait, "_HUNG", {})
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(8)
+        port = hung.getsockname()[1]
+        pgwait.bound(f"postgresql+psycopg2://u@127.0.0.1:{port}/db", 1.0)
+        for most in (10.0, 7.0):  # (the first waits its bound; the second shares the 5 s left after a hang)
+            start = time.monotonic()
+            with pytest.raises(psycopg2.OperationalError, match="did not answer within 1 s"):
+                psycopg2.connect(host="127.0.0.1", port=port, dbname="db", user="u", connect_timeout=60)
+            assert time.monotonic() - start < most
+
+
 # ------------------------------------------------------------------ H13: an objective's inverted search range
 ODD_SPACE = """from dataclasses import dataclass
 from algorithms import register, param

@@ -134,6 +134,27 @@ def test_h15_a_request_to_a_bounded_storage_that_gets_no_answer_fails_within_its
             assert time.monotonic() - start < most
 
 
+@pytest.mark.usefixtures("fresh_stop")
+def test_h15_a_stop_whose_storage_does_not_answer_still_ends_the_study_run(tmp_path, bench_here, monkeypatch):
+    """H15's stop path: the storage not answering when the study is stopped (hung, or lost just then) no longer
+    raises out of the stop: the line says the finished trials are kept in the storage, and the study's MLflow run,
+    found in the store by the study's name, ends KILLED."""
+    from bench.tune import workers
+
+    def hung(spec):
+        raise ValueError("--storage ...: cannot be reached: the server did not answer within 30 s")
+
+    uri = fresh_store(tmp_path)
+    _sigterm_in_first_trial(monkeypatch)
+    monkeypatch.setattr(workers, "_load", hung)
+    rc, _, err = bench_here(_tune_argv(f"sqlite:///{tmp_path}/optuna.db", uri), tmp_path)
+    lines = [ln for ln in _lines(err) if not ln.startswith("[")]
+    assert rc == 143 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert "stopped by SIGTERM; kept the finished trials of study 'st' in sqlite:///" in lines[0], lines
+    assert "it did not answer just now" in lines[0]
+    assert statuses(uri, "tx", "tune-study") == ["KILLED"]
+
+
 # ------------------------------------------------------------------ H13: an objective's inverted search range
 ODD_SPACE = """from dataclasses import dataclass
 from algorithms import register, param

@@ -49,6 +49,30 @@ def _check_fields(config_class: type[ObjectiveConfig], keys: list[str], who: str
                              f"valid fields: {', '.join(valid)}")
 
 
+def _check_search(config_class: type[ObjectiveConfig], who: str) -> None:
+    """Each field's declared search range (``param(..., search=(low, high, log))``) is one `bench tune` can search:
+    two finite numbers, low < high, low > 0 for a log range. Held-out round 11 (H13): an inverted range was accepted
+    here; `bench tune` then made the store, the study and a study run before Optuna refused it in its own words."""
+    import math
+
+    for f in dataclasses.fields(config_class):
+        search = f.metadata.get("search")
+        if not search:
+            continue
+        where = f"objective {who!r}: field {f.name}: search range {search!r}"
+        if not isinstance(search, tuple | list) or len(search) != 3:
+            raise ValueError(f"{where}: expected (low, high, log)")
+        low, high, log = search
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)):
+            raise ValueError(f"{where}: low and high must be finite numbers")
+        if low > high:
+            raise ValueError(f"{where} is inverted (low > high); declare it as ({high!r}, {low!r}, {log!r})")
+        if low == high:
+            raise ValueError(f"{where} is empty (low == high); declare no search range for a fixed value")
+        if log and low <= 0:
+            raise ValueError(f"{where}: a log range needs low > 0")
+
+
 def register(name: str, objective_class: type[Objective] | None = None, *, description: str, paper: str = "",
              base: str | None = None, module: str | None = None, control_of: str | None = None,
              **defaults: Any) -> ObjectiveSpec:
@@ -73,6 +97,7 @@ def register(name: str, objective_class: type[Objective] | None = None, *, descr
     if control_of is not None:
         get_spec(control_of)  # the objective a control is worse than must be registered first
     _check_fields(objective_class.config_class, list(defaults), name)
+    _check_search(objective_class.config_class, name)
     spec = ObjectiveSpec(name, objective_class, description, paper, dict(defaults), base, module, control_of)
     spec.config_class(**spec.defaults)  # invalid defaults fail at registration, not at first use
     _REGISTRY[name] = spec

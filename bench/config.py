@@ -19,6 +19,7 @@ import yaml
 from algorithms import get_objective
 from bench.engines.base import CAPABILITIES, DEFAULT_ENGINE, ENGINES, check_engine_args
 from bench.inputs import (
+    EVAL_PROBLEMS_MAX,
     SEED_MAX,
     prompt_template_refusal,
     read_yaml,
@@ -147,7 +148,7 @@ class TrainConfig:
                                   "(one extra forward pass).")
     # --- evaluation
     eval_every: int = _f(10, "Held-out evaluation every N steps (and at step 0 and the last step); 0 disables.")
-    eval_problems: int = _f(400, "Held-out problems per evaluation.")
+    eval_problems: int = _f(400, "Held-out problems per evaluation (at most 1,000,000).")
     eval_samples: int = _f(1, "Sampled completions per held-out problem (sampled accuracy = mean over them).")
     eval_temperature: float = _f(1.0, "Temperature of the sampled held-out evaluation.")
     samples_every: int = _f(10, "Log a table of sample completions every N steps.")
@@ -191,6 +192,9 @@ class TrainConfig:
                      "micro_batch_size", "eval_problems", "eval_samples", "keep_checkpoints"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 bad(name, "must be an integer >= 1")
+        if self.eval_problems > EVAL_PROBLEMS_MAX:
+            bad("eval_problems", f"at most {EVAL_PROBLEMS_MAX:,} held-out problems per evaluation (--eval-problems; "
+                                 "more than any benchmark's test split, and hours per evaluation); give fewer")
         if too_big := step_size(self.prompts_per_step, self.group_size, self.max_new_tokens):
             bad("prompts_per_step", too_big)
         for name in ("eval_every", "checkpoint_every", "samples_every", "warmup_steps", "difficulty", "threads"):

@@ -33,6 +33,9 @@ from evaluators.hints import NOT_REGULAR, not_regular
 
 #: seeds are 32-bit: numpy (Optuna's samplers) refuses more, torch takes them all
 SEED_MAX = 2**32 - 1
+#: held-out problems per evaluation (--eval-problems): more than any benchmark's test split holds (GSM8K 1,319, MATH
+#: 5,000), and an evaluation of that many takes hours; held-out round 11 (H01): 10^11 built its problem set for minutes
+EVAL_PROBLEMS_MAX = 1_000_000
 _TRUE, _FALSE = ("true", "yes", "on"), ("false", "no", "off")
 
 

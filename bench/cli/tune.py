@@ -170,6 +170,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"bench tune: stopped: {_store_failed(spec, uri, e)}", file=sys.stderr)
         return 1
     except tune.StudyStopped as e:  # SIGINT / SIGTERM: each running trial ends FAIL and is queued again
+        if e.finished is None:  # (the storage did not answer the stop: held-out round 11, H15)
+            raise Stopped(f"the finished trials of study {e.study!r} in {e.storage} (it did not answer just now: the "
+                          "rerun queues the running trials again once it answers)", rerun_to_resume()) from None
         raise Stopped(f"{e.finished} of {e.trials} trials finished of study {e.study!r} in {e.storage} (the running "
                       "trials are queued again)", rerun_to_resume()) from None
     except RunStopped as e:  # a trial's run stopped by the MLflow server gone or a full disk: one line

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from bench import faults
 from bench.cli.interrupt import Stopped, rerun, rerun_command
 from bench.inputs import check_seed
 from bench.model import load_policy
@@ -37,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
     if args.eval < 0:
         raise ValueError(f"--eval {args.eval}: must be >= 0")
     out = args.out or f".pobench/models/tiny-arith-d{recipe.difficulty}-s{recipe.seed}-n{recipe.steps}"
+    if args.out:  # a file in its place, a read-only folder: refused now as every --out is (held-out round 11, H16)
+        faults.check_output_folder(args.out, "--out")
     try:
         path = warmstart(out, recipe, force=args.force, progress=not args.no_progress)
     except KeyboardInterrupt:  # (the model is saved once trained)

@@ -14,11 +14,14 @@ import optuna
 from optuna.trial import TrialState
 
 from bench.faults import check_sqlite_file, damaged
+from bench.runs.tracking import timeout_s
+from bench.tune import pgwait
 from reports.dburl import INSTALL_HINT, redact, with_driver
 from reports.record import store_lock
 
 DEFAULT_DIR = Path(".pobench/tune")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+BOUND_X = 6  # a request to a PostgreSQL storage gets no answer for 6 x $POBENCH_MLFLOW_TIMEOUT (30 s): it failed
 
 
 def default_storage_url(root: Path = DEFAULT_DIR) -> str:
@@ -69,6 +72,7 @@ def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_re
         engine_kwargs["connect_args"] = {"timeout": 60}
     elif backend == "postgresql":
         engine_kwargs["connect_args"] = {"connect_timeout": 10}
+        pgwait.bound(url, BOUND_X * timeout_s())  # (psycopg2: each wait bounded, a stop signal heard at once)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
@@ -83,7 +87,7 @@ def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_re
         # several `bench tune` started at once raced on it: "table studies already exists")
         with warnings.catch_warnings(), store_lock(url):
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat,
+            return _Storage(url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat,
                                               grace_period=grace or 4 * heartbeat,
                                               heartbeat_stale_trial_callback=stale)
     except ModuleNotFoundError as e:
@@ -95,6 +99,18 @@ def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_re
             raise ValueError(f"--storage {redact(url)}: the storage is damaged ({first[:200]}); restore it from a "
                              "backup, or move it away and rerun (a new study starts)") from e
         raise ValueError(f"--storage {redact(url)}: cannot be reached: {first}") from e
+
+
+class _Storage(optuna.storages.RDBStorage):
+    """Optuna's RDB storage whose heartbeat thread does not die with a traceback when the storage fails (lost, or
+    hung past its bound: held-out round 11, H15): the trial's own next request meets the same fault, which the
+    command says in one line; a missed heartbeat only lets the trial be taken for dead later, as a lost worker's."""
+
+    def record_heartbeat(self, trial_id: int) -> None:
+        try:
+            super().record_heartbeat(trial_id)
+        except Exception:  # noqa: BLE001  (StorageInternalError, SQLAlchemy's errors: said by the trial's thread)
+            pass
 
 
 def make_pruner(spec: str = "median", warmup: int = 1, startup: int = 2) -> optuna.pruners.BasePruner:

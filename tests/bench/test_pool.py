@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import resource
+import time
 from pathlib import Path
 
 from bench.config import TrainConfig
@@ -90,3 +91,63 @@ def test_the_pool_server_imports_what_the_jobs_train_with():
     assert pool_preload(fake_train) == pool_preload(functools.partial(fake_train, eval_fn=None)) == [
         *POOL_PRELOAD, "tests.bench.fake_trainer"]
     assert all(importlib.util.find_spec(m) is not None for m in POOL_PRELOAD + ENGINE_PRELOAD)
+
+
+def test_a_stop_signal_while_the_pool_starts_its_workers_does_not_lose_one(monkeypatch):
+    """Held-out round 12 (H04): `bench tune --workers 2` stopped by SIGINT as its pool started never ended: the
+    interrupt came after the forkserver had made a worker and before the pool recorded it, so nobody told that worker
+    to end; the forkserver waited for it and the command for the forkserver, forever. The pool's start is now a block a
+    signal does not cut (``bench.runs.stop.uninterrupted``): the interrupt comes once the workers are recorded, and the
+    pool ends. (The signal is sent here right after each worker's process starts, before the pool records it.)"""
+    import signal
+    import threading
+    from multiprocessing import context, process
+
+    from bench.executors import _Pool
+    from bench.runs import stop
+
+    monkeypatch.setitem(stop._RECEIVED, "signal", None)
+    monkeypatch.setitem(stop._HELD, "pending", False)
+    monkeypatch.setattr(signal, "SIGINT", signal.SIGINT)
+    previous = signal.signal(signal.SIGINT, stop.interrupt)
+    started, made = process.BaseProcess.start, []
+
+    def start_then_signal(self):
+        started(self)
+        made.append(self.pid)
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(10_000):  # (the handler runs here, before the pool records the process)
+            pass
+
+    monkeypatch.setattr(context.ForkServerProcess, "start", start_then_signal)
+    pool = _Pool(2, [], ["bench.workers"])
+    try:
+        try:
+            pool.submit(Job(0, _where, ("HOME",)), lambda *e: None)
+        except KeyboardInterrupt:
+            pass
+        else:
+            raise AssertionError("the signal was lost")
+        assert stop.received() == signal.SIGINT
+        assert made and set(made) <= set(pool.pool._processes or {}), "a worker started that the pool did not record"
+        monkeypatch.setattr(context.ForkServerProcess, "start", started)
+        ended = threading.Thread(target=pool.cancel, args=([],), daemon=True)
+        ended.start()
+        ended.join(60)
+        assert not ended.is_alive(), "the pool did not end: a worker it never recorded keeps its forkserver waiting"
+        deadline = time.time() + 30
+        while made and time.time() < deadline:
+            made[:] = [pid for pid in made if _alive(pid)]
+            time.sleep(0.1)
+        assert not made, f"worker process(es) {made} outlived the pool (never told to end)"
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # (a zombie waiting for its parent has ended)
+        return fh.read().rsplit(")", 1)[1].split()[0] != "Z"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.comparison.store import pair_lock
-from bench.eval_inputs import check_settings, max_new_tokens, resolve_data
+from bench.eval_inputs import check_settings, drop_prompts_past_context, max_new_tokens, resolve_data
 from bench.evaluate import evaluate, log_to_mlflow, write_outputs
 from bench.model import format_prompt, load_policy
 from bench.rollout import make_sampler
@@ -119,14 +119,17 @@ def plan_evaluations(experiment: str, comparison: str | None, benchmarks: list[s
     cmp = load_comparison(experiment, comparison, uri, client=client, with_series=False)
     data = resolve_data(tasks, list(settings.data))
     plan = EvalPlan(cmp, [])
+    loaded = []
     for b in tasks:
         problems, source = b.load_rows(settings.split, data=data[b.name], limit=settings.limit,
                                        skip_bad_rows=settings.skip_bad_rows)
+        loaded.append((b, problems, source))
         plan.benchmarks.append((b, problems, source.source))
+    rows = _rows_within_context(cmp.runs, loaded, settings)
     for r in cmp.runs:
-        template = settings.prompt_template or r.params.get("prompt_template") or "auto"
+        template = _template(r, settings)
         missing = []
-        for b, problems, source in plan.benchmarks:
+        for b, problems, source in rows.get(template, plan.benchmarks):
             key = settings_key(settings.key_fields(b, source, len(problems), template))
             stored = find_stored(client, cmp.experiment_id, r.run_id, key)
             final = final_model(r) if stored and r.params.get("output_dir") else None
@@ -146,6 +149,26 @@ def plan_evaluations(experiment: str, comparison: str | None, benchmarks: list[s
         raise ValueError(f"{len(absent)} final model(s) not found (run bench eval from the folder bench run ran in): "
                          + "; ".join(absent[:3]) + ("; ..." if len(absent) > 3 else ""))
     return plan
+
+
+def _template(run, settings: EvalSettings) -> str:
+    return settings.prompt_template or run.params.get("prompt_template") or "auto"
+
+
+def _rows_within_context(runs, loaded: list, settings: EvalSettings) -> dict[str, list]:
+    """Per prompt template, the benchmarks' (task, problems, source) without the prompts not shorter than the
+    final models' context: `bench eval`'s own check (:func:`bench.eval_inputs.drop_prompts_past_context`, one line
+    naming ``file:line`` unless ``--skip-bad-rows``), read from the tokenizer and config of the first final model on
+    disk of that template, before any model loads (the runs of a comparison share their model's architecture).
+    Held-out round 12 (H01): `--comparison` evaluated such a row with a warning and stored it."""
+    out: dict[str, list] = {}
+    for r in runs:
+        template = _template(r, settings)
+        final = final_model(r) if template not in out and r.params.get("output_dir") else None
+        if final is not None and (final / "config.json").is_file():
+            out[template] = [(b, ps, s.source) for b, ps, s in
+                             drop_prompts_past_context(str(final), loaded, template, settings.skip_bad_rows)]
+    return out
 
 
 def evaluate_missing(plan: EvalPlan, settings: EvalSettings, experiment: str, uri: str, out_root: str | Path

@@ -149,8 +149,10 @@ def eval_interval(cmp: Comparison) -> str:
 
 def analyse(cmp: Comparison, *, baseline: str | None = None, recorded_baseline: str | None = None,
             target_acc: float | None = None, settings: DerivedSettings | None = None,
-            units: Units | None = None, evals: list | None = None) -> Analysis:
-    """Derived numbers, tables and notes of a loaded comparison (nothing written)."""
+            units: Units | None = None, evals: list | None = None, left_running=None) -> Analysis:
+    """Derived numbers, tables and notes of a loaded comparison (nothing written). ``left_running(run)``: what is
+    known of the process of a run not FINISHED (``bench.runs.run.left_running``: still training it, or gone and how
+    to complete the run), added to its note; None when nothing is known."""
     settings = settings or DerivedSettings()
     units = units or Units()
     if target_acc is not None and not (0.0 <= target_acc <= 1.0):
@@ -169,7 +171,9 @@ def analyse(cmp: Comparison, *, baseline: str | None = None, recorded_baseline: 
         notes.append("Objectives do not share the same seeds: " +
                      "; ".join(f"{o}: {', '.join(map(str, s))}" for o, s in seeds_of.items()) + ".")
     for r in cmp.not_finished:
-        notes.append(f"Run {r.name} ({r.variant}, seed {r.seed}) is {r.status}, not FINISHED: left out.")
+        known = left_running(r) if left_running is not None and r.status == "RUNNING" else None
+        notes.append(f"Run {r.name} ({r.variant}, seed {r.seed}) is {r.status}, not FINISHED: left out"
+                     + (f"; {known}." if known else "."))
     if cmp.missing:
         notes.append(missing_note(cmp))
     for r in cmp.other_config:
@@ -304,11 +308,12 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
                  out_root: str | Path = "reports/out", baseline: str | None = None, target_acc: float | None = None,
                  settings: DerivedSettings | None = None, objectives=None, seeds=None, options: ReportOptions | None
                  = None, store_derived: bool = True, log_artifacts: bool = True, figures_too: bool = True,
-                 client=None, on_busy=lambda line: None) -> Report:
+                 client=None, on_busy=lambda line: None, left_running=None) -> Report:
     """Write the comparison's report into ``<out_root>/<experiment>/<comparison>/`` (replacing only that folder, and
     only when pobench made it) and into MLflow. The folder is held from the write of the report to its record in
     MLflow (another report of it at once is waited for, ``on_busy(line)`` told; with ``on_busy=None`` refused in one
-    line, as `bench report` does: ``reports.paths.hold_out_folder``; held-out round 11, H21)."""
+    line, as `bench report` does: ``reports.paths.hold_out_folder``; held-out round 11, H21). ``left_running``: see
+    :func:`analyse`."""
     from mlflow import MlflowClient
 
     from reports.evals import load_evals
@@ -324,7 +329,7 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
     crun = comparison_run(client, cmp)
     recorded = crun.data.tags.get(BASELINE) if crun is not None else None
     a = analyse(cmp, baseline=baseline, recorded_baseline=recorded, target_acc=target_acc, settings=settings,
-                units=options.units, evals=load_evals(client, cmp))
+                units=options.units, evals=load_evals(client, cmp), left_running=left_running)
     if crun is None and (gone := deleted_run_note(client, cmp, log_artifacts)):  # (said, not silent: H20)
         a.notes.append(gone)
     dest = report_folder(out_root, experiment, cmp.comparison_id)

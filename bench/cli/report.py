@@ -57,11 +57,14 @@ def _report(args: argparse.Namespace, uri: str) -> int:
             others = ", ".join(sorted(c for c in comps if c != latest))
             print(f"experiment {args.experiment!r} holds {len(comps)} comparisons; reporting the most recent, "
                   f"{latest} (others: {others}; choose with --comparison)")
+    from bench.runs.run import left_running
+
     started = time.time()
     try:
         rep = build_report(args.experiment, args.comparison, uri, out_root=args.out_root, baseline=args.baseline,
                            target_acc=args.target_acc, store_derived=not args.no_store, options=report_options(args),
-                           on_busy=None)  # another report of it being written now: one line, exit 2 (H21)
+                           on_busy=None,  # another report of it being written now: one line, exit 2 (H21)
+                           left_running=left_running)  # a RUNNING run's process gone: said, and the rerun (H02)
     except KeyboardInterrupt:  # (the report folder is swapped in whole: nothing half-written is left)
         raise Stopped("nothing: no report written", rerun()) from None
     except Exception as e:  # a fault of the store once the report was written: the line says it is kept

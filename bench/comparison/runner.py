@@ -41,6 +41,7 @@ from bench.runs.run import (
     folder_held,
     folder_in_use,
     has_checkpoint,
+    left_running,
     remove_run_folder,
 )
 from bench.runs.store_check import check_outside_artifacts, check_reachable
@@ -313,7 +314,8 @@ def _run(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pair]
             result.report = build_report(cfg.experiment, cid, uri, out_root=spec.out_root, baseline=spec.baseline,
                                          target_acc=spec.target_acc, objectives=[p.variant for p in pairs],
                                          seeds=seeds, client=client, options=spec.report_options,
-                                         on_busy=lambda line: print(f"pobench: {line}", file=sys.stderr))
+                                         on_busy=lambda line: print(f"pobench: {line}", file=sys.stderr),
+                                         left_running=left_running)
     except KeyboardInterrupt:
         retry_locked(client.set_terminated, parent, status="KILLED")
         raise _stopped(cfg, cid, pairs) from None

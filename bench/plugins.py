@@ -38,7 +38,14 @@ from typing import Any
 
 from algorithms import get_spec, list_objectives, registered_advantage
 from algorithms.registry import default_config
-from bench.plugin_guard import KeepProcessState, check_streams, child_processes, guard_os_exit
+from bench.plugin_guard import (
+    KeepProcessState,
+    check_streams,
+    child_processes,
+    guard_os_exit,
+    started_children,
+    watch_children,
+)
 from bench.plugin_identity import plugin_digest, short_name, source_of
 from evaluators import list_benchmarks, task_module
 from evaluators.hints import NOT_REGULAR, not_regular
@@ -153,10 +160,12 @@ _CHILDREN: dict[int, str] = {}  # pid: the plugin whose import started that proc
 
 
 def plugin_children() -> list[tuple[int, str]]:
-    """(pid, plugin) of the child processes a plugin's import started that still run: they keep the command's
-    output open after it ends (held-out round 11, H05: a pipeline waited 45 s for one, nothing said)."""
-    live = child_processes() if _CHILDREN else set()
-    return [(pid, spec) for pid, spec in _CHILDREN.items() if pid in live]
+    """(pid, plugin) of the child processes a plugin started that still run, at its import (held-out round 11, H05:
+    a pipeline waited 45 s for one, nothing said) or later, while it trained (round 12, H03: ``watch_children``):
+    they keep the command's output open after it ends."""
+    found = {**_CHILDREN, **dict(started_children())}
+    live = child_processes() if found else set()
+    return [(pid, spec) for pid, spec in found.items() if pid in live]
 
 
 def plugin_threads() -> list[tuple[threading.Thread, Plugin]]:
@@ -264,7 +273,8 @@ def load_entry_points() -> list[Plugin]:
 def load_plugins(specs: Sequence[str] | None = ()) -> list[Plugin]:
     """Import the installed plugins and ``specs`` (module names or ``.py`` files), each once per process, in order;
     returns the ``specs``' plugins. A missing file or module, or one that fails to import: ValueError, one line.
-    Once a plugin is loaded, its code calling ``os._exit`` raises instead (``bench.plugin_guard.guard_os_exit``)."""
+    Once a plugin is loaded, its code calling ``os._exit`` raises instead (``bench.plugin_guard.guard_os_exit``) and
+    the processes its code starts are recorded (``bench.plugin_guard.watch_children``)."""
     load_entry_points()
     out = []
     for spec in specs or ():
@@ -276,6 +286,7 @@ def load_plugins(specs: Sequence[str] | None = ()) -> list[Plugin]:
         out.append(_LOADED[key])
     if _LOADED or _ENTRY_POINTS:  # (a process without plugins keeps its os._exit)
         guard_os_exit(_plugin_at)
+        watch_children(_plugin_at)  # (the processes their code starts: named at the command's end, H03)
     return out
 
 

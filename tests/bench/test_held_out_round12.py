@@ -130,3 +130,71 @@ def test_a_report_says_a_running_pair_s_process_is_gone_and_how_to_complete_it(t
         and line.endswith("run the same `bench run` again to complete it."), line
     assert client.get_run(left).info.status == "RUNNING"  # (a report only says it; it ends nothing)
     assert "dapo-s0" in (tmp_path / "reports" / "out" / "pobench" / "c1" / "report.md").read_text()
+
+
+# ------------------------------------------------------------------ H03: a child a plugin starts while training
+SPAWN = ("import pathlib, subprocess\nfrom algorithms import register\n"
+         "from algorithms.policy_gradient import ClippedPG\n\nSTARTED = []\n\n\n"
+         "class SpawnPG(ClippedPG):\n    def policy_term(self, batch, ratio, adv, is_w):\n"
+         "        if not STARTED:  # once; the Popen dropped (its process goes on)\n"
+         "            STARTED.append(subprocess.Popen(['sleep', '60']).pid)\n"
+         "            (pathlib.Path(__file__).parent / 'child.pid').write_text(str(STARTED[0]))\n"
+         "        return super().policy_term(batch, ratio, adv, is_w)\n\n\n"
+         "register('spawnpg', SpawnPG, description='starts a sleep child in its loss, once')\n")
+
+
+def test_a_child_process_a_plugin_s_loss_started_is_named_when_the_command_ends(tmp_path):
+    """Held-out round 12 (H03): a plugin objective whose loss starts a child process (not waited for, its output the
+    command's): `bench train` ended, nothing said, and a pipeline reading its output waited for the child (round 11's
+    H05 names only a child started at import). Now it is named the same way, in one line, at the command's end:
+    its pid, its command, the plugin, that it keeps the output open; not killed (pobench ends only what it started);
+    the exit code is the command's. (The process itself is the subject: a forked `bench`, tests/launch.py.)"""
+    import os
+    import re
+    import select
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests import launch
+
+    (tmp_path / "spawn.py").write_text(SPAWN)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    argv = ["train", "--algo", "spawnpg", "--plugin", "spawn.py", "--steps", "1", "--prompts-per-step", "2",
+            "--group-size", "2", "--eval-problems", "4", "--eval-every", "0", "--samples-every", "0",
+            "--checkpoint-every", "1", "--no-progress", "--tracking-uri", fresh_store(tmp_path)]
+    proc = launch.Popen([sys.executable, "-m", "bench", *argv], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE)
+    err, pid = b"", None
+    try:
+        code = proc.wait(timeout=180)  # (the command ends; its stderr stays open while the child holds it)
+        pid = int((tmp_path / "child.pid").read_text())
+        assert launch_alive(pid), "the plugin's child is gone already"
+        deadline = time.monotonic() + 10
+        while b"after the command ended" not in err and time.monotonic() < deadline:
+            if select.select([proc.stderr], [], [], 0.5)[0]:
+                err += os.read(proc.stderr.fileno(), 65536)
+        assert launch_alive(pid), "pobench ended the plugin's child"
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+        err += proc.stderr.read()
+        proc.stderr.close()
+    text = err.decode()
+    assert code == 0, text[-3000:]
+    found = re.findall(r"bench: warning: child process\(es\) (\d+) \(sleep 60\) \(started by plugin spawn.py\) "
+                       r"still running after the command ended: not waiting for them; they keep the command's output "
+                       r"open", text)
+    assert found == [str(pid)], text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+
+
+def launch_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (not a zombie)."""
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -63,7 +63,8 @@ class _Zygote:
         self.address = os.path.join(self.dir, "socket")
         self.env = env
         self.proc = subprocess.Popen([sys.executable, "-c", "from tests.launch import _serve; _serve()", self.address,
-                                      *PRELOAD], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env)
+                                      *PRELOAD], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self.env,
+                                      start_new_session=True)  # (a command signalling its group: never pytest)
         ready = self.proc.stdout.readline()
         if ready.strip() != b"ready":
             raise RuntimeError(f"the tests' zygote did not start (exit {self.proc.wait()})")
@@ -346,12 +347,19 @@ def _waiter(conn: socket.socket, request: dict, fds: list[int]) -> None:
     says how it ended (exit code, or minus the signal, as ``subprocess`` does) and its CPU seconds."""
     try:
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # (the zygote's standard input is its lifeline, not ours)
+        started_r, started_w = os.pipe()
         pid = os.fork()
         if pid == 0:
             conn.close()
-            _command(request, fds)  # (never returns)
+            os.close(started_r)
+            _command(request, fds, started_w)  # (never returns)
+        os.close(started_w)
         for fd in fds:
             os.close(fd)
+        # (the pid is said once the command has its own session, as subprocess.Popen returns after the child's setsid
+        # and exec: a test's os.killpg(pid, ...) at once reaches its group, not nothing or the zygote's)
+        os.read(started_r, 1)
+        os.close(started_r)
         conn.sendall(f"{pid}\n".encode())
         # (the zygote ending with the command still running: it is killed, then reaped here)
         signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
@@ -363,13 +371,15 @@ def _waiter(conn: socket.socket, request: dict, fds: list[int]) -> None:
         os._exit(0)
 
 
-def _command(request: dict, fds: list[int]) -> None:
+def _command(request: dict, fds: list[int], started: int) -> None:
     """The command's process: its session, streams, working folder, environment and ``sys.path`` as a fresh
     ``python -m`` gets them, then the module run as ``__main__`` and the interpreter's exit."""
     code = 1
     try:
         if request["new_session"]:
             os.setsid()
+        os.write(started, b"s")
+        os.close(started)
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
         for fd in set(fds):

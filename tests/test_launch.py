@@ -96,3 +96,20 @@ def test_a_forked_python_c_program_sees_what_a_fresh_one_sees(tmp_path):
     forked = launch.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert fresh.returncode == forked.returncode == 3 and fresh.stdout == forked.stdout, (fresh, forked)
     assert fresh.stdout.startswith(f"['-c', 'a', 'b'] '' {tmp_path} False None __main__"), fresh.stdout
+
+
+def test_a_forked_command_has_its_own_group_when_its_pid_is_known():
+    """As ``subprocess.Popen`` returns after the child's ``setsid``: a test's ``os.killpg(pid, ...)`` at once reaches
+    the command's group (the pid said before the setsid: ESRCH, the command left running, seen as a CI hang); a
+    command of no session of its own is not in this process's group (a signal to its group never reaches pytest)."""
+    import os
+
+    code = "import time; time.sleep(30)"
+    for _ in range(5):
+        proc = launch.Popen([sys.executable, "-c", code], start_new_session=True)
+        assert isinstance(proc, launch.Popen)
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(30) == -signal.SIGTERM
+    proc = launch.Popen([sys.executable, "-c", "import os; print(os.getpgid(0))"], stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and int(out) != os.getpgid(0), out

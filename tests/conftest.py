@@ -47,6 +47,15 @@ def pytest_configure(config):
         config.option.loadgroup = True
 
 
+def pytest_runtest_logreport(report):
+    """A failure is named on standard error as it happens (the controller's, under xdist): a suite that hangs or is
+    killed later (a CI limit) still says which tests failed, where its summary is never printed."""
+    if report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):
+        crash = getattr(report.longrepr, "reprcrash", None)
+        why = f"{crash.path}:{crash.lineno}: {crash.message}" if crash else str(report.longrepr)[-300:]
+        print(f"\nFAILED {report.nodeid} ({report.when}): {why[:500]}", file=sys.__stderr__, flush=True)
+
+
 def pytest_unconfigure(config):
     """The zygotes of tests/launch.py end with the session (not at the interpreter's exit, which an xdist worker may
     not reach before its controller ends it: a zygote orphaned then is counted in nobody's CPU)."""

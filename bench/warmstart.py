@@ -19,13 +19,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-from filelock import FileLock, Timeout
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from bench.model import build_char_tokenizer, format_prompt, tiny_config
 from bench.rollout import SamplingParams, make_sampler
 from evaluators.arith import ArithTask
-from reports.paths import check_length, claim_output_folder
+from reports.paths import check_length, claim_output_folder, hold_out_folder
 
 FINGERPRINT_STEPS = (50, 100)  # besides the last step: the reproducibility test replays this prefix
 
@@ -82,32 +81,19 @@ def warmstart(out: str | Path, recipe: Recipe = Recipe(), *, force: bool = False
     """Train the tiny model with `recipe` and save it to `out` (reused if `out` already holds this recipe).
 
     `snapshots`: extra steps at which a copy is saved to ``out/step-<k>`` (for choosing the number of steps).
-    The folder is held (``out_lock``) from the look at what it holds until the model is saved: another warm start
+    The folder is held (``reports.paths.hold_out_folder``, as `bench eval`'s and `bench report`'s) from the look at
+    what it holds until the model is saved: another warm start
     into it at the same time is refused in one line (held-out round 10: two of different recipes both ended 0, one
     model silently replaced by the other).
     """
     recipe.validate()
     check_length(out, "--out")  # (a name over 255 bytes: one line, not an OSError from the first look at it)
-    lock = out_lock(Path(out))
+    lock = hold_out_folder(Path(out), "warmstart", instead="wait for it to end (the same recipe is then reused), "
+                           "or give another --out")
     try:
         return _warmstart(Path(out), recipe, force, progress, snapshots)
     finally:
         lock.release()
-
-
-def out_lock(out: Path) -> FileLock:
-    """Take the lock of warm-start folder ``out`` (``<parent>/.locks/<name>.warmstart.lock``, outside the folder, as
-    a run folder's: bench/runs/locks.py), or ValueError naming the other command's hold (an ``fcntl`` lock: released
-    by the kernel when its holder dies)."""
-    path = out.parent / ".locks" / f"{out.name}.warmstart.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path), thread_local=False)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise ValueError(f"--out {out}: another bench warmstart is writing a model there now (lock {path}); wait for "
-                         "it to end (the same recipe is then reused), or give another --out") from None
-    return lock
 
 
 def _warmstart(out: Path, recipe: Recipe, force: bool, progress: bool, snapshots: tuple[int, ...]) -> Path:

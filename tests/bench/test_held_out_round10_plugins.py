@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -175,13 +176,14 @@ def test_a_warmstart_into_a_folder_another_warmstart_writes_now_is_refused(tmp_p
     other = FileLock(str(tmp_path / ".locks" / "m2.warmstart.lock"), thread_local=False)
     (tmp_path / ".locks").mkdir()
     other.acquire(timeout=0)
+    (tmp_path / ".locks" / "m2.warmstart.lock.pid").write_text(f"{os.getpid()}\n")  # (as its holder writes it)
     try:
         rc, _, err = bench_here(["warmstart", "--steps", "3", "--eval", "0", "--out", "m2", "--no-progress"],
                                 tmp_path)
     finally:
         other.release()
     assert rc == 2, err[-3000:]
-    assert "another bench warmstart is writing a model there now" in _one_line(err)
+    assert f"another bench warmstart (process {os.getpid()}) is writing there now" in _one_line(err), err
     assert not (tmp_path / "m2").exists()
 
 

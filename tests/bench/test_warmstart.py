@@ -54,11 +54,13 @@ def test_cli_warmstart(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_recipe_reproduces_the_shipped_checkpoint_prefix(tmp_path):
-    """Replays the first 50 steps of the shipped recipe and compares them with the shipped training record.
+    """Replays the first 20 steps of the shipped recipe and compares them with the shipped training record.
 
-    The learning rate is constant after warm-up, so a 50-step run is exactly the first 50 steps of the shipped run:
-    its per-step losses and its weights must match the record (`warmstart.json`, written by the run that produced the
-    shipped weights). Bit for bit only on a CPU with the same float kernels: another CPU (another SIMD width, another
+    The warm-up and the learning rate after it do not depend on the number of steps, so a 20-step run is exactly the
+    first 20 steps of the shipped run: its per-step losses (each one a function of the weights the steps before it
+    made) must match the record (`warmstart.json`, written by the run that produced the shipped weights; the
+    weights' fingerprints it holds are at steps 50, 100 and 500, and 50 steps cost twice the CPU seconds).
+    Bit for bit only on a CPU with the same float kernels: another CPU (another SIMD width, another
     summation order in matrix products) drifts by rounding, ~1e-7 relative per step (measured on CI: at most 4e-7 after
     50 steps), so the comparison allows 1e-5 relative, far below what a changed recipe moves (a wrong learning rate,
     batch or data order changes the losses in the second or third digit). POBENCH_FULL_WARMSTART=1 also replays the
@@ -66,13 +68,10 @@ def test_recipe_reproduces_the_shipped_checkpoint_prefix(tmp_path):
     """
     meta = json.loads((SHIPPED / "warmstart.json").read_text())
     shipped = Recipe(**meta["recipe"])
-    prefix = warmstart(tmp_path / "prefix", replace(shipped, steps=50), progress=False)
+    prefix = warmstart(tmp_path / "prefix", replace(shipped, steps=20), progress=False)
     replay = json.loads((prefix / "warmstart.json").read_text())
-    assert replay["losses"] == pytest.approx(meta["losses"][:50], rel=1e-5, abs=0)
-    got, want = replay["fingerprints"]["50"], meta["fingerprints"]["50"]
-    assert got.keys() == want.keys()
-    for name, summary in want.items():
-        assert got[name] == pytest.approx(summary, rel=1e-5, abs=1e-4), name  # sums near 0: absolute
+    assert len(replay["losses"]) == 20
+    assert replay["losses"] == pytest.approx(meta["losses"][:20], rel=1e-5, abs=0)
     model, _ = load_policy(str(SHIPPED))
     assert fingerprint(model) == meta["fingerprints"][str(shipped.steps)]  # the record describes the shipped weights
 

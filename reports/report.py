@@ -338,6 +338,10 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
                            "replaces that one), or give another --out-root", on_busy)  # (two at once: one lost, H21)
     try:
         rep = _write(a, dest, out_root, settings, options, extra, figures_too)
+    except BaseException:
+        hold.release()
+        raise
+    try:
         if store_derived:
             for r in cmp.runs:
                 store(client, r.run_id, a.derived[r.run_id], cmp.comparison_id)
@@ -350,6 +354,9 @@ def build_report(experiment: str = "pobench", comparison: str | None = None, tra
             if created:
                 client.set_terminated(run_id)
             rep.artifact_run_id = run_id
+    except Exception as e:  # (the store failed once the folder was written: the caller can say it is kept)
+        e.report_folder = dest
+        raise
     finally:
         hold.release()
     return rep

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from pathlib import Path
 
 from bench import faults
 from bench.cli.flags import add_plugin_flag, add_report_flags, report_options
@@ -17,7 +15,7 @@ from bench.runs.store_check import check_reachable
 from bench.runs.tracking import answering
 from reports.load import _client, get_experiment, list_comparisons, resolve_tracking_uri
 from reports.record import mlflow_error
-from reports.report import build_report, report_folder
+from reports.report import build_report
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,7 +57,6 @@ def _report(args: argparse.Namespace, uri: str) -> int:
                   f"{latest} (others: {others}; choose with --comparison)")
     from bench.runs.run import left_running
 
-    started = time.time()
     try:
         rep = build_report(args.experiment, args.comparison, uri, out_root=args.out_root, baseline=args.baseline,
                            target_acc=args.target_acc, store_derived=not args.no_store, options=report_options(args),
@@ -69,7 +66,7 @@ def _report(args: argparse.Namespace, uri: str) -> int:
         raise Stopped("nothing: no report written", rerun()) from None
     except Exception as e:  # a fault of the store once the report was written: the line says it is kept
         line = faults.describe(e)
-        written = _written_since(args.out_root, args.experiment, started) if line is not None else None
+        written = getattr(e, "report_folder", None) if line is not None else None  # (set once the folder is written)
         if written is None:
             raise
         print(f"bench report: stopped: {line}; kept: the report in {written} (written before the store failed; not "
@@ -81,17 +78,6 @@ def _report(args: argparse.Namespace, uri: str) -> int:
     except KeyboardInterrupt:
         pass
     return 0
-
-
-def _written_since(out_root: str, experiment: str, since: float) -> Path | None:
-    """The report folder of ``experiment`` under ``out_root`` whose report.md was written at ``since`` or later (by
-    this command, before a fault of the store stopped it: held-out round 11, H12, `stopped:` said nothing of it)."""
-    try:
-        found = [(f.stat().st_mtime, f.parent) for f in report_folder(out_root, experiment).glob("*/report.md")]
-    except (OSError, ValueError):
-        return None
-    found = [x for x in found if x[0] >= since - 1]
-    return max(found)[1] if found else None
 
 
 def _summary(rep) -> None:

@@ -191,6 +191,21 @@ def no_signal_handler_left_set():
     assert not changed, f"this test left signal handlers set: {changed}"
 
 
+@pytest.fixture(autouse=True)
+def no_stop_state_left():
+    """What a test that ran a command's code in this process left in ``bench.runs.stop`` (the stop signal it got, an
+    interrupt held, the hook that sends a dropped interrupt again, ``sys.unraisablehook``) is reset after it: left,
+    a later test's dropped KeyboardInterrupt would make this worker send itself that signal again."""
+    hook = sys.unraisablehook
+    yield
+    sys.unraisablehook = hook
+    stop = sys.modules.get("bench.runs.stop")
+    if stop is not None:
+        stop._RECEIVED["signal"] = None
+        stop._HELD.update(depth=0, pending=False)
+        stop._LOST.update(signal=None, hook=None)
+
+
 _EMPTY_STORE: list = []  # this process's empty store, made at first use
 
 

@@ -59,9 +59,16 @@ def pytest_runtest_logreport(report):
 def pytest_unconfigure(config):
     """The zygotes of tests/launch.py end with the session (not at the interpreter's exit, which an xdist worker may
     not reach before its controller ends it: a zygote orphaned then is counted in nobody's CPU)."""
+    import threading
+
     from tests import launch
 
     launch.close_all()
+    left = [t.name for t in threading.enumerate() if t is not threading.current_thread() and t.is_alive()
+            and not t.daemon]
+    if left:  # (the interpreter waits for them at its exit: an xdist worker that never ends hangs the suite)
+        print(f"\n{os.environ.get('PYTEST_XDIST_WORKER', 'pytest')}: threads still running at the end: "
+              f"{', '.join(left)}", file=sys.__stderr__, flush=True)
 
 
 @pytest.hookimpl(hookwrapper=True)

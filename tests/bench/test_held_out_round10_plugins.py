@@ -217,3 +217,28 @@ def test_two_comparison_evals_at_once_store_each_evaluation_once(tmp_path, bench
     assert plan_evaluations("pobench", cid, ["arith"], settings, uri, client).reused == 1  # (the command's settings)
     assert list(evaluate_missing(second, settings, "pobench", uri, tmp_path / "e2")) == [first.info.run_id]
     assert len(client.search_runs([exp_id], "tags.`pobench.kind` = 'eval'")) == 1
+
+
+# ------------------------------------------------------------------ round 13, H37: a plugin edited as the pool starts
+def test_a_plugin_edited_while_the_pool_starts_fails_each_pair_in_one_line(tmp_path, bench_here):
+    """Held-out round 13 (H37): a plugin file edited after `bench run` identified it and before its pool workers
+    imported it: the workers trained the edited code (kl_coef 0.5) under the comparison id of the first (0.0), exit 0,
+    nothing said. Now a worker whose plugins are not those the command identified trains nothing: each pair's line
+    names the change, exit 1 (here the plugin edits its own file half a second after the command imported it)."""
+    (tmp_path / "pv.py").write_text(
+        "import multiprocessing, threading\nfrom algorithms import register\n"
+        "KL = 0.0\n"
+        "register('grpo-v', base='grpo', kl_coef=KL, description='edited while the pool starts')\n"
+        "def _edit():\n"
+        "    text = open(__file__).read().replace('KL = 0.0', 'KL = 0.5')\n"
+        "    open(__file__, 'w').write(text)\n"
+        "if multiprocessing.current_process().name == 'MainProcess':\n"
+        "    threading.Timer(0.5, _edit).start()\n")
+    rc, out, err = bench_here(["run", "--algos", "grpo-v", "--no-controls", "--seeds", "0,1", "--workers", "2",
+                               *TINY[:-5], "--plugin", "pv.py", "--no-progress", "--no-report"], tmp_path)
+    assert "KL = 0.5" in (tmp_path / "pv.py").read_text()
+    assert rc == 1, (out + err)[-3000:]
+    assert "Traceback" not in out + err, (out + err)[-3000:]
+    for seed in (0, 1):
+        assert f"seed {seed}: failed: the plugins changed on disk while the command started its worker processes" \
+            in out, out[-3000:]

@@ -42,8 +42,16 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     uri = check_reachable(resolve_tracking_uri(args.tracking_uri), reads_only=True)
     faults.check_output_folder(args.out_root, "--out-root")  # a file in its place, read-only: one line now
-    with answering(uri):  # a server lost during the work: one `stopped:` line within the bound, not MLflow's retries
-        return _report(args, uri)
+    try:
+        with answering(uri):  # a server lost during the work: one `stopped:` line within the bound, not its retries
+            return _report(args, uri)
+    except (faults.StoreUnreachable, faults.StoreRefused) as e:  # (what answering made of the request's error)
+        written = getattr(e.__context__, "report_folder", None)  # (set once the folder is written: round 13, H06)
+        if written is None:
+            raise
+        print(f"bench report: stopped: {faults.describe(e) or e}; kept: the report in {written} (written before the "
+              "store failed; not yet stored in MLflow: the rerun stores it)", file=sys.stderr)
+        return 1
 
 
 def _report(args: argparse.Namespace, uri: str) -> int:

@@ -265,3 +265,29 @@ def test_bench_report_stopped_by_a_locked_store_says_the_report_is_kept(tmp_path
     assert lines[0].startswith("bench report: stopped: the MLflow store") and "stayed locked" in lines[0], lines[0]
     assert f"kept: the report in {folder} (written before the store failed" in lines[0], lines[0]
     assert (folder / "report.md").is_file()
+
+
+def test_bench_report_whose_server_stops_answering_once_the_report_is_written_says_it_is_kept(
+        tmp_path, bench_here, monkeypatch, mlflow_server):
+    """Held-out round 13 (H06): the MLflow server SIGSTOPped while `bench report` stored its numbers: the report
+    folder was complete on disk, but the `stopped:` line of the server said nothing of it (H12's "kept" covered a
+    local store's faults only). (The first request after the folder is written gets no answer, as MLflow raises it.)"""
+    import requests
+
+    from reports import report as report_module
+    from tests.reports.conftest import log_comparison
+
+    log_comparison(mlflow_server, experiment="r13h06", comparison="c06", objectives=("grpo", "dapo"), seeds=(0,))
+
+    def no_answer(*args, **kwargs):
+        raise requests.exceptions.ConnectionError("Read timed out.")
+
+    monkeypatch.setattr(report_module, "store", no_answer)
+    rc, _, err = bench_here(["report", "--experiment", "r13h06", "--tracking-uri", mlflow_server], tmp_path)
+    lines = err.strip().splitlines()
+    folder = tmp_path / "reports" / "out" / "r13h06" / "c06"
+    assert rc == 1 and len(lines) == 1, (rc, err[-3000:])
+    assert lines[0].startswith(f"bench report: stopped: MLflow tracking server {mlflow_server} stopped answering"), \
+        lines[0]
+    assert f"kept: the report in {folder} (written before the store failed" in lines[0], lines[0]
+    assert (folder / "report.md").is_file()

@@ -491,6 +491,6 @@ def _os_line(e: OSError) -> str:
     if e.errno in _NO_SPACE:
         return f"no space left on device{where} ({why}): free space"
     if e.errno in _READ_ONLY:
-        kind = "a read-only file system" if e.errno == errno.EROFS else "no permission"
-        return f"{path} cannot be written ({why}: {kind}); make it writable, or choose another folder"
+        kind = "a read-only file system" if e.errno == errno.EROFS else f"{why}: no permission"
+        return f"{path} cannot be written ({kind}); make it writable, or choose another folder"
     return f"{path}: {why} (something not pobench's is in the way); move it away"

@@ -11,6 +11,7 @@ processes where the fault is a read-only file system: a read-only bind mount in 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -406,3 +407,14 @@ def test_a_store_missing_one_of_mlflows_tables_is_damaged_one_line_before_any_wo
     one_line(lines, f"bench train: error: the MLflow store {db} is damaged (no such table: latest_metrics); restore "
                     "it from a backup")
     assert db.read_bytes() == before
+
+
+@pytest.mark.parametrize("code, why", [(errno.EROFS, "a read-only file system"),
+                                       (errno.EACCES, "Permission denied: no permission")])
+def test_a_file_that_cannot_be_written_is_named_once_with_its_cause(code, why):
+    """Held-out round 13 (H11): `bench tune --show --out` on a read-only mount said "(Read-only file system: a
+    read-only file system)": the cause twice in other words. Once now (the system's words kept where they add)."""
+    from bench import faults
+
+    line = faults.describe(OSError(code, os.strerror(code), "/data/out/contour.png"))
+    assert line == f"/data/out/contour.png cannot be written ({why}); make it writable, or choose another folder"

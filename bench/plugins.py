@@ -128,7 +128,7 @@ def _import_file(spec: str) -> Plugin:
                 loader_spec.loader.exec_module(module)
             except BaseException as e:
                 del sys.modules[name]
-                raise _failed(spec, e) from e
+                raise _failed(spec, e, beside=path.parent) from e
     check_streams(spec, kept)
     _CHILDREN.update(dict.fromkeys(kept.children, spec))
     digest, imports, unknown, reads = plugin_digest(path, [m for m in _new_modules(before) if m != name],
@@ -210,7 +210,7 @@ def plugin_failure(error: BaseException, causes: bool = True) -> str | None:
     return None
 
 
-def _failed(spec: str, e: BaseException) -> BaseException:
+def _failed(spec: str, e: BaseException, beside: Path | None = None) -> BaseException:
     """A plugin that raised while imported: one line naming it (a ``sys.exit`` in it included, which would otherwise
     end the command silently with the plugin's code); an interrupt stays an interrupt, unless no signal came: a
     ``raise KeyboardInterrupt`` of the plugin's code is its fault, as any other exception (held-out round 11, H18:
@@ -225,7 +225,13 @@ def _failed(spec: str, e: BaseException) -> BaseException:
                           "came)")
     if isinstance(e, SystemExit):
         return ValueError(f"plugin {spec} failed to load: it called sys.exit({e.code!r}) while imported")
-    return ValueError(f"plugin {spec} failed to load: {type(e).__name__}: {e}")
+    hint = ""
+    top = (getattr(e, "name", None) or "").split(".")[0] if isinstance(e, ModuleNotFoundError) else ""
+    if top and beside is not None and ((beside / f"{top}.py").is_file() or (
+            beside / top / "__init__.py").is_file()):  # (held-out round 13, H14: a module beside the plugin file)
+        hint = (f" ({top!r} is beside the plugin in {beside}, which is not on Python's path: a plugin file is "
+                f"imported, not run as a script; add that folder to PYTHONPATH)")
+    return ValueError(f"plugin {spec} failed to load: {type(e).__name__}: {e}{hint}")
 
 
 def _import_module(spec: str, entry_point: bool = False) -> Plugin:

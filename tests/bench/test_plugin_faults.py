@@ -5,6 +5,8 @@ worker): one line each, naming the plugin's line where it applies, no run left R
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from tests import launch
@@ -362,3 +364,19 @@ def test_a_sigterm_after_a_plugin_ignoring_it_at_import_still_stops_the_command(
         unregister("sig-pg")
     assert after == handler
     assert plugin.changed[0].startswith("the handler of SIGTERM to SIG_IGN while imported; pobench put its own back")
+
+
+def test_a_plugin_importing_a_module_beside_it_says_its_folder_is_not_on_the_path(tmp_path):
+    """Held-out round 13 (H14): a plugin file importing its sibling module (`import childhelper`), its folder not on
+    PYTHONPATH: `failed to load: ModuleNotFoundError: No module named 'childhelper'`, nothing said of why (run as a
+    script, Python would have put the folder first on its path). The line now says where the module is and what to
+    do (a real command: the path is the process's)."""
+    (tmp_path / "plug").mkdir()
+    (tmp_path / "plug" / "childhelper.py").write_text("X = 1\n")
+    (tmp_path / "plug" / "p_helper.py").write_text("import childhelper\n")
+    p = launch.run([sys.executable, "-m", "bench.cli", "list", "--plugin", "plug/p_helper.py"], cwd=tmp_path,
+                   capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr[-2000:]
+    assert "No module named 'childhelper' ('childhelper' is beside the plugin in " \
+           f"{tmp_path / 'plug'}, which is not on Python's path" in p.stderr, p.stderr
+    assert "add that folder to PYTHONPATH" in p.stderr

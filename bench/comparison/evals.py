@@ -144,6 +144,12 @@ def plan_evaluations(experiment: str, comparison: str | None, benchmarks: list[s
                 missing.append((b, problems, source, key))
         if missing:
             plan.todo.append((r, final_model(r), template, missing))
+    in_way = [path for _, path, _, _ in plan.todo if (path.exists() or path.is_symlink()) and not path.is_dir()]
+    if in_way:  # (the command does run where bench run ran: the path is there, as a file)
+        more = f" ({len(in_way) - 1} more such file(s))" if len(in_way) > 1 else ""
+        raise ValueError(f"{in_way[0]} is a file, not pobench's final model folder (pobench writes a folder there): "
+                         "move it away, then put the run's final model folder back there (or train the run again: the "
+                         f"same `bench run` with --force){more}")
     absent = [f"{r.name}: {path}" for r, path, _, _ in plan.todo if not (path / "config.json").is_file()]
     if absent:
         raise ValueError(f"{len(absent)} final model(s) not found (run bench eval from the folder bench run ran in): "

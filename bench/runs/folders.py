@@ -38,6 +38,9 @@ RUN_LAYOUT = (MARKER, "config.yaml", "run.json", "run.json.tmp", "inputs.json", 
               "ckpt-[0-9]*", "trl", "verl", "verl-data")
 #: the folders of RUN_LAYOUT whose files pobench lists as it writes them (state.json, final's listing)
 LISTED = ("ckpt-[0-9]*", "final", ".final.old")
+#: the names of RUN_LAYOUT pobench writes as folders (the others it writes as files): a name of the layout holding
+#: the other kind (a user's plain file ``final``) is not pobench's (:func:`in_the_way`)
+FOLDERS = ("final", ".final.tmp", ".final.old", "ckpt-[0-9]*", "trl", "verl", "verl-data")
 
 
 def experiment_dir(output_dir: str | Path, experiment: str) -> Path:
@@ -67,19 +70,42 @@ def claim_run_folder(run_dir: str | Path) -> Path:
     return make_owned(run_dir, RUN_KIND)
 
 
+def in_the_way(run_dir: str | Path) -> list[Path]:
+    """The entries of the run folder ``run_dir`` named as pobench names its own (:data:`RUN_LAYOUT`) but of the other
+    kind: a plain file where pobench writes a folder (a user's file ``final``), a folder where it writes a file.
+    pobench did not write them: neither deleted (``--force``) nor replaced (a final model saved over them)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or run_dir.is_symlink():
+        return []
+    return [e for e in sorted(run_dir.iterdir()) if _matches(e.name, RUN_LAYOUT) and not e.is_symlink()
+            and e.is_dir() != _matches(e.name, FOLDERS)]
+
+
+def _check_in_the_way(run_dir: Path, action: str) -> None:
+    for e in in_the_way(run_dir):
+        kind, other = ("a folder", "a file") if e.is_dir() else ("a file", "a folder")
+        raise UnsafePath(f"{e} is {kind} pobench did not write (pobench writes {other} there: "
+                         f"{'the final model' if e.name == 'final' else 'its own'}): not {action} it; move it away, "
+                         "then run the same command again")
+
+
 def check_removable(run_dir: str | Path) -> None:
-    """UnsafePath (one line) when ``run_dir`` exists and is not a run folder pobench may delete."""
+    """UnsafePath (one line) when ``run_dir`` exists and is not a run folder pobench may delete, or holds a user's
+    entry under a name pobench writes (:func:`in_the_way`: `--force` would retrain over it)."""
     run_dir = Path(run_dir)
     if (run_dir.exists() or run_dir.is_symlink()) and not is_run_folder(run_dir):
         raise _refuse(run_dir, "deleting")
+    _check_in_the_way(run_dir, "deleting")
 
 
 def check_claimable(run_dir: str | Path) -> None:
     """UnsafePath (one line) when ``run_dir`` exists and pobench may not write into it (:func:`claim_run_folder`
-    would refuse it): asked before a comparison opens its record."""
+    would refuse it, or it holds a user's entry under a name pobench writes): asked before a comparison opens its
+    record."""
     run_dir = Path(run_dir)
     if (run_dir.exists() or run_dir.is_symlink()) and not is_run_folder(run_dir):
         raise _refuse(run_dir, "writing into")
+    _check_in_the_way(run_dir, "replacing")
 
 
 def _matches(name: str, patterns: tuple[str, ...]) -> bool:
@@ -159,8 +185,9 @@ def not_written(run_dir: str | Path) -> list[Path]:
     if not run_dir.is_dir() or run_dir.is_symlink():
         return []
     out = []
+    foreign = in_the_way(run_dir)
     for entry in sorted(run_dir.iterdir()):
-        if not _matches(entry.name, RUN_LAYOUT):
+        if not _matches(entry.name, RUN_LAYOUT) or entry in foreign:
             out.append(entry)
         elif _matches(entry.name, LISTED) and entry.is_dir() and not entry.is_symlink():
             out += _not_listed(entry)
@@ -181,7 +208,7 @@ def remove_run_folder(run_dir: str | Path, root: str | Path) -> list[Path]:
         remove_owned(run_dir, root)
         return []
     for entry in sorted(run_dir.iterdir()):
-        if entry.name == MARKER or not _matches(entry.name, RUN_LAYOUT):
+        if entry.name == MARKER or not _matches(entry.name, RUN_LAYOUT) or entry in kept:
             continue
         if _matches(entry.name, LISTED) and entry.is_dir() and not entry.is_symlink():
             remove_written(entry)

@@ -1,0 +1,57 @@
+"""Held-out round 13: a user's file where pobench writes a run's final model folder (kept, named), a pool worker
+killed during `bench run`, a stop signal a plugin swallowed, a plugin's shell-started background process: each said in
+one line, as their earlier counterparts are."""
+
+from __future__ import annotations
+
+import shutil
+
+from tests.bench.test_containment import TINY, errors, scratch, snapshot  # noqa: F401 (scratch: a fixture)
+from tests.bench.test_held_out_round12 import _comparison_with_a_final_model
+from tests.conftest import fresh_store
+
+
+# ------------------------------------------------------------------ H23 / H22: a user's file named `final`
+def test_bench_run_force_keeps_a_user_s_file_named_final_in_a_pobench_run_folder(scratch, bench_here):  # noqa: F811
+    """Held-out round 13 (H23): a user's plain file ``final`` (where pobench writes the run's final model folder) in
+    pobench's marked run folder; `bench run ... --force` retrained and deleted it without a word (the name is one
+    pobench writes, so it was taken for pobench's). Now it is refused in one line naming the file, before any
+    record: the file and the folder stay as they were."""
+    from mlflow import MlflowClient
+
+    from bench.comparison.plan import base_config, plan, run_dir
+    from bench.runs.folders import claim_run_folder
+
+    root, work = scratch
+    cfg = base_config(None, steps=1, prompts_per_step=2, group_size=2, max_new_tokens=8, samples_every=0,
+                      checkpoint_every=1, eval_problems=4, eval_every=0)
+    _, (pair,) = plan(cfg, ["grpo"], [0], {"grpo": {}})
+    target = claim_run_folder(work / run_dir(cfg, pair))
+    (target / "final").write_text("my notes, not pobench's")
+    before = snapshot(target)
+    rc, _, err = bench_here(["run", "--force", "--algos", "grpo", "--seeds", "0", "--workers", "1", "--no-progress",
+                             "--no-report", "--eval-every", "0", *TINY], work)
+    lines = errors(err)
+    assert rc == 2 and len(lines) == 1, (rc, err[-3000:])
+    name = (target / "final").relative_to(work)
+    assert f"{name} is a file pobench did not write" in lines[0] and "move it away" in lines[0], lines[0]
+    assert snapshot(target) == before and (target / "final").read_text() == "my notes, not pobench's"
+    client = MlflowClient(f"sqlite:///{work}/mlflow.db")
+    assert not client.search_runs([e.experiment_id for e in client.search_experiments()])  # no record opened
+
+
+def test_eval_comparison_names_a_file_where_the_final_model_folder_goes(tmp_path, bench_here):
+    """Held-out round 13 (H22): the run's ``final/`` moved away and a file ``final`` in its place; `bench eval
+    --comparison` said "final model(s) not found (run bench eval from the folder bench run ran in)" although the path
+    exists and the command runs there. Now: one line saying it is a file, not pobench's final model folder, rc 2."""
+    uri = fresh_store(tmp_path)
+    _comparison_with_a_final_model(tmp_path, uri)
+    final = tmp_path / ".pobench" / "runs" / "pobench" / "grpo-s0" / "final"
+    shutil.rmtree(final)
+    final.write_text("not a folder")
+    rc, _, err = bench_here(["eval", "--comparison", "c1", "--benchmarks", "arith", "--limit", "4", "--tracking-uri",
+                             uri], tmp_path)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, (rc, err[-3000:])
+    assert f"{final} is a file, not pobench's final model folder" in lines[0], lines[0]
+    assert "run bench eval from the folder" not in lines[0] and final.read_text() == "not a folder"

@@ -48,11 +48,13 @@ from bench.runs import stop
 from bench.runs.stop import sigterm_as_interrupt
 from bench.workers import (
     RAY_INSTALL,
+    WORKER_PID,
     Notify,
     absolute_tracking_uri,
     busy,
     import_ray,
     init_ray,
+    lost_worker,
     pool_context,
     pool_preload,
     pool_worker_setup,
@@ -62,6 +64,7 @@ from bench.workers import (
     task_context,
     task_resources,
     task_setup,
+    worker_lost,  # noqa: F401  (bench.tune.workers: from here)
 )
 
 # the executors `bench run --executor` accepts, with the one line `--help` and the errors show for each
@@ -84,6 +87,7 @@ class Job:
     not_started: Any = None        # its result when Ctrl-C came before it started
     interrupted: Any = None        # its result when it was interrupted inside a worker
     failed: Callable[[str, str], Any] | None = None  # failed(why, detail): its result when its worker itself died
+    label: str = ""                # how a line names it ("grpo seed 0"): the pair whose worker died, to the others
 
 
 class Interrupted:
@@ -97,18 +101,6 @@ class WorkerDied:
     why: str      # one line, e.g. "worker process ended (BrokenProcessPool: ...)"
     detail: str   # the error in full
     error: BaseException | None = None  # the exception itself (the job's own error, or the executor's: worker_lost)
-
-
-def worker_lost(e: BaseException | None) -> bool:
-    """Whether ``e`` says the worker itself was lost (its process killed: the out-of-memory killer, kill -9; a Ray
-    worker or node gone), not that the job raised an error of its own."""
-    if isinstance(e, cf.BrokenExecutor):
-        return True
-    try:
-        from ray.exceptions import NodeDiedError, WorkerCrashedError
-    except ImportError:
-        return False
-    return isinstance(e, (WorkerCrashedError, NodeDiedError))
 
 
 def make_executor(name: str | None = None, *, workers: int | None = None, ray_address: str | None = None):
@@ -210,12 +202,14 @@ class _Backend:
     def close(self) -> None: ...
 
 
-def _died(task: Job, what: str, e: BaseException) -> Any:
+def _died(task: Job, what: str, e: BaseException, lost: str = "") -> Any:
+    """The result of ``task`` whose worker died with ``e``; ``lost``: the line naming a lost worker (said alone)."""
     text = str(e).strip().splitlines()
     why = f"{what} ended ({type(e).__name__}: {text[0] if text else ''})".replace(": )", ")")
     if isinstance(e, WorkerSetupFailed):  # (the worker lives on: its plugin's line says it all)
         why = text[0] if text else why
-    return WorkerDied(why, str(e), e) if task.failed is None else task.failed(why, str(e))
+    why, detail = (lost, "") if lost else (why, str(e))
+    return WorkerDied(why, detail, e) if task.failed is None else task.failed(why, detail)
 
 
 # ------------------------------------------------------------------ local: this process, or a process pool
@@ -305,11 +299,12 @@ def _pool_notify(*event: Any) -> None:
     _WORKER["queue"].put(event)
 
 
-def _pool_task(fn: Callable[..., Any], args: tuple, not_started: Any) -> Any:
+def _pool_task(fn: Callable[..., Any], args: tuple, not_started: Any, index: int | None = None) -> Any:
     if _WORKER["stop"].is_set():
         return not_started
     if _WORKER["setup"] is not None:
         raise WorkerSetupFailed(_WORKER["setup"])
+    _WORKER["queue"].put((WORKER_PID, index, os.getpid()))  # (which process runs it: named if that one dies)
     try:
         with busy():
             return fn(_pool_notify, *args)
@@ -328,36 +323,49 @@ class _Pool(_Backend):
 
         self.pool = cf.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_pool_init,
                                            initargs=(self.queue, self.stop, list(plugins), plugins_tag(plugins)))
+        # task index -> its worker's pid, -> its label; every worker process seen (pid -> process: the broken pool's
+        # too); events read while a lost worker was looked for, not forwarded yet
+        self.pids, self.labels, self.procs, self.held = {}, {}, {}, []
 
     def submit(self, task: Job, notify: Notify) -> Any:
         try:
             # (a submit may start the pool's workers: a stop signal there, after the forkserver made a worker and
             # before the pool recorded it, left a worker nobody ends and the pool's end waiting for it: held-out
             # round 12, H04. The signal comes once the submit is done.)
+            self.labels[task.index] = task.label
             with stop.uninterrupted():
-                return self.pool.submit(_pool_task, task.fn, task.args, task.not_started)
+                return self.pool.submit(_pool_task, task.fn, task.args, task.not_started, task.index)
         except cf.BrokenExecutor as e:  # a worker died before this task started: reported as its failure
             failed: cf.Future = cf.Future()
             failed.set_exception(e)
             return failed
 
     def wait(self, pending: list) -> tuple[list, list]:
+        self.procs.update(getattr(self.pool, "_processes", None) or {})
         done, rest = cf.wait(pending, timeout=0.2)
         return list(done), list(rest)
 
     def result(self, handle: Any, task: Job) -> Any:
         try:
             return handle.result()
-        except Exception as e:  # noqa: BLE001  (the worker process died: BrokenProcessPool, ...)
+        except cf.BrokenExecutor as e:  # a worker process died (SIGKILL: the out-of-memory killer): which, how
+            self.held += self.events()
+            return _died(task, "worker process", e, lost_worker(self.pool, self.procs, self.pids, self.labels,
+                                                                task.index))
+        except Exception as e:  # noqa: BLE001  (the worker process died otherwise)
             return _died(task, "worker process", e)
 
     def events(self) -> list[tuple]:
-        out = []
+        out, self.held = self.held, []
         while True:
             try:
-                out.append(self.queue.get_nowait())
+                event = self.queue.get_nowait()
             except queue_mod.Empty:
                 return out
+            if event[0] == WORKER_PID:
+                self.pids[event[1]] = event[2]
+            else:
+                out.append(event)
 
     def cancel(self, handles: list) -> None:
         self.stop.set()  # queued tasks return "not started"

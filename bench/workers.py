@@ -9,6 +9,7 @@ since a remote node has neither; local stores get absolute paths (``absolute_tra
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import importlib.abc
 import importlib.util
@@ -218,6 +219,56 @@ def stop_pool_workers(pool: Any) -> None:
         if proc.is_alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)
+
+
+#: the event a pool task sends first: (WORKER_PID, task index, pid), so that a worker that dies is named
+WORKER_PID = "worker-pid"
+#: how the line of a task that lost its pool worker begins (`bench run`'s summary then says to rerun the command)
+LOST_WORKER = "lost its worker"
+
+
+def _how_ended(code: int) -> str:
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        oom = ": out of memory? the kernel's OOM killer sends it" if -code == signal.SIGKILL else ""
+        return f"was killed by {name} (signal {-code}{oom})"
+    return f"ended abruptly (exit code {code})"
+
+
+def worker_lost(e: BaseException | None) -> bool:
+    """Whether ``e`` says the worker itself was lost (its process killed: the out-of-memory killer, kill -9; a Ray
+    worker or node gone), not that the job raised an error of its own."""
+    if isinstance(e, concurrent.futures.BrokenExecutor):
+        return True
+    try:
+        from ray.exceptions import NodeDiedError, WorkerCrashedError
+    except ImportError:
+        return False
+    return isinstance(e, (WorkerCrashedError, NodeDiedError))
+
+
+def lost_worker(pool: Any, procs: dict[int, Any], pids: dict[int, int], labels: dict[int, str], index: int) -> str:
+    """One line saying why task ``index`` lost its worker when the process pool ``pool`` broke (BrokenProcessPool):
+    its own worker process killed (by which signal), or ended by the pool because another task's worker died
+    (naming it). ``procs``: the pool's worker processes seen (pid -> process), ``pids``: task index -> its worker's
+    pid, ``labels``: task index -> its name. Waits for the pool to end its processes first (it ends them all once
+    one died): their exit codes then say which one died."""
+    manager = getattr(pool, "_executor_manager_thread", None)
+    if manager is not None:
+        manager.join(timeout=60)
+    codes = {pid: p.exitcode for pid, p in procs.items()}
+    dead = [pid for pid, code in codes.items() if code not in (None, 0, 1, -signal.SIGTERM)]
+    own = pids.get(index)
+    if own is not None and own in dead:
+        return f"{LOST_WORKER}: process {own} {_how_ended(codes[own])}"
+    if len(dead) == 1:
+        who = next((labels.get(i) or f"task {i}" for i, pid in pids.items() if pid == dead[0]), "an idle worker")
+        return (f"{LOST_WORKER}: stopped when the process pool broke: the worker process {dead[0]} of {who} "
+                f"{_how_ended(codes[dead[0]])}")
+    return f"{LOST_WORKER}: the process pool broke (a worker process ended abruptly: killed? out of memory?)"
 
 
 # ------------------------------------------------------------------ Ray

@@ -26,7 +26,7 @@ from bench.comparison import (
 from bench.config import TrainConfig
 from bench.executors import EXECUTORS, make_executor
 from bench.presets import get_preset
-from bench.workers import parse_seeds
+from bench.workers import LOST_WORKER, parse_seeds
 
 SKIP = ("algo", "seed", "run_name", "comparison", "resume", "objective_overrides")
 
@@ -94,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
           + (" (Ray tasks)" if res.executor == "ray" else ""))
     for p in res.pairs:
         print(f"  {p.variant:<24} seed {p.seed}: {p.outcome}")
+    lost = sum(LOST_WORKER in p.outcome for p in res.pairs)
+    if lost:  # (a worker process killed: the out-of-memory killer, kill -9)
+        print(f"{lost} pair(s) lost their worker process: {rerun_to_resume()} (checkpointed pairs resume, finished "
+              "ones are reused)")
     if res.report is not None:
         print(f"report: {res.report.out_dir / 'report.md'}")
         t = res.report.tables["accuracy"]

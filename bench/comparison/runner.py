@@ -46,6 +46,7 @@ from bench.runs.run import (
 )
 from bench.runs.store_check import check_outside_artifacts, check_reachable
 from bench.runs.tracking import answering, store_client, version_tags
+from bench.workers import LOST_WORKER
 from reports.record import (
     COMPARISON,
     CONFIG_HASH,
@@ -380,8 +381,8 @@ def _train(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pai
         display.done(r.index, p, r.error)
 
     def pair_failed(i: int) -> Callable[[str, str], PairResult]:
-        return lambda why, detail: PairResult(i, f"failed: {why}", "train",
-                                              error=f"{todo[i].variant} seed {todo[i].seed}: {detail}")
+        return lambda why, detail: PairResult(i, f"failed: {why}", "train", error=(
+            f"{todo[i].variant} seed {todo[i].seed}: {detail}" if detail else ""))  # (none: the line says it all)
 
     # the pool's size, or the Ray connection and task resources
     n_workers = ex.start(len(todo), cfg, {"on_eval": spec.on_eval, "train_fn": spec.train_fn})
@@ -397,7 +398,12 @@ def _train(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pai
             else:
                 step0 = got
         tasks = [Job(i, run_pair, (PairJob(i, p, ctx, step0.get(p.seed)),), not_started=PairResult(i, "not "
-                      "started"), interrupted=PairResult(i, "interrupted"), failed=pair_failed(i))
-                 for i, p in enumerate(todo)]
+                      "started"), interrupted=PairResult(i, "interrupted"), failed=pair_failed(i),
+                     label=f"{p.variant} seed {p.seed}") for i, p in enumerate(todo)]
         ex.run(tasks, display.event, on_result=finished)
+    if any(LOST_WORKER in p.outcome for p in todo):  # a worker process killed: its run, left RUNNING, ends now
+        ended = end_runs_of_killed(cfg, experiment_dir(cfg.output_dir, cfg.experiment))
+        if ended:
+            print(f"pobench: note: the MLflow run(s) of the lost worker were ended: {', '.join(ended)}",
+                  file=sys.stderr)
     return status, n_workers

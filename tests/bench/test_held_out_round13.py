@@ -55,3 +55,73 @@ def test_eval_comparison_names_a_file_where_the_final_model_folder_goes(tmp_path
     assert rc == 2 and len(lines) == 1, (rc, err[-3000:])
     assert f"{final} is a file, not pobench's final model folder" in lines[0], lines[0]
     assert "run bench eval from the folder" not in lines[0] and final.read_text() == "not a folder"
+
+
+# ------------------------------------------------------------------ H15: a pool worker killed during `bench run`
+def _holder(lock: str, skip: int) -> int | None:
+    """The pid of the process (not ``skip``) that holds file ``lock`` open."""
+    import os
+
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if int(pid) == skip:
+            continue
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") == lock for fd in os.listdir(f"/proc/{pid}/fd")):
+                return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def test_a_pool_worker_killed_during_bench_run_is_named_and_its_run_ended(tmp_path):
+    """Held-out round 13 (H15): `bench run --workers 2`, one pool worker SIGKILLed (as the out-of-memory killer
+    does): both pairs failed in Python's words (`BrokenProcessPool: A process in the process pool was terminated
+    abruptly ...`, six lines), no cause, no "rerun the same command", and the killed worker's run stayed RUNNING
+    after the command ended. Now: one line per pair naming the cause (its worker process killed by SIGKILL; the
+    other pair stopped when the pool broke, naming the pair whose worker died), the summary says to rerun the same
+    command, and no run is left RUNNING (the killed one KILLED: it has checkpoints to resume from)."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import time
+
+    from mlflow import MlflowClient
+
+    from tests import launch
+    from tests.bench.test_compare import FAKE_CLI, env
+
+    fresh_store(tmp_path)
+    cmd = [*FAKE_CLI, "run", "--algos", "grpo,dapo", "--seeds", "0", "--no-controls", "--workers", "2", "--steps",
+           "40", "--checkpoint-every", "1", "--no-report", "--no-progress", "--eval-every", "0",
+           "--prompts-per-step", "2", "--group-size", "2"]
+    proc = launch.Popen(cmd, cwd=tmp_path, env={**env(), "FAKE_STEP_S": "0.3"}, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True)
+    folder = tmp_path / ".pobench" / "runs" / "pobench"
+    deadline = time.time() + 120
+    try:
+        while len({c.parent for c in folder.glob("*/ckpt-*")}) < 2:  # both pairs have trained a step
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[0][-3000:]
+            time.sleep(0.2)
+        (lock,) = (folder / ".locks").glob("grpo-*.run.lock")
+        worker = _holder(str(lock.resolve()), proc.pid)
+        assert worker is not None
+        os.kill(worker, signal.SIGKILL)
+        out = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, out[-3000:]
+    assert "BrokenProcessPool" not in out and "terminated abruptly" not in out and "Traceback" not in out, out
+    killed = f"process {worker} was killed by SIGKILL (signal 9: out of memory?"
+    # (each pair's line as it ends, then the summary's)
+    assert len(re.findall(rf"grpo +seed 0: failed: lost its worker: {re.escape(killed)}", out)) == 2, out
+    assert len(re.findall(rf"dapo +seed 0: failed: lost its worker: stopped when the process pool broke: the worker "
+                          rf"process {worker} of grpo seed 0 was killed by SIGKILL", out)) == 2, out
+    assert "2 pair(s) lost their worker process: resume by rerunning the same command: bench run --algos grpo,dapo" \
+        in out, out
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    status = {r.info.run_name.split("-")[0]: r.info.status for r in client.search_runs(
+        [e.experiment_id for e in client.search_experiments()])}
+    assert status == {"grpo": "KILLED", "dapo": "KILLED", "comparison": "FAILED"}, status

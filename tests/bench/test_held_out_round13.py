@@ -125,3 +125,45 @@ def test_a_pool_worker_killed_during_bench_run_is_named_and_its_run_ended(tmp_pa
     status = {r.info.run_name.split("-")[0]: r.info.status for r in client.search_runs(
         [e.experiment_id for e in client.search_experiments()])}
     assert status == {"grpo": "KILLED", "dapo": "KILLED", "comparison": "FAILED"}, status
+
+
+# ------------------------------------------------------------------ H20: a plugin that swallows the stop
+SWALLOW = ("import pathlib, time\nfrom algorithms import register, register_advantage\n\n\n"
+           "def adv(rewards):\n"
+           "    (pathlib.Path(__file__).parent / 'in_adv').write_text('1')\n"
+           "    try:\n        time.sleep(1.5)\n    except BaseException:\n        pass\n"
+           "    return rewards - rewards.mean(dim=1, keepdim=True)\n\n\n"
+           "register_advantage('adv-swallow', adv, description='swallows every exception while it sleeps')\n"
+           "register('grpo-swallow', base='grpo', description='its estimator swallows a stop', "
+           "advantage_estimator='adv-swallow')\n")
+
+
+def test_a_sigterm_a_plugin_swallowed_still_stops_bench_train_at_the_step_s_end(tmp_path):
+    """Held-out round 13 (H20): a plugin's advantage estimator `try: time.sleep(...) except BaseException: pass`
+    swallowed the KeyboardInterrupt pobench raises for SIGTERM: the signal was lost, training went on to its last
+    step, rc 0, the run FINISHED (under a scheduler: SIGKILL after the grace period). pobench has recorded the
+    signal: at the end of the step it stops as for the signal (checkpoint, run KILLED, its `stopped by SIGTERM` line,
+    143), saying first that the code it interrupted caught it."""
+    import os
+    import signal
+
+    from tests.bench.test_signals import BENCH, Proc, statuses
+
+    uri = fresh_store(tmp_path)
+    (tmp_path / "p_swallow.py").write_text(SWALLOW)
+    run_dir = tmp_path / ".pobench" / "runs" / "sw" / "r"
+    proc = Proc([*BENCH, "train", "--plugin", "p_swallow.py", "--algo", "grpo-swallow", "--steps", "4",
+                 "--eval-every", "0", "--checkpoint-every", "1", "--prompts-per-step", "2", "--group-size", "2",
+                 "--max-new-tokens", "8", "--samples-every", "0", "--no-progress", "--tracking-uri", uri,
+                 "--experiment", "sw", "--run-name", "r"], tmp_path)
+    proc.wait_for(lambda: (tmp_path / "in_adv").exists(), "the estimator's first call", timeout=120)
+    os.kill(proc.p.pid, signal.SIGTERM)
+    rc = proc.finish(timeout=120)
+    lines = proc.lines()
+    assert rc == 143, proc.text()
+    assert len(lines) == 2 and "Traceback" not in proc.text(), proc.text()
+    assert lines[0] == ("pobench: note: the SIGTERM was caught by the code it interrupted (a plugin's `except "
+                        "BaseException` or bare `except`?) and training went on: stopping at the end of step 1"), lines
+    assert lines[1].startswith("bench train: stopped by SIGTERM; kept ") and "(step 1)" in lines[1], lines
+    assert statuses(uri, "sw") == ["KILLED"]
+    assert sorted(p.name for p in run_dir.glob("ckpt-*")) == ["ckpt-0000001"] and not (run_dir / "final").exists()

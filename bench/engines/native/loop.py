@@ -33,6 +33,7 @@ from bench.engines.step_stats import machine_load, throughput
 from bench.evaluate import eval_metrics, held_out_result
 from bench.model import load_policy, warn_unknown_characters
 from bench.rollout import make_sampler
+from bench.runs import stop
 from bench.runs.run import CheckpointError, DiskFull, Run
 from bench.runs.tracking import StoreUnreachable
 from reports import metric_keys as K
@@ -148,6 +149,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
             except StoreUnreachable:
                 pass
 
+    signals = stop.count()  # a stop signal after this one whose interrupt was swallowed stops at a step's end
     step_hook = optimizer.register_step_pre_hook(model_changed)  # (before: an interrupt inside step() counts)
     logger = run.open(resume_state=state)  # (ends its run itself if interrupted inside)
     try:
@@ -186,6 +188,7 @@ def train(cfg: TrainConfig, hooks: Hooks | None = None) -> TrainResult:
                     except StopTraining:
                         stopped_early = True
                 completed, changed = step, False
+                stop.swallowed(signals, f"the end of step {step}")  # (a stop a plugin caught: it stops here)
                 if stopped_early or is_last or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
                     save_checkpoint(step)
                 if stopped_early:

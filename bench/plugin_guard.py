@@ -239,6 +239,11 @@ def _on_audit(event: str, args: tuple) -> None:
     if event == "subprocess.Popen" and _PLUGIN_AT:
         _started(sys._getframe(1))
         return
+    if event == "os.system" and _PLUGIN_AT:  # (its shell is waited for; what it put in the background is not)
+        spec = _plugin_caller(sys._getframe(1))
+        if spec is not None and spec not in _SHELLS:
+            _SHELLS.append(spec)
+        return
     if event != "open" or not _RECORDING:
         return
     try:  # (an exception here would be the open's own)
@@ -276,6 +281,7 @@ class FileReads:
 # ------------------------------------------------------------------ the processes a plugin's code starts
 _PLUGIN_AT: list[Callable[[str], str | None]] = []  # (set by watch_children: the plugin a source file belongs to)
 _STARTED: list[tuple[weakref.ref, str]] = []  # (the Popen a plugin's code made, the plugin)
+_SHELLS: list[str] = []  # the plugins whose code called os.system
 
 
 def watch_children(plugin_at: Callable[[str], str | None]) -> None:
@@ -299,15 +305,80 @@ def _started(frame) -> None:
     runs stays alive in ``subprocess._active``, one that ended is not kept open here."""
     try:  # (an exception here would be the Popen's own)
         popen = frame.f_locals.get("self")
-        caller = frame.f_back
-        while caller is not None and popen is not None:
-            spec = _PLUGIN_AT[0](caller.f_code.co_filename)
-            if spec is not None:
-                _STARTED.append((weakref.ref(popen), spec))
-                return
-            caller = caller.f_back
+        spec = _plugin_caller(frame.f_back) if popen is not None else None
+        if spec is not None:
+            _STARTED.append((weakref.ref(popen), spec))
     except Exception:  # noqa: BLE001
         pass
+
+
+def _plugin_caller(frame) -> str | None:
+    """The plugin whose code is ``frame`` or one of its callers (``watch_children``'s ``plugin_at``), or None."""
+    try:
+        while frame is not None:
+            spec = _PLUGIN_AT[0](frame.f_code.co_filename)
+            if spec is not None:
+                return spec
+            frame = frame.f_back
+    except Exception:  # noqa: BLE001  (an exception here would be the caller's own)
+        pass
+    return None
+
+
+def shell_starters() -> list[str]:
+    """The plugins whose code started a process (``started_children``) or a shell (``os.system``): those a process
+    left in the background by it (:func:`output_holders`) is named after."""
+    return list(dict.fromkeys([*(spec for _, spec in started_children()), *_SHELLS]))
+
+
+def _stat(pid: int | str) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (0: state, 1: ppid, 3: session, 19: start time)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def output_holders() -> list[int]:
+    """The processes, on Linux, that hold this process's standard output or error open for writing where it is a
+    pipe, other than this process and its ancestors, in its session and started after it: a process a plugin left in
+    the background through a shell (``sh -c 'cmd &'``, ``os.system('cmd &')``; held-out round 13, H13) is no child of
+    this process (its shell ended: it was orphaned), and keeps a pipeline reading the command's output waiting."""
+    try:
+        pipes = {os.readlink(f"/proc/self/fd/{fd}") for fd in (1, 2)}
+        me = _stat("self")
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except (OSError, IndexError):
+        return []
+    pipes = {p for p in pipes if p.startswith("pipe:")}
+    if not pipes:
+        return []
+    skip, pid = {os.getpid()}, os.getppid()
+    while pid > 1 and pid not in skip:  # (this process's ancestors: the shell or script that started it)
+        skip.add(pid)
+        try:
+            pid = int(_stat(pid)[1])
+        except (OSError, IndexError, ValueError):
+            break
+    out = []
+    for e in entries:
+        try:
+            fields = _stat(e)
+            if int(e) in skip or fields[0] == "Z" or fields[3] != me[3] or int(fields[19]) < int(me[19]):
+                continue
+            fd_dir = f"/proc/{e}/fd"
+            for fd in os.listdir(fd_dir):
+                if os.readlink(f"{fd_dir}/{fd}") in pipes and _writes(f"/proc/{e}/fdinfo/{fd}"):
+                    out.append(int(e))
+                    break
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def _writes(fdinfo: str) -> bool:
+    """Whether the open file of ``fdinfo`` (``/proc/<pid>/fdinfo/<fd>``) is open for writing (a pipe's write end)."""
+    for line in Path(fdinfo).read_text().splitlines():
+        if line.startswith("flags:"):
+            return int(line.split()[1], 8) & os.O_ACCMODE in (os.O_WRONLY, os.O_RDWR)
+    return False
 
 
 def started_children() -> list[tuple[int, str]]:

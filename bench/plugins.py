@@ -43,6 +43,8 @@ from bench.plugin_guard import (
     check_streams,
     child_processes,
     guard_os_exit,
+    output_holders,
+    shell_starters,
     started_children,
     watch_children,
 )
@@ -162,10 +164,17 @@ _CHILDREN: dict[int, str] = {}  # pid: the plugin whose import started that proc
 def plugin_children() -> list[tuple[int, str]]:
     """(pid, plugin) of the child processes a plugin started that still run, at its import (held-out round 11, H05:
     a pipeline waited 45 s for one, nothing said) or later, while it trained (round 12, H03: ``watch_children``):
-    they keep the command's output open after it ends."""
+    they keep the command's output open after it ends. And, where plugins are loaded, the processes no longer its
+    children that hold the command's output pipe open (round 13, H13: ``sh -c 'cmd &'``, ``os.system('cmd &')``:
+    ``output_holders``), named after the plugins that started a process or a shell."""
     found = {**_CHILDREN, **dict(started_children())}
     live = child_processes() if found else set()
-    return [(pid, spec) for pid, spec in found.items() if pid in live]
+    out = [(pid, spec) for pid, spec in found.items() if pid in live]
+    starters = shell_starters() or [p.spec for p in _LOADED.values()]
+    if starters:  # (orphans: processes left in the background through a shell, which hold the output open)
+        by = starters[0] if len(starters) == 1 else f"one of {', '.join(starters)}"
+        out += [(pid, by) for pid in output_holders() if pid not in found]
+    return out
 
 
 def plugin_threads() -> list[tuple[threading.Thread, Plugin]]:

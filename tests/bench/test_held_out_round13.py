@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
+
 from tests.bench.test_containment import TINY, errors, scratch, snapshot  # noqa: F401 (scratch: a fixture)
 from tests.bench.test_held_out_round12 import _comparison_with_a_final_model
 from tests.conftest import fresh_store
@@ -167,3 +169,61 @@ def test_a_sigterm_a_plugin_swallowed_still_stops_bench_train_at_the_step_s_end(
     assert lines[1].startswith("bench train: stopped by SIGTERM; kept ") and "(step 1)" in lines[1], lines
     assert statuses(uri, "sw") == ["KILLED"]
     assert sorted(p.name for p in run_dir.glob("ckpt-*")) == ["ckpt-0000001"] and not (run_dir / "final").exists()
+
+
+# ------------------------------------------------------------------ H13: a background process started through a shell
+SHELLBG = ("import os, subprocess\nfrom algorithms import register, register_advantage\n_done = []\n\n\n"
+           "def adv(rewards):\n    if not _done:\n        _done.append(1)\n        {start}\n"
+           "    return rewards - rewards.mean(dim=1, keepdim=True)\n\n\n"
+           "register_advantage('adv-bg', adv, description='starts a background sleep through a shell, once')\n"
+           "register('grpo-bg', base='grpo', description='its estimator starts a background sleep', "
+           "advantage_estimator='adv-bg')\n")
+
+
+@pytest.mark.parametrize("start", ["subprocess.Popen('sleep 37 &', shell=True)", "os.system('sleep 37 &')"],
+                         ids=["popen-shell", "os-system"])
+def test_a_process_a_plugin_left_in_the_background_through_a_shell_is_named_when_the_command_ends(tmp_path, start):
+    """Held-out round 13 (H13): a plugin's estimator starting a background process through a shell
+    (``subprocess.Popen('sleep 42 &', shell=True)``, ``os.system('sleep 43 &')``): nothing said at the end, and a
+    pipeline reading the command's output waited ~50 s for the orphaned `sleep` (round 12's H03 names direct
+    children only). Now the processes holding the command's output pipe open are named in the same one line at its
+    end, after the plugin; not killed; the exit code is the command's."""
+    import os
+    import re
+    import select
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests import launch
+    from tests.bench.test_held_out_round12 import launch_alive
+
+    (tmp_path / "bg.py").write_text(SHELLBG.format(start=start))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    argv = ["train", "--algo", "grpo-bg", "--plugin", "bg.py", "--steps", "1", "--prompts-per-step", "2",
+            "--group-size", "2", "--max-new-tokens", "8", "--eval-every", "0", "--samples-every", "0",
+            "--checkpoint-every", "1", "--no-progress", "--tracking-uri", fresh_store(tmp_path)]
+    proc = launch.Popen([sys.executable, "-m", "bench", *argv], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE)
+    err, pids = b"", []
+    try:
+        code = proc.wait(timeout=180)  # (the command ends; its stderr stays open while the orphan holds it)
+        deadline = time.monotonic() + 10
+        while b"after the command ended" not in err and time.monotonic() < deadline:
+            if select.select([proc.stderr], [], [], 0.5)[0]:
+                err += os.read(proc.stderr.fileno(), 65536)
+        pids = [int(p) for p in re.findall(rb"(\d+) \(sleep 37\)", err)]
+        assert pids and all(launch_alive(p) for p in pids), err.decode()[-3000:]  # named, and not ended by pobench
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        err += proc.stderr.read()
+        proc.stderr.close()
+    text = err.decode()
+    assert code == 0, text[-3000:]
+    found = re.findall(r"bench: warning: child process\(es\) (\d+) \(sleep 37\) \(started by plugin bg.py\) still "
+                       r"running after the command ended: not waiting for them; they keep the command's output open",
+                       text)
+    assert found == [str(pids[0])], text[-3000:]
+    assert "Traceback" not in text, text[-3000:]

@@ -81,12 +81,21 @@ def in_the_way(run_dir: str | Path) -> list[Path]:
             and e.is_dir() != _matches(e.name, FOLDERS)]
 
 
+def _what(name: str) -> str:
+    """What pobench writes at ``name`` in a run folder (for the line refusing what is there instead)."""
+    for pattern, what in (("final", "the run's final model folder"), (".final.*", "a temporary final model folder"),
+                          ("ckpt-[0-9]*", "a checkpoint folder"), ("trl", "the engine's folder"),
+                          ("verl*", "the engine's folder")):
+        if fnmatch.fnmatchcase(name, pattern):
+            return what
+    return "a file of its own"
+
+
 def _check_in_the_way(run_dir: Path, action: str) -> None:
     for e in in_the_way(run_dir):
-        kind, other = ("a folder", "a file") if e.is_dir() else ("a file", "a folder")
-        raise UnsafePath(f"{e} is {kind} pobench did not write (pobench writes {other} there: "
-                         f"{'the final model' if e.name == 'final' else 'its own'}): not {action} it; move it away, "
-                         "then run the same command again")
+        kind = "a folder" if e.is_dir() else "a file"
+        raise UnsafePath(f"{e} is {kind} pobench did not write (pobench writes {_what(e.name)} there): not {action} "
+                         "it; move it away, then run the same command again")
 
 
 def check_removable(run_dir: str | Path) -> None:

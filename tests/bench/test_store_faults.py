@@ -195,14 +195,15 @@ def test_a_run_folder_that_cannot_be_written_is_one_line_and_no_run_is_left_runn
 @pytest.mark.parametrize("leftover", ["ckpt-0000001.tmp", ".final.tmp"])
 def test_a_leftover_temporary_file_in_a_run_folder_is_one_line_and_kept(work, bench, leftover):
     """A file where pobench writes its temporary checkpoint / final folder (pobench writes folders there, so it is
-    not pobench's): one line naming it, kept as it is, the run FAILED (not RUNNING)."""
+    not pobench's): one line naming it, kept as it is, no run left RUNNING. (Since held-out round 13, H23: refused
+    before any work, exit 2, as every name of the run folder's layout holding the other kind.)"""
     run_dir = work / ".pobench" / "runs" / "pobench" / "mine"
     run_dir.mkdir(parents=True)
     (run_dir / ".pobench-owned").write_text("run\n")
     (run_dir / leftover).write_text("not pobench's\n")
     rc, lines = bench(work, ["train", "--eval-every", "0", "--run-name", "mine", *TINY])
-    assert rc == 1, lines[-40:]
-    one_line(lines, "bench train: stopped: ", str(Path(".pobench/runs/pobench/mine") / leftover), "move it away")
+    assert rc == 2, lines[-40:]
+    one_line(lines, "bench train: error: ", str(Path(".pobench/runs/pobench/mine") / leftover), "move it away")
     assert (run_dir / leftover).read_text() == "not pobench's\n"
     assert not running(work)
 

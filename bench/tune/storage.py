@@ -5,6 +5,7 @@ parameters), the pruner (``--pruner``), and counts of trials by state.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ import optuna
 from optuna.trial import TrialState
 
 from bench.faults import check_sqlite_file, damaged
+from bench.runs import stop
 from bench.runs.tracking import timeout_s
 from bench.tune import pgwait
 from reports.dburl import INSTALL_HINT, redact, with_driver
@@ -104,13 +106,42 @@ def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_re
 class _Storage(optuna.storages.RDBStorage):
     """Optuna's RDB storage whose heartbeat thread does not die with a traceback when the storage fails (lost, or
     hung past its bound: held-out round 11, H15): the trial's own next request meets the same fault, which the
-    command says in one line; a missed heartbeat only lets the trial be taken for dead later, as a lost worker's."""
+    command says in one line; a missed heartbeat only lets the trial be taken for dead later, as a lost worker's.
+
+    Each call of the main thread is whole under a stop signal (``bench.runs.stop.uninterrupted``, as the MLflow
+    store's calls are: :class:`~bench.runs.tracking.UninterruptedClient`): its KeyboardInterrupt comes once the call
+    has returned. Held-out round 13 (H17): a SIGTERM that landed in a commit raised out of SQLAlchemy with the
+    connection's SQLite write lock still held by the process, whose own re-queue of its interrupted trial then
+    waited SQLite's busy timeout (60 s) again and again, and so did the other worker's: the stop took minutes, the
+    workers outlived the command."""
 
     def record_heartbeat(self, trial_id: int) -> None:
         try:
             super().record_heartbeat(trial_id)
         except Exception:  # noqa: BLE001  (StorageInternalError, SQLAlchemy's errors: said by the trial's thread)
             pass
+
+
+def _whole(name: str) -> Callable[..., Any]:
+    call = getattr(optuna.storages.RDBStorage, name)
+
+    def whole(self: optuna.storages.RDBStorage, *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():  # (the heartbeat's thread: never interrupted)
+            return call(self, *args, **kwargs)
+        with stop.uninterrupted():
+            return call(self, *args, **kwargs)
+
+    whole.__name__ = whole.__qualname__ = name
+    whole.__doc__ = call.__doc__
+    return whole
+
+
+#: the private calls Optuna's cache in front of the storage makes (optuna.storages._cached_storage)
+_CACHE_CALLS = ("_create_new_trial", "_get_best_trial_id", "_get_stale_trial_ids", "_get_trials", "_set_trial_param")
+for _name in [*vars(optuna.storages.BaseStorage), *_CACHE_CALLS]:  # (the storage's API: every call Optuna makes)
+    if (not _name.startswith("_") or _name in _CACHE_CALLS) and _name != "record_heartbeat" \
+            and callable(getattr(optuna.storages.RDBStorage, _name, None)):
+        setattr(_Storage, _name, _whole(_name))
 
 
 def make_pruner(spec: str = "median", warmup: int = 1, startup: int = 2) -> optuna.pruners.BasePruner:

@@ -10,12 +10,16 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
+import time
 
+import optuna
 import pytest
 
 from tests.bench import fake_trainer
-from tests.bench.test_signals import FAKE_CLI, Proc, statuses
-from tests.conftest import MlflowServer
+from tests.bench.test_held_out_faults import _lines
+from tests.bench.test_signals import FAKE_CLI, Proc, fresh_stop, statuses  # noqa: F401
+from tests.conftest import MlflowServer, fresh_store
 
 
 def _argv(storage: str, uri: str, *extra: str) -> list[str]:
@@ -55,3 +59,49 @@ def test_h07_the_rerun_ends_the_runs_whose_end_the_hung_server_did_not_take(tmp_
     finally:
         with contextlib.suppress(Exception):
             server.stop()
+
+
+# ------------------------------------------------------------------ H17: a stop signal inside a storage write
+@pytest.mark.usefixtures("fresh_stop")  # (the signal this test sends is forgotten after it)
+def test_h17_a_stop_signal_inside_a_storage_write_leaves_the_storage_unlocked_and_stops_in_seconds(
+        tmp_path, bench_here, monkeypatch):
+    """Held-out round 13 (H17): SIGTERM to `bench tune --workers 2` while both workers trained: exit 143 only after
+    79 s, both workers left alive deadlocked re-queueing their trial in the SQLite storage, holding it locked. A
+    signal that lands while a worker writes to the storage (here: as the trial's first evaluation is committed)
+    raised out of SQLAlchemy's commit and left that connection's write lock held by the process: its own re-queue
+    then waited SQLite's busy timeout, again and again. Now each storage call is whole under a stop signal (as the
+    MLflow store's are): exit 143 within seconds, the trial queued again, no run RUNNING, the storage free."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    uri = fresh_store(tmp_path)
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    fake_trainer.inject(monkeypatch.setattr)
+    real, armed = fake_trainer.fake_train, {"on": False}
+
+    def train(cfg, **kw):
+        armed["on"] = True
+        return real(cfg, **kw)
+
+    def signal_in_the_commit(conn):
+        if armed["on"] and str(conn.engine.url).endswith("optuna.db"):
+            armed["on"] = False
+            os.kill(os.getpid(), signal.SIGTERM)  # (the handler raises here, inside the commit: a real stop)
+
+    monkeypatch.setattr(fake_trainer, "fake_train", train)
+    event.listen(Engine, "commit", signal_in_the_commit)
+    try:
+        start = time.monotonic()
+        rc, _, err = bench_here(_argv(storage, uri, "--workers", "1", "--steps", "2", "--eval-every", "1"), tmp_path)
+        took = time.monotonic() - start
+    finally:
+        event.remove(Engine, "commit", signal_in_the_commit)
+    lines = [ln for ln in _lines(err) if not ln.startswith("[")]
+    assert rc == 143 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert took < 15, f"{took:.0f} s"
+    assert "kept 0 of 2 trials finished of study 'st'" in lines[0] and "queued again" in lines[0], lines
+    assert "RUNNING" not in statuses(uri, "tx"), statuses(uri, "tx")
+    study = optuna.load_study(study_name="st", storage=storage)
+    assert sorted(t.state.name for t in study.trials) == ["FAIL", "WAITING"]
+    with sqlite3.connect(tmp_path / "optuna.db", timeout=1) as db:  # (nothing holds it locked)
+        db.execute("BEGIN IMMEDIATE")

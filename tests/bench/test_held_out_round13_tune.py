@@ -141,3 +141,19 @@ def test_h09_a_sqlite_storage_another_process_keeps_locked_is_said_to_be_locked(
     assert "cannot be reached" not in lines[0] and "let that process finish" in lines[0], lines
     assert took < 30, f"{took:.0f} s"
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+# ------------------------------------------------------------------ H26: a file at .pobench/tune
+def test_h26_a_file_where_the_default_storage_and_outputs_go_is_refused_before_any_work(tmp_path, bench_here):
+    """Held-out round 13 (H26): a user's file at ``.pobench/tune`` (where the default Optuna storage and outputs
+    go): "stopped: ...: File exists (something not pobench's is in the way); move it away", exit 1, worded as a
+    fault met during the work. Now refused before any work, exit 2, one line naming the path; the file kept."""
+    (tmp_path / ".pobench").mkdir()
+    (tmp_path / ".pobench" / "tune").write_text("mine\n")
+    rc, _, err = bench_here(["tune", "--algo", "grpo", "--trials", "1", "--steps", "2"], tmp_path)
+    lines = _lines(err)
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert f"{tmp_path / '.pobench' / 'tune'}: not a folder" in lines[0] and "move it away" in lines[0], lines
+    assert "--storage and --out" in lines[0], lines
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [".pobench", ".pobench/tune"]
+    assert (tmp_path / ".pobench" / "tune").read_text() == "mine\n"

@@ -153,12 +153,17 @@ class _Storage(optuna.storages.RDBStorage):
     hung past its bound: held-out round 11, H15): the trial's own next request meets the same fault, which the
     command says in one line; a missed heartbeat only lets the trial be taken for dead later, as a lost worker's.
 
-    Each call of the main thread is whole under a stop signal (``bench.runs.stop.uninterrupted``, as the MLflow
-    store's calls are: :class:`~bench.runs.tracking.UninterruptedClient`): its KeyboardInterrupt comes once the call
-    has returned. Held-out round 13 (H17): a SIGTERM that landed in a commit raised out of SQLAlchemy with the
+    On SQLite, each call of the main thread is whole under a stop signal (``bench.runs.stop.uninterrupted``, as the
+    MLflow store's calls are: :class:`~bench.runs.tracking.UninterruptedClient`): its KeyboardInterrupt comes once the
+    call has returned. Held-out round 13 (H17): a SIGTERM that landed in a commit raised out of SQLAlchemy with the
     connection's SQLite write lock still held by the process, whose own re-queue of its interrupted trial then
     waited SQLite's busy timeout (60 s) again and again, and so did the other worker's: the stop took minutes, the
-    workers outlived the command."""
+    workers outlived the command. (PostgreSQL's calls stay interruptible: a hung server is left at once, H15; the
+    server ends the transaction of a connection its client dropped.)"""
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        self.whole_calls = url.startswith("sqlite")
+        super().__init__(url, **kwargs)
 
     def record_heartbeat(self, trial_id: int) -> None:
         try:
@@ -171,7 +176,8 @@ def _whole(name: str) -> Callable[..., Any]:
     call = getattr(optuna.storages.RDBStorage, name)
 
     def whole(self: optuna.storages.RDBStorage, *args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():  # (the heartbeat's thread: never interrupted)
+        if not getattr(self, "whole_calls", False) or threading.current_thread() is not threading.main_thread():
+            # (PostgreSQL; the heartbeat's thread, which a signal never interrupts)
             return call(self, *args, **kwargs)
         with stop.uninterrupted():
             return call(self, *args, **kwargs)

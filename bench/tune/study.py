@@ -353,17 +353,33 @@ def _run_trials(spec: TuneSpec, study: optuna.Study, runs: StudyRuns, train_fn: 
     held: dict[int, tuple[int, FileLock]] = {}  # number: (id, lock) of the trials whose end is not yet written
 
     def objective(trial: optuna.Trial) -> float:
-        if worker is not None:  # which worker of a `bench tune --workers N` ran it (Optuna user attribute)
-            trial.set_user_attr("worker", worker)
-        params = {name: rng.suggest(trial, name) for name, rng in spec.space.items()}
-        # a rerun at once knows from its free lock (its file kept until Optuna has written the trial's end) that this
-        # process is gone: released in `after` (its end written), or by _release_all (its code raised)
-        held[trial.number] = (trial._trial_id, hold_trial(spec, trial))
-        return trial_body(trial, params)
+        # the trial set up whole (its lock, its MLflow run): a stop signal during it comes once it is, and queues the
+        # trial again and ends its run (held-out round 13, H17: a signal while the run was made left the trial
+        # FAIL, not queued again, its run RUNNING for good)
+        started: dict[str, Any] = {}
+        try:
+            with stop.uninterrupted():
+                if worker is not None:  # which worker of a `bench tune --workers N` ran it (Optuna user attribute)
+                    trial.set_user_attr("worker", worker)
+                params = {name: rng.suggest(trial, name) for name, rng in spec.space.items()}
+                # a rerun at once knows from its free lock (its file kept until Optuna has written the trial's end)
+                # that this process is gone: released in `after` (its end written), or by _release_all (it raised)
+                held[trial.number] = (trial._trial_id, hold_trial(spec, trial))
+                started["run_id"] = runs.start_trial(trial, params, spec)
+        except KeyboardInterrupt:
+            if "run_id" in started:
+                interrupted(trial, params, started["run_id"], [])
+            raise
+        return trial_body(trial, params, started["run_id"])
 
-    def trial_body(trial: optuna.Trial, params: dict[str, Any]) -> float:
-        run_id = runs.start_trial(trial, params, spec)
+    def interrupted(trial: optuna.Trial, params: dict[str, Any], run_id: str,
+                    curves: list[dict[int, dict[str, float]]]) -> None:
+        """Ctrl-C / SIGTERM: the trial's parameters are queued again (first: what a rerun needs), its run ends FAIL.
+        (Both workers stopped at once write to a SQLite storage together: retried while it is locked.)"""
+        retry_locked(study.enqueue_trial, params, user_attrs={"origin_trial": trial.user_attrs["origin_trial"]})
+        runs.end_trial(run_id, "FAIL", curves, None, spec, reason="interrupted")
 
+    def trial_body(trial: optuna.Trial, params: dict[str, Any], run_id: str) -> float:
         def report(value: float, step: int) -> bool:
             """One evaluation of the trial, to the pruner and the trial's MLflow run; True: prune it."""
             trial.report(value, step)
@@ -386,10 +402,8 @@ def _run_trials(spec: TuneSpec, study: optuna.Study, runs: StudyRuns, train_fn: 
             return value
         except optuna.TrialPruned:
             raise
-        except KeyboardInterrupt:  # Ctrl-C / SIGTERM: its parameters are queued again (first: what a rerun needs),
-            # (both workers stopped at once write to a SQLite storage together: retried while it is locked)
-            retry_locked(study.enqueue_trial, params, user_attrs={"origin_trial": trial.user_attrs["origin_trial"]})
-            runs.end_trial(run_id, "FAIL", curves, None, spec, reason="interrupted")  # and the trial ends FAIL
+        except KeyboardInterrupt:  # Ctrl-C / SIGTERM: queued again, its run ended FAIL
+            interrupted(trial, params, run_id, curves)
             raise
         except BaseException as e:
             runs.end_trial(run_id, "FAIL", curves, None, spec, reason=f"{type(e).__name__}: {e}"[:500])

@@ -157,3 +157,33 @@ def test_h26_a_file_where_the_default_storage_and_outputs_go_is_refused_before_a
     assert "--storage and --out" in lines[0], lines
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [".pobench", ".pobench/tune"]
     assert (tmp_path / ".pobench" / "tune").read_text() == "mine\n"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("fresh_stop")
+def test_h17_two_workers_stopped_inside_their_storage_writes_end_in_seconds(tmp_path, bench_here, monkeypatch):
+    """H17 as the user met it: `bench tune --workers 2` (SQLite storage) stopped by a SIGTERM to the command and its
+    workers, the workers' own landing inside a commit to the storage (tests/bench/commit_signal.py): exit 143 within
+    seconds, both trials failed and queued again, no run RUNNING, the storage free."""
+    import dataclasses
+
+    from bench import tune
+    from tests.bench import commit_signal
+
+    uri = fresh_store(tmp_path)
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    real = tune.run_workers
+    monkeypatch.setattr(tune, "run_workers", lambda spec, *a, **kw: real(
+        dataclasses.replace(spec, train_fn=commit_signal.train), *a, **kw))
+    start = time.monotonic()
+    rc, _, err = bench_here(_argv(storage, uri, "--workers", "2"), tmp_path, FAKE_STEP_S="0.2")
+    took = time.monotonic() - start
+    lines = [ln for ln in _lines(err) if not ln.startswith("[")]
+    assert rc == 143 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert took < 30, f"{took:.0f} s"
+    assert "queued again" in lines[0], lines
+    assert "RUNNING" not in statuses(uri, "tx"), statuses(uri, "tx")
+    states = sorted(t.state.name for t in optuna.load_study(study_name="st", storage=storage).trials)
+    assert states.count("RUNNING") == 0 and states.count("FAIL") == states.count("WAITING") >= 1, states
+    with sqlite3.connect(tmp_path / "optuna.db", timeout=1) as db:
+        db.execute("BEGIN IMMEDIATE")

@@ -173,9 +173,8 @@ class _Storage(optuna.storages.RDBStorage):
 
 
 def _whole(name: str) -> Callable[..., Any]:
-    call = getattr(optuna.storages.RDBStorage, name)
-
     def whole(self: optuna.storages.RDBStorage, *args: Any, **kwargs: Any) -> Any:
+        call = getattr(optuna.storages.RDBStorage, name)  # (looked up now: Optuna's, or what a test put in its place)
         if not getattr(self, "whole_calls", False) or threading.current_thread() is not threading.main_thread():
             # (PostgreSQL; the heartbeat's thread, which a signal never interrupts)
             return call(self, *args, **kwargs)
@@ -183,7 +182,7 @@ def _whole(name: str) -> Callable[..., Any]:
             return call(self, *args, **kwargs)
 
     whole.__name__ = whole.__qualname__ = name
-    whole.__doc__ = call.__doc__
+    whole.__doc__ = getattr(optuna.storages.RDBStorage, name).__doc__
     return whole
 
 

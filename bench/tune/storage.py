@@ -5,6 +5,7 @@ parameters), the pruner (``--pruner``), and counts of trials by state.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -21,7 +22,7 @@ from bench.runs import stop
 from bench.runs.tracking import timeout_s
 from bench.tune import pgwait
 from reports.dburl import INSTALL_HINT, redact, with_driver
-from reports.record import store_lock
+from reports.record import retry_locked, store_lock
 
 DEFAULT_DIR = Path(".pobench/tune")
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -212,6 +213,22 @@ def make_pruner(spec: str = "median", warmup: int = 1, startup: int = 2) -> optu
     if name == "none" and not arg:
         return optuna.pruners.NopPruner()
     raise ValueError(f"--pruner {spec!r}: valid: median, percentile:P, hyperband, none")
+
+
+def fail_unstarted(study: optuna.Study, asked: dict[int, int]) -> None:
+    """A stop between Optuna taking a trial and its objective setting it up (held-out round 13, H17: left RUNNING, no
+    run, no lock): the trial ends FAIL, one taken from the queue queued again (a storage failing here: not raised)."""
+    storage = study._storage
+    for trial_id in asked.values():
+        with contextlib.suppress(Exception):
+            if storage.get_trial(trial_id).state != TrialState.RUNNING:
+                continue
+            retry_locked(storage.set_trial_state_values, trial_id, state=TrialState.FAIL)
+            trial = storage.get_trial(trial_id)
+            fixed = trial.system_attrs.get("fixed_params")
+            if fixed:
+                origin = {k: v for k, v in trial.user_attrs.items() if k == "origin_trial"}
+                retry_locked(study.enqueue_trial, fixed, user_attrs=origin)
 
 
 def count(study: optuna.Study, *states: TrialState) -> int:

@@ -45,7 +45,15 @@ from bench.runs.tracking import read_run_record, store_client
 from bench.tune.metric import TuneMetric, trial_value
 from bench.tune.runs import DEAD_REASON, StudyRuns
 from bench.tune.spec import TuneSpec
-from bench.tune.storage import FINISHED, count, default_storage_url, make_pruner, open_storage, redact
+from bench.tune.storage import (
+    FINISHED,
+    count,
+    default_storage_url,
+    fail_unstarted,
+    make_pruner,
+    open_storage,
+    redact,
+)
 from reports import metric_keys as K
 from reports.paths import lock_file
 from reports.record import KIND, STUDY, TRIAL, retry_locked, sqlite_file, tracking_uri
@@ -275,16 +283,13 @@ def fail_dead_trials(study: optuna.Study, spec: TuneSpec, runs: StudyRuns) -> li
     return failed
 
 
-UNSENT_REASON = ("its process stopped while the MLflow server did not answer (its end could not be sent); ended by "
-                 "the next bench tune of the study")
+UNSENT_REASON = "its process stopped while the MLflow server did not answer (its end could not be sent)"
 
 
 def end_unsent_trials(study: optuna.Study, spec: TuneSpec, runs: StudyRuns) -> list[int]:
-    """The trial runs a stopped process left RUNNING because the MLflow server did not take their end (held-out
-    round 13, H07: hung as the study was stopped), whose trial the storage holds ended: the end each training run's
-    folder recorded (``run.json``'s ``unsent_end``) is applied, as `bench run`'s rerun does, and the trial's run ends
-    as its trial did. Trials still RUNNING are left to :func:`fail_dead_trials` and the heartbeat. Returns their
-    numbers."""
+    """The trial runs a stopped process left RUNNING, the MLflow server not taking their end (held-out round 13, H07),
+    whose trial the storage holds ended: the end each training run's folder recorded (``unsent_end``) is applied, as
+    `bench run`'s rerun does, and the trial's run ends as its trial did; returns their numbers."""
     left = runs.left_running()
     if not left:
         return []
@@ -351,14 +356,24 @@ def _run_trials(spec: TuneSpec, study: optuna.Study, runs: StudyRuns, train_fn: 
         f"{count(study, *FINISHED)}/{spec.trials} trials finished; MLflow parent run {runs.parent_id}")
 
     held: dict[int, tuple[int, FileLock]] = {}  # number: (id, lock) of the trials whose end is not yet written
+    asked: dict[int, int] = {}  # number: id of the trials this process took and has not begun to set up
+    ask = study.ask
+
+    def ask_whole(*args: Any, **kwargs: Any) -> optuna.Trial:
+        with stop.uninterrupted():  # (a stop while the trial is taken comes once it is recorded here)
+            trial = ask(*args, **kwargs)
+            asked[trial.number] = trial._trial_id
+        return trial
+
+    study.ask = ask_whole  # type: ignore[method-assign]  (what Optuna's optimize calls for each trial)
 
     def objective(trial: optuna.Trial) -> float:
-        # the trial set up whole (its lock, its MLflow run): a stop signal during it comes once it is, and queues the
-        # trial again and ends its run (held-out round 13, H17: a signal while the run was made left the trial
-        # FAIL, not queued again, its run RUNNING for good)
+        # the trial set up whole (its lock, its MLflow run): a stop during it comes once it is, and queues the trial
+        # again (held-out round 13, H17: a signal as its run was made left it FAIL, not queued, its run RUNNING)
         started: dict[str, Any] = {}
         try:
             with stop.uninterrupted():
+                asked.pop(trial.number, None)
                 if worker is not None:  # which worker of a `bench tune --workers N` ran it (Optuna user attribute)
                     trial.set_user_attr("worker", worker)
                 params = {name: rng.suggest(trial, name) for name, rng in spec.space.items()}
@@ -374,8 +389,8 @@ def _run_trials(spec: TuneSpec, study: optuna.Study, runs: StudyRuns, train_fn: 
 
     def interrupted(trial: optuna.Trial, params: dict[str, Any], run_id: str,
                     curves: list[dict[int, dict[str, float]]]) -> None:
-        """Ctrl-C / SIGTERM: the trial's parameters are queued again (first: what a rerun needs), its run ends FAIL.
-        (Both workers stopped at once write to a SQLite storage together: retried while it is locked.)"""
+        """Ctrl-C / SIGTERM: the trial's parameters queued again (first: what a rerun needs; retried while SQLite is
+        locked), its run ended FAIL."""
         retry_locked(study.enqueue_trial, params, user_attrs={"origin_trial": trial.user_attrs["origin_trial"]})
         runs.end_trial(run_id, "FAIL", curves, None, spec, reason="interrupted")
 
@@ -423,6 +438,9 @@ def _run_trials(spec: TuneSpec, study: optuna.Study, runs: StudyRuns, train_fn: 
             study.optimize(objective, callbacks=[after], catch=(TrainingDiverged,), gc_after_trial=True)
             fail_dead_trials(study, spec, runs)
             optuna.storages.fail_stale_trials(study)  # a dead worker's trial found at the end is re-queued and run
+    except KeyboardInterrupt:
+        fail_unstarted(study, asked)
+        raise
     finally:
         _release_all(study, held)
     runs.finish_parent(study, spec, complete=_done(study, spec))

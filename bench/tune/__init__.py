@@ -26,6 +26,7 @@ from bench.tune.spec import TuneSpec
 from bench.tune.storage import (
     DEFAULT_DIR,
     FINISHED,
+    check_default_dir,
     check_kept,
     count,
     default_storage_url,
@@ -40,7 +41,7 @@ __all__ = [
     "DEFAULT_DIR", "FINISHED", "ConfirmStopped", "ConfirmSummary", "Importance", "Range", "StudyRuns", "StudyStopped",
     "TuneMetric", "TuneSpec", "best_params_yaml", "check_seeds", "count", "declared_space", "default_storage_url",
     "importances", "leaderboard", "log_outputs", "make_pruner", "objective_config", "open_storage", "open_study",
-    "check_kept", "check_new_study",
+    "check_default_dir", "check_kept", "check_new_study",
     "check_reported", "parse_metric", "parse_space", "print_leaderboard", "redact", "resolve_space", "run_confirm",
     "run_study",
     "check_worker_settings", "run_workers", "seed_config", "trial_value", "summarize", "write_confirm", "write_outputs",

@@ -158,6 +158,29 @@ class StudyRuns:
                 retry_locked(self.client.set_terminated, run.info.run_id, "FAILED")
         self.open_trials.discard(rid)
 
+    def left_running(self) -> dict[int, str]:
+        """{trial number: run id} of this study's trial runs still RUNNING in the store (one query)."""
+        found = self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{self.parent_id}' and "
+                                        "attributes.status = 'RUNNING'", max_results=5000)
+        return {int(r.data.tags[TRIAL]): r.info.run_id for r in found
+                if r.data.tags.get(KIND) == "tune-trial" and r.data.tags.get(TRIAL, "").isdigit()}
+
+    def end_left(self, rid: str, state: TrialState, reason: str) -> None:
+        """The trial run ``rid``, whose trial the storage holds ended as ``state``, and the training runs left RUNNING
+        under it end as that state does (held-out round 13, H07: their process could not send the end)."""
+        if state == TrialState.FAIL:
+            self._fail_tree(rid, reason)
+            return
+        self._fail_tree_children(rid, reason)
+        retry_locked(self.client.set_tag, rid, TRIAL_STATE, state.name)
+        retry_locked(self.client.set_terminated, rid, "FINISHED" if state == TrialState.COMPLETE else "KILLED")
+
+    def _fail_tree_children(self, rid: str, reason: str) -> None:
+        for run in self.client.search_runs([self.experiment_id], f"tags.`mlflow.parentRunId` = '{rid}'"):
+            if run.info.status == "RUNNING":
+                retry_locked(self.client.set_tag, run.info.run_id, FAILURE, reason)
+                retry_locked(self.client.set_terminated, run.info.run_id, "FAILED")
+
     def fail_open(self, reason: str) -> str:
         """The study cannot go on (its storage lost): the trial runs this process left open, the training runs under
         them and the study's run end FAILED with ``reason`` (``pobench.failure``). Returns what the command's line says

@@ -40,11 +40,20 @@ from bench.engines import StopTraining, TrainingDiverged
 from bench.engines import entry as engines
 from bench.engines.base import RunStopped
 from bench.runs import stop
-from bench.runs.tracking import store_client
+from bench.runs.run import end_left_running
+from bench.runs.tracking import read_run_record, store_client
 from bench.tune.metric import TuneMetric, trial_value
 from bench.tune.runs import DEAD_REASON, StudyRuns
 from bench.tune.spec import TuneSpec
-from bench.tune.storage import FINISHED, count, default_storage_url, make_pruner, open_storage, redact
+from bench.tune.storage import (
+    FINISHED,
+    count,
+    default_storage_url,
+    fail_unstarted,
+    make_pruner,
+    open_storage,
+    redact,
+)
 from reports import metric_keys as K
 from reports.paths import lock_file
 from reports.record import KIND, STUDY, TRIAL, retry_locked, sqlite_file, tracking_uri
@@ -274,6 +283,32 @@ def fail_dead_trials(study: optuna.Study, spec: TuneSpec, runs: StudyRuns) -> li
     return failed
 
 
+UNSENT_REASON = "its process stopped while the MLflow server did not answer (its end could not be sent)"
+
+
+def end_unsent_trials(study: optuna.Study, spec: TuneSpec, runs: StudyRuns) -> list[int]:
+    """The trial runs a stopped process left RUNNING, the MLflow server not taking their end (held-out round 13, H07),
+    whose trial the storage holds ended: the end each training run's folder recorded (``unsent_end``) is applied, as
+    `bench run`'s rerun does, and the trial's run ends as its trial did; returns their numbers."""
+    left = runs.left_running()
+    if not left:
+        return []
+    states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+    ended = []
+    for number, rid in sorted(left.items()):
+        state = states.get(number)
+        if state is None or state in (TrialState.RUNNING, TrialState.WAITING):
+            continue
+        for seed in spec.seeds:
+            cfg = seed_config(spec, {}, seed, number, rid)
+            found = read_run_record(cfg.run_dir())
+            if found is not None and isinstance(found.get("unsent_end"), dict):
+                end_left_running(cfg, cfg.run_dir())  # (under its folder's lock: not while a process trains there)
+        runs.end_left(rid, state, UNSENT_REASON)
+        ended.append(number)
+    return ended
+
+
 def storage_lost(spec: TuneSpec, runs: StudyRuns, error: BaseException) -> RunStopped:
     """The one line of a study stopped by its storage (the runs this process left open and the study's run end
     FAILED first)."""
@@ -315,24 +350,51 @@ def _run_trials(spec: TuneSpec, study: optuna.Study, runs: StudyRuns, train_fn: 
                 log: Callable[[str], None], worker: str | None) -> optuna.Study:
     """``run_study``'s trials once the study is open."""
     fail_dead_trials(study, spec, runs)  # re-queue trials of workers killed just now (their lock free)
+    end_unsent_trials(study, spec, runs)  # the runs of trials stopped while the MLflow server did not answer
     optuna.storages.fail_stale_trials(study)  # and of workers that died elsewhere since (their heartbeat stale)
     log(f"study {spec.study!r} at {redact(spec.storage or default_storage_url())}: "
         f"{count(study, *FINISHED)}/{spec.trials} trials finished; MLflow parent run {runs.parent_id}")
 
     held: dict[int, tuple[int, FileLock]] = {}  # number: (id, lock) of the trials whose end is not yet written
+    asked: dict[int, int] = {}  # number: id of the trials this process took and has not begun to set up
+    ask = study.ask
+
+    def ask_whole(*args: Any, **kwargs: Any) -> optuna.Trial:
+        with stop.uninterrupted():  # (a stop while the trial is taken comes once it is recorded here)
+            trial = ask(*args, **kwargs)
+            asked[trial.number] = trial._trial_id
+        return trial
+
+    study.ask = ask_whole  # type: ignore[method-assign]  (what Optuna's optimize calls for each trial)
 
     def objective(trial: optuna.Trial) -> float:
-        if worker is not None:  # which worker of a `bench tune --workers N` ran it (Optuna user attribute)
-            trial.set_user_attr("worker", worker)
-        params = {name: rng.suggest(trial, name) for name, rng in spec.space.items()}
-        # a rerun at once knows from its free lock (its file kept until Optuna has written the trial's end) that this
-        # process is gone: released in `after` (its end written), or by _release_all (its code raised)
-        held[trial.number] = (trial._trial_id, hold_trial(spec, trial))
-        return trial_body(trial, params)
+        # the trial set up whole (its lock, its MLflow run): a stop during it comes once it is, and queues the trial
+        # again (held-out round 13, H17: a signal as its run was made left it FAIL, not queued, its run RUNNING)
+        started: dict[str, Any] = {}
+        try:
+            with stop.uninterrupted():
+                asked.pop(trial.number, None)
+                if worker is not None:  # which worker of a `bench tune --workers N` ran it (Optuna user attribute)
+                    trial.set_user_attr("worker", worker)
+                params = {name: rng.suggest(trial, name) for name, rng in spec.space.items()}
+                # a rerun at once knows from its free lock (its file kept until Optuna has written the trial's end)
+                # that this process is gone: released in `after` (its end written), or by _release_all (it raised)
+                held[trial.number] = (trial._trial_id, hold_trial(spec, trial))
+                started["run_id"] = runs.start_trial(trial, params, spec)
+        except KeyboardInterrupt:
+            if "run_id" in started:
+                interrupted(trial, params, started["run_id"], [])
+            raise
+        return trial_body(trial, params, started["run_id"])
 
-    def trial_body(trial: optuna.Trial, params: dict[str, Any]) -> float:
-        run_id = runs.start_trial(trial, params, spec)
+    def interrupted(trial: optuna.Trial, params: dict[str, Any], run_id: str,
+                    curves: list[dict[int, dict[str, float]]]) -> None:
+        """Ctrl-C / SIGTERM: the trial's parameters queued again (first: what a rerun needs; retried while SQLite is
+        locked), its run ended FAIL."""
+        retry_locked(study.enqueue_trial, params, user_attrs={"origin_trial": trial.user_attrs["origin_trial"]})
+        runs.end_trial(run_id, "FAIL", curves, None, spec, reason="interrupted")
 
+    def trial_body(trial: optuna.Trial, params: dict[str, Any], run_id: str) -> float:
         def report(value: float, step: int) -> bool:
             """One evaluation of the trial, to the pruner and the trial's MLflow run; True: prune it."""
             trial.report(value, step)
@@ -355,10 +417,8 @@ def _run_trials(spec: TuneSpec, study: optuna.Study, runs: StudyRuns, train_fn: 
             return value
         except optuna.TrialPruned:
             raise
-        except KeyboardInterrupt:  # Ctrl-C / SIGTERM: its parameters are queued again (first: what a rerun needs),
-            # (both workers stopped at once write to a SQLite storage together: retried while it is locked)
-            retry_locked(study.enqueue_trial, params, user_attrs={"origin_trial": trial.user_attrs["origin_trial"]})
-            runs.end_trial(run_id, "FAIL", curves, None, spec, reason="interrupted")  # and the trial ends FAIL
+        except KeyboardInterrupt:  # Ctrl-C / SIGTERM: queued again, its run ended FAIL
+            interrupted(trial, params, run_id, curves)
             raise
         except BaseException as e:
             runs.end_trial(run_id, "FAIL", curves, None, spec, reason=f"{type(e).__name__}: {e}"[:500])
@@ -378,6 +438,9 @@ def _run_trials(spec: TuneSpec, study: optuna.Study, runs: StudyRuns, train_fn: 
             study.optimize(objective, callbacks=[after], catch=(TrainingDiverged,), gc_after_trial=True)
             fail_dead_trials(study, spec, runs)
             optuna.storages.fail_stale_trials(study)  # a dead worker's trial found at the end is re-queued and run
+    except KeyboardInterrupt:
+        fail_unstarted(study, asked)
+        raise
     finally:
         _release_all(study, held)
     runs.finish_parent(study, spec, complete=_done(study, spec))

@@ -32,7 +32,7 @@ from bench.runs.stop import sigterm_as_interrupt
 from bench.runs.tracking import answering, store_client
 from bench.tune.spec import TuneSpec
 from bench.tune.storage import FINISHED, count, default_storage_url, open_storage, redact
-from bench.tune.study import _earlier_study_run, fail_dead_trials, open_study, run_study
+from bench.tune.study import _earlier_study_run, end_unsent_trials, fail_dead_trials, open_study, run_study
 from bench.workers import Notify, resolve_workers
 from reports.record import FAILURE, retry_locked, tracking_uri
 
@@ -163,6 +163,7 @@ def _run_workers(spec: TuneSpec, workers: int, n: int, executor: str, ray_addres
         spec = dataclasses.replace(spec, storage=storage, base=ex.prepare(spec.base))  # (absolute paths)
     study, runs = open_study(spec)  # created (with its MLflow parent run) once, before the workers join it
     fail_dead_trials(study, spec, runs)  # trials of a process killed just now: queued again for these workers
+    end_unsent_trials(study, spec, runs)  # the runs of trials stopped while the MLflow server did not answer
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)

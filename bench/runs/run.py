@@ -27,12 +27,19 @@ from bench.config import TrainConfig
 from bench.runs import checkpoint, lifecycle
 from bench.runs.checkpoint import FINAL_TMP, CheckpointError, DiskFull, NoneResumable
 from bench.runs.folders import check_claimable, check_removable, experiment_dir, remove_run_folder
-from bench.runs.lifecycle import end_runs_of_killed, has_checkpoint, run_tags_and_params, seed_and_threads
+from bench.runs.lifecycle import (
+    end_killed_worker_run,
+    end_runs_of_killed,
+    has_checkpoint,
+    run_tags_and_params,
+    seed_and_threads,
+)
 from bench.runs.locks import RunFolderBusy, folder_held, folder_in_use
 from bench.runs.tracking import RunLogger, read_run_record
 
 __all__ = ["FINAL_TMP", "CheckpointError", "DiskFull", "NoneResumable", "Run", "RunFolderBusy", "check_claimable",
            "check_removable",
+           "end_killed_worker_run",
            "end_runs_of_killed", "experiment_dir", "folder_held", "folder_in_use", "has_checkpoint", "last_checkpoint",
            "left_running",
            "remove_run_folder", "run_tags_and_params", "seed_and_threads"]

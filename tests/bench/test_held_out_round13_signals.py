@@ -9,6 +9,8 @@ import sqlite3
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import fresh_store
 
 TINY = ["--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--samples-every", "0",
@@ -81,3 +83,77 @@ def test_a_plugin_s_forgotten_alarm_fails_the_run_in_one_line_not_a_silent_exit_
     assert cause.startswith("PluginAlarm: SIGALRM"), cause
     assert sorted(p.name for p in (tmp_path / ".pobench" / "runs" / "pobench" / "al").glob("ckpt-*")), \
         "no checkpoint kept"
+
+
+# ------------------------------------------------------------------ H32: a pool worker whose plugin ignores SIGTERM
+IGNTERM = '''import multiprocessing
+import signal
+import time
+from algorithms import register
+from algorithms.policy_gradient import ClippedPG
+
+_sleep = time.sleep
+
+
+def _step(seconds):  # (the stand-in trainer sleeps once a step: the plugin's code, called as the pair trains)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _sleep(seconds)
+
+
+class IgnTermPG(ClippedPG):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if multiprocessing.parent_process() is not None:  # (built in a pool worker, to train)
+            time.sleep = _step
+
+
+register("grpo-ignterm", IgnTermPG, description="ignores SIGTERM at each step in a worker (test)")
+'''
+
+
+@pytest.mark.parametrize("case", ["killed", "finishes"])
+def test_a_pool_worker_ignoring_sigterm_is_killed_after_the_grace_and_the_count_is_right(tmp_path, case):
+    """Held-out round 13 (H32): in `bench run --workers 2` a plugin set SIGTERM to SIG_IGN in its pool worker; a
+    SIGTERM to `bench run` then waited until that pair had trained to its end (50 s), and the line said `kept 0 of 2
+    pairs finished` while that pair was FINISHED. Now the stop waits ``$POBENCH_POOL_STOP_GRACE`` seconds for a
+    busy worker: one still training then is named (its pid, the run it trains) and SIGKILLed, its run ended KILLED
+    (its checkpoint kept), exit 143 at once ("killed"); a pair that trained to its end meanwhile is counted as
+    finished ("finishes"). (The trainer is injected, tests/bench/fake_trainer.py, which sleeps once a step: the
+    plugin's code, in its pool worker, takes that sleep's place and sets SIGTERM to SIG_IGN at each step, as the
+    user's advantage estimator did; the pool's processes are real.)"""
+    import signal
+    import time
+
+    from tests.bench.test_signals import FAKE_CLI, Proc, checkpointed
+
+    (tmp_path / "p_ignterm.py").write_text(IGNTERM)
+    fresh_store(tmp_path)
+    steps = "40" if case == "killed" else "10"
+    argv = ["run", "--plugin", "p_ignterm.py", "--algos", "grpo-ignterm,grpo", "--seeds", "0", "--no-controls",
+            "--workers", "2", "--steps", steps, "--checkpoint-every", "1", "--eval-every", "0", "--samples-every", "0",
+            "--no-report", "--no-progress"]
+    folder = tmp_path / ".pobench" / "runs" / "pobench"
+    proc = Proc([*FAKE_CLI, *argv], tmp_path, FAKE_STEP_S="0.3",
+                POBENCH_POOL_STOP_GRACE="1" if case == "killed" else "60")
+    proc.wait_for(lambda: len(checkpointed(folder)) == 2, "a checkpoint of both pairs")
+    sent = time.monotonic()
+    os.kill(proc.p.pid, signal.SIGTERM)
+    rc = proc.finish(timeout=120)
+    took = time.monotonic() - sent
+    assert rc == 143, proc.text()
+    assert proc.group_gone(), "processes of the stopped `bench run` are still alive"
+    status = statuses(tmp_path / "mlflow.db")
+    ign = next(n for n in status if n.startswith("grpo-ignterm-s0-"))
+    lines = [ln for ln in proc.lines() if ln.startswith("bench")]  # (not the probe's warning, the pairs' lines)
+    if case == "killed":
+        assert took < 9, (took, proc.text())  # (40 steps of 0.3 s: the pair would have trained on for ~10 s)
+        assert len(lines) == 2 and "Traceback" not in proc.text(), proc.text()
+        assert lines[0].startswith("bench: worker process ") and f"(training {ign}) did not stop within 1 s of " \
+            "SIGTERM" in lines[0] and "killed it (SIGKILL); its MLflow run " in lines[0], lines[0]
+        assert "kept 0 of 2 pairs finished and 2 checkpointed" in lines[1], lines[1]
+        assert status[ign] == "KILLED", status
+    else:
+        assert len(lines) == 1 and "Traceback" not in proc.text(), proc.text()
+        assert status[ign] == "FINISHED", status
+        assert "kept 1 of 2 pairs finished and 1 checkpointed" in lines[0], lines[0]
+    assert sorted(status.values()) == ["FINISHED" if case == "finishes" else "KILLED", "KILLED", "KILLED"], status

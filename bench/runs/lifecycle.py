@@ -463,6 +463,10 @@ def end_killed_worker_run(run_dir: Path) -> str | None:
             if client.get_run(found["run_id"]).info.status != "RUNNING":
                 return None
             retry_locked(client.set_terminated, found["run_id"], status="KILLED")
+            parent = client.get_run(found["run_id"]).data.tags.get("mlflow.parentRunId")
+            trial = client.get_run(parent) if parent else None  # (a `bench tune` trial's run, which the worker
+            if trial is not None and trial.data.tags.get(KIND) == "tune-trial" and trial.info.status == "RUNNING":
+                retry_locked(client.set_terminated, parent, status="KILLED")  # would have ended: ended with it)
             return found["run_id"]
     except (RunFolderBusy, StoreUnreachable, ServerError, OSError, mlflow_error()):
         return None

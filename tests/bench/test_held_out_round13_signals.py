@@ -4,6 +4,7 @@ path (H33): each ends in one line with the documented exit code, and no run is l
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import sys
@@ -157,3 +158,59 @@ def test_a_pool_worker_ignoring_sigterm_is_killed_after_the_grace_and_the_count_
         assert status[ign] == "FINISHED", status
         assert "kept 1 of 2 pairs finished and 1 checkpointed" in lines[0], lines[0]
     assert sorted(status.values()) == ["FINISHED" if case == "finishes" else "KILLED", "KILLED", "KILLED"], status
+
+
+# ------------------------------------------------------------------ H33: a frozen `bench tune` pool worker
+def _trainers(folder: Path) -> dict[int, list[Path]]:
+    """{pid: the run folders under ``folder`` it trains (holds open the run lock ``.locks/<run>.run.lock`` of)} of
+    the processes here (from ``/proc``)."""
+    out: dict[int, list[Path]] = {}
+    for e in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{e}/fd"):
+                with contextlib.suppress(OSError):
+                    lock = Path(os.readlink(f"/proc/{e}/fd/{fd}"))
+                    if lock.name.endswith(".run.lock") and folder in lock.parents:
+                        out.setdefault(int(e), []).append(lock.parent.parent / lock.name.removesuffix(".run.lock"))
+    return out
+
+
+def test_a_frozen_pool_worker_does_not_hold_the_stop_of_bench_tune_for_ever(tmp_path):
+    """Held-out round 13 (H33): `bench tune --workers 2`, one pool worker frozen (SIGSTOP: a cgroup freezer, a
+    debugger, a hung NFS read), then SIGTERM to `bench tune`: no exit until the worker was SIGCONTed. Now the stop
+    waits ``$POBENCH_POOL_STOP_GRACE`` seconds for it, then names it (its pid, the run it trains), SIGKILLs it and
+    ends that run KILLED; the command exits 143 with its stopped line; no process of it is left. (The trainer is
+    injected, tests/bench/fake_trainer.py; the pool's processes and the study are real.)"""
+    import signal
+    import time
+
+    from tests.bench.test_signals import FAKE_CLI, Proc, checkpointed
+
+    uri = fresh_store(tmp_path)
+    argv = ["tune", "--algo", "grpo", "--trials", "2", "--steps", "40", "--seeds", "0", "--study", "fz",
+            "--storage", f"sqlite:///{tmp_path}/optuna.db", "--tracking-uri", uri, "--out", "out", "--eval-every",
+            "20", "--samples-every", "0", "--sampler-seed", "0", "--checkpoint-every", "1", "--workers", "2"]
+    runs = tmp_path / ".pobench" / "runs"
+    proc = Proc([*FAKE_CLI, *argv], tmp_path, FAKE_STEP_S="0.3", POBENCH_POOL_STOP_GRACE="1")
+    frozen = None
+    try:
+        proc.wait_for(lambda: len(checkpointed(runs)) == 2 and len(_trainers(runs)) == 2, "both trials training")
+        frozen, held = sorted(_trainers(runs).items())[0]
+        os.kill(frozen, signal.SIGSTOP)
+        sent = time.monotonic()
+        os.kill(proc.p.pid, signal.SIGTERM)
+        rc = proc.finish(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if frozen is not None:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(frozen, sig)
+    assert rc == 143 and took < 10, (rc, took, proc.text())  # (40 steps of 0.3 s: it would wait for ever)
+    assert proc.group_gone(), "processes of the stopped `bench tune` are still alive"
+    lines = [ln for ln in proc.lines() if ln.startswith("bench")]
+    assert len(lines) == 2 and "Traceback" not in proc.text(), proc.text()
+    assert lines[0].startswith(f"bench: worker process {frozen} (training {held[0].name}) did not stop within 1 s "
+                               "of SIGTERM") and "the process is frozen" in lines[0], lines[0]
+    assert lines[1].startswith("bench tune: stopped by SIGTERM; kept 0 of 2 trials finished of study 'fz'"), lines[1]
+    assert "RUNNING" not in statuses(tmp_path / "mlflow.db").values(), statuses(tmp_path / "mlflow.db")

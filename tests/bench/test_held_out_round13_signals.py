@@ -58,6 +58,7 @@ register("grpo-alarm", base="grpo", description="test", advantage_estimator="adv
 '''
 
 
+@pytest.mark.slow
 def test_a_plugin_s_forgotten_alarm_fails_the_run_in_one_line_not_a_silent_exit_142(tmp_path):
     """Held-out round 13 (H30): a plugin's advantage estimator arming an alarm it never cancels killed `bench train`
     by SIGALRM (exit 142, nothing printed) and left its run RUNNING. Now the alarm is a plugin's fault like any other:
@@ -175,6 +176,7 @@ def _trainers(folder: Path) -> dict[int, list[Path]]:
     return out
 
 
+@pytest.mark.slow
 def test_a_frozen_pool_worker_does_not_hold_the_stop_of_bench_tune_for_ever(tmp_path):
     """Held-out round 13 (H33): `bench tune --workers 2`, one pool worker frozen (SIGSTOP: a cgroup freezer, a
     debugger, a hung NFS read), then SIGTERM to `bench tune`: no exit until the worker was SIGCONTed. Now the stop

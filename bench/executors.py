@@ -60,7 +60,8 @@ from bench.workers import (
     pool_worker_setup,
     resolve_workers,
     stop_forkserver,
-    stop_pool_workers,
+    stop_or_kill,
+    stop_tasks,
     task_context,
     task_resources,
     task_setup,
@@ -171,9 +172,8 @@ class Executor:
                         if on_result is not None:
                             on_result(t, r)
                 _forward(backend, notify)
-            except KeyboardInterrupt:
-                backend.cancel([h for h in handles if handles[h].index not in results])
-                _forward(backend, notify)
+            except KeyboardInterrupt:  # (a task that ended on its own meanwhile is collected: held-out round 13, H32)
+                stop_tasks(backend, handles, results, on_result, lambda: _forward(backend, notify), Interrupted)
                 raise
         if interrupted:
             raise KeyboardInterrupt  # an on_eval hook (or a signal to a worker) interrupted a task
@@ -369,8 +369,7 @@ class _Pool(_Backend):
 
     def cancel(self, handles: list) -> None:
         self.stop.set()  # queued tasks return "not started"
-        stop_pool_workers(self.pool)
-        self.pool.shutdown(wait=True, cancel_futures=True)
+        stop_or_kill(self, handles)  # (SIGTERM; a busy worker still running after the grace: SIGKILL, named)
         stop_forkserver(self.ctx)
 
     def close(self) -> None:

@@ -38,6 +38,7 @@ from typing import Any
 
 from algorithms import get_spec, list_objectives, registered_advantage
 from algorithms.registry import default_config
+from bench.plugin_alarm import guard_alarm
 from bench.plugin_guard import (
     KeepProcessState,
     check_streams,
@@ -150,6 +151,10 @@ def _plugin_files() -> dict[str, Plugin]:
         paths = [p.path] + [getattr(sys.modules.get(m), "__file__", None) for m in (p.module, *p.imports)]
         files.update({os.path.realpath(f): p for f in paths if f})
     return files
+
+
+def _loaded_specs() -> list[str]:
+    return [p.spec for p in [*_LOADED.values(), *_ENTRY_POINTS]]
 
 
 def _plugin_at(filename: str) -> str | None:
@@ -288,9 +293,12 @@ def load_entry_points() -> list[Plugin]:
 def load_plugins(specs: Sequence[str] | None = ()) -> list[Plugin]:
     """Import the installed plugins and ``specs`` (module names or ``.py`` files), each once per process, in order;
     returns the ``specs``' plugins. A missing file or module, or one that fails to import: ValueError, one line.
-    Once a plugin is loaded, its code calling ``os._exit`` raises instead (``bench.plugin_guard.guard_os_exit``) and
-    the processes its code starts are recorded (``bench.plugin_guard.watch_children``)."""
+    Once a plugin is loaded, its code calling ``os._exit`` raises instead (``bench.plugin_guard.guard_os_exit``),
+    the processes its code starts are recorded (``bench.plugin_guard.watch_children``) and a SIGALRM no handler
+    takes is a plugin's fault, not the process's end (``bench.plugin_alarm.guard_alarm``)."""
     load_entry_points()
+    if specs:  # (its signal.alarm recorded from the import on: ``from signal import alarm`` gets the recording one)
+        guard_alarm(_plugin_at, _loaded_specs)
     out = []
     for spec in specs or ():
         if not isinstance(spec, str) or not spec.strip():
@@ -301,6 +309,7 @@ def load_plugins(specs: Sequence[str] | None = ()) -> list[Plugin]:
         out.append(_LOADED[key])
     if _LOADED or _ENTRY_POINTS:  # (a process without plugins keeps its os._exit)
         guard_os_exit(_plugin_at)
+        guard_alarm(_plugin_at, _loaded_specs)  # (a plugin's forgotten signal.alarm: one line, not exit 142, H30)
         watch_children(_plugin_at)  # (the processes their code starts: named at the command's end, H03)
     return out
 

@@ -221,6 +221,23 @@ def stop_pool_workers(pool: Any) -> None:
                 os.kill(proc.pid, signal.SIGTERM)
 
 
+def stop_tasks(backend: Any, handles: dict, results: dict, on_result: Any, forward: Callable[[], None],
+               interrupted: type) -> None:
+    """``bench.executors.Executor.run`` stopped (Ctrl-C, SIGTERM): the tasks not collected yet are cancelled
+    (``backend.cancel``; ``backend.stopping``: handle -> task index), then those that ended with a result of their own
+    meanwhile (a pair that trained to its end: not an ``interrupted`` one) are passed to ``on_result``, so the
+    command's line counts them (held-out round 13, H32: `kept 0 of 2 pairs finished` while one was FINISHED)."""
+    rest = [h for h in handles if handles[h].index not in results]
+    backend.stopping = {h: handles[h].index for h in rest}
+    backend.cancel(rest)
+    forward()
+    for h in rest:
+        if isinstance(h, concurrent.futures.Future) and h.done() and not h.cancelled() and h.exception() is None:
+            r = backend.result(h, handles[h])
+            if not isinstance(r, interrupted) and on_result is not None:
+                on_result(handles[h], r)
+
+
 #: the event a pool task sends first: (WORKER_PID, task index, pid), so that a worker that dies is named
 WORKER_PID = "worker-pid"
 #: how the line of a task that lost its pool worker begins (`bench run`'s summary then says to rerun the command)
@@ -269,6 +286,86 @@ def lost_worker(pool: Any, procs: dict[int, Any], pids: dict[int, int], labels: 
         return (f"{LOST_WORKER}: stopped when the process pool broke: the worker process {dead[0]} of {who} "
                 f"{_how_ended(codes[dead[0]])}")
     return f"{LOST_WORKER}: the process pool broke (a worker process ended abruptly: killed? out of memory?)"
+
+
+#: how long a stopping command waits for its pool's busy workers after SIGTERM (each checkpoints its last finished
+#: step and ends its run KILLED) before it SIGKILLs one still running: code in it ignores SIGTERM (a plugin's
+#: ``signal.signal(SIGTERM, SIG_IGN)``: held-out round 13, H32) or it is frozen (SIGSTOP, a debugger, a hung NFS read:
+#: H33), and the command would wait for ever; ``$POBENCH_POOL_STOP_GRACE`` (seconds) sets it
+POOL_STOP_GRACE_S = 30.0
+STOP_GRACE_ENV = "POBENCH_POOL_STOP_GRACE"
+
+
+def stop_grace_s() -> float:
+    """``POOL_STOP_GRACE_S``, or ``$POBENCH_POOL_STOP_GRACE`` when it is a number >= 0."""
+    raw = os.environ.get(STOP_GRACE_ENV, "").strip()
+    try:
+        value = float(raw) if raw else POOL_STOP_GRACE_S
+    except ValueError:
+        return POOL_STOP_GRACE_S
+    return value if 0 <= value < float("inf") else POOL_STOP_GRACE_S
+
+
+def runs_held(pid: int) -> list[Path]:
+    """The run folders whose run lock (``<parent>/.locks/<run folder>.run.lock``) process ``pid`` holds open: what
+    it trains (from Linux's ``/proc``; empty elsewhere)."""
+    out = []
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            target = Path(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+        if target.name.endswith(".run.lock") and target.parent.name == ".locks":
+            out.append(target.parent.parent / target.name.removesuffix(".run.lock"))
+    return sorted(set(out))
+
+
+def stop_or_kill(backend: Any, handles: list) -> None:
+    """End the process pool of ``backend`` (``bench.executors._Pool``) on a stop: SIGTERM to its workers (busy ones
+    checkpoint and end their run KILLED), queued tasks cancelled, then :func:`stop_grace_s` for the tasks ``handles``
+    to end; a worker still running one of them then (``backend.pids`` of ``backend.stopping``: the marks its tasks
+    sent) is SIGKILLed and named (:func:`kill_stuck_worker`)."""
+    pool = backend.pool
+    stop_pool_workers(pool)
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)
+    pool.shutdown(wait=False, cancel_futures=True)
+    grace = stop_grace_s()
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and not all(h.done() for h in handles):
+        time.sleep(0.1)
+    if not all(h.done() for h in handles):
+        backend.held += backend.events()  # (the marks: which process runs which task)
+        busy_now = {backend.pids[i] for h, i in getattr(backend, "stopping", {}).items()
+                    if not h.done() and i in backend.pids}
+        for proc in procs:
+            if proc.is_alive() and proc.pid in busy_now:
+                print(kill_stuck_worker(proc, grace), file=sys.stderr, flush=True)
+    if manager is not None:
+        manager.join(grace + 60)
+
+
+def kill_stuck_worker(proc: Any, grace: float) -> str:
+    """SIGKILL the pool process ``proc`` (a ``multiprocessing`` process) that did not stop within ``grace`` seconds
+    of SIGTERM, and end the MLflow runs it trained KILLED (``bench.runs.lifecycle.end_killed_worker_run``: their
+    last checkpoint kept, the rerun resumes them); returns the one line that says so."""
+    from bench.runs.run import end_killed_worker_run
+
+    runs = runs_held(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    ended = [run_id for r in runs if (run_id := end_killed_worker_run(r)) is not None]
+    what = f" (training {', '.join(r.name for r in runs)})" if runs else ""
+    return (f"bench: worker process {proc.pid}{what} did not stop within {grace:g} s of SIGTERM (code in it ignores "
+            "SIGTERM, as a plugin's signal.signal(SIGTERM, SIG_IGN) does, or the process is frozen: SIGSTOP, a "
+            f"debugger): killed it (SIGKILL)" + (f"; its MLflow run {', '.join(ended)} ended KILLED, its last "
+                                                 "checkpoint kept" if ended else "")
+            + f" ({STOP_GRACE_ENV} sets the wait)")
 
 
 # ------------------------------------------------------------------ Ray

@@ -17,6 +17,7 @@ from bench import faults
 from bench.cli import interrupt
 from bench.cli.flags import load_cli_plugins
 from bench.cli.interrupt import rerun_command
+from bench.plugin_alarm import ignore_after_command
 from bench.plugins import plugin_children, plugin_failure, plugin_threads
 from bench.runs import stop
 from bench.workers import quiet_libraries
@@ -106,6 +107,7 @@ def entry() -> None:
         interrupt.finished()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
+        ignore_after_command()  # (a plugin's alarm still pending: not raised into the interpreter's exit)
     _leave_plugin_threads(code)
     if stop.received() is not None:
         _forget_unhandled_interrupt()

@@ -447,6 +447,31 @@ def end_runs_of_killed(cfg: TrainConfig, folder: Path, skip: frozenset[Path] = f
     return ended
 
 
+def end_killed_worker_run(run_dir: Path) -> str | None:
+    """The MLflow run of ``run_dir`` whose pool worker the command SIGKILLed (it did not stop within the grace after
+    SIGTERM: ``bench.executors.POOL_STOP_GRACE_S``; held-out round 13, H32 / H33): ended KILLED, as a stopped run
+    is (its last checkpoint kept, for the rerun to resume), once no process holds the folder. Returns its id when it
+    was ended (None: no record, not RUNNING, the folder held, the store not answering)."""
+    found = read_run_record(run_dir)
+    if found is None or not isinstance(found.get("tracking_uri"), str):
+        return None
+    from reports.record import open_client
+
+    try:
+        with folder_held(run_dir):
+            client = open_client(found["tracking_uri"])
+            if client.get_run(found["run_id"]).info.status != "RUNNING":
+                return None
+            retry_locked(client.set_terminated, found["run_id"], status="KILLED")
+            parent = client.get_run(found["run_id"]).data.tags.get("mlflow.parentRunId")
+            trial = client.get_run(parent) if parent else None  # (a `bench tune` trial's run, which the worker
+            if trial is not None and trial.data.tags.get(KIND) == "tune-trial" and trial.info.status == "RUNNING":
+                retry_locked(client.set_terminated, parent, status="KILLED")  # would have ended: ended with it)
+            return found["run_id"]
+    except (RunFolderBusy, StoreUnreachable, ServerError, OSError, mlflow_error()):
+        return None
+
+
 def end_unresumable(cfg: TrainConfig, run_dir: Path, error: BaseException) -> str:
     """No checkpoint of ``run_dir`` can be resumed: end its MLflow run FAILED with ``error`` as the cause, if it is
     still RUNNING (``_left_run``). Returns what to add to the error's line ("" when there is no run to end)."""

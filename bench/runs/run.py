@@ -28,6 +28,7 @@ from bench.runs import checkpoint, lifecycle
 from bench.runs.checkpoint import FINAL_TMP, CheckpointError, DiskFull, NoneResumable
 from bench.runs.folders import check_claimable, check_removable, experiment_dir, remove_run_folder
 from bench.runs.lifecycle import (
+    end_killed_worker_run,
     end_left_running,
     end_runs_of_killed,
     has_checkpoint,
@@ -39,7 +40,7 @@ from bench.runs.tracking import RunLogger, read_run_record
 
 __all__ = ["FINAL_TMP", "CheckpointError", "DiskFull", "NoneResumable", "Run", "RunFolderBusy", "check_claimable",
            "check_removable",
-           "end_left_running",
+           "end_killed_worker_run", "end_left_running",
            "end_runs_of_killed", "experiment_dir", "folder_held", "folder_in_use", "has_checkpoint", "last_checkpoint",
            "left_running",
            "remove_run_folder", "run_tags_and_params", "seed_and_threads"]

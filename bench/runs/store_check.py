@@ -40,6 +40,7 @@ def check_reachable(uri: str | None, *, reads_only: bool = False, experiment: st
                          "here first, or give --tracking-uri (or MLFLOW_TRACKING_URI) of the store that holds the runs")
     if not resolved.startswith(("http://", "https://")):
         faults.check_store(resolved)  # read-only, not SQLite, truncated, another schema revision: one line now
+        check_store_lock(resolved)
         if database_server(resolved):
             why = connect_error(resolved, timeout)  # (PostgreSQL, MySQL, ...: down, no such database: held-out
             if why is not None:  # round 10, H04: MLflow's traceback from the first request)
@@ -61,6 +62,22 @@ def check_reachable(uri: str | None, *, reads_only: bool = False, experiment: st
     if experiment is not None:
         check_artifact_location(resolved, experiment)
     return resolved
+
+
+def check_store_lock(uri: str) -> None:
+    """Refuse (StoreFault, one line, exit 2) a local store whose lock file (``<db>.lock``,
+    ``reports.record.store_lock``, taken when a process first opens the store) is not a file (a folder, a dangling
+    link): held-out round 13 (H31), a folder ``mlflow.db.lock`` stopped `bench train` once the work had begun (exit
+    1, "stopped:", ``.pobench`` made)."""
+    lock = record.store_lock_path(uri)
+    if lock is None or not (lock.exists() or lock.is_symlink()):
+        return
+    store = record.sqlite_file(uri) or uri
+    if not lock.is_file():
+        what = "a folder" if lock.is_dir() else "a link to nothing" if lock.is_symlink() else "not a file"
+        raise faults.StoreFault(f"{lock} is {what}: pobench locks the MLflow store {store} with that file while it "
+                                "opens the store; move it away (pobench does not remove what it did not write), or "
+                                "give another --tracking-uri")
 
 
 def check_comparison(cfg: Any) -> None:

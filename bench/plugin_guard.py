@@ -338,9 +338,10 @@ def _stat(pid: int | str) -> list[str]:
 
 def output_holders() -> list[int]:
     """The processes, on Linux, that hold this process's standard output or error open for writing where it is a
-    pipe, other than this process and its ancestors, in its session and started after it: a process a plugin left in
-    the background through a shell (``sh -c 'cmd &'``, ``os.system('cmd &')``; held-out round 13, H13) is no child of
-    this process (its shell ended: it was orphaned), and keeps a pipeline reading the command's output waiting."""
+    pipe, other than this process, its ancestors and its live descendants, in its session and started after it: a
+    process a plugin left in the background through a shell (``sh -c 'cmd &'``, ``os.system('cmd &')``; held-out
+    round 13, H13) is no child of this process (its shell ended: it was orphaned), and keeps a pipeline reading the
+    command's output waiting."""
     try:
         pipes = {os.readlink(f"/proc/self/fd/{fd}") for fd in (1, 2)}
         me = _stat("self")
@@ -357,11 +358,26 @@ def output_holders() -> list[int]:
             pid = int(_stat(pid)[1])
         except (OSError, IndexError, ValueError):
             break
+    parents: dict[int, int] = {}
+    for e in entries:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            parents[int(e)] = int(_stat(e)[1])
+
+    def ours(pid: int) -> bool:  # (a live descendant of this process: multiprocessing's resource tracker, a pool's
+        seen = set()  # forkserver and workers, a child a plugin started: named as such, not as left in the background)
+        while pid > 1 and pid not in seen:
+            seen.add(pid)
+            pid = parents.get(pid, 0)
+            if pid == os.getpid():
+                return True
+        return False
+
     out = []
     for e in entries:
         try:
             fields = _stat(e)
-            if int(e) in skip or fields[0] == "Z" or fields[3] != me[3] or int(fields[19]) < int(me[19]):
+            if int(e) in skip or fields[0] == "Z" or fields[3] != me[3] or int(fields[19]) < int(me[19]) \
+                    or ours(int(e)):
                 continue
             fd_dir = f"/proc/{e}/fd"
             for fd in os.listdir(fd_dir):

@@ -94,8 +94,10 @@ def test_a_pool_worker_killed_during_bench_run_is_named_and_its_run_ended(tmp_pa
     from tests.bench.test_compare import FAKE_CLI, env
 
     fresh_store(tmp_path)
+    # (200 steps of 0.3 s: the other pair is still training when the worker is killed, however late the first pair's
+    # first checkpoint comes on a busy machine: with 40, dapo once finished first and its line was "finished")
     cmd = [*FAKE_CLI, "run", "--algos", "grpo,dapo", "--seeds", "0", "--no-controls", "--workers", "2", "--steps",
-           "40", "--checkpoint-every", "1", "--no-report", "--no-progress", "--eval-every", "0",
+           "200", "--checkpoint-every", "1", "--no-report", "--no-progress", "--eval-every", "0",
            "--prompts-per-step", "2", "--group-size", "2"]
     proc = launch.Popen(cmd, cwd=tmp_path, env={**env(), "FAKE_STEP_S": "0.3"}, stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT, text=True)

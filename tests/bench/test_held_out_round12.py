@@ -153,19 +153,11 @@ def test_a_child_process_a_plugin_s_loss_started_is_named_when_the_command_ends(
     import re
     import select
     import signal
-    import subprocess
-    import sys
     import time
 
-    from tests import launch
 
     (tmp_path / "spawn.py").write_text(SPAWN)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    argv = ["train", "--algo", "spawnpg", "--plugin", "spawn.py", "--steps", "1", "--prompts-per-step", "2",
-            "--group-size", "2", "--eval-problems", "4", "--eval-every", "0", "--samples-every", "0",
-            "--checkpoint-every", "1", "--no-progress", "--tracking-uri", fresh_store(tmp_path)]
-    proc = launch.Popen([sys.executable, "-m", "bench", *argv], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.PIPE)
+    proc = train_reading_stderr(tmp_path, "spawnpg", "spawn.py", "--eval-problems", "4")
     err, pid = b"", None
     try:
         code = proc.wait(timeout=180)  # (the command ends; its stderr stays open while the child holds it)
@@ -198,3 +190,20 @@ def launch_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def train_reading_stderr(tmp_path, algo: str, plugin: str, *extra: str):
+    """A one-step `bench train` of plugin objective ``algo`` (a forked command, its own store), its stderr a pipe the
+    test reads after the command ended (the plugin's processes may hold it): the H03 / round 13 H13 tests."""
+    import os
+    import subprocess
+    import sys
+
+    from tests import launch
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    argv = ["train", "--algo", algo, "--plugin", plugin, "--steps", "1", "--prompts-per-step", "2", "--group-size",
+            "2", *extra, "--eval-every", "0", "--samples-every", "0", "--checkpoint-every", "1", "--no-progress",
+            "--tracking-uri", fresh_store(tmp_path)]
+    return launch.Popen([sys.executable, "-m", "bench", *argv], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE)

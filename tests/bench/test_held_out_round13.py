@@ -194,20 +194,12 @@ def test_a_process_a_plugin_left_in_the_background_through_a_shell_is_named_when
     import re
     import select
     import signal
-    import subprocess
-    import sys
     import time
 
-    from tests import launch
-    from tests.bench.test_held_out_round12 import launch_alive
+    from tests.bench.test_held_out_round12 import launch_alive, train_reading_stderr
 
     (tmp_path / "bg.py").write_text(SHELLBG.format(start=start))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    argv = ["train", "--algo", "grpo-bg", "--plugin", "bg.py", "--steps", "1", "--prompts-per-step", "2",
-            "--group-size", "2", "--max-new-tokens", "8", "--eval-every", "0", "--samples-every", "0",
-            "--checkpoint-every", "1", "--no-progress", "--tracking-uri", fresh_store(tmp_path)]
-    proc = launch.Popen([sys.executable, "-m", "bench", *argv], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                        stderr=subprocess.PIPE)
+    proc = train_reading_stderr(tmp_path, "grpo-bg", "bg.py", "--max-new-tokens", "8")
     err, pids = b"", []
     try:
         code = proc.wait(timeout=180)  # (the command ends; its stderr stays open while the orphan holds it)

@@ -37,7 +37,9 @@ def test_resolve_algos_names_groups_and_ablation():
 
 
 def test_parse_seeds():
-    assert parse_seeds("0, 1,2,1", DEFAULTS.seeds) == [0, 1, 2]
+    assert parse_seeds("0, 1,2", DEFAULTS.seeds) == [0, 1, 2]
+    with pytest.raises(ValueError, match=r"--seeds 0,1,2,1: seed 1 is named twice; name each seed once"):
+        parse_seeds("0, 1,2,1", DEFAULTS.seeds)
     assert parse_seeds(None, DEFAULTS.seeds) == list(DEFAULTS.seeds)
     with pytest.raises(ValueError, match="comma-separated integers"):
         parse_seeds("0,a", DEFAULTS.seeds)

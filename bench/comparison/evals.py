@@ -34,7 +34,7 @@ from evaluators import get_benchmark
 from reports.evals import find_stored, settings_key
 from reports.load import Comparison, load_comparison
 from reports.paths import contained, lock_file, safe_component
-from reports.record import BENCHMARK, COMPARISON, EVAL_KEY, FINAL_DIGEST, open_client
+from reports.record import BENCHMARK, COMPARISON, EVAL_KEY, FAILURE, FINAL_DIGEST, KIND, open_client
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,7 @@ class EvalPlan:
     todo: list[tuple[Any, Path, str, list]] = field(default_factory=list)  # (run, final, template, missing)
     final_digests: dict[str, str] = field(default_factory=dict)  # training run id -> its final weights' digest
     stale: list[str] = field(default_factory=list)  # "<run> on <benchmark>": stored of other weights, evaluated again
+    unlogged: list[Path] = field(default_factory=list)  # the files of the evaluation being stored (not yet in MLflow)
 
     @property
     def total(self) -> int:
@@ -192,7 +193,7 @@ def evaluate_missing(plan: EvalPlan, settings: EvalSettings, experiment: str, ur
         for b, problems, source, key in missing:
             with _claimed(r, b, key, digest, cmp.experiment_id, uri) as done:
                 run_id = done or _evaluate_one(r, path, template, b, problems, source, key, digest, model, tokenizer,
-                                               sampler, max_new_of, settings, experiment, uri, out_root, cmp)
+                                               sampler, max_new_of, settings, experiment, uri, out_root, plan)
             yield run_id
 
 
@@ -215,12 +216,31 @@ def _claimed(r, b, key: str, digest: str, experiment_id: str, uri: str) -> Itera
         stored = stored if stored is not None and stored[1] == digest else None  # (of these final weights)
         if stored is not None:
             print(f"bench eval: {r.name} on {b.name}: stored by another process since (reused)", file=sys.stderr)
+        else:
+            _end_left_running(r, b, key, experiment_id, uri)
         yield None if stored is None else stored[0]
 
 
+def _end_left_running(r, b, key: str, experiment_id: str, uri: str) -> None:
+    """End FAILED the eval runs of this (run, benchmark, settings) left RUNNING: their process's claim is free (this
+    one holds it), so it is gone, stopped while it stored the evaluation (held-out round 14, H21: its MLflow server
+    lost between the eval run's creation and its end left it RUNNING for good)."""
+    client = open_client(uri)
+    for left in client.search_runs([experiment_id], filter_string=(
+            f"tags.`{KIND}` = 'eval' and tags.`mlflow.parentRunId` = '{r.run_id}' and tags.`{EVAL_KEY}` = '{key}' "
+            "and attributes.status = 'RUNNING'")):
+        client.set_tag(left.info.run_id, FAILURE, "its `bench eval` process stopped before the evaluation was stored "
+                       "(its MLflow server lost, or the process killed): evaluated again by a later command")
+        client.set_terminated(left.info.run_id, "FAILED")
+        print(f"bench eval: {r.name} on {b.name}: the eval run {left.info.run_id} an earlier command left RUNNING "
+              "(its process stopped before storing it) was ended FAILED; evaluating again", file=sys.stderr)
+
+
 def _evaluate_one(r, path, template, b, problems, source, key, digest, model, tokenizer, sampler, max_new_of,
-                  settings, experiment, uri, out_root, cmp) -> str:
-    """Evaluate and store one (run, benchmark) of ``evaluate_missing``; returns its MLflow run id."""
+                  settings, experiment, uri, out_root, plan: EvalPlan) -> str:
+    """Evaluate and store one (run, benchmark) of ``evaluate_missing``; returns its MLflow run id. While it is
+    logged to MLflow, ``plan.unlogged`` names its files (what a server lost then keeps)."""
+    cmp = plan.comparison
     if (b.name, template) not in max_new_of:  # the runs of a comparison share their model's architecture
         prompts = [format_prompt(tokenizer, p.question, template) for p in problems]
         max_new_of[(b.name, template)] = max_new_tokens(settings.max_new_tokens, model,
@@ -238,10 +258,12 @@ def _evaluate_one(r, path, template, b, problems, source, key, digest, model, to
     out_dir = contained(out_root, safe_component(cmp.comparison_id, "--comparison"),
                         safe_component(r.name, "run name"), safe_component(b.name, "benchmark"))
     paths = write_outputs([res], out_dir, meta)
+    plan.unlogged[:] = paths
     run_id = log_to_mlflow([res], params={**meta, "benchmarks": b.name}, artifacts=paths,
                            run_name=f"eval-{b.name}-{r.name}", experiment=experiment, tracking_uri=uri,
                            parent_run_id=r.run_id, tags={BENCHMARK: b.name, EVAL_KEY: key,
                                                          COMPARISON: cmp.comparison_id, FINAL_DIGEST: digest})
+    plan.unlogged.clear()
     acc = res.metrics.get("greedy_acc") or res.metrics.get("pass@1")
     print(f"bench eval: {r.name} on {b.name}: {100 * acc.value:.1f}% in {res.seconds:.1f}s", file=sys.stderr)
     return run_id

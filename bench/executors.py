@@ -317,6 +317,7 @@ def _pool_task(fn: Callable[..., Any], args: tuple, not_started: Any, index: int
 class _Pool(_Backend):
     def __init__(self, workers: int, plugins: list[str], preload: list[str]) -> None:
         self.ctx = ctx = pool_context(preload)
+        stop.start_resource_tracker()  # (before its semaphores: one a closed terminal's SIGHUP leaves alive)
         self.queue, self.stop = ctx.Queue(), ctx.Event()
         # (a worker has the environment its server started with: this process's now, the server being the pool's own)
         from bench.plugins import plugins_tag

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.runs.stop import STOP_SIGNALS
+
 
 def _default_dtype() -> Any:
     """torch's default dtype, which a plugin may change at import (tensors pobench makes would be float64, and torch
@@ -27,7 +29,7 @@ def _default_dtype() -> Any:
 
 
 #: the signals whose handlers are pobench's (bench/runs/stop.py, bench/cli/main.py ``entry``): a plugin's are put back
-GUARDED_SIGNALS = ("SIGINT", "SIGTERM")
+GUARDED_SIGNALS = tuple(s.name for s in STOP_SIGNALS)
 
 
 def _handler_name(handler: Any) -> str:
@@ -50,10 +52,10 @@ class KeepProcessState:
       errors is taken out, and a filter it removed (``warnings.resetwarnings()``) put back; the filters a library adds
       for its own warnings while the plugin imports it (``ignore`` / ``always`` / ``default``: MLflow's, SciPy's)
       stay, so a plugin that only imports libraries is not warned about;
-    - the handlers of SIGINT and SIGTERM (round 9: ``signal.signal(SIGTERM, SIG_IGN)`` made a scheduler's stop
-      silently ignored; the run trained to the end and under a scheduler became SIGKILL and a run left RUNNING):
-      the command's handlers (``bench.cli.main.entry``, installed before any plugin is imported) are put back, so a
-      SIGTERM stops the command with its one line and 143. (A signal that comes in the instant between the plugin
+    - the handlers of the stop signals, SIGINT, SIGTERM and SIGHUP (round 9: ``signal.signal(SIGTERM, SIG_IGN)`` made a
+      scheduler's stop silently ignored; the run trained to the end and under a scheduler became SIGKILL and a run left
+      RUNNING): the command's handlers (``bench.cli.main.entry``, installed before any plugin is imported) are put back,
+      so a SIGTERM stops the command with its one line and 143. (A signal that comes in the instant between the plugin
       ignoring it and this guard's exit is lost: nothing is written yet at that point.)
 
     - the environment variables of MLflow and pobench (``MLFLOW_*``, ``POBENCH_*``; round 11, H04: a plugin setting

@@ -45,10 +45,9 @@ Notify = Callable[..., None]  # notify(kind, index, *payload): "start" | "step" 
 
 # ------------------------------------------------------------------ --seeds, --workers
 def parse_seeds(seeds: str | Sequence[int] | None, default: Sequence[int], flag: str = "--seeds") -> list[int]:
-    """The seeds of ``--seeds`` (``bench run`` and ``bench tune``; ``flag`` names another flag of seeds in the
-    errors): comma-separated integers, in the order given; a repeated seed or an empty list is an error (a repeat
-    would train or evaluate the same run twice: held-out round 13, H12, dropped it without a word); None gives
-    ``default``."""
+    """The seeds of ``--seeds`` (``bench run`` and ``bench tune``; ``flag`` names another flag of seeds in the errors):
+    comma-separated integers, in the order given; a repeated seed or an empty list is an error (a repeat would train or
+    evaluate the same run twice: held-out round 13, H12, dropped it without a word); None gives ``default``."""
     if seeds is None:
         return list(default)
     if isinstance(seeds, str):
@@ -153,12 +152,13 @@ _POOL_WORKER = {"busy": False}  # in a pool process: inside a task (``busy``)
 
 
 def pool_worker_setup(plugins: Sequence[str]) -> str | None:
-    """A pool process of `bench run` / `bench tune`: one torch thread, quiet libraries, the run's plugins;
-    Ctrl-C ignored (it reaches the parent, which decides), SIGTERM taken only while a task runs (``busy``): the
-    training's interrupt path, once; an idle worker ignores it and ends with the pool. Returns the one line of a
-    plugin that failed to load here (it loaded in the command's process: held-out round 10, a plugin depending on
-    the working folder, an environment variable or being the main process), which each of its tasks reports: raised
-    here, it was Python's "Exception in initializer" traceback and a broken pool whose pairs never named the plugin."""
+    """A pool process of `bench run` / `bench tune`: one torch thread, quiet libraries, the run's plugins; Ctrl-C
+    ignored (it reaches the parent, which decides), SIGTERM and SIGHUP (``bench.runs.stop.TERMINATING``) taken only
+    while a task runs (``busy``): the training's interrupt path, once; an idle worker ignores them and ends with the
+    pool. Returns the one line of a plugin that failed to load here (it loaded in the command's process: held-out round
+    10, a plugin depending on the working folder, an environment variable or being the main process), which each of its
+    tasks reports: raised here, it was Python's "Exception in initializer" traceback and a broken pool whose pairs never
+    named the plugin."""
     one_thread()
     quiet_libraries()
     try:
@@ -167,7 +167,8 @@ def pool_worker_setup(plugins: Sequence[str]) -> str | None:
     except Exception as e:  # noqa: BLE001  (ValueError, one line, naming the plugin: bench/plugins.py _failed)
         failed = str(e).replace(" failed to load: ", " failed to load in a worker process: ", 1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _on_pool_sigterm)
+    for sig in stop.TERMINATING:  # (a closed terminal's SIGHUP reaches the workers too: held-out round 14, H08)
+        signal.signal(sig, _on_pool_sigterm)
     threading.Thread(target=_watch_parent, name="pobench-parent-watch", daemon=True).start()
     return failed
 
@@ -279,7 +280,7 @@ def lost_worker(pool: Any, procs: dict[int, Any], pids: dict[int, int], labels: 
     if manager is not None:
         manager.join(timeout=60)
     codes = {pid: p.exitcode for pid, p in procs.items()}
-    dead = [pid for pid, code in codes.items() if code not in (None, 0, 1, -signal.SIGTERM)]
+    dead = [pid for pid, code in codes.items() if code not in (None, 0, 1, *(-s for s in stop.TERMINATING))]
     own = pids.get(index)
     if own is not None and own in dead:
         return f"{LOST_WORKER}: process {own} {_how_ended(codes[own])}"
@@ -398,8 +399,7 @@ def init_ray(address: str | None = None, workers: int | None = None, gpus: int |
 
 
 def task_resources(cluster: dict[str, float], device: str = "auto") -> dict[str, float]:
-    """Ray resources of one run: one GPU when the cluster has any (and the run is not pinned to the CPU), else one
-    CPU."""
+    """Ray resources of one run: one GPU when the cluster has any (and the run is not pinned to the CPU), else a CPU."""
     if device != "cpu" and cluster.get("GPU", 0) >= 1:
         return {"num_gpus": 1}
     return {"num_cpus": 1}
@@ -437,8 +437,7 @@ def code_root() -> str:
 
 
 def task_context(uri: str, resources: dict[str, float], plugins: Sequence[str] = ()) -> dict[str, Any]:
-    """What a Ray task needs from the driver (``task_setup``): environment, working folder, code root, CPU or GPU,
-    the plugins to load."""
+    """What a Ray task needs from the driver (``task_setup``): environment, working folder, code, CPU / GPU, plugins."""
     return {"env": forwarded_env(uri), "cwd": os.getcwd(), "code_root": code_root(), "cpu": "num_gpus" not in resources,
             "plugins": list(plugins)}
 
@@ -481,8 +480,7 @@ def pool_preload(train_fn: Callable[..., Any] | None) -> list[str]:
 
 
 def pool_context(preload: list[str]):
-    """A multiprocessing context whose processes fork from a forkserver that imported ``preload``; ``spawn`` where
-    the platform has no forkserver."""
+    """A multiprocessing context whose processes fork from a forkserver that imported ``preload`` (else ``spawn``)."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")

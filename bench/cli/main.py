@@ -89,13 +89,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The console script ``bench`` and ``python -m bench.cli``: :func:`main`, then exit with its code. SIGINT
-    (Ctrl-C) and SIGTERM (a scheduler's stop) are one line (what was kept, the command to resume or rerun) and exit
-    130 / 143 while the command works (bench/cli/interrupt.py); once its result is complete
-    (``bench.cli.interrupt.finished``) or it has returned, a signal no longer changes the exit code. (The
-    interpreter's shutdown takes seconds with MLflow and torch loaded, and Python restores the default SIGINT action
-    for it, which would end the process by the signal.)"""
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    """The console script ``bench`` and ``python -m bench.cli``: :func:`main`, then exit with its code. SIGINT (Ctrl-C),
+    SIGTERM (a scheduler's stop) and SIGHUP (a closed terminal) (``bench.runs.stop.STOP_SIGNALS``) are one line (what
+    was kept, the command to resume or rerun) and exit 130 / 143 / 129 while the command works (bench/cli/interrupt.py);
+    once its result is complete (``bench.cli.interrupt.finished``) or it has returned, a signal no longer changes the
+    exit code. (The interpreter's shutdown takes seconds with MLflow and torch loaded, and Python restores the default
+    SIGINT action for it, which would end the process by the signal.)"""
+    for sig in stop.STOP_SIGNALS:
         signal.signal(sig, interrupt.on_signal)
     code = 130
     try:
@@ -105,7 +105,7 @@ def entry() -> None:
         print(f"bench: stopped by {stop.name()}; kept nothing; rerun: {rerun_command()}", file=sys.stderr)
     finally:
         interrupt.finished()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in stop.STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         ignore_after_command()  # (a plugin's alarm still pending: not raised into the interpreter's exit)
     _leave_plugin_threads(code)

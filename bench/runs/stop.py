@@ -1,11 +1,14 @@
-"""How a process of pobench stops on SIGINT (Ctrl-C) and SIGTERM (what a cluster scheduler sends, SLURM to every
-process of the job, Kubernetes to the container's first one, then SIGKILL after a grace period): both take the same
-path, a KeyboardInterrupt where the process is, so a training run checkpoints its last finished step and ends its
-MLflow run KILLED (bench/runs/lifecycle.py), a pool's parent stops its workers (bench/executors.py), and the
-command line prints one line and exits 128 + the signal's number (130, 143: bench/cli/main.py).
+"""How a process of pobench stops on SIGINT (Ctrl-C), SIGTERM (what a cluster scheduler sends, SLURM to every
+process of the job, Kubernetes to the container's first one, then SIGKILL after a grace period) and SIGHUP (the
+terminal closed, an ssh connection dropped: the kernel sends it to the terminal's foreground processes): all take the
+same path, a KeyboardInterrupt where the process is, so a training run checkpoints its last finished step and ends
+its MLflow run KILLED (bench/runs/lifecycle.py), a pool's parent stops its workers (bench/executors.py), and the
+command line prints one line and exits 128 + the signal's number (130, 143, 129: bench/cli/main.py).
+``STOP_SIGNALS`` is the one list of them: every process and pool that installs pobench's handlers takes it from here
+(held-out round 14, H08: SIGHUP was left to its default action, the process ended silently with its run RUNNING).
 
-A SIGTERM that comes while the process is already stopping is ignored: the parent of a pool forwards SIGTERM to its
-workers, which the scheduler may have signalled already, and a second interrupt must not break the checkpoint the
+A SIGTERM (or SIGHUP) that comes while the process is already stopping is ignored: the parent of a pool forwards SIGTERM
+to its workers, which the scheduler may have signalled already, and a second interrupt must not break the checkpoint the
 first one is writing. Each SIGINT interrupts (a second Ctrl-C stops a wait). Which signal came first is kept for the
 life of the process (``received``).
 
@@ -24,13 +27,17 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+#: the signals that stop a command (its handler: :func:`interrupt`); those after SIGINT act as SIGTERM (``TERMINATING``)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+TERMINATING = STOP_SIGNALS[1:]  # (a pool worker and a training run take them; SIGINT goes to the command's process)
+
 _RECEIVED: dict[str, int | None] = {"signal": None, "count": 0}  # the first signal; how many came
 _HELD: dict[str, Any] = {"depth": 0, "pending": False}  # inside ``uninterrupted``; a signal that came there
 _LOST: dict[str, Any] = {"signal": None, "hook": None}  # an interrupt Python dropped (below); the hook chained to
 
 
 def interrupt(signum: int, _frame: Any = None) -> None:
-    """Signal handler: KeyboardInterrupt, once for SIGTERM (later ones while stopping are ignored); inside
+    """Signal handler: KeyboardInterrupt, once for SIGTERM and SIGHUP (later ones while stopping are ignored); inside
     ``uninterrupted`` the first one is held until the block ends. An interrupt raised where Python cannot raise it
     (a finalizer or a weak reference's callback run by the garbage collector: it prints "Exception ignored in" and
     goes on) is delivered again at once (:func:`_redeliver`): the stop is not lost (held-out round 11)."""
@@ -40,7 +47,7 @@ def interrupt(signum: int, _frame: Any = None) -> None:
     _RECEIVED["count"] = int(_RECEIVED["count"] or 0) + 1
     if _LOST["signal"] == signum:
         _LOST["signal"] = None
-    elif signum == signal.SIGTERM and not first:
+    elif signum in TERMINATING and not first:
         return
     if _HELD["depth"] and not _HELD["pending"]:
         _HELD["pending"] = True
@@ -103,7 +110,7 @@ def raised_by_code(error: BaseException) -> bool:
 
 
 def received() -> int | None:
-    """The first stop signal this process received (``signal.SIGINT`` / ``signal.SIGTERM``), or None."""
+    """The first stop signal this process received (one of ``STOP_SIGNALS``), or None."""
     return _RECEIVED["signal"]
 
 
@@ -124,27 +131,48 @@ def swallowed(since: int, where: str) -> None:
 
 
 def exit_code() -> int:
-    """128 + the signal's number (130 for SIGINT, 143 for SIGTERM), as a shell reports a process it ended; 130 when
+    """128 + the signal's number (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP), as a shell reports a process it
+    ended; 130 when
     no signal came (an interrupt raised in code, e.g. by a test)."""
     return 128 + int(received() or signal.SIGINT)
 
 
 def name() -> str:
-    """``SIGTERM`` / ``SIGINT``: the signal that stopped the process (SIGINT when none came)."""
+    """``SIGTERM`` / ``SIGINT`` / ``SIGHUP``: the signal that stopped the process (SIGINT when none came)."""
     return signal.Signals(received() or signal.SIGINT).name
+
+
+def start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (the process of its own that a pool's semaphores register with, and
+    that outlives the pool) with SIGHUP blocked, as it keeps it (it blocks, then ignores, SIGINT and SIGTERM only):
+    a closed terminal's SIGHUP to the process group killed it, and the pool's next semaphore printed "resource_tracker:
+    process died unexpectedly" and KeyError tracebacks (held-out round 14, H08). A SIGHUP to this process meanwhile
+    comes once the tracker is started. Already running: nothing changes."""
+    from multiprocessing import resource_tracker
+
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+    except (AttributeError, ValueError):  # (no signal masks here)
+        resource_tracker.ensure_running()
+        return
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
 
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """Inside: SIGTERM raises KeyboardInterrupt (:func:`interrupt`: once; a second SIGTERM while stopping is
-    ignored, so it cannot break the checkpoint the first one writes), so a terminated run (or a `bench run` whose
-    workers must stop) takes the Ctrl-C path (main thread only; elsewhere nothing changes)."""
+    """Inside: SIGTERM and SIGHUP (``TERMINATING``) raise KeyboardInterrupt (:func:`interrupt`: once; a second one
+    while stopping is ignored, so it cannot break the checkpoint the first one writes), so a terminated run (or a
+    `bench run` whose workers must stop) takes the Ctrl-C path (main thread only; elsewhere nothing changes)."""
     try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
+        previous = {sig: signal.signal(sig, interrupt) for sig in TERMINATING}
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -4,7 +4,9 @@ storage damaged mid-study (H14): each one line saying what is kept and a way out
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import sqlite3
 import time
 from pathlib import Path
@@ -84,3 +86,72 @@ def test_h21_a_server_lost_during_eval_comparison_stops_within_the_bound_and_the
     runs = statuses(tmp_path / "srv" / "mlflow.db")
     assert "RUNNING" not in {s for _, s in runs}, runs
     assert sorted(s for n, s in runs if n.startswith("eval-")) == ["FAILED", "FINISHED", "FINISHED"], runs
+
+
+# ------------------------------------------------------------------ H08: SIGHUP, a closed terminal
+def test_h08_sighup_to_bench_train_stops_it_as_sigterm_does(tmp_path, bench_here):
+    """Held-out round 14 (H08): SIGHUP (the terminal closed, an ssh connection dropped) to `bench train`: exit 129,
+    nothing printed, the run left RUNNING (the next command ended it KILLED and refused to go on without --resume).
+    Now the same path as SIGTERM: `stopped by SIGHUP; kept <checkpoint> (step N); resume with: ... --resume`, exit
+    129, the run KILLED, and the printed command finishes it."""
+    from tests.bench.test_signals import BENCH, Proc, command_in, stopped_line
+    from tests.conftest import fresh_store
+
+    uri = fresh_store(tmp_path)
+    run_dir = tmp_path / ".pobench" / "runs" / "pobench" / "h"
+    proc = Proc([*BENCH, "train", "--steps", "8", "--eval-every", "0", "--checkpoint-every", "1", *TINY,
+                 "--max-new-tokens", "8", "--run-name", "h"], tmp_path)
+    proc.wait_for(lambda: (run_dir / "ckpt-0000001" / "state.json").exists(), "first checkpoint")
+    os.kill(proc.p.pid, signal.SIGHUP)
+    line = stopped_line(proc, proc.finish(), signal.SIGHUP)
+    kept = sorted(run_dir.glob("ckpt-*"))[-1]
+    assert f"kept {kept.relative_to(tmp_path)} (step {int(kept.name.split('-')[1])}); resume with: bench train " \
+           in line and line.endswith(" --resume"), line
+    assert [s for _, s in statuses(tmp_path / "mlflow.db")] == ["KILLED"]
+    rc, _, err = bench_here(command_in(line, []), tmp_path)  # (the printed command)
+    assert rc == 0, err[-3000:]
+    assert [s for _, s in statuses(tmp_path / "mlflow.db")] == ["FINISHED"], uri
+
+
+def test_h08_sighup_while_the_store_is_created_leaves_a_whole_store_and_one_line(tmp_path):
+    """H08 (a): SIGHUP while `bench train` created the fresh store of a new folder: exit 129, nothing printed, a
+    0-byte ``mlflow.db`` and the half-made ``.mlflow.db.pobench-creating`` left. Now the store's creation ends whole
+    (a store call is not cut by a stop signal), then the one line and 129; nothing half-made is left."""
+    from tests.bench.test_signals import BENCH, Proc, stopped_line
+
+    creating = tmp_path / ".mlflow.db.pobench-creating"
+    proc = Proc([*BENCH, "train", "--steps", "2", *TINY, "--run-name", "h"], tmp_path)
+    proc.wait_for(creating.exists, "the store being created", timeout=300)
+    os.kill(proc.p.pid, signal.SIGHUP)
+    line = stopped_line(proc, proc.finish(), signal.SIGHUP)
+    assert "rerun: bench train " in line, line
+    assert not list(tmp_path.glob(".mlflow.db.pobench-creating*")), sorted(p.name for p in tmp_path.iterdir())
+    db = tmp_path / "mlflow.db"
+    if db.exists():  # (whole: MLflow's schema revision in it)
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            assert con.execute("select version_num from alembic_version").fetchall(), "a store without its revision"
+        finally:
+            con.close()
+    assert "RUNNING" not in {s for _, s in (statuses(db) if db.exists() else [])}
+
+
+def test_h08_sighup_to_the_group_of_bench_run_ends_its_pool_and_kills_the_pairs(tmp_path):
+    """H08 in a pool: a closed terminal's SIGHUP reaches the whole foreground group (the command and its pool
+    workers). The workers' pairs checkpoint and end KILLED as on SIGTERM (they died by the signal: a broken pool,
+    runs RUNNING), the command says what is kept and exits 129; no process is left."""
+    from tests.bench.test_signals import FAKE_CLI, Proc, checkpointed, stopped_line
+    from tests.conftest import fresh_store
+
+    (tmp_path / "long.yaml").write_text("steps: 40\neval_every: 0\ncheckpoint_every: 1\nsamples_every: 0\n")
+    fresh_store(tmp_path)
+    folder = tmp_path / ".pobench" / "runs" / "pobench"
+    proc = Proc([*FAKE_CLI, "run", "--config", "long.yaml", "--algos", "grpo,tepo", "--seeds", "0", "--workers", "2",
+                 "--no-report", "--no-progress"], tmp_path, FAKE_STEP_S="0.5")
+    proc.wait_for(lambda: len(checkpointed(folder)) == 2, "a checkpoint of both pairs")
+    os.killpg(proc.p.pid, signal.SIGHUP)
+    line = stopped_line(proc, proc.finish(timeout=300), signal.SIGHUP)
+    assert proc.group_gone(), "processes of the stopped `bench run` are still alive"
+    assert "kept 0 of 2 pairs finished and 2 checkpointed of comparison " in line and \
+        "resume by rerunning the same command: bench run " in line, line
+    assert sorted(s for _, s in statuses(tmp_path / "mlflow.db")) == ["KILLED", "KILLED", "KILLED"]

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", help="YAML file of TrainConfig fields (flags override it)")
     add_config_flags(p)
     args = p.parse_args(argv)
-    for sig in (signal.SIGINT, signal.SIGTERM):  # (torchrun forwards a scheduler's SIGTERM to every process)
+    for sig in stop.STOP_SIGNALS:  # (torchrun forwards a scheduler's SIGTERM to every process)
         signal.signal(sig, stop.interrupt)
     cfg = dataclasses.replace(config_from_args(args), engine="trl")
     try:

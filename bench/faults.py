@@ -47,6 +47,11 @@ def exit_called(e: SystemExit) -> ExitCalled:
                       "is a plugin's (its objective, estimator or reward): make it raise an exception instead")
 
 
+class RunNotInStore(ValueError):
+    """A checkpoint to resume continues an MLflow run the store does not hold (one line, exit 2; `bench train` adds
+    the command that trains the run again)."""
+
+
 class RaisedInWork(RuntimeError):
     """An error a plugin's code raised while its run trained, of a class the command line takes for bad input before
     any work (ValueError, FileNotFoundError: exit 2): a fault met during the work, exit 1 as any other class (its run
@@ -304,6 +309,10 @@ _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 _IN_THE_WAY = (errno.ENOTDIR, errno.EEXIST, errno.EISDIR)
 
 
+#: what a command stopped by a damaged MLflow store is told (a training run's command words its own: its checkpoints)
+DAMAGED_ADVICE = "restore it from a backup, or move it away and rerun"
+
+
 def damaged(text: str) -> bool:
     """Whether a database error's text says the file is not a sound SQLite database (damaged, truncated, another
     kind of file): rerunning once it "answers again" does not help; restoring or moving it away does."""
@@ -388,7 +397,7 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
                     "writable, then rerun")
         if "database disk image is malformed" in text or "file is not a database" in text or \
                 "no such table" in text and not optuna_error and store is not None and sqlite_file(store) is not None:
-            return f"{db} is damaged ({_first(text)}); restore it from a backup, or move it away and rerun"
+            return f"{db} is damaged ({_first(text, 'malformed', 'not a database', 'no such table')}); {DAMAGED_ADVICE}"
         if "unable to open database file" in text:
             return f"{db} cannot be opened (unable to open database file): check its folder exists and is writable"
         if "Detected out-of-date database schema" in text and store:
@@ -464,8 +473,11 @@ def storage_refusal(error: BaseException) -> str | None:
     return None
 
 
-def _first(text: str) -> str:
-    return (text.strip().splitlines() or [""])[0][:300]
+def _first(text: str, *about: str) -> str:
+    """The first line of ``text`` (the first that holds one of ``about``, when one does: SQLAlchemy may put its note
+    "(raised as a result of Query-invoked autoflush ...)" before the database's own error)."""
+    lines = text.strip().splitlines() or [""]
+    return next((ln for ln in lines if any(a in ln for a in about)), lines[0])[:300]
 
 
 def _written_path(e: BaseException) -> str | None:

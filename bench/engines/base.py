@@ -33,7 +33,11 @@ class TrainingDiverged(RuntimeError):
 
 class RunStopped(RuntimeError):
     """A fault outside the run stopped it (the MLflow server went away, the disk is full): one line saying the cause,
-    what was kept and how the MLflow run was ended; the run can be resumed (`bench train` adds the command, exit 1)."""
+    what was kept and how the MLflow run was ended; the run can be resumed (`bench train` adds the command, exit 1).
+    ``damaged_store``: the MLflow store that was found damaged (its record of the run lost with it unless restored:
+    `bench train` then names both ways on, bench/cli/train.py), else None."""
+
+    damaged_store: str | None = None
 
 
 @dataclass

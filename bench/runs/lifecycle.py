@@ -229,7 +229,9 @@ def end_run(logger: RunLogger, error: BaseException | str | None = None) -> bool
         if cause:
             logger.set_tags({FAILURE: cause})
         logger.end(status)
-    except (StoreUnreachable, ServerError):  # (no answer, or an error status: held-out round 11, H09)
+    except Exception as e:  # (no answer, an error status: held-out round 11, H09; the store damaged: round 14, H10)
+        if not isinstance(e, (StoreUnreachable, ServerError)) and faults.describe(e) is None:
+            raise
         if logger.run_dir is None or logger.run_id is None:
             raise
         if status == "FINISHED":  # (a FINISHED end that did not arrive fails the run: ``recorded`` ends it FAILED,
@@ -309,7 +311,11 @@ def stopped(e: BaseException, logger: RunLogger | None, run_dir: Path | None, en
         parts.append(f"MLflow run {logger.run_id} ended FAILED" if ended else
                      f"MLflow run {logger.run_id} is ended FAILED at the next contact (recorded in "
                      f"{Path(run_dir or '.') / 'run.json'})")
-    return RunStopped("; ".join(parts))
+    out = RunStopped("; ".join(parts))
+    if cause.endswith(faults.DAMAGED_ADVICE) and cause.startswith("the MLflow store"):  # (its run lost with it)
+        uri = cause.removeprefix("the MLflow store ").split(" is damaged (")[0]
+        out.damaged_store = str(faults.sqlite_file(uri) or uri)
+    return out
 
 
 @contextlib.contextmanager

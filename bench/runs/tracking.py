@@ -271,9 +271,11 @@ class RunLogger:
         except mlflow_error() as e:
             if e.error_code != "RESOURCE_DOES_NOT_EXIST":
                 raise
-            raise ValueError(f"--resume: the checkpoint in {self.run_dir} continues MLflow run {run_id}, which the "
-                             f"store {self.uri} does not hold (deleted, or recorded in another store): resume with "
-                             "--tracking-uri of the store that holds it, or start the run again with --force") from None
+            raise faults.RunNotInStore(
+                f"--resume: the checkpoint in {self.run_dir} continues MLflow run {run_id}, which the store {self.uri} "
+                "does not hold (deleted, recorded in another store, or in a store moved away): resume with "
+                "--tracking-uri of the store that holds it (restored from a backup, if it was damaged), or train the "
+                f"run again from step 0: move {self.run_dir} away, then rerun") from None
         self.run_id = run_id
         if run.info.status in ("FAILED", "KILLED"):
             before = run.data.tags.get(record.RESUMED_AFTER)

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import sqlite3
+import sys
 import time
 from pathlib import Path
 
@@ -155,3 +156,59 @@ def test_h08_sighup_to_the_group_of_bench_run_ends_its_pool_and_kills_the_pairs(
     assert "kept 0 of 2 pairs finished and 2 checkpointed of comparison " in line and \
         "resume by rerunning the same command: bench run " in line, line
     assert sorted(s for _, s in statuses(tmp_path / "mlflow.db")) == ["KILLED", "KILLED", "KILLED"]
+
+
+# ------------------------------------------------------------------ H10: the MLflow store damaged during bench train
+def test_h10_a_store_damaged_during_bench_train_says_what_is_kept_and_ways_on_that_work(tmp_path, bench_here,
+                                                                                        monkeypatch):
+    """Held-out round 14 (H10): ``mlflow.db`` cut to 8192 bytes during `bench train --checkpoint-every 2`: "is
+    damaged (...); restore it from a backup, or move it away and rerun", nothing of the checkpoints; moved away, the
+    rerun was refused (pass --resume), and with --resume advised `--force`, which `bench train` has not: a dead end.
+    Now the line names the checkpoint kept and both ways on; each command it prints works: the one that trains the
+    run again in a new store (after moving the store and the run folder away) finishes; the refusal of --resume
+    against a store without the run names only what `bench train` has."""
+    from bench.runs import checkpoint
+    from tests.conftest import fresh_store
+
+    fresh_store(tmp_path)
+    db = tmp_path / "mlflow.db"
+    real_save = checkpoint.save
+
+    def save_then_damage(folder, step, **parts):  # (a bad copy, a disk error: the file cut once a checkpoint is kept)
+        out = real_save(folder, step, **parts)
+        if step == 2:
+            os.truncate(db, 8192)
+        return out
+
+    monkeypatch.setattr(checkpoint, "save", save_then_damage)
+    cmd = ["train", "--steps", "4", "--eval-every", "0", "--checkpoint-every", "2", *TINY, "--max-new-tokens", "8",
+           "--run-name", "t"]
+    monkeypatch.setattr(sys, "argv", ["bench", *cmd])  # (the command the line prints is this process's)
+    rc, _, err = bench_here(cmd, tmp_path)
+    monkeypatch.setattr(checkpoint, "save", real_save)
+    last = err.strip().splitlines()[-1]
+    run_dir = Path(".pobench") / "runs" / "pobench" / "t"
+    assert rc == 1 and last.startswith(f"bench train: stopped: the MLflow store sqlite:///{db} is damaged ("), err
+    assert " is damaged ((sqlite3.DatabaseError) database disk image is malformed); " in last, last  # (not SQLAlchemy's
+    # autoflush note, which came first in the error's text)
+    assert f"kept: the checkpoint of step 2 in {run_dir / 'ckpt-0000002'}" in last, last
+    assert "move it away and rerun" not in last and "--force" not in last, last
+    assert f"restore the store from a backup, then resume with: bench train {' '.join(cmd[1:])} --resume" in last
+    fresh = f"move {db} and {run_dir} away, then run: bench train {' '.join(cmd[1:])}"
+    assert last.endswith(fresh), last
+
+    # the store moved away only: --resume is refused naming what `bench train` has (no --force), exit 2 (the later
+    # commands each in a process of its own, as the user's: this one keeps MLflow's engine on the damaged file open)
+    from tests import launch
+    from tests.bench.test_signals import BENCH, env
+
+    db.rename(tmp_path / "damaged.db")
+    done = launch.run([*BENCH, *cmd, "--resume"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env())
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "which the store" in last and "--force" not in last, done.stderr[-3000:]
+    assert last.endswith(f"move {run_dir} away, then rerun: bench train {' '.join(cmd[1:])}"), last
+    # the way on the stop line printed: the run folder moved away too, the printed command trains the run again
+    (tmp_path / run_dir).rename(tmp_path / "t-damaged")
+    done = launch.run([*BENCH, *cmd], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [s for _, s in statuses(tmp_path / "mlflow.db")] == ["FINISHED"]

@@ -21,6 +21,18 @@ import os
 import sqlite3
 from pathlib import Path, PurePath
 
+from bench.fault_causes import (  # noqa: F401  (re-exported: faults.answered_status, faults.damaged, ...)
+    CLOUD_CLIENTS,
+    NO_ANSWER_STATUSES,
+    STORAGE_DAMAGED_ADVICE,
+    answered_status,
+    cloud_refusal,
+    damaged,
+    storage_damage,
+    storage_refusal,
+)
+from bench.fault_causes import chain as _chain
+from bench.fault_causes import first_line as _first
 from reports.paths import check_length
 from reports.record import sqlite_file
 
@@ -313,12 +325,6 @@ _IN_THE_WAY = (errno.ENOTDIR, errno.EEXIST, errno.EISDIR)
 DAMAGED_ADVICE = "restore it from a backup, or move it away and rerun"
 
 
-def damaged(text: str) -> bool:
-    """Whether a database error's text says the file is not a sound SQLite database (damaged, truncated, another
-    kind of file): rerunning once it "answers again" does not help; restoring or moving it away does."""
-    return any(t in text for t in ("database disk image is malformed", "file is not a database"))
-
-
 def check_sqlite_file(db: Path, what: str) -> None:
     """StoreFault (one line, naming ``what``) when ``db`` is a folder, cannot be read, or is not a sound SQLite file
     (:func:`sqlite_damage`); an absent or empty file is fine (SQLite creates it)."""
@@ -337,14 +343,6 @@ def check_sqlite_file(db: Path, what: str) -> None:
     if why is not None:
         raise StoreFault(f"{what}: {db} is {why}; restore it from a backup, or move it away and rerun (a new "
                          "study starts)")
-
-
-def _chain(error: BaseException | None):
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__
 
 
 #: the end of the line for a store another process keeps locked (SQLite's "database is locked" after every wait)
@@ -370,11 +368,8 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
                 "place (its credentials), or give another --experiment (a new one keeps its files beside the store, "
                 "or where the server chooses), then rerun")
     optuna_error = any(type(e).__name__ == "StorageInternalError" for e in _chain(error))
-    for e in _chain(error):
-        text = str(e)
-        if optuna_error and damaged(text):  # (Optuna's storage, not MLflow's store: the chain says which)
-            return (f"the Optuna storage {storage or ''} is damaged ({_first(text)}); the trials it held are lost "
-                    "with it: restore it from a backup, or move it away and rerun (a new study starts)")
+    if optuna_error and (damage := storage_damage(error)) is not None:  # (Optuna's storage: the chain says which)
+        return f"the Optuna storage {storage or ''} is damaged ({damage}); {STORAGE_DAMAGED_ADVICE}"
     for e in _chain(error):
         text = str(e)
         if isinstance(e, OSError) and e.errno in (*_NO_SPACE, *_READ_ONLY, *_IN_THE_WAY) and e.filename is not None:
@@ -417,67 +412,6 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
             return (f"{where} failed ({type(cause).__name__}: {_first(str(cause))}); the finished trials are kept in "
                     "it: once it answers again, rerun the same command")
     return None
-
-
-#: the statuses a proxy answers for a server behind it that does not answer (502 Bad Gateway, 503 Service
-#: Unavailable, 504 Gateway Timeout): no answer from MLflow, tried again until the bound as a refused connection is
-NO_ANSWER_STATUSES = (502, 503, 504)
-
-
-def answered_status(error: BaseException) -> int | None:
-    """The HTTP error status the server answered ``error``'s request with (in its chain: MLflow's client raises
-    urllib3's "too many <status> error responses", its retries used up at the first with none left, or a requests
-    HTTPError), unless it is one of :data:`NO_ANSWER_STATUSES`; None for any other error. Held-out round 9: a server's
-    500 on an upload (its artifacts' disk full) was taken for no answer: "did not answer within 5 s", a traceback,
-    and the run left RUNNING."""
-    import re
-
-    import requests
-    import urllib3
-
-    for e in _chain(error):
-        status = None
-        if isinstance(e, urllib3.exceptions.ResponseError) and (m := re.search(r"too many (\d+) error", str(e))):
-            status = int(m.group(1))
-        elif isinstance(e, requests.exceptions.HTTPError) and e.response is not None:
-            status = e.response.status_code
-        if status is not None and status not in NO_ANSWER_STATUSES:
-            return status
-    return None
-
-
-#: the packages whose exceptions say that a remote place for a run's files (S3, Google Cloud Storage, Azure Blob
-#: Storage: an experiment's artifact location) refused a file: no credentials, access denied, no such bucket
-CLOUD_CLIENTS = ("botocore", "boto3", "s3transfer", "google", "azure")
-
-
-def cloud_refusal(error: BaseException) -> str | None:
-    """``Type: first line`` of the error a cloud storage client raised in ``error``'s chain (:data:`CLOUD_CLIENTS`);
-    None when there is none. Held-out round 9's leftover: outside a training run (the comparison run's files, the
-    report, `bench tune`'s outputs, `bench eval`'s results) such a refusal was botocore's traceback."""
-    for e in _chain(error):
-        if type(e).__module__.split(".")[0] in CLOUD_CLIENTS:
-            return f"{type(e).__name__}: {_first(str(e))}" if str(e).strip() else type(e).__name__
-    return None
-
-
-def storage_refusal(error: BaseException) -> str | None:
-    """What an Optuna storage that answers but refuses every write says, and what to do (the end of a line after the
-    storage's name): read-only, or its disk full; None for another failure (unreachable: "once it answers again").
-    Issue 29 (C10): a read-only storage was told to wait until it "answers again"."""
-    said = " ".join(str(c) for c in _chain(error))
-    if "readonly database" in said or "read-only database" in said:
-        return "is read-only (attempt to write a readonly database): make the file and its folder writable"
-    if "database or disk is full" in said:
-        return "is on a full disk (database or disk is full): free space"
-    return None
-
-
-def _first(text: str, *about: str) -> str:
-    """The first line of ``text`` (the first that holds one of ``about``, when one does: SQLAlchemy may put its note
-    "(raised as a result of Query-invoked autoflush ...)" before the database's own error)."""
-    lines = text.strip().splitlines() or [""]
-    return next((ln for ln in lines if any(a in ln for a in about)), lines[0])[:300]
 
 
 def _written_path(e: BaseException) -> str | None:

@@ -310,12 +310,15 @@ def end_unsent_trials(study: optuna.Study, spec: TuneSpec, runs: StudyRuns) -> l
 
 
 def storage_lost(spec: TuneSpec, runs: StudyRuns, error: BaseException) -> RunStopped:
-    """The one line of a study stopped by its storage (the runs this process left open and the study's run end
-    FAILED first)."""
+    """The one line of a study stopped by its storage (the runs this process left open and the study's run end FAILED
+    first); a damaged one is said so (held-out round 14, H14: "trials kept ... once it answers again", both false)."""
     cause = error.__cause__ or error  # (Optuna's StorageInternalError says only "an exception is raised")
-    first = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:300]
+    first = faults.storage_damage(error) or (str(cause).strip().splitlines() or [type(cause).__name__])[0][:300]
     url = redact(spec.storage or default_storage_url())
-    said = runs.fail_open(f"the Optuna storage {url} failed: {first}")
+    said = runs.fail_open(f"the Optuna storage {url} {'is damaged' if faults.damaged(first) else 'failed'}: {first}")
+    if faults.damaged(first):
+        return RunStopped(f"the Optuna storage {url} is damaged ({first}); the study stopped and {said}; "
+                          f"{faults.STORAGE_DAMAGED_ADVICE}")
     refused = faults.storage_refusal(error)
     then = f"the storage {refused}, then rerun" if refused else "once the storage answers again, rerun"
     return RunStopped(f"the Optuna storage {url} failed ({type(cause).__name__}: {first}); the study stopped, its "

@@ -212,3 +212,41 @@ def test_h10_a_store_damaged_during_bench_train_says_what_is_kept_and_ways_on_th
     done = launch.run([*BENCH, *cmd], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env())
     assert done.returncode == 0, done.stderr[-3000:]
     assert [s for _, s in statuses(tmp_path / "mlflow.db")] == ["FINISHED"]
+
+
+# ------------------------------------------------------------------ H14: the Optuna SQLite storage damaged mid-study
+def test_h14_an_optuna_storage_damaged_mid_study_is_said_damaged_not_kept(tmp_path, bench_here, monkeypatch):
+    """Held-out round 14 (H14): ``truncate -s 4096 st.db`` while `bench tune` trained a trial: "the Optuna storage
+    ... failed (DatabaseError: ... malformed); the study stopped, its finished trials are kept in the storage ...;
+    once the storage answers again, rerun": both false (nothing is kept there, waiting does not help). Now the
+    damaged-storage line (as the round-2 row promises): is damaged (...), restore it or move it away, exit 1, no run
+    left RUNNING; the way it names (moved away, the same command under another --study) runs a new study."""
+    import dataclasses
+
+    from bench import tune
+    from tests.bench import fake_trainer
+    from tests.conftest import fresh_store
+
+    fresh_store(tmp_path)
+    storage = tmp_path / "st.db"
+    real_run_workers = tune.run_workers
+
+    def damaging_train(cfg, **kwargs):  # trial 1 starts training once the storage file is cut (a bad copy)
+        if cfg.run_name.startswith("s-t1-"):
+            os.truncate(storage, 4096)
+        return fake_trainer.fake_train(cfg, **kwargs)
+
+    monkeypatch.setattr(tune, "run_workers", lambda spec, *args, **kwargs: real_run_workers(
+        dataclasses.replace(spec, train_fn=damaging_train), *args, **kwargs))
+    cmd = ["tune", "--algo", "grpo", "--trials", "2", "--steps", "4", "--eval-every", "2", "--seeds", "0",
+           "--workers", "1", "--sampler-seed", "0", "--samples-every", "0", "--storage", "sqlite:///st.db"]
+    rc, _, err = bench_here([*cmd, "--study", "s"], tmp_path)
+    last = err.strip().splitlines()[-1]
+    assert rc == 1 and last.startswith("bench tune: stopped: the Optuna storage sqlite:///st.db is damaged ("), err
+    assert "malformed" in last and "restore it from a backup" in last and "move it away" in last, last
+    assert "are kept in the storage" not in last and "answers again" not in last and "Traceback" not in err, last
+    assert "RUNNING" not in {s for _, s in statuses(tmp_path / "mlflow.db")}, statuses(tmp_path / "mlflow.db")
+    # the way on it names: the storage moved away, the same command under another --study runs a new study
+    storage.rename(tmp_path / "damaged.db")
+    rc, _, err = bench_here([*cmd, "--study", "s2"], tmp_path)
+    assert rc == 0, err[-3000:]

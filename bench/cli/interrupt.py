@@ -1,11 +1,11 @@
 """Ctrl-C (SIGINT) and SIGTERM in the command line: one line saying what the command kept and how to go on.
 
-``bench.cli.main.entry`` installs :func:`on_signal` for both signals (``bench.runs.stop``: KeyboardInterrupt, SIGTERM
-once); a command that keeps something catches the KeyboardInterrupt and raises :class:`Stopped` with what it kept and
-the command to resume or rerun; ``main`` prints :func:`line` and exits 130 (SIGINT) or 143 (SIGTERM). A command calls
-:func:`finished` once its result is written (``bench report``), after which a signal no longer changes the exit code.
-Its own module so a command module can use it without importing ``bench.cli.main`` (which imports every command
-module)."""
+``bench.cli.main.entry`` installs :func:`on_signal` for the stop signals (SIGHUP too: ``bench.runs.stop.STOP_SIGNALS``)
+(``bench.runs.stop``: KeyboardInterrupt, SIGTERM once); a command that keeps something catches the KeyboardInterrupt and
+raises :class:`Stopped` with what it kept and the command to resume or rerun; ``main`` prints :func:`line` and exits 130
+(SIGINT), 143 (SIGTERM) or 129 (SIGHUP). A command calls :func:`finished` once its result is written (``bench report``),
+after which a signal no longer changes the exit code. Its own module so a command module can use it without importing
+``bench.cli.main`` (which imports every command module)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def line(command: str, stopped: Stopped | None = None) -> str:
 
 
 def exit_code() -> int:
-    """130 (SIGINT) or 143 (SIGTERM)."""
+    """130 (SIGINT), 143 (SIGTERM) or 129 (SIGHUP)."""
     return stop.exit_code()
 
 

@@ -1,0 +1,67 @@
+"""Held-out round 14, inputs and wording: a plugin's ``os.chdir`` while its run trains (H15), `bench warmstart`'s
+refusals leaving a folder (H18), a symbolic link loop given as an input file (H23), and the wording of H13, H17 and
+R3/H19: each one line naming its cause, nothing made on exit 2."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from tests.conftest import fresh_store
+
+TINY = ["--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--samples-every", "0",
+        "--no-progress"]
+
+
+def _lines(err: str) -> list[str]:
+    return [ln for ln in err.splitlines() if ln.strip() and " INFO mlflow" not in ln]
+
+
+def _statuses(db: Path) -> dict[str, str]:
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return dict(con.execute("select name, status from runs"))
+    finally:
+        con.close()
+
+
+# ------------------------------------------------------------------ H15: a plugin's os.chdir while its run trains
+CHDIR = '''import os
+from algorithms import register, register_advantage
+_n = [0]
+
+
+def kp(rewards):
+    _n[0] += 1
+    if _n[0] == 2:
+        os.makedirs("elsewhere", exist_ok=True)
+        os.chdir("elsewhere")
+    return rewards - rewards.mean(dim=1, keepdim=True)
+
+
+register_advantage("adv-cdmid", kp, description="changes the working folder at its 2nd call (test)")
+register("grpo-cdmid", base="grpo", description="x", advantage_estimator="adv-cdmid")
+'''
+
+
+def test_a_plugin_changing_the_working_folder_while_its_run_trains_is_named(tmp_path, bench_here):
+    """Held-out round 14 (H15): a plugin's advantage estimator calling ``os.chdir`` at its 2nd call: `bench train`
+    said the run folder "was deleted, or its marker removed" (it was not: the working folder had changed under its
+    relative paths), advised moving it away and training again from step 0, the plugin not named. Now the plugin's
+    call is refused where it is made: one line naming the plugin's file and line and what to do, exit 1, the run
+    FAILED, its checkpoint kept, and the way on
+    named (the fixed plugin trains a new run); the working folder is the command's."""
+    (tmp_path / "p_cdmid.py").write_text(CHDIR)
+    uri = fresh_store(tmp_path)
+    rc, _, err = bench_here(["train", "--plugin", "p_cdmid.py", "--algo", "grpo-cdmid", "--steps", "6",
+                             "--checkpoint-every", "1", "--eval-every", "0", "--run-name", "c", *TINY,
+                             "--tracking-uri", uri], tmp_path)
+    lines = _lines(err)
+    assert rc == 1 and len(lines) == 1, (rc, err[-3000:])
+    assert "deleted" not in lines[0] and "p_cdmid.py:10 (in kp)" in lines[0] and "os.chdir" in lines[0], lines[0]
+    assert Path.cwd() == tmp_path and not (tmp_path / "elsewhere").exists() or \
+        not any((tmp_path / "elsewhere").iterdir())
+    run = tmp_path / ".pobench" / "runs" / "pobench" / "c"
+    assert sorted(p.name for p in run.glob("ckpt-*")) == ["ckpt-0000001"], sorted(run.iterdir())
+    assert "with --run-name, give another" in lines[0], lines[0]  # (a changed plugin: --resume is refused)
+    assert _statuses(tmp_path / "mlflow.db") == {"c": "FAILED"}

@@ -7,6 +7,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import fresh_store
 
 TINY = ["--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--samples-every", "0",
@@ -65,3 +67,31 @@ def test_a_plugin_changing_the_working_folder_while_its_run_trains_is_named(tmp_
     assert sorted(p.name for p in run.glob("ckpt-*")) == ["ckpt-0000001"], sorted(run.iterdir())
     assert "with --run-name, give another" in lines[0], lines[0]  # (a changed plugin: --resume is refused)
     assert _statuses(tmp_path / "mlflow.db") == {"c": "FAILED"}
+
+
+# ------------------------------------------------------------------ H18: bench warmstart's refusals make nothing
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--difficulty", "0"], "arith difficulty 0 is not defined; valid: [1, 2, 3, 4]"),
+    (["--difficulty", "99"], "arith difficulty 99 is not defined"),
+    (["--steps", "0"], "steps=0 must be >= 1"),
+    (["--eval", "-1"], "--eval -1: must be >= 0"),
+    (["--seed", "-1"], "--seed -1"),
+    ([], "exists and holds files pobench did not write"),  # (m/ holds a user's file)
+], ids=["difficulty-0", "difficulty-99", "steps-0", "eval-neg", "seed-neg", "users-folder"])
+def test_a_refused_warmstart_makes_nothing(tmp_path, bench_here, flags, says):
+    """Held-out round 14 (H18): `bench warmstart --out m --difficulty 0` (or 99) was refused in one line but left a
+    folder ``m/`` holding ``.pobench-owned`` (and the lock folder ``.locks/``): the folder was claimed before the
+    difficulty was checked. Every refusal of `bench warmstart` is now one line, exit 2, nothing made (the user's
+    folder ``m/`` refused before the lock is taken)."""
+    if not flags:
+        (tmp_path / "m").mkdir()
+        (tmp_path / "m" / "notes.txt").write_text("mine\n")
+    before = _tree(tmp_path)
+    rc, out, err = bench_here(["warmstart", "--out", "m", "--no-progress", *flags], tmp_path)
+    lines = _lines(err)
+    assert rc == 2 and len(lines) == 1 and says in lines[0], (rc, err[-2000:])
+    assert _tree(tmp_path) == before

@@ -51,7 +51,7 @@ from bench.plugin_guard import (
 )
 from bench.plugin_identity import plugin_digest, short_name, source_of
 from evaluators import list_benchmarks, task_module
-from evaluators.hints import NOT_REGULAR, not_regular
+from evaluators.hints import NOT_REGULAR, missing_file, not_regular
 
 ENTRY_POINT_GROUP = "pobench.plugins"
 #: JSON list of plugins for processes that get no argument from pobench (verl's workers: bench/engines/verl)
@@ -98,7 +98,12 @@ def _is_file(spec: str) -> bool:
 
 
 def _key(spec: str) -> str:
-    return str(Path(spec).expanduser().resolve()) if _is_file(spec) else spec
+    if not _is_file(spec):
+        return spec
+    try:
+        return str(Path(spec).expanduser().resolve())
+    except (RuntimeError, OSError):  # (a symbolic link loop: Python 3.11's "Symlink loop" traceback; named by
+        return os.path.abspath(os.path.expanduser(spec))  # _import_file)
 
 
 def file_module_name(path: str | Path) -> str:
@@ -113,13 +118,15 @@ def _new_modules(before: set[str]) -> list[str]:
 
 
 def _import_file(spec: str) -> Plugin:
+    if not os.path.exists(os.path.expanduser(spec)):  # (before resolve(), which raises for a symbolic link loop)
+        raise ValueError(f"plugin {spec}: {missing_file(spec)}")
     path = Path(spec).expanduser().resolve()
     if path.is_dir():  # (held-out round 9: "no such file" for a folder that exists)
         raise ValueError(f"plugin {spec}: {FOLDER_REFUSAL}")
     if not_regular(path):
         raise ValueError(f"plugin {spec}: {NOT_REGULAR}; give a .py file")
     if not path.is_file():
-        raise ValueError(f"plugin {spec}: no such file")
+        raise ValueError(f"plugin {spec}: {missing_file(path)}")
     name = file_module_name(path)
     before = set(sys.modules)
     with KeepProcessState() as kept:

@@ -95,3 +95,25 @@ def test_a_refused_warmstart_makes_nothing(tmp_path, bench_here, flags, says):
     lines = _lines(err)
     assert rc == 2 and len(lines) == 1 and says in lines[0], (rc, err[-2000:])
     assert _tree(tmp_path) == before
+
+
+# ------------------------------------------------------------------ H23: a symbolic link loop given as an input file
+@pytest.mark.parametrize("argv, flag", [
+    (["train", "--task", "gsm8k", "--data", "loop.jsonl", "--steps", "2"], "--data loop.jsonl"),
+    (["train", "--config", "cfg.yaml"], "--config cfg.yaml"),
+    (["eval", "--benchmarks", "gsm8k", "--data", "gsm8k=loop.jsonl"], "--data loop.jsonl"),
+    (["train", "--plugin", "lp.py", "--steps", "2"], "plugin lp.py"),
+], ids=["train-data", "config", "eval-data", "plugin"])
+def test_a_symbolic_link_loop_given_as_an_input_file_is_named_for_what_it_is(tmp_path, bench_here, argv, flag):
+    """Held-out round 14 (H23): ``ln -s loop.jsonl loop.jsonl`` given as ``--data`` / ``--config`` was "no such
+    file" though ``ls`` lists it (a plugin file so linked: Python's "Symlink loop" traceback). Now one line says it is
+    a symbolic link that points to itself (a loop), exit 2, nothing made (``evaluators.hints.missing_file``: the one
+    wording of a missing input file)."""
+    for name in ("loop.jsonl", "cfg.yaml", "lp.py"):
+        (tmp_path / name).symlink_to(name)
+    before = _tree(tmp_path)
+    rc, _, err = bench_here([*argv, *TINY], tmp_path) if argv[0] == "train" else bench_here(argv, tmp_path)
+    lines = _lines(err)
+    assert rc == 2 and len(lines) == 1, (rc, err[-2000:])
+    assert f"{flag}: a symbolic link that points to itself" in lines[0] and "(a loop" in lines[0], lines[0]
+    assert _tree(tmp_path) == before

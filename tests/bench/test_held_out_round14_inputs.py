@@ -117,3 +117,19 @@ def test_a_symbolic_link_loop_given_as_an_input_file_is_named_for_what_it_is(tmp
     assert rc == 2 and len(lines) == 1, (rc, err[-2000:])
     assert f"{flag}: a symbolic link that points to itself" in lines[0] and "(a loop" in lines[0], lines[0]
     assert _tree(tmp_path) == before
+
+
+# ------------------------------------------------------------------ wording of the round's PASS rows
+@pytest.mark.parametrize("space", ["sp1.yaml", "nofile.yaml"])
+def test_a_file_given_to_space_is_said_not_to_be_read(tmp_path, bench_here, space):
+    """Held-out round 14 (H13): `bench tune --space sp1.yaml` was refused as "expected name=low:high, ..." only, as
+    if the file had been read and found wrong. The line now says --space takes the ranges themselves, not a file,
+    exit 2, nothing made."""
+    (tmp_path / "sp1.yaml").write_text("lr: [1.0e-6, 1.0e-4]\n")
+    before = _tree(tmp_path)
+    rc, _, err = bench_here(["tune", "--algo", "grpo", "--trials", "1", "--steps", "2", *TINY[:6], "--space",
+                             space], tmp_path)
+    lines = _lines(err)
+    assert rc == 2 and len(lines) == 1, (rc, err[-2000:])
+    assert f"--space item '{space}': expected name=low:high" in lines[0] and "not a file" in lines[0], lines[0]
+    assert _tree(tmp_path) == before

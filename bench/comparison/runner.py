@@ -26,7 +26,7 @@ from bench.comparison.distinguish import warn_before_run
 from bench.comparison.pairs import PairContext, PairJob, PairResult, TrainFn, initial_evals, run_pair, step0_task
 from bench.comparison.plan import DEFAULTS, Pair, plan, run_dir
 from bench.comparison.store import lock_file, pair_lock
-from bench.config import TrainConfig
+from bench.config import OUTPUT_DIR, TrainConfig
 from bench.engines import entry as engines
 from bench.executors import Job, WorkerDied, make_executor
 from bench.faults import StoreUnreachable
@@ -154,7 +154,7 @@ def check_comparison(spec: ComparisonSpec) -> list[str]:
     found)."""
     cfg = spec.cfg
     check_reachable(cfg.tracking_uri, experiment=cfg.experiment)
-    faults.check_output_folder(cfg.output_dir, "--output-dir")  # a file in its place, read-only: one line now
+    faults.check_output_folder(cfg.output_dir, "--output-dir", OUTPUT_DIR)  # a file there, read-only: one line
     check_outside_artifacts(cfg.tracking_uri, cfg.experiment, cfg.output_dir, "--output-dir")
     if spec.report:  # a foreign folder where the report would go: one line now, not after training
         faults.check_output_folder(spec.out_root, "--out-root")

@@ -133,3 +133,19 @@ def test_a_file_given_to_space_is_said_not_to_be_read(tmp_path, bench_here, spac
     assert rc == 2 and len(lines) == 1, (rc, err[-2000:])
     assert f"--space item '{space}': expected name=low:high" in lines[0] and "not a file" in lines[0], lines[0]
     assert _tree(tmp_path) == before
+
+
+def test_a_file_where_the_default_output_folder_goes_is_named_as_the_default(tmp_path, bench_here):
+    """Held-out round 14 (H17): a user's file ``.pobench`` where pobench keeps runs: `bench train` said
+    "--output-dir .pobench/runs: not a folder", naming a flag the user did not give. The line now names the folder
+    as --output-dir's default and says to move the file away or give another --output-dir, exit 2, the file kept;
+    a given --output-dir is still named as given."""
+    (tmp_path / ".pobench").write_text("mine\n")
+    rc, _, err = bench_here(["train", "--steps", "2", *TINY], tmp_path)
+    lines = _lines(err)
+    assert rc == 2 and len(lines) == 1, (rc, err[-2000:])
+    assert ": error: .pobench/runs (the default --output-dir): not a folder (" in lines[0] and \
+        "move that file away, or give another --output-dir" in lines[0], lines[0]
+    assert (tmp_path / ".pobench").read_text() == "mine\n"
+    rc, _, err = bench_here(["train", "--steps", "2", *TINY, "--output-dir", ".pobench/mine"], tmp_path)
+    assert rc == 2 and "error: --output-dir .pobench/mine: not a folder" in err, err[-2000:]

@@ -149,3 +149,31 @@ def test_a_file_where_the_default_output_folder_goes_is_named_as_the_default(tmp
     assert (tmp_path / ".pobench").read_text() == "mine\n"
     rc, _, err = bench_here(["train", "--steps", "2", *TINY, "--output-dir", ".pobench/mine"], tmp_path)
     assert rc == 2 and "error: --output-dir .pobench/mine: not a folder" in err, err[-2000:]
+
+
+SELFEDIT = '''import os
+from algorithms import register
+register("grpo-selfedit", base="grpo", description="appends to its own file at every import (test)")
+with open(__file__, "a") as f:
+    f.write(f"# loaded pid {os.getpid()}\\n")
+'''
+
+
+def test_a_plugin_editing_itself_at_import_is_said_once_naming_its_file(tmp_path, bench_here):
+    """Held-out round 14 (R3/H19): a plugin appending to its own file at every import, `bench run --workers 2` of
+    2 pairs: round 13's refusal held (nothing trained), but its sentence "rerun the same command once the plugin files
+    stay unchanged" came 6 times (each pair's progress line, its detail, the summary) and is a dead end for such a
+    plugin. Now each pair's line is short and names the file; the whole line, with both digests and what to do
+    about a plugin that writes its own file, comes once."""
+    (tmp_path / "p_selfedit.py").write_text(SELFEDIT)
+    rc, out, err = bench_here(["run", "--plugin", "p_selfedit.py", "--algos", "grpo-selfedit", "--seeds", "0,1",
+                               "--no-controls", "--workers", "2", "--steps", "1", *TINY[:6], "--eval-every", "0",
+                               "--no-report", "--no-progress"], tmp_path)
+    assert rc == 1 and "Traceback" not in out + err, (out + err)[-3000:]
+    for seed in (0, 1):
+        assert f"seed {seed}: failed: the plugins changed on disk while the command started its worker processes: " \
+            "p_selfedit.py (nothing trained with them)" in out, out[-3000:]
+    assert (out + err).count("rerun the same command once p_selfedit.py stays unchanged (a plugin that writes its "
+                             "own file when imported") == 1, (out + err)[-3000:]
+    assert not (tmp_path / ".pobench" / "runs" / "pobench").exists() or \
+        not list((tmp_path / ".pobench" / "runs" / "pobench").glob("*/ckpt-*"))

@@ -44,7 +44,6 @@ from typing import Any
 
 from bench.config import TrainConfig
 from bench.faults import exit_called
-from bench.plugin_identity import plugins_changed
 from bench.runs import stop
 from bench.runs.stop import sigterm_as_interrupt
 from bench.workers import (
@@ -278,6 +277,8 @@ class WorkerSetupFailed(RuntimeError):
 
 def _pool_init(queue, stop, plugins: list[str], expected: str | None = None) -> None:
     # (the run's objectives and tasks, as in the parent; signals as the parent decides)
+    from bench.plugins import plugins_changed
+
     _WORKER["setup"] = pool_worker_setup(plugins) or plugins_changed(plugins, expected)
     _WORKER["queue"], _WORKER["stop"] = queue, stop
 

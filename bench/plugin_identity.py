@@ -193,26 +193,3 @@ def plugin_digest(source: str | Path, also: Sequence[str] = (), opened: Sequence
     for f in reads:
         h.update(f"\0file:{short_name(f)}\0{file_digest(f)}".encode())
     return h.hexdigest()[:12], tuple(deps), tuple(unknown), reads
-
-
-# ------------------------------------------------------------------ a pool worker's plugins against the command's
-#: how the line of a worker whose plugins changed begins (each pair's short line; the whole line is said once)
-PLUGINS_CHANGED = "the plugins changed on disk while the command started its worker processes"
-
-
-def plugins_changed(plugins: list[str], expected: str | None) -> str | None:
-    """The one line of a worker whose plugins are not those the command identified (``plugins_tag``: each file's
-    digest) when it planned its jobs: a plugin file edited while the pool started trained the edited code under the
-    comparison id of the first (held-out round 13, H37). Its tasks fail with it; none trains. It names the files that
-    differ (held-out round 14, H19: a plugin writing its own file at import changes it at every run, and "rerun once
-    the files stay unchanged" was a dead end for it); before its first ``; ``: each pair's short line."""
-    from bench.plugins import plugins_tag
-
-    here = plugins_tag(plugins)
-    if expected is None or here == expected:
-        return None
-    before, now = ({e.split("@")[0]: e for e in tag.split(",") if e} for tag in (expected, here))
-    files = ", ".join(sorted(f for f in {*before, *now} if before.get(f) != now.get(f)))
-    return (f"{PLUGINS_CHANGED}: {files} (nothing trained with them); {expected or 'none'} when it planned its runs, "
-            f"{here or 'none'} in the worker; rerun the same command once {files} stays unchanged (a plugin that "
-            "writes its own file when imported changes it at every run: make it write elsewhere)")

@@ -30,8 +30,7 @@ from bench.config import OUTPUT_DIR, TrainConfig
 from bench.engines import entry as engines
 from bench.executors import Job, WorkerDied, make_executor
 from bench.faults import StoreUnreachable
-from bench.plugin_identity import PLUGINS_CHANGED
-from bench.plugins import check_shippable, with_plugins
+from bench.plugins import PLUGINS_CHANGED, check_shippable, with_plugins
 from bench.runs.identity import written_by_note
 from bench.runs.run import (
     RunFolderBusy,

@@ -43,6 +43,7 @@ def _f(default: Any, doc: str, **kw: Any) -> Any:
 
 
 BUILTIN_MODEL = "builtin:tiny-arith"
+OUTPUT_DIR = ".pobench/runs"  # (the runs' folders when no --output-dir is given)
 # what every `--tracking-uri` help states as the default (reports.record.tracking_uri resolves it)
 TRACKING_URI_DEFAULT = f"$MLFLOW_TRACKING_URI, else {DEFAULT_TRACKING_URI} in the working folder"
 
@@ -159,7 +160,7 @@ class TrainConfig:
     keep_checkpoints: int = _f(1, "Checkpoints kept per run: the newest N (older ones are deleted; the newest two "
                                   "keep their optimizer state, so with N >= 2 a damaged newest checkpoint leaves one "
                                   "to resume from). The final weights are saved apart in <run>/final.")
-    output_dir: str = _f(".pobench/runs", "Where checkpoints and resolved configs are written.")
+    output_dir: str = _f(OUTPUT_DIR, "Where checkpoints and resolved configs are written.")
     run_name: str | None = _f(None, "MLflow run name (default: <algo>-s<seed>).")
     experiment: str = _f("pobench", "MLflow experiment name.")
     tracking_uri: str | None = _f(None, f"MLflow tracking URI (default: {TRACKING_URI_DEFAULT}).")

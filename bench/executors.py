@@ -277,22 +277,10 @@ class WorkerSetupFailed(RuntimeError):
 
 def _pool_init(queue, stop, plugins: list[str], expected: str | None = None) -> None:
     # (the run's objectives and tasks, as in the parent; signals as the parent decides)
-    _WORKER["setup"] = pool_worker_setup(plugins) or _plugins_changed(plugins, expected)
+    from bench.plugins import plugins_changed
+
+    _WORKER["setup"] = pool_worker_setup(plugins) or plugins_changed(plugins, expected)
     _WORKER["queue"], _WORKER["stop"] = queue, stop
-
-
-def _plugins_changed(plugins: list[str], expected: str | None) -> str | None:
-    """The one line of a worker whose plugins are not those the command identified (``plugins_tag``: each file's
-    digest) when it planned its jobs: a plugin file edited while the pool started trained the edited code under the
-    comparison id of the first (held-out round 13, H37). Its tasks fail with it; none trains."""
-    from bench.plugins import plugins_tag
-
-    here = plugins_tag(plugins)
-    if expected is None or here == expected:
-        return None
-    return (f"the plugins changed on disk while the command started its worker processes: {expected or 'none'} "
-            f"when it planned its runs, {here or 'none'} in the worker (nothing trained with them); rerun the same "
-            "command once the plugin files stay unchanged")
 
 
 def _pool_notify(*event: Any) -> None:

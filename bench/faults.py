@@ -294,18 +294,20 @@ def check_artifact_folder(experiment: str, location: str) -> None:
                          "folder writable (MLflow cannot move an experiment's files)")
 
 
-def check_output_folder(path: str | Path, flag: str) -> None:
-    """Refuse (StoreFault, one line naming ``flag``) a folder pobench will write into when a file stands at it or
-    above it, or it cannot be written (checked on its nearest existing folder), or a name in it is longer than the
-    file system takes (``reports.paths.check_length``)."""
+def check_output_folder(path: str | Path, flag: str, default: str | None = None) -> None:
+    """Refuse (StoreFault, one line naming ``flag``, or the folder as its default when it is ``default``: held-out
+    round 14, H17) a folder pobench will write into when a file stands at it or above it, or it cannot be written
+    (checked on its nearest existing folder), or a name in it is longer than the file system takes."""
     check_length(path, flag)
+    name, fix = (f"{path} (the default {flag})", f"move that file away, or give another {flag}") if \
+        str(path) == default else (f"{flag} {path}", "give a folder (it is created when missing)")
     existing = _existing(Path(path))
     if not existing.is_dir():
         where = "" if existing == Path(os.path.abspath(path)) else f" ({existing} is a file)"
-        raise StoreFault(f"{flag} {path}: not a folder{where}; give a folder (it is created when missing)")
+        raise StoreFault(f"{name}: not a folder{where}; {fix}")
     why = _why_not_writable(existing)
     if why:
-        raise StoreFault(f"{flag} {path}: cannot be written ({existing}: {why}); give a writable folder")
+        raise StoreFault(f"{name}: cannot be written ({existing}: {why}); give a writable folder")
 
 
 def check_writable(folder: str | Path, what: str) -> None:

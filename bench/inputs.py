@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 
 import yaml
 
-from evaluators.hints import NOT_REGULAR, not_regular
+from evaluators.hints import NOT_REGULAR, missing_file, not_regular
 
 #: seeds are 32-bit: numpy (Optuna's samplers) refuses more, torch takes them all
 SEED_MAX = 2**32 - 1
@@ -224,7 +224,7 @@ def read_yaml(path: str | Path, what: str = "--config") -> Any:
     if not_regular(p):  # (a pipe, a process substitution <(...): read once, a config is read twice)
         raise ValueError(f"{what} {path}: {NOT_REGULAR}; write the YAML to a file and give its path")
     if not p.is_file():
-        raise ValueError(f"{what} {path}: no such file")
+        raise ValueError(f"{what} {path}: {missing_file(p)}")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError:

@@ -241,6 +241,9 @@ def _on_audit(event: str, args: tuple) -> None:
     if event == "subprocess.Popen" and _PLUGIN_AT:
         _started(sys._getframe(1))
         return
+    if event == "os.chdir" and _PLUGIN_AT and not _RECORDING and os.getpid() == _WATCHED[0]:
+        _refuse_chdir(sys._getframe(1), args[0])  # (at import: put back and named by KeepProcessState instead)
+        return
     if event == "os.system" and _PLUGIN_AT:  # (its shell is waited for; what it put in the background is not)
         spec = _plugin_caller(sys._getframe(1))
         if spec is not None and spec not in _SHELLS:
@@ -284,6 +287,29 @@ class FileReads:
 _PLUGIN_AT: list[Callable[[str], str | None]] = []  # (set by watch_children: the plugin a source file belongs to)
 _STARTED: list[tuple[weakref.ref, str]] = []  # (the Popen a plugin's code made, the plugin)
 _SHELLS: list[str] = []  # the plugins whose code called os.system
+_WATCHED = [0]  # the process watch_children was called in (a process a plugin forked may change its own folder)
+
+
+class PluginChdir(RuntimeError):
+    """A loaded plugin's code called ``os.chdir`` after its import (held-out round 14, H15): refused, raised in its
+    code (a plugin's fault: its run ends FAILED, its checkpoints kept)."""
+
+
+def _refuse_chdir(frame, path) -> None:
+    """PluginChdir when a plugin's code is among ``frame``'s callers (``plugins.plugin_failure`` names it and its
+    line): every relative path of the command (its run folder, store, data) would name another file, and pobench
+    took its run folder for deleted."""
+    spec = None
+    with contextlib.suppress(Exception):  # (an error of this check would be the chdir's own)
+        while frame is not None and spec is None:
+            spec = _PLUGIN_AT[0](frame.f_code.co_filename)
+            frame = frame.f_back
+    if spec is not None:  # (plugin_failure adds the plugin and where: ``plugin X raised PluginChdir: ... at f:n``)
+        shown = repr(os.fsdecode(path) if not isinstance(path, int) else path)[:80]
+        raise PluginChdir(f"os.chdir({shown}) refused: the command's run folder, store and data are paths relative "
+                          "to the folder it started in; give the plugin's own files absolute paths instead, then "
+                          "run the command again (the changed plugin trains a new run: with --run-name, give "
+                          "another; this run's checkpoints stay)")
 
 
 def watch_children(plugin_at: Callable[[str], str | None]) -> None:
@@ -296,6 +322,7 @@ def watch_children(plugin_at: Callable[[str], str | None]) -> None:
     global _hooked
     if not _PLUGIN_AT:
         _PLUGIN_AT.append(plugin_at)
+        _WATCHED[0] = os.getpid()
     if not _hooked:
         sys.addaudithook(_on_audit)
         _hooked = True

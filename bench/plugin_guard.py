@@ -1,7 +1,8 @@
 """The guard around a plugin's import (``KeepProcessState``): the process-wide state pobench relies on, which a
 plugin's import may change (the working folder, torch's default dtype, the warning filters, the stop signals'
-handlers, the output streams), put back and named; used by bench/plugins.py for every plugin it imports. And, once
-plugins are loaded, their code's ``os._exit`` (``guard_os_exit``) and the processes it starts (``watch_children``)."""
+handlers, the output streams, the umask), put back and named; used by bench/plugins.py for every plugin it imports.
+And, once plugins are loaded, the processes their code starts (``watch_children``). (Their ``os._exit``, exit hooks
+and threads' exceptions: bench/plugin_hooks.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import os
 import signal
 import sys
 import sysconfig
-import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -60,7 +60,9 @@ class KeepProcessState:
 
     - the environment variables of MLflow and pobench (``MLFLOW_*``, ``POBENCH_*``; round 11, H04: a plugin setting
       ``MLFLOW_TRACKING_URI`` at import silently moved the command's records to another store, which later commands
-      without the plugin never read): put back as they were, named (not their values: a password may be among them).
+      without the plugin never read): put back as they were, named (not their values: a password may be among them);
+    - the file-mode creation mask (``os.umask``; round 14, H06: ``os.umask(0o777)`` made every file and folder pobench
+      then wrote, the MLflow store and the run folders among them, mode 000, nothing said): put back, named.
 
     And the command's output streams: a plugin that closes ``sys.stdout`` / ``sys.stderr`` (round 9: the run trained,
     then "I/O operation on closed file", the plugin not named) is refused (``closed`` names them, ``_check_streams``);
@@ -72,6 +74,7 @@ class KeepProcessState:
         self.filters = list(warnings.filters)
         self.handlers = {name: signal.getsignal(getattr(signal, name)) for name in GUARDED_SIGNALS}
         self.environ = _guarded_environ()
+        self.umask = _umask()
         self.children_before = child_processes()
         self.children: list[int] = []  # processes the import started that still run (held-out round 11, H05)
         self.closed = ""
@@ -97,6 +100,7 @@ class KeepProcessState:
         self._warning_filters()
         self._signal_handlers()
         self._environment()
+        self._file_mode_mask()
         self.children = sorted(child_processes() - self.children_before)
         closed = [name for name, fd in (("stdout", 1), ("stderr", 2)) if _reopen_closed(name, fd)]
         self.closed = " and ".join(f"sys.{name}" for name in closed)
@@ -146,6 +150,30 @@ class KeepProcessState:
                             "(the command records where its flags and your environment say, e.g. --tracking-uri; a "
                             "plugin should not set MLflow's or pobench's variables)")
 
+    def _file_mode_mask(self) -> None:
+        now = _umask()
+        if now == self.umask:
+            return
+        os.umask(self.umask)
+        self.changed.append(f"the process's umask to {now:04o} while imported; pobench put back {self.umask:04o} (with "
+                            f"{now:04o} every file pobench writes, the MLflow store and the run folders among them, "
+                            f"would be made with mode {0o666 & ~now:03o}; a plugin should give the files it makes "
+                            "their mode instead: os.open(path, flags, mode), os.chmod)")
+
+
+def _umask() -> int:
+    """The process's file-mode creation mask (from Linux's ``/proc/self/status``, which reads it without setting it:
+    another thread may create a file meanwhile; else set and put back)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
 
 #: the environment variables a plugin's import may not change: where the command records and how (MLflow's store, its
 #: credentials, pobench's own settings)
@@ -176,7 +204,9 @@ def child_processes(pid: int | None = None) -> set[int]:
 
 
 def process_name(pid: int) -> str:
-    """A child's command line, shortened (for a warning)."""
+    """A child's command line, shortened (for a warning); a fork of this process (``os.fork``) is said to be one."""
+    if pid in _FORKED:
+        return f"{pid} (a fork of this command's process, by os.fork)"
     try:
         cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
@@ -244,6 +274,10 @@ def _on_audit(event: str, args: tuple) -> None:
     if event == "os.chdir" and _PLUGIN_AT and not _RECORDING and os.getpid() == _WATCHED[0]:
         _refuse_chdir(sys._getframe(1), args[0])  # (at import: put back and named by KeepProcessState instead)
         return
+    if event == "os.fork" and _PLUGIN_AT:  # (held-out round 14, H16: the child's pid is known after, ``_forked``)
+        spec = _plugin_caller(sys._getframe(1))
+        _FORKING[:] = [(spec, child_processes())] if spec is not None else []
+        return
     if event == "os.system" and _PLUGIN_AT:  # (its shell is waited for; what it put in the background is not)
         spec = _plugin_caller(sys._getframe(1))
         if spec is not None and spec not in _SHELLS:
@@ -288,6 +322,8 @@ _PLUGIN_AT: list[Callable[[str], str | None]] = []  # (set by watch_children: th
 _STARTED: list[tuple[weakref.ref, str]] = []  # (the Popen a plugin's code made, the plugin)
 _SHELLS: list[str] = []  # the plugins whose code called os.system
 _WATCHED = [0]  # the process watch_children was called in (a process a plugin forked may change its own folder)
+_FORKING: list[tuple[str, set[int]]] = []  # (the plugin calling os.fork now, this process's children before it)
+_FORKED: dict[int, str] = {}  # pid: the plugin whose code made that process by os.fork
 
 
 class PluginChdir(RuntimeError):
@@ -317,15 +353,24 @@ def watch_children(plugin_at: Callable[[str], str | None]) -> None:
     ``os.popen``: a frame of a plugin's file, per ``plugin_at``, among its callers) at any time, while it trains as
     much as while imported: ``started_children`` names them. Held-out round 12 (H03): one a plugin's loss started was
     not named when the command ended (round 11's H05 names those its import started: ``KeepProcessState.children``),
-    and kept a pipeline reading the command's output waiting. (A process made by ``os.fork`` / ``os.posix_spawn`` /
-    ``multiprocessing`` directly is not recorded.)"""
+    and kept a pipeline reading the command's output waiting. And (round 14, H16) each process a plugin's code makes
+    by ``os.fork`` (audit event ``os.fork``, then ``os.register_at_fork``: the new child). (A process made by
+    ``os.posix_spawn`` or ``multiprocessing`` directly is not recorded.)"""
     global _hooked
     if not _PLUGIN_AT:
         _PLUGIN_AT.append(plugin_at)
         _WATCHED[0] = os.getpid()
+        os.register_at_fork(after_in_parent=_forked, after_in_child=_FORKING.clear)
     if not _hooked:
         sys.addaudithook(_on_audit)
         _hooked = True
+
+
+def _forked() -> None:
+    """After ``os.fork`` in this process: the child a plugin's code made (``_FORKING``) recorded with that plugin."""
+    if _FORKING:
+        spec, before = _FORKING.pop()
+        _FORKED.update(dict.fromkeys(child_processes() - before, spec))
 
 
 def _started(frame) -> None:
@@ -428,53 +473,9 @@ def _writes(fdinfo: str) -> bool:
 
 def started_children() -> list[tuple[int, str]]:
     """(pid, plugin) of each process a loaded plugin's code started (``watch_children``), running or not."""
-    out = []
+    out = list(_FORKED.items())
     for ref, spec in _STARTED:
         pid = getattr(ref(), "pid", None)
         if isinstance(pid, int):
             out.append((pid, spec))
     return out
-
-
-# ------------------------------------------------------------------ os._exit called by a plugin's code
-class PluginExit(SystemExit):
-    """``os._exit(code)`` called by a loaded plugin's code in the command's own thread: raised instead (``call``,
-    ``where``: what and where, for ``bench.faults.exit_called``), so it is handled as its ``sys.exit`` is."""
-
-    call = "os._exit"
-
-    def __init__(self, code: Any, where: str) -> None:
-        super().__init__(code)
-        self.where = where
-
-
-def guard_os_exit(plugin_at: Callable[[str], str | None]) -> None:
-    """Replace ``os._exit`` in this process (once) by a function that, called by a plugin's code (``plugin_at``: the
-    plugin a source file belongs to, or None), raises ``PluginExit`` in the main thread: held-out round 10, an
-    ``os._exit(0)`` in a plugin's loss ended `bench train` with exit 0, nothing said, its run left RUNNING. Any other
-    caller (multiprocessing ending a child, a library), and a process forked since (a plugin's own child), exits as
-    before; a plugin's call in another thread cannot be raised where the command would see it: one line on stderr and
-    exit 1 instead of its code (the run is ended FAILED by the next command in that experiment)."""
-    if getattr(os._exit, "pobench_guard", False):
-        return
-    real, pid = os._exit, os.getpid()
-
-    def _exit(code: int) -> None:
-        caller = sys._getframe(1)
-        try:
-            spec = plugin_at(caller.f_code.co_filename) if os.getpid() == pid else None
-        except Exception:  # noqa: BLE001  (never in the way of an exit: an interpreter ending, say)
-            spec = None
-        if spec is None:
-            real(code)
-        where = f"{caller.f_code.co_filename}:{caller.f_lineno} (in {caller.f_code.co_name})"
-        if threading.current_thread() is threading.main_thread():
-            raise PluginExit(code, where)
-        with contextlib.suppress(Exception):
-            sys.stderr.write(f"pobench: error: plugin {spec} called os._exit({code!r}) in a thread at {where}; ended "
-                             "with exit 1 (fix the plugin: raise an exception instead)\n")
-            sys.stderr.flush()
-        real(1)
-
-    _exit.pobench_guard = True
-    os._exit = _exit

@@ -43,12 +43,12 @@ from bench.plugin_guard import (
     KeepProcessState,
     check_streams,
     child_processes,
-    guard_os_exit,
     output_holders,
     shell_starters,
     started_children,
     watch_children,
 )
+from bench.plugin_hooks import TRACEBACK_ENV, guard_os_exit, watch_exit_hooks, watch_thread_errors
 from bench.plugin_identity import plugin_digest, short_name, source_of
 from evaluators import list_benchmarks, task_module
 from evaluators.hints import NOT_REGULAR, missing_file, not_regular
@@ -145,10 +145,6 @@ def _import_file(spec: str) -> Plugin:
                                                     kept.reads.files)
     return Plugin(spec, name, str(path), digest, imports=imports, unknown=unknown, changed=tuple(kept.changed),
                   reads=reads)
-
-
-#: set (to anything but 0) to see the traceback of an exception a plugin's code raised, instead of its one line
-TRACEBACK_ENV = "POBENCH_TRACEBACK"
 
 
 def _plugin_files() -> dict[str, Plugin]:
@@ -286,6 +282,7 @@ def load_entry_points() -> list[Plugin]:
     if not _entry_points_loaded:
         _entry_points_loaded = True
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            watch_exit_hooks(_plugin_at)  # (the exit hooks its import registers: bounded at exit, H03)
             plugin = _import_module(ep.module, entry_point=True)
             if ep.attr:
                 try:
@@ -300,12 +297,14 @@ def load_entry_points() -> list[Plugin]:
 def load_plugins(specs: Sequence[str] | None = ()) -> list[Plugin]:
     """Import the installed plugins and ``specs`` (module names or ``.py`` files), each once per process, in order;
     returns the ``specs``' plugins. A missing file or module, or one that fails to import: ValueError, one line.
-    Once a plugin is loaded, its code calling ``os._exit`` raises instead (``bench.plugin_guard.guard_os_exit``),
-    the processes its code starts are recorded (``bench.plugin_guard.watch_children``) and a SIGALRM no handler
-    takes is a plugin's fault, not the process's end (``bench.plugin_alarm.guard_alarm``)."""
+    Once a plugin is loaded, its code calling ``os._exit`` raises instead (``bench.plugin_hooks.guard_os_exit``),
+    the processes its code starts are recorded (``bench.plugin_guard.watch_children``), a SIGALRM no handler
+    takes is a plugin's fault, not the process's end (``bench.plugin_alarm.guard_alarm``), the exit hooks it
+    registers are bounded and an exception ending its thread is one line (``bench.plugin_hooks``)."""
     load_entry_points()
     if specs:  # (its signal.alarm recorded from the import on: ``from signal import alarm`` gets the recording one)
         guard_alarm(_plugin_at, _loaded_specs)
+        watch_exit_hooks(_plugin_at)  # (the same for atexit.register: most plugins register at import)
     out = []
     for spec in specs or ():
         if not isinstance(spec, str) or not spec.strip():
@@ -318,6 +317,7 @@ def load_plugins(specs: Sequence[str] | None = ()) -> list[Plugin]:
         guard_os_exit(_plugin_at)
         guard_alarm(_plugin_at, _loaded_specs)  # (a plugin's forgotten signal.alarm: one line, not exit 142, H30)
         watch_children(_plugin_at)  # (the processes their code starts: named at the command's end, H03)
+        watch_thread_errors()  # (an exception ending a plugin's thread: one line, round 14 H07)
     return out
 
 

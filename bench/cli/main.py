@@ -18,6 +18,7 @@ from bench.cli import interrupt
 from bench.cli.flags import load_cli_plugins
 from bench.cli.interrupt import rerun_command
 from bench.plugin_alarm import ignore_after_command
+from bench.plugin_hooks import bound_exit_hooks
 from bench.plugins import plugin_children, plugin_failure, plugin_threads
 from bench.runs import stop
 from bench.workers import quiet_libraries
@@ -109,6 +110,7 @@ def entry() -> None:
             signal.signal(sig, signal.SIG_IGN)
         ignore_after_command()  # (a plugin's alarm still pending: not raised into the interpreter's exit)
     _leave_plugin_threads(code)
+    bound_exit_hooks(code)  # (a plugin's atexit hook: bounded, its faults one line, the exit code this one: H03)
     if stop.received() is not None:
         _forget_unhandled_interrupt()
     sys.exit(code)

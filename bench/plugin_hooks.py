@@ -77,7 +77,10 @@ class _ExitHook:
         return other is self or other is self.func or bool(other == self.func)
 
     def __hash__(self) -> int:
-        return id(self.func)
+        try:
+            return hash(self.func)
+        except TypeError:  # (an unhashable callable: a hook is still one)
+            return id(self.func)
 
     def __repr__(self) -> str:
         return repr(self.func)

@@ -13,8 +13,8 @@ runs where and when the interpreter runs it, but:
 - the plugins' hooks together get ``PLUGIN_EXIT_GRACE_S`` from the first one's start: one still running then is
   named in one line and the process exits with the command's code, its streams flushed (the exit hooks after it are
   not run; the command's work and its records were complete before any ran);
-- a SIGTERM or SIGINT while one runs ends the process the same way, its line naming the signal; the exit code stays
-  the command's (its result was complete: a signal no longer changes it, as for the rest of the shutdown);
+- a SIGTERM, SIGINT or SIGHUP while one runs ends the process the same way, its line naming the signal; the exit
+  code stays the command's (its result was complete: a signal no longer changes it, as for the rest of the shutdown);
 - an ``os._exit(n)`` / ``sys.exit(n)`` or an exception in one is one line naming the plugin's hook and what it did,
   ignored: the exit code stays the command's (the codes pobench documents each say how the work ended; a plugin's
   clean-up after the work does not change them), and the hooks after it run.
@@ -38,6 +38,8 @@ PLUGIN_EXIT_GRACE_S = 5.0
 #: set (to anything but 0) to see the traceback of an exception a plugin's code raised, instead of its one line
 TRACEBACK_ENV = "POBENCH_TRACEBACK"
 
+#: the signals that end the process while a plugin's exit hook runs (pobench's stop signals: bench.runs.stop)
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 _PLUGIN_AT: list[Callable[[str], str | None]] = []  # (the plugin a source file belongs to, or None)
 _HOOKS: list[_ExitHook] = []  # the hooks registered since watch_exit_hooks
 _END: dict[str, Any] = {"code": None, "deadline": None, "running": None, "watched": False}
@@ -138,7 +140,7 @@ def _run_plugin_hook(hook: _ExitHook, spec: str) -> None:
         _END["running"] = (hook, spec)
         _CHANGED.notify_all()
     before = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         with contextlib.suppress(ValueError, OSError):
             before[sig] = signal.signal(sig, _on_signal)
     code = f" ({_END['code']})" if _END["code"] is not None else ""

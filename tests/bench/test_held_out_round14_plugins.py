@@ -43,13 +43,14 @@ HANG = ("import atexit, pathlib, time\nfrom algorithms import register\n\n\n"
         "register('grpo-hang', base='grpo', description='grpo, from a plugin whose exit hook never ends')\n")
 
 
-@pytest.mark.parametrize("stop", [None, signal.SIGTERM, signal.SIGINT], ids=["grace", "sigterm", "sigint"])
+@pytest.mark.parametrize("stop", [None, signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
+                         ids=["grace", "sigterm", "sigint", "sighup"])
 def test_a_plugin_s_exit_hook_that_never_ends_is_bounded_and_a_signal_ends_it(tmp_path, stop):
     """Held-out round 14 (H03): a plugin registering ``atexit.register(lambda: time.sleep(1000))`` at import:
     `bench train` printed its result, then never exited, SIGTERM and SIGINT ignored (pobench ignores them for the
     interpreter's shutdown); only SIGKILL ended it. Now the plugins' exit hooks get ``PLUGIN_EXIT_GRACE_S`` (5 s)
-    after the command, then one line names the hook and the process exits with the command's code; a SIGTERM or
-    SIGINT while the hook runs ends the process at once, its line naming the signal, the exit code the command's."""
+    after the command, then one line names the hook and the process exits with the command's code; a SIGTERM, SIGINT
+    or SIGHUP while the hook runs ends the process at once, its line naming the signal, the exit code the command's."""
     from bench.plugin_hooks import PLUGIN_EXIT_GRACE_S
 
     (tmp_path / "p_hang.py").write_text(HANG)

@@ -64,10 +64,20 @@ def exit_code() -> int:
     return stop.exit_code()
 
 
+#: the arguments of the command ``bench.cli.main.main`` runs now (its ``argv``: this process's ``sys.argv[1:]`` for
+#: the ``bench`` command, the list given to ``main`` in a notebook or a test); empty outside ``main``
+COMMAND_ARGS: list[list[str]] = []
+
+
+def command_args() -> list[str]:
+    """The arguments of the command running (``COMMAND_ARGS``), else this process's."""
+    return list(COMMAND_ARGS[-1] if COMMAND_ARGS else sys.argv[1:])
+
+
 def rerun_command(resume_flag: bool = False, argv: list[str] | None = None) -> str:
-    """The command this process was started with, as the user types it (``bench <command> ...``), plus ``--resume``
+    """The command running (``command_args``), as the user types it (``bench <command> ...``), plus ``--resume``
     when ``resume_flag`` and it is not there yet: what the one-line message of a stopped run tells the user to run."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = command_args() if argv is None else list(argv)
     if resume_flag and "--resume" not in args:
         args.append("--resume")
     return shlex.join(["bench", *args])

@@ -43,8 +43,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    interrupt.COMMAND_ARGS.append(argv)  # (the command a line tells to rerun: this one, whoever called main)
+    try:
+        return _main(argv)
+    finally:
+        interrupt.COMMAND_ARGS.pop()
+
+
+def _main(argv: list[str]) -> int:
     quiet_libraries()  # (MLflow's own tracebacks of the store's errors among them: the fault's line says it)
-    argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

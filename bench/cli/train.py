@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench import faults, preflight
 from bench.cli.flags import add_config_flags, config_from_args
-from bench.cli.interrupt import Stopped, rerun, rerun_command
+from bench.cli.interrupt import Stopped, command_args, rerun, rerun_command
 from bench.cli.progress import TrainProgress
 from bench.config import OUTPUT_DIR
 from bench.engines import RunStopped, TrainingDiverged
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 
 def fresh_command() -> str:
     """This command without ``--resume``: what trains the run again from step 0 once its folder is moved away."""
-    return rerun_command(argv=[a for a in sys.argv[1:] if a != "--resume"])
+    return rerun_command(argv=[a for a in command_args() if a != "--resume"])
 
 
 def damaged_store(e: RunStopped, cfg) -> str:

@@ -26,6 +26,7 @@ from evaluators.tasks import Problem, Task
 from evaluators.verify import answer_key, judge
 from reports import metric_keys as K
 from reports import record
+from reports.edits import record_written
 from reports.paths import replace_file
 from reports.record import KIND, get_or_create_experiment, log_batch, open_client
 
@@ -182,7 +183,9 @@ def write_outputs(results: list[EvalResult], out_dir: str | Path, meta: dict[str
             writer.writerow({**row, "sample_answers": json.dumps(row.get("sample_answers"))})
         paths.append(replace_file(out / f"{r.benchmark}.csv", text.getvalue()))
     results_json = json.dumps({**meta, "benchmarks": [r.to_dict() for r in results]}, indent=2, default=str)
-    return [replace_file(out / "results.json", results_json), *paths]  # (results.json last: it lists the others)
+    paths = [replace_file(out / "results.json", results_json), *paths]  # (results.json last: it lists the others)
+    record_written(out, paths)  # (their digests: a later edit of one is told, not replaced: reports.edits, H29)
+    return paths
 
 
 def format_table(results: list[EvalResult], extra_columns: dict[str, dict[str, float]] | None = None) -> str:

@@ -177,6 +177,7 @@ def compare_comparisons(specs: list[tuple[str, str]], tracking_uri: str | None =
     """Analyse each comparison as its report does and write the side-by-side tables; ``defaults(objective)``: the
     params a run of that objective records with every default (``bench compare`` passes pobench's own), so a setting
     a run did not record is compared by its default (:func:`config_table`)."""
+    from reports.edits import check_unedited
     from reports.evals import load_evals
     from reports.load import load_comparison
     from reports.paths import contained, make_owned, new_temp_folder, remove_owned, replace_owned, safe_component
@@ -190,6 +191,9 @@ def compare_comparisons(specs: list[tuple[str, str]], tracking_uri: str | None =
     if len(set(specs)) < len(specs):
         raise ValueError("a comparison is named twice; name each once")
     exp_dir = report_folder(out_root, specs[0][0])
+    dest = contained(out_root, exp_dir.name, safe_component("compare-" + "-".join(c for _, c in specs),
+                                                            "comparison ids"))
+    check_unedited(dest, "the folder")  # a file of it the user edited: one line before any work, not replaced (H14)
     uri = resolve_uri(tracking_uri)
     client = client or open_client(uri)
     analyses, labels = [], []
@@ -208,8 +212,6 @@ def compare_comparisons(specs: list[tuple[str, str]], tracking_uri: str | None =
         t = side_by_side(name, labels, [a.tables.get(name) for a in analyses])
         if t is not None:
             tables[t.name] = t
-    dest = contained(out_root, exp_dir.name, safe_component("compare-" + "-".join(c for _, c in specs),
-                                                            "comparison ids"))
     make_owned(dest.parent, "reports")
     tmp = new_temp_folder(dest)
     try:

@@ -243,9 +243,12 @@ def files_in(folder: str | Path) -> list[str]:
 
 
 def write_listing(folder: str | Path) -> list[str]:
-    """Write ``folder``'s :data:`LISTING`: every file in it now is pobench's. Returns the list."""
+    """Write ``folder``'s :data:`LISTING`: every file in it now is pobench's, each with its digest
+    (``reports.edits.record_written``: a later edit of one is told, not replaced). Returns the list."""
+    from reports.edits import record_written
+
     written = files_in(folder)
-    (Path(folder) / LISTING).write_text(json.dumps(written))
+    record_written(folder, [Path(folder) / f for f in written])
     return written
 
 
@@ -281,6 +284,9 @@ def replace_owned(tmp: str | Path, dest: str | Path, root: str | Path) -> Path:
     make_owned(tmp)
     written = set(write_listing(tmp))
     if dest.is_dir() and not dest.is_symlink() and is_owned(dest):
+        from reports.edits import check_unedited
+
+        check_unedited(dest, "the folder")  # (a file pobench wrote that the user edited: never replaced, H14)
         clash = [rel for rel in user_files(dest) if rel in written]
         if clash:
             raise UnsafePath(f"{dest / clash[0]} is not pobench's (a file you put there) and the new folder writes a "
@@ -347,6 +353,10 @@ def check_out_is_ours(folder: str | Path, flag: str) -> None:
         raise UnsafePath(f"{flag} {folder} exists and holds files pobench did not write (no {MARKER} file): not "
                          "writing into it (files of the names pobench writes would be overwritten); give a new or "
                          "empty folder")
+    if folder.is_dir() and is_owned(folder):  # pobench's, but a file it wrote there edited since: kept (H29)
+        from reports.edits import check_unedited
+
+        check_unedited(folder, flag)
 
 
 def claim_output_folder(folder: str | Path, flag: str) -> Path:

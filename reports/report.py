@@ -290,6 +290,7 @@ def report_folder(out_root: str | Path, experiment: str, comparison: str | None 
     """``<out_root>/<experiment>/<comparison>`` (each a safe path component, contained in ``out_root``); the
     experiment folder must be pobench's or absent (refused with one line otherwise). Without ``comparison``: the
     experiment folder, checked only."""
+    from reports.edits import check_unedited
     from reports.paths import UnsafePath, contained, is_owned, safe_component
 
     exp_dir = contained(out_root, safe_component(experiment, "--experiment"))
@@ -301,7 +302,9 @@ def report_folder(out_root: str | Path, experiment: str, comparison: str | None 
                          f"reports into it; move it away or choose another --out-root / --experiment")
     if comparison is None:
         return exp_dir
-    return contained(out_root, exp_dir.name, safe_component(comparison, "--comparison"))
+    dest = contained(out_root, exp_dir.name, safe_component(comparison, "--comparison"))
+    check_unedited(dest, "the report folder")  # a report file the user edited: one line, not replaced (H14)
+    return dest
 
 
 def build_report(experiment: str = "pobench", comparison: str | None = None, tracking_uri: str | None = None, *,

@@ -24,6 +24,7 @@ from bench.tune.confirm import summary_of
 from bench.tune.outputs import print_leaderboard, study_dir, write_outputs
 from bench.tune.outputs import show as show_study
 from bench.workers import parse_seeds
+from reports.edits import check_unedited
 from reports.paths import check_out_is_ours, claim_output_folder
 from reports.record import open_client, tracking_uri
 
@@ -153,7 +154,9 @@ def main(args: argparse.Namespace) -> int:
     check_outside_artifacts(spec.base.tracking_uri, spec.base.experiment, spec.base.output_dir, "--output-dir")
     if args.out:  # a folder of the user's holding other files: refused now, not after the study
         faults.check_output_folder(args.out, "--out")
-        check_out_is_ours(args.out, "--out")
+        check_out_is_ours(args.out, "--out")  # (and a file of it pobench wrote, edited since: one line, H14)
+    else:
+        check_unedited(study_dir(tune.DEFAULT_DIR, spec.study), "the study's outputs folder")
     faults.note(storage=tune.redact(spec.storage or tune.default_storage_url()))
     for warning in preflight.check_inputs(spec.base):  # every source read, answers and prompt lengths counted
         print(f"bench tune: warning: {warning}", file=sys.stderr)
@@ -234,6 +237,8 @@ def _print_confirm(record: dict | None) -> int:
 def show(args: argparse.Namespace) -> int:
     if args.study is not None:
         study_name(args)
+    if not args.out and args.study:  # (a file pobench wrote there, edited since: one line, not replaced)
+        check_unedited(study_dir(tune.DEFAULT_DIR, args.study), "the study's outputs folder")
     out = show_study(args.study, args.storage, claim_output_folder(args.out, "--out") if args.out else None)
     print(f"outputs in {out}")
     return 0

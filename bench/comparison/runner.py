@@ -218,6 +218,8 @@ def _open_and_run(spec: ComparisonSpec, ex, cfg: TrainConfig, uri: str, algos: l
     client = store_client(uri)  # (a fresh local store is created under a lock: reports/record.py open_client)
     cid, pairs = plan(cfg, algos, seeds, params, force=spec.force, client=client)
     known.update(cid=cid, pairs=pairs)
+    if spec.report:  # a file of its earlier report the user edited: refused now, not after training (H14)
+        report_folder(spec.out_root, cfg.experiment, cid)
     for p in pairs:  # a folder pobench may not write into or delete: refused now, before any record
         if spec.force:  # (--force deletes only what pobench wrote in its own run folders)
             check_removable(run_dir(cfg, p))

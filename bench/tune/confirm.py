@@ -38,6 +38,7 @@ from bench.runs.tracking import store_client
 from bench.tune.metric import TuneMetric, parse_metric, trial_value
 from bench.tune.spec import TuneSpec
 from reports import metric_keys as K
+from reports.edits import record_written
 from reports.paths import replace_file
 from reports.record import CONFIRM_OF, get_or_create_experiment, tracking_uri
 from reports.stats import mean_ci
@@ -298,8 +299,10 @@ def write_confirm(study: Any, out: Path) -> dict[str, Path]:
     w = csv.writer(text)
     w.writerow(["seed", "default", "best", "diff", "default_run", "best_run", "diff_low", "diff_high", "p", "verdict"])
     w.writerows(["" if v is None else (repr(v) if isinstance(v, float) else v) for v in r] for r in rows)
-    return {"confirm.md": replace_file(out / "confirm.md", "\n".join(md)),
-            "confirm.csv": replace_file(out / "confirm.csv", text.getvalue())}
+    paths = {"confirm.md": replace_file(out / "confirm.md", "\n".join(md)),
+             "confirm.csv": replace_file(out / "confirm.csv", text.getvalue())}
+    record_written(out, paths.values())  # (a later edit of one is told, not replaced: reports.edits)
+    return paths
 
 
 def _mean(values: dict[int, float]) -> float | None:

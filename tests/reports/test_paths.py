@@ -107,13 +107,17 @@ def test_replacing_a_folder_moves_a_users_files_into_the_new_one(tmp_path):
     (tmp / "fig").mkdir()
     (tmp / "fig" / "a.png").write_text("png")
     replace_owned(tmp, dest, tmp_path)
-    assert json.loads((dest / LISTING).read_text()) == ["fig/a.png", "report.md"] and user_files(dest) == []
+    assert sorted(json.loads((dest / LISTING).read_text())) == ["fig/a.png", "report.md"] and user_files(dest) == []
     (dest / "notes.md").write_text("mine")
     (dest / "fig" / "mine.png").write_text("my png")
-    (dest / "report.md").write_text("edited")  # pobench's own file, edited: replaced as before
+    (dest / "report.md").write_text("edited")  # pobench's own file, edited: not replaced (held-out round 15, H14)
     assert user_files(dest) == ["fig/mine.png", "notes.md"]
     tmp2 = new_temp_folder(dest)
     (tmp2 / "report.md").write_text("new")
+    with pytest.raises(UnsafePath, match="report.md changed since pobench wrote it"):
+        replace_owned(tmp2, dest, tmp_path)
+    assert (dest / "report.md").read_text() == "edited"
+    (dest / "report.md").unlink()  # (moved away, as the line says)
     replace_owned(tmp2, dest, tmp_path)
     assert (dest / "report.md").read_text() == "new" and not (dest / "fig" / "a.png").exists()
     assert (dest / "notes.md").read_text() == "mine" and (dest / "fig" / "mine.png").read_text() == "my png"

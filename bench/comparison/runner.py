@@ -210,6 +210,14 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
         raise StoreUnreachable(f"{e}; kept: {s.finished} of {s.total} pairs of comparison {s.comparison} finished, "
                                f"{s.checkpointed} checkpointed (the rerun reuses and resumes them, and ends the runs "
                                "left RUNNING)") from None
+    except Exception as e:  # the store's disk full: as a lost server, what is kept and the rerun (round 15, H07)
+        line = faults.describe(e, store=uri) if "pairs" in known else None
+        if line is None or not line.startswith("no space left on device"):
+            raise
+        s = _stopped(cfg, known["cid"], known["pairs"])
+        raise faults.StoreRefused(f"{line}, then rerun the same command; kept: {s.finished} of {s.total} pairs of "
+                                  f"comparison {s.comparison} finished, {s.checkpointed} checkpointed (the rerun "
+                                  "reuses and resumes them, and ends the runs left RUNNING)") from None
 
 
 def _open_and_run(spec: ComparisonSpec, ex, cfg: TrainConfig, uri: str, algos: list[str], seeds: list[int],

@@ -5,8 +5,13 @@ whose database does not exist (H23), a plugin's NaN advantage in `bench tune` (H
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 TINY = ["--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--samples-every", "0"]
 
@@ -91,3 +96,47 @@ def test_a_plugins_nan_advantage_in_bench_tune_is_a_fault_during_work_naming_its
     assert lines[0] == (f"bench tune: error: advantage estimator 'adv-nan-r15' (nan_advantages in {plugin}:5) returned "
                         "a non-finite advantage (NaN or inf): fix it"), err[-3000:]
     assert "RUNNING" not in {status for _, status in statuses(tmp_path / "mlflow.db")}
+
+
+# ------------------------------------------------------------------ H07 / H04: the MLflow store's disk full
+ROOT = Path(__file__).resolve().parents[2]
+RUN = [sys.executable, str(ROOT / "tests" / "bench" / "fake_trainer.py"), "run", "--algos", "grpo,dapo", "--seeds",
+       "0", "--no-controls", "--workers", "2", "--steps", "400", "--checkpoint-every", "5", "--eval-every", "0",
+       "--no-report", "--no-progress"]
+
+
+def _private_mounts() -> None:
+    if os.geteuid() != 0 or shutil.which("unshare") is None or \
+            subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("a full disk needs a small tmpfs in a private mount namespace (root, unshare -m): not available")
+
+
+@pytest.mark.slow
+def test_the_stores_disk_filling_during_bench_run_says_the_store_and_rerun_in_one_line_each(tmp_path):
+    """H07: the disk holding mlflow.db filled during `bench run --workers 2` (a 2 MB tmpfs, 100 KiB left): SQLAlchemy's
+    multi-line text in a warning, and lines saying "free space" only, while the rerun is what ends the runs. Now each
+    pair's line names the store file and says to rerun the same command; no raw SQL; the rerun (space freed)
+    finishes every run."""
+    _private_mounts()
+    from tests.conftest import fresh_store
+
+    src, work, out = tmp_path / "src", tmp_path / "w", tmp_path / "out"
+    fresh_store(src)
+    work.mkdir()
+    command = " ".join(RUN) + f" --output-dir {out}"
+    script = (f"mount -t tmpfs -o size=2m tmpfs {work} && cd {work} && cp {src / 'mlflow.db'} . && "
+              "(dd if=/dev/zero of=filler bs=4k 2>/dev/null; truncate -s -100K filler) && "
+              f"{command}; echo rc=$? >&2; rm filler; {command}; echo rc=$? >&2")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}, "PYTHONPATH": str(ROOT),
+           "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    first, _, second = done.stderr.partition("rc=1\n")
+    lines = [ln for ln in first.splitlines() if ln.strip() and " INFO mlflow" not in ln]
+    assert lines and all(ln.startswith(("  grpo seed 0: ", "  dapo seed 0: ", "bench run: ")) for ln in lines), \
+        done.stderr[-4000:]
+    failed = [ln for ln in lines if ": failed: " in ln]
+    assert failed, done.stderr[-4000:]
+    for line in failed:
+        assert f"no space left on device while writing {work}/mlflow.db" in line, line
+        assert "then rerun the same command" in line, line
+    assert second.rstrip().endswith("rc=0"), done.stderr[-4000:]

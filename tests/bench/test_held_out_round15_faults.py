@@ -140,3 +140,43 @@ def test_the_stores_disk_filling_during_bench_run_says_the_store_and_rerun_in_on
         assert f"no space left on device while writing {work}/mlflow.db" in line, line
         assert "then rerun the same command" in line, line
     assert second.rstrip().endswith("rc=0"), done.stderr[-4000:]
+
+
+FULL_DISK_WRITES = '''
+import os, shutil, sys
+from bench import faults
+
+work, source = sys.argv[1], sys.argv[2]
+store = f"sqlite:///{work}/mlflow.db"
+try:  # MLflow's local artifact store copies a run's files with shutil: its error names the source
+    shutil.copyfile(source, f"{work}/mlartifacts/config.yaml")
+except OSError as e:
+    print(faults.describe(e, store=store))
+fd = os.open(f"{work}/mlartifacts/table.json", os.O_WRONLY | os.O_CREAT)
+try:  # a write's error carries no file name
+    os.write(fd, b"x" * 65536)
+except OSError as e:
+    print(faults.describe(e, store=store))
+'''
+
+
+def test_a_full_stores_disk_is_named_in_the_line_of_a_write_without_a_file_name(tmp_path):
+    """H04: the disk holding mlflow.db / mlartifacts/ filled during `bench train`: "no space left on device while
+    writing a file ...: free space" named no file (the one folder the line named, the checkpoints', was on another
+    disk). The writes that fail there, on a real full tmpfs: a run's file copied into mlartifacts/ (shutil, whose
+    error names the source file: it was named as the file written) and a write without a file name (named now as the
+    disk of the store's file). Not `bench train` itself: which write meets the full disk first depends on timing
+    (test_the_stores_disk_filling_during_bench_run... runs the command)."""
+    _private_mounts()
+    work, source = tmp_path / "w", tmp_path / "config.yaml"
+    work.mkdir()
+    source.write_bytes(b"x" * 20000)
+    script = (f"mount -t tmpfs -o size=64k tmpfs {work} && mkdir {work}/mlartifacts && touch {work}/mlflow.db && "
+              f"(dd if=/dev/zero of={work}/filler bs=4k 2>/dev/null; true) && exec \"$@\"")
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", sys.executable, "-c", FULL_DISK_WRITES,
+                           str(work), str(source)], env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout.splitlines() == [
+        f"no space left on device while writing {work}/mlartifacts/config.yaml (No space left on device): free space",
+        f"no space left on device on the disk of the MLflow store {work}/mlflow.db (a write there failed) (No space "
+        "left on device): free space"], done.stdout + done.stderr[-3000:]

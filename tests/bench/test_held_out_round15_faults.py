@@ -180,3 +180,25 @@ def test_a_full_stores_disk_is_named_in_the_line_of_a_write_without_a_file_name(
         f"no space left on device while writing {work}/mlartifacts/config.yaml (No space left on device): free space",
         f"no space left on device on the disk of the MLflow store {work}/mlflow.db (a write there failed) (No space "
         "left on device): free space"], done.stdout + done.stderr[-3000:]
+
+
+# ------------------------------------------------------------------ H24: a refused bench tune makes no store
+def test_a_study_with_other_settings_is_refused_before_the_mlflow_store_is_made(bench_here, monkeypatch, tmp_path):
+    """H24: `bench tune --algo dapo --storage <a storage holding study 'pgs' of grpo> --study pgs` in a new folder:
+    refused ("exists with different settings"), exit 2, but an empty `mlflow.db` was left in the folder. Now the
+    settings are compared before the MLflow store is made: nothing in the folder."""
+    from tests.bench import fake_trainer
+
+    fake_trainer.inject(monkeypatch.setattr)
+    storage = f"sqlite:///{tmp_path / 'st' / 'opt.db'}"
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    base = ["tune", "--trials", "1", "--steps", "1", *TINY, "--workers", "1", "--storage", storage, "--study", "pgs"]
+    rc, _, err = bench_here([*base, "--algo", "grpo"], first)
+    assert rc == 0, err[-3000:]
+    rc, _, err = bench_here([*base, "--algo", "dapo"], second)
+    assert rc == 2, err[-3000:]
+    assert "study 'pgs' exists with different settings (algo: study has 'grpo', this command 'dapo'" in \
+        only_line(err), err
+    assert list(second.iterdir()) == [], list(second.iterdir())

@@ -61,6 +61,8 @@ from reports.record import (
 )
 from reports.report import build_report, report_folder
 
+NOT_LOADED = " failed to load in a worker process: "  # (bench.workers.pool_worker_setup's words)
+
 
 @dataclass
 class ComparisonSpec:
@@ -395,6 +397,12 @@ def _train(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pai
             if why.startswith(PLUGINS_CHANGED):  # (held-out round 14, H19: 3 times per pair)
                 why, detail = why.split("; ")[0], "" if why in said else why
                 said.append(detail)
+            elif NOT_LOADED in why:  # (round 15, H09: its sentence 7 times for 2 pairs): whole once, each pair short
+                short = why.split(NOT_LOADED)[0] + NOT_LOADED.rstrip(": ")
+                detail = "" if why in said else (f"{why}: fix the plugin's import (it loads in this process, not in "
+                                                 "a worker process), then rerun the same command")
+                said.append(why)
+                why = short
             return PairResult(i, f"failed: {why}", "train", error=(
                 f"{todo[i].variant} seed {todo[i].seed}: {detail}" if detail else ""))  # (none: it says it all)
         return failed
@@ -407,9 +415,9 @@ def _train(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pai
         if shared_step0:
             got = ex.run([Job(-1, step0_task, (spec.step0_fn, cfg, fresh), not_started={}, interrupted={})],
                          display.event)[-1]
-            if isinstance(got, WorkerDied):
-                display.print(f"  the shared step-0 evaluation failed ({got.why}); each run evaluates its own "
-                              "step 0")
+            if isinstance(got, WorkerDied):  # (a plugin not loaded there: said with the pairs, round 15 H09)
+                why = got.why.split(NOT_LOADED)[0] + NOT_LOADED.rstrip(": ") if NOT_LOADED in got.why else got.why
+                display.print(f"  the shared step-0 evaluation failed ({why}); each run evaluates its own step 0")
             else:
                 step0 = got
         tasks = [Job(i, run_pair, (PairJob(i, p, ctx, step0.get(p.seed)),), not_started=PairResult(i, "not "

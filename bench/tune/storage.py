@@ -80,6 +80,7 @@ def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_re
     """
     from sqlalchemy.engine import make_url
 
+    given = url  # (the URL as the user wrote it, for the lines: not with the driver added, round 15 H23)
     try:
         url = with_driver(url)  # postgresql:// -> the installed driver (SQLAlchemy versions differ in the default)
         backend = make_url(url).get_backend_name()
@@ -126,7 +127,18 @@ def open_storage(url: str, heartbeat: int = 30, grace: int | None = None, max_re
                              "backup, or move it away and rerun (a new study starts)") from e
         if backend == "sqlite" and "database is locked" in str(e):  # (locked after the check: the same line)
             raise ValueError(f"--storage {redact(url)}: {make_url(url).database} {LOCKED}") from None
-        raise ValueError(f"--storage {redact(url)}: cannot be reached: {first}") from e
+        raise ValueError(f"--storage {redact(given)}: {unreachable(make_url(url), first)}") from e
+
+
+def unreachable(parsed: Any, first: str) -> str:
+    """The end of the line for a storage whose database could not be connected to: the server answered that the
+    database does not exist (create it: held-out round 15, H23, "cannot be reached" and no way out), or it is down."""
+    if "does not exist" in first and parsed.get_backend_name() == "postgresql" and parsed.database:
+        where = " ".join(f"{flag} {value}" for flag, value in (("-h", parsed.host), ("-p", parsed.port),
+                                                                 ("-U", parsed.username)) if value)
+        return (f"the database server answered, but {first.split('FATAL:')[-1].strip()}: create the database "
+                f"(createdb {where} {parsed.database}), or fix --storage").replace("  ", " ")
+    return f"cannot be reached: {first}; start its database server, or fix --storage"
 
 
 def driver_missing(backend: str, e: ImportError) -> str:

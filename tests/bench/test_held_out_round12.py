@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 
 from tests.conftest import fresh_store
 
@@ -149,37 +150,45 @@ def test_a_child_process_a_plugin_s_loss_started_is_named_when_the_command_ends(
     H05 names only a child started at import). Now it is named the same way, in one line, at the command's end:
     its pid, its command, the plugin, that it keeps the output open; not killed (pobench ends only what it started);
     the exit code is the command's. (The process itself is the subject: a forked `bench`, tests/launch.py.)"""
-    import os
     import re
-    import select
-    import signal
-    import time
 
 
     (tmp_path / "spawn.py").write_text(SPAWN)
     proc = train_reading_stderr(tmp_path, "spawnpg", "spawn.py", "--eval-problems", "4")
-    err, pid = b"", None
-    try:
-        code = proc.wait(timeout=180)  # (the command ends; its stderr stays open while the child holds it)
-        pid = int((tmp_path / "child.pid").read_text())
-        assert launch_alive(pid), "the plugin's child is gone already"
-        deadline = time.monotonic() + 10
-        while b"after the command ended" not in err and time.monotonic() < deadline:
-            if select.select([proc.stderr], [], [], 0.5)[0]:
-                err += os.read(proc.stderr.fileno(), 65536)
-        assert launch_alive(pid), "pobench ended the plugin's child"
-    finally:
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
-        err += proc.stderr.read()
-        proc.stderr.close()
-    text = err.decode()
+    code, (pid,), text = end_reading_stderr(proc, lambda err: [int((tmp_path / "child.pid").read_text())])
     assert code == 0, text[-3000:]
     found = re.findall(r"bench: warning: child process\(es\) (\d+) \(sleep 60\) \(started by plugin spawn.py\) "
                        r"still running after the command ended: not waiting for them; they keep the command's output "
                        r"open", text)
     assert found == [str(pid)], text[-3000:]
     assert "Traceback" not in text, text[-3000:]
+
+
+def end_reading_stderr(proc, left: Callable[[bytes], list[int]]) -> tuple[int, list[int], str]:
+    """(exit code, pids, stderr) of ``proc`` (``train_reading_stderr``'s): waits for the command's end, reads its
+    stderr until the line naming processes left "after the command ended" came (10 s at most), checks that the
+    processes ``left(stderr so far)`` names are alive (pobench names them, never ends them), then SIGKILLs them and
+    reads the rest (they held the pipe open)."""
+    import os
+    import select
+    import signal
+    import time
+
+    err, pids = b"", []
+    try:
+        code = proc.wait(timeout=180)  # (the command ends; its stderr stays open while the processes hold it)
+        deadline = time.monotonic() + 10
+        while b"after the command ended" not in err and time.monotonic() < deadline:
+            if select.select([proc.stderr], [], [], 0.5)[0]:
+                err += os.read(proc.stderr.fileno(), 65536)
+        pids = left(err)
+        assert pids and all(launch_alive(p) for p in pids), f"gone (ended by pobench?): {pids}\n{err.decode()[-3000:]}"
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        err += proc.stderr.read()
+        proc.stderr.close()
+    return code, pids, err.decode()
 
 
 def launch_alive(pid: int) -> bool:

@@ -190,31 +190,13 @@ def test_a_process_a_plugin_left_in_the_background_through_a_shell_is_named_when
     pipeline reading the command's output waited ~50 s for the orphaned `sleep` (round 12's H03 names direct
     children only). Now the processes holding the command's output pipe open are named in the same one line at its
     end, after the plugin; not killed; the exit code is the command's."""
-    import os
     import re
-    import select
-    import signal
-    import time
 
-    from tests.bench.test_held_out_round12 import launch_alive, train_reading_stderr
+    from tests.bench.test_held_out_round12 import end_reading_stderr, train_reading_stderr
 
     (tmp_path / "bg.py").write_text(SHELLBG.format(start=start))
     proc = train_reading_stderr(tmp_path, "grpo-bg", "bg.py", "--max-new-tokens", "8")
-    err, pids = b"", []
-    try:
-        code = proc.wait(timeout=180)  # (the command ends; its stderr stays open while the orphan holds it)
-        deadline = time.monotonic() + 10
-        while b"after the command ended" not in err and time.monotonic() < deadline:
-            if select.select([proc.stderr], [], [], 0.5)[0]:
-                err += os.read(proc.stderr.fileno(), 65536)
-        pids = [int(p) for p in re.findall(rb"(\d+) \(sleep 37\)", err)]
-        assert pids and all(launch_alive(p) for p in pids), err.decode()[-3000:]  # named, and not ended by pobench
-    finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGKILL)
-        err += proc.stderr.read()
-        proc.stderr.close()
-    text = err.decode()
+    code, pids, text = end_reading_stderr(proc, lambda err: [int(p) for p in re.findall(rb"(\d+) \(sleep 37\)", err)])
     assert code == 0, text[-3000:]
     found = re.findall(r"bench: warning: child process\(es\) (\d+) \(sleep 37\) \(started by plugin bg.py\) still "
                        r"running after the command ended: not waiting for them; they keep the command's output open",

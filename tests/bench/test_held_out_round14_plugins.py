@@ -123,27 +123,12 @@ def test_a_process_a_plugin_forked_is_named_when_the_command_ends(tmp_path):
     13's H13 name processes started through ``subprocess`` or a shell). Now a fork a plugin's code made is named in
     the same one line at the command's end, as a fork of the command's process; not killed, the exit code the
     command's."""
-    import select
 
-    from tests.bench.test_held_out_round12 import launch_alive, train_reading_stderr
+    from tests.bench.test_held_out_round12 import end_reading_stderr, train_reading_stderr
 
     (tmp_path / "p_fork.py").write_text(FORK)
     proc = train_reading_stderr(tmp_path, "grpo-fork", "p_fork.py", "--eval-problems", "4", "--max-new-tokens", "8")
-    err, pid = b"", None
-    try:
-        code = proc.wait(timeout=180)  # (the command ends; its stderr stays open while the child holds it)
-        pid = int((tmp_path / "child.pid").read_text())
-        deadline = time.monotonic() + 10
-        while b"after the command ended" not in err and time.monotonic() < deadline:
-            if select.select([proc.stderr], [], [], 0.5)[0]:
-                err += os.read(proc.stderr.fileno(), 65536)
-        assert launch_alive(pid), "the plugin's child is gone (ended by pobench?)"
-    finally:
-        if pid is not None:
-            os.kill(pid, signal.SIGKILL)
-        err += proc.stderr.read()
-        proc.stderr.close()
-    text = err.decode()
+    code, (pid,), text = end_reading_stderr(proc, lambda err: [int((tmp_path / "child.pid").read_text())])
     assert code == 0, text[-3000:]
     found = re.findall(r"bench: warning: child process\(es\) (\d+) \(a fork of this command's process, by os.fork\) "
                        r"\(started by plugin p_fork.py\) still running after the command ended: not waiting for them; "

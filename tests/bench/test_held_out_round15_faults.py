@@ -6,23 +6,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.bench.test_held_out_round14_stores import statuses
+
 TINY = ["--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--samples-every", "0"]
-
-
-def statuses(db: Path) -> list[tuple[str, str]]:
-    """(name, status) of every run in the store file ``db``."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return list(con.execute("select name, status from runs"))
-    finally:
-        con.close()
 
 
 def only_line(err: str) -> str:

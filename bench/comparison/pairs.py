@@ -141,11 +141,11 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
         said = faults.describe(e, store=cfg.tracking_uri) or plugin_failure(e)
         # bad input, a fault of the store / file system, a run a fault stopped: its one line; anything else is a bug,
         # whose traceback is shown
-        known = said is not None or isinstance(e, (ValueError, OSError, RunStopped))
+        known = said is not None or isinstance(e, (ValueError, OSError, RunStopped, faults.RaisedInWork))
         if said is None and isinstance(e, ValueError) and str(e).startswith("--resume: "):
             said = f"resuming it: {str(e)[len('--resume: '):]}"  # (bench run resumes a pair itself: no flag was given)
         elif said is None:
-            said = str(e) if isinstance(e, RunStopped) else f"{type(e).__name__}: {e}"
+            said = str(e) if isinstance(e, (RunStopped, faults.RaisedInWork)) else f"{type(e).__name__}: {e}"
         if said.startswith("no space left on device") and "rerun" not in said:  # (round 15, H07: its run RUNNING)
             said += (", then rerun the same command: it resumes the pair from its last checkpoint (and ends its run "
                      "if left RUNNING)")

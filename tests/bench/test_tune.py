@@ -360,6 +360,24 @@ def test_two_workers_share_one_postgres_study(postgres, mlflow_server, tmp_path)
     assert len(_runs(mlflow_server, exp, "tune-study", study)) == 1
 
 
+def _storage_made(db: Path) -> bool:
+    """Whether the worker has made the Optuna SQLite storage ``db`` whole (its version row is written last): read-only,
+    so that this test's reads never create tables while the worker does (a CI saw the worker fail on "table ...
+    already exists": the test's ``load_study`` had created it meanwhile)."""
+    import sqlite3
+
+    if not db.exists():
+        return False
+    try:
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return con.execute("select count(*) from alembic_version").fetchone()[0] > 0
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+
+
 @pytest.mark.slow
 def test_killed_worker_is_resumed_and_its_trial_retried(tmp_path, mlflow_server):
     storage = f"sqlite:///{tmp_path}/o.db"
@@ -370,6 +388,8 @@ def test_killed_worker_is_resumed_and_its_trial_retried(tmp_path, mlflow_server)
     deadline = time.time() + 120
     while victim is None and time.time() < deadline and a.poll() is None:
         time.sleep(0.5)
+        if not _storage_made(tmp_path / "o.db"):  # (Optuna's load_study creates the tables it misses: not meanwhile)
+            continue
         try:
             s = optuna.load_study(study_name=study, storage=storage)
         except (KeyError, sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):

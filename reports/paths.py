@@ -175,7 +175,7 @@ def new_temp_folder(dest: str | Path) -> Path:
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temps(dest)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-{os.getpid()}-", dir=dest.parent))  # (pid: see below)
     umask = os.umask(0o022)
     os.umask(umask)
     tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private (0700); the folder it becomes is an ordinary one
@@ -199,7 +199,11 @@ def remove_stale_temps(dest: str | Path) -> list[Path]:
     dest = Path(dest)
     removed = []
     for p in sorted(dest.parent.glob(f".{dest.name}.tmp-*")) + sorted(dest.parent.glob(f".{dest.name}.old-*")):
-        if p.is_symlink() or not p.is_dir() or not is_owned(p) or str(p) in _WRITING:
+        if p.is_symlink() or not p.is_dir() or str(p) in _WRITING:
+            continue
+        if not is_owned(p):  # (a writer killed before it marked its folder: empty, named by its process: removed)
+            if _unmarked_stale(p):
+                removed.append(p)
             continue
         if ".old-" in p.name:
             pid = p.name.rsplit(".old-", 1)[1].split("-")[0]
@@ -223,6 +227,20 @@ def remove_stale_temps(dest: str | Path) -> list[Path]:
         finally:
             os.close(fd)
     return removed
+
+
+def _unmarked_stale(p: Path) -> bool:
+    """Remove ``p``, a ``.<name>.tmp-<pid>-*`` folder without pobench's marker, when the process that made it has
+    ended and it is empty (what a writer killed between ``mkdtemp`` and marking leaves: a CI saw one left for good);
+    anything in it, or a name of another form, is left alone. Whether it was removed."""
+    pid = p.name.rsplit(".tmp-", 1)[1].split("-")[0]
+    if not pid.isdigit() or _alive(int(pid)):
+        return False
+    try:
+        p.rmdir()
+    except OSError:  # (not empty: not what pobench's writer left)
+        return False
+    return True
 
 
 def _alive(pid: int) -> bool:

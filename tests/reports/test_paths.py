@@ -160,3 +160,28 @@ def test_replace_file_is_whole_or_absent_replaces_links_and_keeps_the_usual_mode
     assert done.stdout.strip() == str(made), done.stderr
     assert made.read_text() == "y" and sorted(p.name for p in tmp_path.iterdir()) == [
         "link.txt", "made.txt", "plain.txt", "theirs.txt"]
+
+
+def test_an_unmarked_temporary_folder_of_a_killed_writer_is_removed_by_the_next(tmp_path):
+    """A `bench report` killed between making its temporary folder and marking it left `.<name>.tmp-*` for good (the
+    next report removed only marked ones: a CI run of test_cli_faults' killed-report test saw it). The folder's name
+    holds its writer's pid: an empty one whose writer has ended goes; one of a live writer, one holding anything, or
+    one of another name form stays."""
+    import subprocess
+
+    from reports.paths import new_temp_folder, remove_stale_temps
+
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    dest = tmp_path / "c1"
+    dead = tmp_path / f".c1.tmp-{ended.pid}-x1"
+    live = tmp_path / f".c1.tmp-{os.getpid()}-x2"
+    full = tmp_path / f".c1.tmp-{ended.pid}-x3"
+    other = tmp_path / ".c1.tmp-abcdefgh"
+    for folder in (dead, live, full, other):
+        folder.mkdir()
+    (full / "notes.md").write_text("mine")
+    assert remove_stale_temps(dest) == [dead]
+    assert not dead.exists() and live.is_dir() and (full / "notes.md").is_file() and other.is_dir()
+    made = new_temp_folder(dest)  # (named by this process, marked and held: never removed by another writer)
+    assert made.name.startswith(f".c1.tmp-{os.getpid()}-") and remove_stale_temps(dest) == []

@@ -18,7 +18,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from reports.paths import LISTING, UnsafePath
+from reports.paths import LISTING, UnsafePath, read_listing
 
 
 class EditedOutputs(UnsafePath):
@@ -41,17 +41,9 @@ def digest(path: str | Path) -> str | None:
 
 
 def recorded(folder: str | Path) -> dict[str, str | None]:
-    """``{relative path: digest}`` of what pobench wrote into ``folder`` (a digest None: listed by an earlier pobench,
-    content unknown); empty when there is no readable listing."""
-    try:
-        listed = json.loads((Path(folder) / LISTING).read_text())
-    except (OSError, ValueError):
-        return {}
-    if isinstance(listed, dict):
-        return {str(k): v if isinstance(v, str) else None for k, v in listed.items()}
-    if isinstance(listed, list):
-        return {str(k): None for k in listed}
-    return {}
+    """``{relative path: digest}`` of what pobench wrote into ``folder`` (``reports.paths.read_listing``); empty when
+    there is no readable listing."""
+    return read_listing(folder) or {}
 
 
 def record_written(folder: str | Path, paths) -> dict[str, str | None]:

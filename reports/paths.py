@@ -270,16 +270,29 @@ def write_listing(folder: str | Path) -> list[str]:
     return written
 
 
+def read_listing(folder: str | Path) -> dict[str, str | None] | None:
+    """``folder``'s :data:`LISTING` as ``{relative path: digest}`` (a digest None: listed by a pobench before digests,
+    a plain list of names); None when there is none; empty when it cannot be read (nothing in the folder is then known
+    to be pobench's). The one reader of the listing."""
+    try:
+        listed = json.loads((Path(folder) / LISTING).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+    if isinstance(listed, dict):
+        return {str(k): v if isinstance(v, str) else None for k, v in listed.items()}
+    if isinstance(listed, list):
+        return {str(k): None for k in listed}
+    return {}
+
+
 def user_files(folder: str | Path) -> list[str]:
     """The files in ``folder`` that its :data:`LISTING` does not hold (a user's), as relative paths; none when it has
     no listing (a folder of a pobench before listings: all of it pobench's) or is not a folder."""
-    folder = Path(folder)
-    try:
-        listed = set(json.loads((folder / LISTING).read_text()))
-    except (FileNotFoundError, NotADirectoryError):
+    listed = read_listing(folder)
+    if listed is None:
         return []
-    except (OSError, ValueError, TypeError):
-        listed = set()  # a listing pobench cannot read: nothing in the folder is known to be its
     return [f for f in files_in(folder) if f not in listed]
 
 

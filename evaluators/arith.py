@@ -23,6 +23,7 @@ import hashlib
 import itertools
 import os
 import random
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -167,16 +168,28 @@ class ArithTask:
 
     def train_pool(self, seed: int, size: int, *, data: str | os.PathLike | None = None,
                    skip_bad_rows: bool = False) -> list[Problem]:
-        """The first `size` problems of ``train_stream(seed)``."""
+        """The first `size` problems of ``train_stream(seed)`` (a new list; the problems drawn are kept in this
+        process for the next run of the same difficulty and seed: a run's pool is thousands of problems, and a
+        process that trains several runs, a pool worker of ``bench run`` or a notebook, drew them once)."""
         if data is not None:
             raise ValueError("arith is generated procedurally; it takes no `data` source")
-        return list(itertools.islice(self.train_stream(seed), size))
+        with _TRAIN_LOCK:  # (one stream per key: two threads must not draw from it at once)
+            drawn, stream = _TRAIN_DRAWN.setdefault((self.difficulty, seed), ([], self.train_stream(seed)))
+            if len(drawn) < size:
+                drawn.extend(itertools.islice(stream, size - len(drawn)))
+            return drawn[:size]
 
     def reward(self, completion: str, problem: Problem) -> float:
         """1.0 when the completion's final answer matches, else 0.0 (the GSM8K verifier)."""
         from evaluators.verify import is_correct
 
         return 1.0 if is_correct(completion, problem.answer, "number") else 0.0
+
+
+#: (difficulty, seed) -> (the problems of its train stream drawn so far, the stream): problems are immutable and the
+#: stream a pure function of its key, so a prefix drawn once is the prefix any later draw would give
+_TRAIN_DRAWN: dict[tuple[int, int], tuple[list[Problem], Iterator[Problem]]] = {}
+_TRAIN_LOCK = threading.Lock()
 
 
 def _final(solution: str) -> int:

@@ -74,6 +74,19 @@ def test_streams_are_deterministic_and_seeded():
     assert len({p.id for p in task.test_set(300)}) == 300
 
 
+def test_a_train_pool_is_its_stream_s_prefix_whatever_was_drawn_before_in_the_process():
+    """The pool's problems are kept per (difficulty, seed) for the next run in the process: a shorter, then a longer,
+    then another difficulty's or seed's pool each equal a fresh stream's prefix, and a caller's edit of its list
+    reaches no other pool."""
+    fresh = list(itertools.islice(ArithTask(3).train_stream(11), 300))
+    short = ArithTask(3).train_pool(11, 40)
+    short.clear()
+    assert ArithTask(3).train_pool(11, 300) == fresh
+    assert ArithTask(3).train_pool(11, 120) == fresh[:120]
+    assert ArithTask(2).train_pool(11, 50) == list(itertools.islice(ArithTask(2).train_stream(11), 50))
+    assert ArithTask(3).train_pool(12, 50) == list(itertools.islice(ArithTask(3).train_stream(12), 50))
+
+
 def test_difficulty_changes_the_problems():
     ops1 = {len(_content(p.question)[1]) for p in ArithTask(1).test_set(100)}
     ops2 = {len(_content(p.question)[1]) for p in ArithTask(2).test_set(100)}

@@ -197,9 +197,13 @@ def create_store(db: Path) -> None:
         for left in (tmp, journal):
             left.unlink(missing_ok=True)
         engine = create_sqlalchemy_engine_with_retry(f"sqlite:///{tmp}")
+        db_log = logging.getLogger("mlflow.store.db.utils")  # (its INFO lines "Creating initial MLflow database
+        level = db_log.level  # tables..." / "Updating database tables" said in every first command: noise)
+        db_log.setLevel(max(level, logging.WARNING))
         try:
             _initialize_tables(engine)
         finally:
+            db_log.setLevel(level)
             engine.dispose()
         if not db.exists():  # (another program, not under pobench's lock, may have made one meanwhile: kept)
             os.replace(tmp, db)

@@ -280,3 +280,31 @@ def test_crowded_figures_keep_bands_in_per_objective_panels(tmp_path):
     d = F.panels_figure(runs, "eval/accuracy", "acc", "T", tmp_path, "p", order, reference="obj0")
     assert sorted(d.series) == order and (tmp_path / "p.png").exists()
     assert all(s["high"][-1] > s["mean"][-1] for s in d.series.values())   # each panel has its band
+
+
+def test_time_to_convergence_panels_span_a_decade_around_one_seed_s_value(monkeypatch, tmp_path):
+    """Held-out round 16 (H04): one seed reaching the target at step 3, its geometric mean exp(log 3) =
+    3.0000000000000018 beside it: matplotlib's log axis got limits 2e-15 apart (an empty panel) and its layout warned
+    twice (divide by zero, invalid value) in every report of a 1-seed comparison. Each panel now spans a decade
+    around its values; no warning."""
+    import warnings
+
+    from reports import cost_figures
+    from reports.stats import positive_ci
+
+    rows = [{"objective": "grpo", "n": 1, "reached": 1},
+            {"objective": "dapo", "n": 1, "reached": 0}]
+    for unit, value in (("steps", 3.0), ("tokens", 303.0), ("cpu_s", 0.783)):
+        rows[0][unit], rows[0][f"{unit}_per_seed"] = positive_ci([value]), [value]
+        rows[1][unit], rows[1][f"{unit}_per_seed"] = None, [None]
+    assert rows[0]["steps"].value != 3.0  # (the case: the mean is not the seed's value to the last bit)
+    limits = []
+    real_save = cost_figures.save
+    monkeypatch.setattr(cost_figures, "save", lambda fig, *a: (limits.extend(ax.get_ylim() for ax in fig.axes),
+                                                                real_save(fig, *a))[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cost_figures.ttc_figure(rows, 0.54, "evaluations every 2 steps", tmp_path, ["grpo", "dapo"])
+    assert len(limits) == 3
+    for (low, high), value in zip(limits, (3.0, 303.0, 0.783)):
+        assert low < value < high and high / low >= 10 * 0.999, (value, low, high)

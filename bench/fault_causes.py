@@ -5,6 +5,9 @@ low end of ``bench.faults``, which re-exports these names."""
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 def chain(error: BaseException | None):
     """``error``, its cause or context, theirs, ...: each once."""
@@ -96,3 +99,20 @@ def first_line(text: str, *about: str) -> str:
     "(raised as a result of Query-invoked autoflush ...)" before the database's own error)."""
     lines = text.strip().splitlines() or [""]
     return next((ln for ln in lines if any(a in ln for a in about)), lines[0])[:300]
+
+
+#: the errnos of a full disk, a full quota, the file-size limit (``ulimit -f``)
+FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def full_errno(e: BaseException) -> int | None:
+    """The errno of a full disk / quota / file-size limit that ``e`` reports (an OSError, or the text of a library's
+    own exception type: safetensors' SafetensorError "I/O error: No space left on device (os error 28)",
+    tokenizers'), else None."""
+    if isinstance(e, OSError) and e.errno in FULL_ERRNOS:
+        return e.errno
+    text = str(e)
+    for code in FULL_ERRNOS:
+        if os.strerror(code) in text or f"os error {code})" in text or text.endswith(f"os error {code}"):
+            return code
+    return None

@@ -23,11 +23,13 @@ from pathlib import Path, PurePath
 
 from bench.fault_causes import (  # noqa: F401  (re-exported: faults.answered_status, faults.damaged, ...)
     CLOUD_CLIENTS,
+    FULL_ERRNOS,
     NO_ANSWER_STATUSES,
     STORAGE_DAMAGED_ADVICE,
     answered_status,
     cloud_refusal,
     damaged,
+    full_errno,
     storage_damage,
     storage_refusal,
 )
@@ -318,7 +320,7 @@ def check_writable(folder: str | Path, what: str) -> None:
 
 
 # ------------------------------------------------------------------ during the work
-_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_NO_SPACE = FULL_ERRNOS
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 _IN_THE_WAY = (errno.ENOTDIR, errno.EEXIST, errno.EISDIR)
 
@@ -378,6 +380,10 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
             return _os_line(e, store)
         if isinstance(e, OSError) and e.errno in _NO_SPACE:  # (a write's error carries no file name)
             return _os_line(e, store)
+        if not isinstance(e, OSError) and (code := full_errno(e)) is not None:  # (a library's own type: round 16,
+            full = OSError(code, os.strerror(code))  # H18, safetensors' SafetensorError, its traceback shown)
+            full.__traceback__ = e.__traceback__  # (where it wrote: :func:`_written_path`)
+            return _os_line(full, store)
         db = f"the MLflow store {store}" if store else "the MLflow store"
         gone = store is not None and (path := sqlite_file(store)) is not None and not path.exists()
         if gone and ("readonly database" in text or "unable to open database file" in text or "no such table" in
@@ -426,6 +432,9 @@ def _written_path(e: BaseException) -> str | None:
         if frame.f_code.co_name in ("write_text", "write_bytes", "open") and \
                 isinstance(me := frame.f_locals.get("self"), PurePath):
             found = str(me)
+        if frame.f_code.co_name == "save_file" and "safetensors" in frame.f_code.co_filename and \
+                frame.f_locals.get("filename") is not None:  # (a model's weights: round 16, H18)
+            found = os.fspath(frame.f_locals["filename"])
         if frame.f_code.co_name == "copyfile" and frame.f_code.co_filename.endswith("shutil.py") and \
                 frame.f_locals.get("dst") is not None:  # (its error names the source: round 15, H04)
             found = os.fspath(frame.f_locals["dst"])

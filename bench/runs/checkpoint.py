@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from bench.fault_causes import full_errno
 from bench.runs.folders import LISTING, MARKER, carry_over, remove_written
 from reports.paths import is_owned
 
@@ -42,7 +43,6 @@ FINAL_TMP = ".final.tmp"  # the final weights are written here, then renamed to 
 FORMAT = 2            # state.json records "files": {name: [size, sha256]} (format 1 had none)
 OPTIM_KEPT = 2        # newest checkpoints that keep their optimizer state
 CRITIC = "critic.pt"  # an objective's critic (PPO's value function): weights and optimizer state
-_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class CheckpointError(ValueError):
@@ -150,27 +150,14 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _full_errno(e: BaseException) -> int | None:
-    """The errno of a full disk / file-size limit that ``e`` reports (directly, or in the text of a library's own
-    exception type: safetensors, tokenizers), else None."""
-    if isinstance(e, OSError) and e.errno in _FULL:
-        return e.errno
-    text = str(e)
-    for code, words in ((errno.ENOSPC, "No space left on device"), (errno.EFBIG, "File too large"),
-                        (errno.EDQUOT, "Disk quota exceeded")):
-        if words in text or f"os error {code})" in text or text.endswith(f"os error {code}"):
-            return code
-    return None
-
-
 def is_full(e: BaseException) -> bool:
     """``e`` says the disk is full or a file-size limit was reached."""
-    return _full_errno(e) is not None
+    return full_errno(e) is not None
 
 
 def _full(e: BaseException, what: Path) -> DiskFull:
     """One line for a write of ``what`` that failed on a full disk or a file-size limit."""
-    code = _full_errno(e)
+    code = full_errno(e)
     why = os.strerror(code) + (": the file-size limit, ulimit -f" if code == errno.EFBIG else "")
     return DiskFull(f"no space left on device while writing {what} ({why}); nothing half-written was left: "
                     "free space (or raise the file-size limit), then resume")

@@ -224,3 +224,22 @@ def test_a_plugin_exiting_in_pool_workers_is_said_once_with_what_to_do(bench_her
     for seed in (0, 1):
         assert f"seed {seed}: failed: plugin {tmp_path / 'p_wexit.py'} failed to load in a worker process" in out, \
             out[-3000:]
+
+
+# ------------------------------------------------------------------ round 16, H18: warmstart's weights on a full disk
+def test_bench_warmstart_on_a_full_disk_is_one_line_naming_the_weights_file(tmp_path):
+    """Held-out round 16 (H18): `bench warmstart --out <a 3 MB tmpfs>/ws` (the weights, 3.4 MB, do not fit): a
+    30-line traceback ending in safetensors' own `SafetensorError: ... No space left on device (os error 28)`. Now
+    one line naming the weights file, exit 1 (a fault during the work); on a larger disk the same command makes the
+    model."""
+    _private_mounts()
+    work = tmp_path / "w"
+    work.mkdir()
+    command = [sys.executable, "-m", "bench", "warmstart", "--steps", "2", "--eval", "0", "--no-progress", "--out",
+               f"{work}/ws"]
+    script = f"mount -t tmpfs -o size=3m tmpfs {work} && exec \"$@\""
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", *command], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert only_line(done.stderr) == (f"bench warmstart: stopped: no space left on device while writing "
+                                      f"{work}/ws/model.safetensors (No space left on device): free space")

@@ -67,10 +67,11 @@ class RunNotInStore(ValueError):
 
 
 class RaisedInWork(RuntimeError):
-    """An error a plugin's code raised while its run trained, of a class the command line takes for bad input before
-    any work (ValueError, FileNotFoundError: exit 2): a fault met during the work, exit 1 as any other class (its run
-    ended FAILED); its cause is the error, whose traceback names the plugin (``bench.plugins.plugin_failure``).
-    (Held-out round 10, H13: exit 2 or 1 by the class of what the plugin raised.)"""
+    """An error met while a run trained, of a class the command line takes for bad input before any work
+    (ValueError, FileNotFoundError: exit 2): a fault met during the work, exit 1 as any other class (its run ended
+    FAILED); its cause is the error: one a plugin's code raised, whose traceback names the plugin
+    (``bench.plugins.plugin_failure``; held-out round 10, H13: exit 2 or 1 by the class of what the plugin raised),
+    or the run folder deleted while the run trained (round 16, H17)."""
 
 
 class InterruptRaised(RuntimeError):

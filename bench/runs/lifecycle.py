@@ -348,9 +348,11 @@ def recorded(logger: RunLogger | None, on_error: Callable[[], None] | None = Non
                 raise e from None
             if isinstance(e, faults.InterruptRaised):
                 raise e from e.__cause__
-            if isinstance(e, PluginResultError) or isinstance(e, (ValueError, FileNotFoundError)) and \
-                    plugin_failure(e, causes=False) is not None:  # (a plugin's wrong result: round 15, H11)
-                raise faults.RaisedInWork(str(e)) from e  # (a plugin's error during the work: exit 1, any class)
+            if isinstance(e, (PluginResultError, checkpoint.FolderLost)) or \
+                    isinstance(e, (ValueError, FileNotFoundError)) and plugin_failure(e, causes=False) is not None:
+                # (a plugin's error or wrong result, round 15 H11; the run folder deleted, round 16 H17: met during
+                # the work, exit 1 whatever its class)
+                raise faults.RaisedInWork(str(e)) from e
             raise
 
 

@@ -298,13 +298,17 @@ STOP_GRACE_ENV = "POBENCH_POOL_STOP_GRACE"
 
 
 def stop_grace_s() -> float:
-    """``POOL_STOP_GRACE_S``, or ``$POBENCH_POOL_STOP_GRACE`` when it is a number >= 0."""
+    """``$POBENCH_POOL_STOP_GRACE`` (seconds, >= 0), else ``POOL_STOP_GRACE_S``; a ValueError naming the variable
+    when it is no such number (held-out round 16, H28: a malformed value was ignored without a word). `bench run` and
+    `bench tune` ask it before any work (``bench.comparison.runner.check_comparison``, ``bench.cli.tune``)."""
     raw = os.environ.get(STOP_GRACE_ENV, "").strip()
     try:
         value = float(raw) if raw else POOL_STOP_GRACE_S
     except ValueError:
-        return POOL_STOP_GRACE_S
-    return value if 0 <= value < float("inf") else POOL_STOP_GRACE_S
+        raise ValueError(f"{STOP_GRACE_ENV}={raw!r}: give a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"{STOP_GRACE_ENV}={raw!r}: give a number of seconds >= 0")
+    return value
 
 
 def runs_held(pid: int) -> list[Path]:

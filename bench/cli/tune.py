@@ -23,7 +23,7 @@ from bench.runs.tracking import answering, bounded_http, timeout_s
 from bench.tune.confirm import summary_of
 from bench.tune.outputs import print_leaderboard, study_dir, write_outputs
 from bench.tune.outputs import show as show_study
-from bench.workers import parse_seeds
+from bench.workers import parse_seeds, stop_grace_s
 from reports.edits import check_unedited
 from reports.paths import check_out_is_ours, claim_output_folder
 from reports.record import open_client, sqlite_file, tracking_uri
@@ -169,6 +169,7 @@ def main(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     confirm_seeds = confirm_seeds_from_args(args, spec)
     check_joined_settings(spec)  # (before the MLflow store is made: round 15, H24, an empty mlflow.db was left)
+    stop_grace_s()  # (a malformed $POBENCH_POOL_STOP_GRACE: one line now, not ignored at the stop: round 16, H28)
     check_reachable(spec.base.tracking_uri, experiment=spec.base.experiment)
     faults.check_output_folder(spec.base.output_dir, "--output-dir", OUTPUT_DIR)  # a file there, read-only: one line
     tune.check_default_dir(spec.storage, args.out)  # a file at .pobench/tune, where the defaults go: one line now

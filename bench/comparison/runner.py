@@ -46,7 +46,7 @@ from bench.runs.run import (
 )
 from bench.runs.store_check import check_outside_artifacts, check_reachable
 from bench.runs.tracking import answering, store_client, version_tags
-from bench.workers import LOST_WORKER
+from bench.workers import LOST_WORKER, stop_grace_s
 from reports.record import (
     COMPARISON,
     CONFIG_HASH,
@@ -155,6 +155,7 @@ def check_comparison(spec: ComparisonSpec) -> list[str]:
     ValueError line otherwise. Returns the warnings (params outside their declared ranges, what reading the inputs
     found)."""
     cfg = spec.cfg
+    stop_grace_s()  # (a malformed $POBENCH_POOL_STOP_GRACE: one line now, not ignored at the stop)
     check_reachable(cfg.tracking_uri, experiment=cfg.experiment)
     faults.check_output_folder(cfg.output_dir, "--output-dir", OUTPUT_DIR)  # a file there, read-only: one line
     check_outside_artifacts(cfg.tracking_uri, cfg.experiment, cfg.output_dir, "--output-dir")

@@ -24,7 +24,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from bench.model import build_char_tokenizer, format_prompt, tiny_config
 from bench.rollout import SamplingParams, make_sampler
 from evaluators.arith import ArithTask
-from reports.paths import check_out_is_ours, claim_output_folder, hold_out_folder
+from reports.edits import record_written, recorded
+from reports.paths import LISTING, MARKER, check_out_is_ours, claim_output_folder, hold_out_folder
 
 FINGERPRINT_STEPS = (50, 100)  # besides the last step: the reproducibility test replays this prefix
 
@@ -101,7 +102,8 @@ def _warmstart(out: Path, recipe: Recipe, force: bool, progress: bool, snapshots
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     meta_path = out / "warmstart.json"
-    if not force and meta_path.exists() and (out / "model.safetensors").exists():
+    whole = all((out / rel).is_file() for rel in recorded(out))  # (a file of the model deleted: written again)
+    if not force and whole and meta_path.exists() and (out / "model.safetensors").exists():
         held = json.loads(meta_path.read_text()).get("recipe")
         if held == asdict(recipe):
             return out
@@ -156,11 +158,25 @@ def _warmstart(out: Path, recipe: Recipe, force: bool, progress: bool, snapshots
 
 def _save(model, tokenizer, out: Path, recipe: Recipe, losses, prints, seconds: float) -> None:
     claim_output_folder(out, "--out")  # (a snapshot's step-<k> inside the claimed folder, new)
+    before = _files(out)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     meta = {"recipe": asdict(recipe), "steps_done": len(losses), "seconds": round(seconds, 1),
             "torch": torch.__version__, "losses": losses, "fingerprints": prints}
     (out / "warmstart.json").write_text(json.dumps(meta, indent=1))
+    # the files written now, with their digests (reports.edits): an edited one is neither taken for the finished model
+    # nor replaced by --force (held-out round 16, H26: an edited config.json was both)
+    record_written(out, [p for p, state in _files(out).items() if before.get(p) != state])
+
+
+def _files(folder: Path) -> dict[Path, tuple[int, int]]:
+    """The regular files directly in ``folder`` with their (inode, mtime in ns): what a save changed."""
+    out = {}
+    for p in folder.iterdir():
+        if p.name not in (LISTING, MARKER) and p.is_file() and not p.is_symlink():
+            st = p.stat()
+            out[p] = (st.st_ino, st.st_mtime_ns)
+    return out
 
 
 class _progress:

@@ -42,3 +42,28 @@ def test_a_malformed_pool_stop_grace_is_refused_before_any_work(bench_here, tmp_
         assert rc == 2, err
         assert err.strip() == f"bench {argv[0]}: error: POBENCH_POOL_STOP_GRACE={value!r}: {why}", err
         assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+
+
+def test_an_edited_file_of_a_warm_started_model_is_neither_reused_nor_replaced(bench_here, tmp_path):
+    """Held-out round 16 (H26): `bench warmstart --out ws`, the user appends a note to `ws/config.json` (now invalid
+    JSON) and adds `ws/notes.md`; the same command said "warm-started model: ws" (the damaged model taken as done),
+    and with `--force` replaced the edit silently. Now the files a warm start writes are recorded with their digests
+    (as `bench report`'s and `bench eval --out`'s since round 15): an edited one is refused in one line before any
+    work, with or without --force, the folder as the user left it; moved away, the same command writes it again."""
+    argv = ["warmstart", "--steps", "2", "--eval", "0", "--no-progress", "--out", "ws"]
+    rc, _, err = bench_here(argv, tmp_path)
+    assert rc == 0, err
+    config = tmp_path / "ws" / "config.json"
+    edited = config.read_text() + "# my note\n"
+    config.write_text(edited)
+    (tmp_path / "ws" / "notes.md").write_text("mine")
+    for extra in ([], ["--force"]):
+        rc, out, err = bench_here([*argv, *extra], tmp_path)
+        assert rc == 2, out + err
+        assert err.strip() == ("bench warmstart: error: --out ws: config.json changed since pobench wrote it (your "
+                               "edits): not replacing it; move it away (or copy your edits elsewhere), then run the "
+                               "same command again"), err
+        assert config.read_text() == edited and (tmp_path / "ws" / "notes.md").read_text() == "mine"
+    config.rename(tmp_path / "my-config.json")
+    rc, out, err = bench_here(argv, tmp_path)
+    assert rc == 0 and config.exists() and (tmp_path / "ws" / "notes.md").exists(), err

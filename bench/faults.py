@@ -11,7 +11,8 @@ and what to do (docs/RELIABILITY.md). Two halves, one wording:
   (directly or inside an ``MlflowException``), Optuna's storage errors. What was computed stays: a training run's
   own faults are ended by its lifecycle first (``RunStopped``); this is what reaches the command line.
 
-Nothing here writes: the store is opened read-only (``mode=ro``) to read its schema revision.
+Nothing here writes: the store is opened read-only (``mode=ro``) to read its schema revision (one with a hot
+journal left by an interrupted write excepted: its rollback, as MLflow's own first connection does it).
 """
 
 from __future__ import annotations
@@ -216,12 +217,7 @@ def _check_sqlite(db: Path, uri: str, locked_again: bool = False) -> None:
         restore = "restore it from a backup, or " if why.startswith("damaged") else ""
         raise StoreFault(f"the MLflow store {db} is {why}; {restore}" + away)
     try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=20)
-        try:
-            row = con.execute("select version_num from alembic_version").fetchone()
-            tables = {t for (t,) in con.execute("select name from sqlite_master where type = 'table'")}
-        finally:
-            con.close()
+        row, tables = _schema(db)
     except sqlite3.DatabaseError as e:
         if "no such table" in str(e):
             raise StoreFault(f"the MLflow store {db} is an SQLite database but not MLflow's (no alembic_version "
@@ -237,6 +233,27 @@ def _check_sqlite(db: Path, uri: str, locked_again: bool = False) -> None:
         if missing:  # (held-out round 9: a dropped latest_metrics was six tracebacks and a run left RUNNING)
             raise StoreFault(f"the MLflow store {db} is damaged (no such table: {', '.join(missing)}); restore it "
                              "from a backup, or " + away)
+
+
+def _schema(db: Path) -> tuple[tuple | None, set[str]]:
+    """(the alembic_version row, the table names) of the SQLite file ``db``, read read-only. A write interrupted by
+    a killed process or a fault (held-out round 16, H31: the file made unwritable mid-write) leaves a hot journal
+    beside it, which a read-only connection cannot roll back ("attempt to write a readonly database": the store was
+    called damaged, and the advised resume refused): then read through a writable connection, which rolls it back as
+    MLflow's own first connection would."""
+    def read(con) -> tuple[tuple | None, set[str]]:
+        try:
+            return (con.execute("select version_num from alembic_version").fetchone(),
+                    {t for (t,) in con.execute("select name from sqlite_master where type = 'table'")})
+        finally:
+            con.close()
+
+    try:
+        return read(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=20))
+    except sqlite3.OperationalError as e:
+        if "readonly database" not in str(e) or not db.with_name(db.name + "-journal").exists():
+            raise
+    return read(sqlite3.connect(db, timeout=20))
 
 
 def missing_tables(tables: set[str]) -> set[str]:
@@ -394,6 +411,11 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
         if "database or disk is full" in text:  # (SQLite's ENOSPC: MLflow's traceback, naming no file)
             where = (sqlite_file(store) if store else None) or db
             return f"no space left on device while writing {where} (SQLite: database or disk is full): free space"
+        if "disk I/O error" in text and not optuna_error:  # (SQLite: its file made unwritable under an open
+            where = (sqlite_file(store) if store else None) or db  # connection, `chattr +i`; a failing disk: round 16,
+            return (f"the MLflow store {where} could not be written (SQLite: disk I/O error: the file made "  # H31)
+                    "unwritable while in use, say by `chattr +i`, or its disk failing): make it writable again "
+                    "(lsattr / chattr -i, chmod) or check the disk, then rerun")
         if "database is locked" in text and not optuna_error:
             return f"{db} {LOCKED}"
         if "readonly database" in text or "read-only database" in text:

@@ -289,26 +289,24 @@ def lost_worker(pool: Any, procs: dict[int, Any], pids: dict[int, int], labels: 
     return f"{LOST_WORKER}: the process pool broke (a worker process ended abruptly: killed? out of memory?)"
 
 
-#: how long a stopping command waits for its pool's busy workers after SIGTERM (each checkpoints its last finished
-#: step and ends its run KILLED) before it SIGKILLs one still running: code in it ignores SIGTERM (a plugin's
-#: ``signal.signal(SIGTERM, SIG_IGN)``: held-out round 13, H32) or it is frozen (SIGSTOP, a debugger, a hung NFS read:
-#: H33), and the command would wait for ever; ``$POBENCH_POOL_STOP_GRACE`` (seconds) sets it
+#: how long a stopping command waits for its pool's busy workers after SIGTERM (each checkpoints its last step and
+#: ends its run KILLED) before it SIGKILLs one still running: one ignoring SIGTERM (held-out round 13, H32) or frozen
+#: (SIGSTOP, a debugger, a hung NFS read: H33) would hold it for ever; ``$POBENCH_POOL_STOP_GRACE`` (seconds) sets it
 POOL_STOP_GRACE_S = 30.0
 STOP_GRACE_ENV = "POBENCH_POOL_STOP_GRACE"
 
 
 def stop_grace_s() -> float:
     """``$POBENCH_POOL_STOP_GRACE`` (seconds, >= 0), else ``POOL_STOP_GRACE_S``; a ValueError naming the variable
-    when it is no such number (held-out round 16, H28: a malformed value was ignored without a word). `bench run` and
-    `bench tune` ask it before any work (``bench.comparison.runner.check_comparison``, ``bench.cli.tune``)."""
+    otherwise, asked before any work (held-out round 16, H28: a malformed value was ignored without a word)."""
     raw = os.environ.get(STOP_GRACE_ENV, "").strip()
     try:
         value = float(raw) if raw else POOL_STOP_GRACE_S
     except ValueError:
         raise ValueError(f"{STOP_GRACE_ENV}={raw!r}: give a number of seconds") from None
-    if not 0 <= value < float("inf"):
-        raise ValueError(f"{STOP_GRACE_ENV}={raw!r}: give a number of seconds >= 0")
-    return value
+    if 0 <= value < float("inf"):
+        return value
+    raise ValueError(f"{STOP_GRACE_ENV}={raw!r}: give a number of seconds >= 0")
 
 
 def runs_held(pid: int) -> list[Path]:

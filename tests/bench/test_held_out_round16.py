@@ -3,6 +3,7 @@ what it does in its own lines only); a malformed environment variable ignored (H
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -67,3 +68,61 @@ def test_an_edited_file_of_a_warm_started_model_is_neither_reused_nor_replaced(b
     config.rename(tmp_path / "my-config.json")
     rc, out, err = bench_here(argv, tmp_path)
     assert rc == 0 and config.exists() and (tmp_path / "ws" / "notes.md").exists(), err
+
+
+FREEZE_AT_STEP_2 = """
+import subprocess, sys
+from bench.runs import checkpoint
+real_save = checkpoint.save
+def save_then_freeze(folder, step, **parts):  # (the store made unwritable once a checkpoint is kept)
+    out = real_save(folder, step, **parts)
+    if step == 2:
+        subprocess.run(["chattr", "+i", "mlflow.db"], check=True)
+    return out
+checkpoint.save = save_then_freeze
+from bench.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_store_made_unwritable_while_bench_train_trains_is_one_line_with_the_resume(tmp_path):
+    """Held-out round 16 (H31): `chattr +i mlflow.db` (the store made unwritable under the open connection: SQLite's
+    "disk I/O error") during `bench train`: two chained tracebacks (209 lines) with MLflow's raw SQL, raised again by
+    the run's own end, no resume command, the run RUNNING. Now one `stopped:` line naming the store and the cause,
+    the checkpoint kept, how the run is ended, and the resume; made writable again, the resume finishes the run.
+    (Each command a process of its own, as the user's.)"""
+    import shutil
+    import subprocess
+
+    from tests import launch
+    from tests.bench.test_signals import BENCH, env, statuses
+    from tests.conftest import fresh_store
+
+    if os.geteuid() != 0 or shutil.which("chattr") is None:
+        pytest.skip("making a file immutable needs root and chattr")
+    uri = fresh_store(tmp_path)
+    db = tmp_path / "mlflow.db"
+    if subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode != 0:
+        pytest.skip(f"the file system of {tmp_path} has no immutable flag")
+    subprocess.run(["chattr", "-i", str(db)], check=True)
+    cmd = ["train", "--steps", "4", "--eval-every", "0", "--checkpoint-every", "2", "--prompts-per-step", "2",
+           "--group-size", "2", "--eval-problems", "4", "--samples-every", "0", "--max-new-tokens", "8",
+           "--run-name", "ro"]
+    try:
+        done = launch.run([sys.executable, "-c", FREEZE_AT_STEP_2, *cmd], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env=env())
+    finally:
+        subprocess.run(["chattr", "-i", str(db)], check=True)
+    err = done.stderr
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("bench: warning")]
+    assert done.returncode == 1 and len(lines) == 1 and "Traceback" not in err, err[-4000:]
+    line = lines[0]
+    assert line.startswith(f"bench train: stopped: the MLflow store {db} could not be written (SQLite: disk I/O "
+                           "error: "), line
+    assert "kept: the checkpoint of step 2 in .pobench/runs/pobench/ro/ckpt-0000002" in line, line
+    assert line.endswith(" --resume"), line
+    resume = line.rsplit("resume with: ", 1)[1].split()
+    assert resume[:2] == ["bench", "train"] and resume[2:] == [*cmd[1:], "--resume"], line
+    done = launch.run([*BENCH, *resume[1:]], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env())
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert statuses(uri, "pobench") == ["FINISHED"], statuses(uri, "pobench")

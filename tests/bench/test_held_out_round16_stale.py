@@ -5,6 +5,7 @@ reference answers were rewritten since (H10). Neither is reused now."""
 from __future__ import annotations
 
 import json
+import re
 
 from tests.bench.test_held_out_round12 import _comparison_with_a_final_model
 from tests.conftest import fresh_store
@@ -44,3 +45,71 @@ def test_a_rewritten_benchmark_file_is_evaluated_again_and_the_report_takes_the_
     assert rc == 0 and "1 stored, 0 to evaluate" in err, err[-3000:]
     cmp = load_comparison("pobench", "c1", uri, client=client, with_series=False)
     assert chosen(load_evals(client, cmp))["gsm8k"][rid].run_id == evals[-1].info.run_id
+
+
+# ------------------------------------------------------------------ H09: a helper imported at call time, edited
+DYN_PLUGIN = '''
+import importlib, os, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from algorithms import register, register_advantage
+
+
+def kp(rewards):
+    h = importlib.import_module("dyn" + "helper16")
+    return h.scale * (rewards - rewards.mean(dim=1, keepdim=True))
+
+
+register_advantage("adv-dyn16", kp, description="scaled by a helper imported at call time")
+register("grpo-dyn16", base="grpo", description="grpo with that estimator", advantage_estimator="adv-dyn16")
+'''
+
+
+def test_a_helper_a_plugin_imports_while_training_edited_since_is_not_reused_silently(tmp_path, bench_here):
+    """H09: a plugin whose advantage estimator imports its helper at call time by a computed name
+    (`importlib.import_module("dyn" + "helper")`); `bench run --plugin ../pl/p_dyn.py --algos grpo-dyn ...`, then the
+    helper edited (`scale = 1.0` -> `-5.0`), the same command: `grpo-dyn seed 0: reused`, the result of the old helper
+    under the same comparison id. Now each run records the modules of the user's its plugin's code imported while it
+    trained (tag `pobench.run_imports`), and a changed one refuses the reuse in one line before any work, exit 2,
+    naming the module and what to do; --force trains it again, with the edited helper, which is then reused."""
+    import sys
+
+    from mlflow import MlflowClient
+
+    from algorithms import unregister, unregister_advantage
+
+    pl, work = tmp_path / "pl", tmp_path / "w"
+    pl.mkdir()
+    work.mkdir()
+    (pl / "p_dyn16.py").write_text(DYN_PLUGIN)
+    helper = pl / "dynhelper16.py"
+    helper.write_text("scale = 1.0\n")
+    cmd = ["run", "--plugin", "../pl/p_dyn16.py", "--algos", "grpo-dyn16", "--seeds", "0", "--no-controls",
+           "--workers", "1", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "2",
+           "--max-new-tokens", "4", "--samples-every", "0", "--no-progress", "--no-report"]
+    try:
+        rc, out, err = bench_here(cmd, work)
+        assert rc == 0, err[-3000:]
+        client = MlflowClient(f"sqlite:///{work}/mlflow.db")
+        exp_id = client.get_experiment_by_name("pobench").experiment_id
+        (first,) = client.search_runs([exp_id], "tags.`pobench.kind` = 'train'")
+        assert str(helper) in first.data.tags.get("pobench.run_imports", ""), first.data.tags
+
+        sys.modules.pop("dynhelper16", None)  # (a new command's process imports the edited helper)
+        helper.write_text("scale = -5.0\n")
+        rc, out, err = bench_here(cmd, work)
+        lines = [ln for ln in err.splitlines() if ln.strip() and "warning: plugin" not in ln]
+        assert rc == 2 and len(lines) == 1, (rc, err[-3000:])
+        assert lines[0].startswith(f"bench run: error: grpo-dyn16 seed 0: its finished run {first.info.run_id} "
+                                   f"trained while plugin code imported dynhelper16.py ({helper}), which has changed "
+                                   "since: "), err
+        assert "top level" in lines[0] and "--force" in lines[0], lines[0]
+        assert len(client.search_runs([exp_id], "tags.`pobench.kind` = 'train'")) == 1  # nothing trained
+
+        rc, out, err = bench_here([*cmd, "--force"], work)
+        assert rc == 0, err[-3000:]
+        rc, out, err = bench_here(cmd, work)  # trained with the edited helper: reused now
+        assert rc == 0 and re.search(r"grpo-dyn16 +seed 0: reused", out), (out + err)[-3000:]
+    finally:
+        unregister("grpo-dyn16")
+        unregister_advantage("adv-dyn16")
+        sys.modules.pop("dynhelper16", None)

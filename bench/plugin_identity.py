@@ -141,9 +141,10 @@ def _not_users(path: Path) -> bool:
         any(r == path or r in path.parents for r in (*_installed_roots(), *_pobench_roots()))
 
 
-def users_file(path: Path) -> bool:
-    """Whether the resolved ``path`` is the user's: not installed code, not pobench's, nor a device's file."""
-    return not _not_users(path)
+def users_file(path: str) -> bool:
+    """Whether the file ``path`` is the user's: not installed code, not pobench's, nor a device's file (most files
+    ruled out by their prefix, without resolving them)."""
+    return not path.startswith(_excluded_prefixes()) and not _not_users(Path(path).resolve())
 
 
 @functools.lru_cache(maxsize=1)

@@ -50,10 +50,10 @@ def imported(covered: Iterable[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
-        if name in _before or not isinstance(file, str) or not file:
+        if name in _before or not isinstance(file, str) or not file or not users_file(file):
             continue
         path = Path(file).resolve()
-        if not users_file(path) or any(c == path or c in path.parents for c in cover):
+        if any(c == path or c in path.parents for c in cover):
             continue
         digest = _digest(path)
         if digest is not None:

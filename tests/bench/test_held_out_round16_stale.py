@@ -113,3 +113,20 @@ def test_a_helper_a_plugin_imports_while_training_edited_since_is_not_reused_sil
         unregister("grpo-dyn16")
         unregister_advantage("adv-dyn16")
         sys.modules.pop("dynhelper16", None)
+
+
+def test_the_record_of_imported_modules_spans_tags_and_names_a_gone_module(tmp_path):
+    """H09's record past MLflow's tag length (8000 characters) is split over several tags and read back whole; a
+    recorded module whose file is gone is named as gone, one unchanged is not named."""
+    from bench import plugin_imports
+
+    kept = tmp_path / "kept.py"
+    kept.write_text("x = 1\n")
+    found = {str(tmp_path / f"m{i:03d}" / "gone.py"): f"{i:016x}" for i in range(200)}
+    found[str(kept)] = plugin_imports._digest(kept)
+    tags = plugin_imports.tags(found)
+    assert len(tags) > 1 and all(len(v) <= 8000 for v in tags.values())
+    assert plugin_imports.recorded(tags) == found
+    changed = plugin_imports.changed(tags)
+    assert len(changed) == 200 and all(c.endswith(", which is gone since") for c in changed)
+    assert not any("kept.py" in c for c in changed)

@@ -141,6 +141,12 @@ def _not_users(path: Path) -> bool:
         any(r == path or r in path.parents for r in (*_installed_roots(), *_pobench_roots()))
 
 
+def users_file(path: str) -> bool:
+    """Whether the file ``path`` is the user's: not installed code, not pobench's, nor a device's file (most files
+    ruled out by their prefix, without resolving them)."""
+    return not path.startswith(_excluded_prefixes()) and not _not_users(Path(path).resolve())
+
+
 @functools.lru_cache(maxsize=1)
 def _excluded_prefixes() -> tuple[str, ...]:
     """``_not_users``'s folders as path prefixes: most files an import opens are ruled out without resolving them."""

@@ -38,6 +38,7 @@ from typing import Any
 
 from algorithms import get_spec, list_objectives, registered_advantage
 from algorithms.registry import default_config
+from bench import plugin_imports
 from bench.plugin_alarm import guard_alarm
 from bench.plugin_guard import (
     KeepProcessState,
@@ -128,6 +129,7 @@ def _import_file(spec: str) -> Plugin:
     if not path.is_file():
         raise ValueError(f"plugin {spec}: {missing_file(path)}")
     name = file_module_name(path)
+    plugin_imports.mark()
     before = set(sys.modules)
     with KeepProcessState() as kept:
         if name not in sys.modules:
@@ -252,6 +254,7 @@ def _failed(spec: str, e: BaseException, beside: Path | None = None) -> BaseExce
 
 
 def _import_module(spec: str, entry_point: bool = False) -> Plugin:
+    plugin_imports.mark()
     before = set(sys.modules)
     with KeepProcessState() as kept:
         try:
@@ -358,6 +361,16 @@ def identity(specs: Sequence[str]) -> list[str]:
     local modules it imports and the files it read at import, by content, not path: a moved file is the same plugin,
     an edited one is not) and its objectives' resolved ``settings``."""
     return [p.label + settings(p) for p in load_plugins(specs)]
+
+
+def run_imports_tags(specs: Sequence[str]) -> dict[str, str]:
+    """The tags of a finishing run recording the modules of the user's its plugins' code imported after they loaded
+    and their identity does not cover (bench/plugin_imports.py: checked before the run is reused); {} without
+    plugins."""
+    loaded = [*load_plugins(specs), *_ENTRY_POINTS] if specs or _ENTRY_POINTS else []
+    covered = [p.path for p in loaded] + [source_of(sys.modules[m]) for p in loaded for m in p.imports
+                                         if m in sys.modules]
+    return plugin_imports.tags(plugin_imports.imported(c for c in covered if c)) if loaded else {}
 
 
 def plugins_tag(specs: Sequence[str]) -> str:

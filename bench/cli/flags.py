@@ -69,8 +69,9 @@ def load_cli_plugins(args: argparse.Namespace) -> None:
     for plugin in [*load_plugins(specs), *load_entry_points()]:
         if plugin.unknown:  # what it imports by a computed name is not in its identity
             print(f"bench {args.command}: warning: plugin {plugin.spec} imports modules by a name computed at run "
-                  f"time ({', '.join(plugin.unknown)}): their code is not in its identity (the comparison hash), so a "
-                  "change there may reuse runs; import them by name, or pass --force after changing them",
+                  f"time ({', '.join(plugin.unknown)}): their code is not in its identity (the comparison hash); a "
+                  "run records the modules of yours imported while it trained and is not reused once one changed "
+                  "(refused, exit 2): import them by name to make them part of the identity",
                   file=sys.stderr)
         for what in plugin.changed:  # (put back: bench.plugins._KeepProcessState)
             print(f"bench {args.command}: warning: plugin {plugin.spec} changed {what}", file=sys.stderr)

@@ -2,9 +2,10 @@
 evaluation stored once and reused after.
 
 Each training run's final weights (``<output_dir>/<run name>/final``, where `bench run` left them) are evaluated on
-each benchmark with the shared rollout sampler, unless a FINISHED evaluation with the same settings is already stored
-under that run (``reports.evals``: tags ``pobench.benchmark`` / ``pobench.eval_key``, the hash of
-:meth:`EvalSettings.key_fields`) of the same final weights (``pobench.final_digest``, the run's ``final`` folder's
+each benchmark with the shared rollout sampler, unless a FINISHED evaluation with the same settings and the same
+problems (by content: a rewritten data file is evaluated again) is already stored under that run
+(``reports.evals``: tags ``pobench.benchmark`` / ``pobench.eval_key``, the hash of :meth:`EvalSettings.key_fields`)
+of the same final weights (``pobench.final_digest``, the run's ``final`` folder's
 :func:`bench.runs.identity.model_digest`): stored results are reused, never recomputed. A stored result of other
 weights (``final`` replaced since; or stored before pobench recorded the digest) is evaluated again and named
 (``EvalPlan.stale``); a run whose ``final`` is gone keeps its stored results. Each evaluation is one MLflow run
@@ -18,6 +19,9 @@ before any work; :func:`evaluate_missing` evaluates and stores the rest, one at 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
+import json
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -63,13 +67,25 @@ class EvalSettings:
     def n_samples(self) -> int:
         return self.samples or self.k
 
-    def key_fields(self, bench, source: str, n_problems: int, template: str) -> dict[str, Any]:
-        """What makes two evaluations of one model on one benchmark the same (hashed into ``pobench.eval_key``)."""
+    def key_fields(self, bench, source: str, problems: list, template: str) -> dict[str, Any]:
+        """What makes two evaluations of one model on one benchmark the same (hashed into ``pobench.eval_key``): the
+        settings, and the problems evaluated by content (:func:`problems_digest`: a rewritten data file is another
+        evaluation; held-out round 16, H10)."""
         return {"benchmark": bench.name, "version": str(bench.version), "split": self.split, "limit": self.limit,
-                "source": source, "problems": n_problems, "skip_bad_rows": self.skip_bad_rows, "k": self.k,
+                "source": source, "problems": len(problems), "data": problems_digest(problems),
+                "skip_bad_rows": self.skip_bad_rows, "k": self.k,
                 "n_samples": self.n_samples, "temperature": self.temperature, "top_p": self.top_p,
                 "greedy": self.greedy, "max_new_tokens": self.max_new_tokens, "prompt_template": template,
                 "seed": self.seed, "backend": self.backend}
+
+
+def problems_digest(problems: list) -> str:
+    """A digest (16 hex) of the problems evaluated: each one's id, question, reference answer and solution, in order
+    (what was read, whatever the file, folder or hub dataset it came from)."""
+    h = hashlib.sha256()
+    for p in problems:
+        h.update(json.dumps(dataclasses.astuple(p), default=str).encode() + b"\n")
+    return h.hexdigest()[:16]
 
 
 @dataclass
@@ -131,7 +147,7 @@ def plan_evaluations(experiment: str, comparison: str | None, benchmarks: list[s
         template = _template(r, settings)
         missing = []
         for b, problems, source in rows.get(template, plan.benchmarks):
-            key = settings_key(settings.key_fields(b, source, len(problems), template))
+            key = settings_key(settings.key_fields(b, source, problems, template))
             stored = find_stored(client, cmp.experiment_id, r.run_id, key)
             final = final_model(r) if stored and r.params.get("output_dir") else None
             if final is not None and (final / "config.json").is_file():  # (final gone: its stored results are all)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from bench import faults
-from bench.comparison.plan import Pair, deleted_run, finished_run, pair_config, run_dir
+from bench.comparison.plan import Pair, deleted_run, finished_record, pair_config, run_dir, stale_reuse
 from bench.comparison.store import lock_file, pair_lock
 from bench.config import TrainConfig
 from bench.data import derive_seed, eval_problems
@@ -106,7 +106,10 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
             # (the pair's own requests bounded as its run's are: a lost server is its one line within the bound)
             client = store_client(cfg.tracking_uri)
             if not ctx.force or not free:
-                done = finished_run(client, ctx.experiment_id, cfg, p)
+                record = finished_record(client, ctx.experiment_id, cfg, p)
+                if record is not None and (stale := stale_reuse(record, p)) is not None:
+                    return PairResult(job.index, f"failed: {stale}", "train")  # (`bench run`'s plan refuses it first)
+                done = record.info.run_id if record is not None else None
                 if done is not None:
                     client.set_tag(done, member_tag(ctx.cid), "1")
                     how = "reused" if free else "reused (trained by another process)"

@@ -23,6 +23,7 @@ from typing import Any
 
 from algorithms import list_objectives, objective_groups, resolve_names
 from algorithms.registry import default_config
+from bench import plugin_imports
 from bench.config import TrainConfig, config_file
 from bench.inputs import read_yaml, typed_overrides
 from bench.runs.run import experiment_dir, has_checkpoint
@@ -185,9 +186,11 @@ def plan(cfg: TrainConfig, algos: list[str], seeds: list[int], params: dict[str,
         for s in seeds:
             p = new_pair(a, s, ov, h)
             if exp is not None and not force:
-                done = finished_run(client, exp.experiment_id, cfg, p)
+                done = finished_record(client, exp.experiment_id, cfg, p)
+                if done is not None and (stale := stale_reuse(done, p)) is not None:
+                    raise ValueError(stale)
                 if done is not None:
-                    p.action, p.run_id = "reuse", done
+                    p.action, p.run_id = "reuse", done.info.run_id
             if p.action != "reuse" and not force and has_checkpoint(run_dir(cfg, p)) \
                     and (client is None or deleted_run(client, cfg, run_dir(cfg, p)) is None):
                 p.action = "resume"  # (a folder whose run was deleted in the store is trained again: run_pair)
@@ -221,14 +224,28 @@ def deleted_run(client, cfg: TrainConfig, folder: Path) -> str | None:
     return run_id if run.info.lifecycle_stage == "deleted" else None
 
 
-def finished_run(client, experiment_id: str, cfg: TrainConfig, p: Pair) -> str | None:
-    """The id of the newest FINISHED run with the pair's identity, or None."""
+def finished_record(client, experiment_id: str, cfg: TrainConfig, p: Pair):
+    """The newest FINISHED MLflow run with the pair's identity, or None."""
     done = client.search_runs([experiment_id], filter_string=(
         f"tags.`pobench.kind` = 'train' and tags.`pobench.config_hash` = '{cfg.comparison_hash()}' and "
         f"tags.`pobench.objective` = '{p.objective}' and tags.`pobench.seed` = '{p.seed}' and "
         f"tags.`pobench.overrides` = '{_canon(p.overrides)}' and attributes.status = 'FINISHED'"),
         order_by=["attributes.start_time DESC"], max_results=1)
-    return done[0].info.run_id if done else None
+    return done[0] if done else None
+
+
+def finished_run(client, experiment_id: str, cfg: TrainConfig, p: Pair) -> str | None:
+    """The id of the newest FINISHED run with the pair's identity, or None."""
+    done = finished_record(client, experiment_id, cfg, p)
+    return done.info.run_id if done is not None else None
+
+
+def stale_reuse(run, p: Pair) -> str | None:
+    """The one line refusing to reuse the pair's finished MLflow run ``run`` when a module of the user's that its
+    plugins' code imported while it trained (not in the comparison's identity) has changed since
+    (bench/plugin_imports.py; held-out round 16, H09); None when it may be reused."""
+    found = plugin_imports.changed(run.data.tags)
+    return plugin_imports.refusal(f"{p.variant} seed {p.seed}", run.info.run_id, found) if found else None
 
 
 def run_dir(cfg: TrainConfig, p: Pair) -> Path:

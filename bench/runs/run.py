@@ -142,7 +142,12 @@ class Run:
         return checkpoint.save_final(self.folder, write)
 
     def finish(self, stopped_early: bool = False) -> None:
-        """End a run that trained to its end (or that a hook stopped early): FINISHED."""
+        """End a run that trained to its end (or that a hook stopped early): FINISHED. First the modules of the
+        user's its plugins' code imported while it trained are recorded (``bench.plugins.run_imports_tags``: checked
+        before the run is reused)."""
+        from bench.plugins import run_imports_tags  # (bench.plugins imports the registries)
+
+        self.logger.set_tags(run_imports_tags(self.cfg.plugins))
         lifecycle.finish_run(self.logger, stopped_early)
 
     def end(self, error: BaseException | str | None = None) -> bool:

@@ -455,9 +455,9 @@ def _written_path(e: BaseException) -> str | None:
         if frame.f_code.co_name in ("write_text", "write_bytes", "open") and \
                 isinstance(me := frame.f_locals.get("self"), PurePath):
             found = str(me)
-        if frame.f_code.co_name == "save_file" and "safetensors" in frame.f_code.co_filename and \
-                frame.f_locals.get("filename") is not None:  # (a model's weights: round 16, H18)
-            found = os.fspath(frame.f_locals["filename"])
+        if frame.f_code.co_name in ("save_file", "save") and any(lib in frame.f_code.co_filename for lib in (
+                "safetensors", "PIL")) and frame.f_locals.get("filename"):  # (a model's weights, H18; a figure's
+            found = os.fspath(frame.f_locals["filename"])  # PNG, drawn by matplotlib through Pillow, H32: round 16)
         if frame.f_code.co_name == "copyfile" and frame.f_code.co_filename.endswith("shutil.py") and \
                 frame.f_locals.get("dst") is not None:  # (its error names the source: round 15, H04)
             found = os.fspath(frame.f_locals["dst"])

@@ -59,6 +59,16 @@ def record_written(folder: str | Path, paths) -> dict[str, str | None]:
     return listing
 
 
+def forget(folder: str | Path, rels) -> None:
+    """Make the digests of ``rels`` (relative paths) in ``folder``'s listing unknown (None) before pobench writes them
+    again: killed between its write and :func:`record_written`, its own new file is never taken for a user's edit."""
+    folder = Path(folder)
+    listing = recorded(folder)
+    if any(listing.get(rel) is not None for rel in rels):
+        listing.update({rel: None for rel in rels if rel in listing})
+        (folder / LISTING).write_text(json.dumps(listing, indent=0, sort_keys=True))
+
+
 def edited(folder: str | Path) -> list[str]:
     """The files pobench wrote into ``folder`` whose content changed since (relative paths, sorted); a file deleted,
     of unknown digest, or replaced by a symbolic link (the link is replaced, never written through: its target, the
@@ -74,11 +84,11 @@ def edited(folder: str | Path) -> list[str]:
     return out
 
 
-def check_unedited(folder: str | Path, what: str) -> None:
+def check_unedited(folder: str | Path, what: str, only=None) -> None:
     """EditedOutputs (one line naming ``what``, the folder and each edited file, and what to do) when files pobench
     wrote into ``folder`` were changed since: the command would replace them. Asked before any work by every command
-    that rewrites its own output folder."""
-    changed = edited(folder)
+    that rewrites its own output folder (``only``: the relative paths it would replace, when not all of them)."""
+    changed = [rel for rel in edited(folder) if only is None or rel in only]
     if changed:
         them = "them" if len(changed) > 1 else "it"
         shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")

@@ -22,6 +22,7 @@ the weights only."""
 from __future__ import annotations
 
 import errno
+import fnmatch
 import hashlib
 import json
 import os
@@ -35,8 +36,8 @@ from typing import Any
 import torch
 
 from bench.fault_causes import full_errno
-from bench.runs.folders import LISTING, MARKER, carry_over, remove_written
-from reports.paths import is_owned
+from bench.runs.folders import CHECKPOINTS, LISTING, MARKER, carry_over, own_temp, remove_written
+from reports.paths import is_owned, make_owned
 
 PREFIX = "ckpt-"
 FINAL_TMP = ".final.tmp"  # the final weights are written here, then renamed to ``final``
@@ -177,7 +178,7 @@ def _commit(run_dir: Path, step: int, state: dict[str, Any], fill: Callable[[Pat
     _check_folder(run_dir)
     clear_leftover(tmp)
     try:
-        tmp.mkdir(parents=True)
+        make_owned(tmp, "checkpoint")  # its marker first: a leftover of it is known to be pobench's (clear_leftover)
         files = fill(tmp)
         _write_text(tmp / "state.json", json.dumps({**state, "step": step, "format": FORMAT, "files": files}))
         _fsync_dir(tmp)
@@ -187,10 +188,14 @@ def _commit(run_dir: Path, step: int, state: dict[str, Any], fill: Callable[[Pat
             raise _full(e, final) from None
         raise
     carry_over(final, tmp)  # (the same step written again: a user's file in it moves to the new one)
+    if final.is_symlink():  # a user's link at this step's name (to a checkpoint moved away): replaced, as `final`'s
+        print(f"bench: warning: {final} was a link pobench did not write (to {os.readlink(final)}): replaced by the "
+              "run's checkpoint of that step; what it pointed to is untouched", file=sys.stderr)
+        final.unlink()
     tmp.rename(final)
     _fsync_dir(run_dir)
-    done = _complete(run_dir)
-    for old in done[:-keep]:
+    done = [d for d in _complete(run_dir) if not d.is_symlink()]  # (a user's link named as a checkpoint: neither
+    for old in done[:-keep]:                                      # counted nor touched: held-out round 16, H06)
         engine_dir = _engine_dir(old, run_dir)
         if engine_dir is not None:  # a state-only checkpoint's engine folder goes with it
             shutil.rmtree(engine_dir, ignore_errors=True)
@@ -212,11 +217,16 @@ def _engine_dir(ckpt: Path, run_dir: Path) -> Path | None:
 
 
 def clear_leftover(tmp: Path) -> None:
-    """Remove the temporary folder an interrupted write left at ``tmp`` (pobench's own: it writes folders there).
-    Anything else at that name is not pobench's and stays: FileExistsError naming it (one line at the command
-    line); a folder that cannot be removed: the OSError naming the file."""
-    if tmp.is_dir() and not tmp.is_symlink():
+    """Remove the temporary folder an interrupted write left at ``tmp`` (pobench's own: it writes folders there; a
+    checkpoint's only when it holds pobench's marker or only pobench's files: ``bench.runs.folders.own_temp``).
+    Anything else at that name is not pobench's and stays: FileExistsError naming it (one line at the command line);
+    a folder that cannot be removed: the OSError naming the file."""
+    ours = own_temp(tmp) if fnmatch.fnmatchcase(tmp.name, CHECKPOINTS) else tmp.is_dir() and not tmp.is_symlink()
+    if ours:
         shutil.rmtree(tmp)
+    elif tmp.is_dir() and not tmp.is_symlink():
+        raise FileExistsError(errno.EEXIST, "a folder pobench did not write (files of yours) where it writes its "
+                              "temporary checkpoint folder: move it away, then resume", str(tmp))
     elif tmp.exists() or tmp.is_symlink():
         raise FileExistsError(errno.EEXIST, "a file where pobench writes its temporary folder", str(tmp))
 

@@ -27,6 +27,7 @@ import json
 import shutil
 from pathlib import Path
 
+from reports.edits import check_unedited, forget, record_written
 from reports.paths import LISTING, MARKER, UnsafePath, is_owned, make_owned, remove_owned, under
 
 RUN_KIND = "run"
@@ -34,8 +35,16 @@ RUN_KIND = "run"
 #: what pobench writes at the top of a run folder (names or patterns): the one definition of the run folder's layout.
 #: ``ckpt-*``: checkpoints (``ckpt-0000040``; ``.tmp`` while written); ``final`` (``.final.tmp`` / ``.final.old``
 #: while swapped); ``trl`` / ``verl`` / ``verl-data``: the engines' own folders.
-RUN_LAYOUT = (MARKER, "config.yaml", "run.json", "run.json.tmp", "inputs.json", "final", ".final.tmp", ".final.old",
-              "ckpt-[0-9]*", "trl", "verl", "verl-data")
+RUN_LAYOUT = (MARKER, LISTING, "config.yaml", "run.json", "run.json.tmp", "inputs.json", "final", ".final.tmp",
+              ".final.old", "ckpt-[0-9]*", "trl", "verl", "verl-data")
+#: pobench's files of a run folder whose digests its listing records (:func:`write_recorded`): a user's edit of one is
+#: refused before pobench would delete or replace it (:func:`check_removable`, :func:`check_claimable`)
+RECORDED = ("config.yaml", "inputs.json")
+#: the checkpoints' names: such an entry is pobench's only as a folder (never a link) holding its state.json, or as
+#: the temporary folder of one being written holding its marker (:func:`own_temp`)
+CHECKPOINTS = "ckpt-[0-9]*"
+#: the files pobench writes into a checkpoint (a temporary one of a pobench before its marker holds only these)
+CHECKPOINT_FILES = ("model.pt", "optim.pt", "critic.pt", "state.json")
 #: the folders of RUN_LAYOUT whose files pobench lists as it writes them (state.json, final's listing)
 LISTED = ("ckpt-[0-9]*", "final", ".final.old")
 #: the names of RUN_LAYOUT pobench writes as folders (the others it writes as files): a name of the layout holding
@@ -105,6 +114,7 @@ def check_removable(run_dir: str | Path) -> None:
     if (run_dir.exists() or run_dir.is_symlink()) and not is_run_folder(run_dir):
         raise _refuse(run_dir, "deleting")
     _check_in_the_way(run_dir, "deleting")
+    _check_unedited(run_dir)
 
 
 def check_claimable(run_dir: str | Path) -> None:
@@ -115,6 +125,37 @@ def check_claimable(run_dir: str | Path) -> None:
     if (run_dir.exists() or run_dir.is_symlink()) and not is_run_folder(run_dir):
         raise _refuse(run_dir, "writing into")
     _check_in_the_way(run_dir, "replacing")
+    if not _resumable(run_dir):  # (a resume keeps them; a longer --steps replaces config.yaml: check_config_unedited)
+        _check_unedited(run_dir)
+
+
+def _resumable(run_dir: Path) -> bool:
+    """Whether the run folder ``run_dir`` holds a checkpoint of pobench's (a training resumes it)."""
+    return run_dir.is_dir() and any(_owner(e) == "listed" for e in run_dir.glob(CHECKPOINTS))
+
+
+def _check_unedited(run_dir: Path, only=None) -> None:
+    """EditedOutputs (``reports.edits``, one line, exit 2) when a file pobench wrote into its run folder ``run_dir``
+    and recorded (:data:`RECORDED`) was edited since (held-out round 16, H05: ``--force`` replaced a commented
+    ``config.yaml``). A run folder written before the digests holds none: its files are replaced as before."""
+    if run_dir.is_dir() and not run_dir.is_symlink() and is_owned(run_dir):
+        check_unedited(run_dir, "the run folder", only)
+
+
+def check_config_unedited(run_dir: str | Path) -> None:
+    """Before a resume with a larger ``--steps`` rewrites the run's ``config.yaml``: the user's edit of it refused."""
+    _check_unedited(Path(run_dir), ("config.yaml",))
+
+
+def write_recorded(path: str | Path, write) -> Path:
+    """Write pobench's file ``path`` of a run folder (:data:`RECORDED`) with ``write(path)`` and record its digest in
+    the folder's listing (``reports.edits``): a later edit of it is refused, never replaced. Its entry is made unknown
+    first: killed between the write and the record, pobench's own file is never taken for a user's edit."""
+    path = Path(path)
+    forget(path.parent, [path.name])
+    write(path)
+    record_written(path.parent, [path])
+    return path
 
 
 def _matches(name: str, patterns: tuple[str, ...]) -> bool:
@@ -133,7 +174,7 @@ def _listed(folder: Path) -> set[str] | None:
         if final:
             return {LISTING, *json.loads((folder / LISTING).read_text())}
         state = json.loads((folder / "state.json").read_text())
-        return {"state.json", *(state.get("files") or {})}
+        return {"state.json", MARKER, *(state.get("files") or {})}
     except FileNotFoundError:
         return None if final else set()
     except (OSError, ValueError, TypeError, AttributeError):
@@ -187,6 +228,46 @@ def carry_over(old: str | Path, new: str | Path) -> None:
         remove_written(old)
 
 
+def _owner(entry: Path) -> str:
+    """What pobench wrote at ``entry``, a top-level entry of its run folder: ``"user"`` (nothing: kept whole),
+    ``"listed"`` (its folder holding the files it listed: those go, a user's stay: :func:`remove_written`) or
+    ``"whole"`` (its own file or folder; a link at a name it writes in every run, replaced as it writes it, goes: its
+    target is never touched). Decided by what pobench recorded, not by the name alone: a checkpoint is pobench's only
+    as a folder holding its ``state.json`` (written into it before it is renamed into place) or as the temporary
+    folder of one being written; a link or a folder without it named like a checkpoint (``ckpt-0000009 ->
+    /elsewhere``) is a user's (held-out round 16, H06: the link was deleted)."""
+    name = entry.name
+    if not _matches(name, RUN_LAYOUT) or entry in in_the_way(entry.parent):
+        return "user"
+    if _matches(name, (CHECKPOINTS,)):
+        if entry.is_symlink():
+            return "user"
+        if name.endswith(".tmp"):
+            return "whole" if own_temp(entry) else "user"
+        state = entry / "state.json"
+        return "listed" if state.is_file() and not state.is_symlink() else "user"
+    return "listed" if _matches(name, LISTED) and entry.is_dir() and not entry.is_symlink() else "whole"
+
+
+def own_temp(folder: str | Path) -> bool:
+    """Whether the temporary checkpoint folder ``folder`` (``ckpt-N.tmp``, left by a write that was interrupted) is
+    pobench's: a folder (not a link) holding its marker (written into it first), or nothing, or only the files a
+    pobench before that marker wrote there (:data:`CHECKPOINT_FILES`). Anything else there is a user's."""
+    folder = Path(folder)
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    return is_owned(folder) or all(f.parent == folder and f.name in CHECKPOINT_FILES and not f.is_symlink()
+                                   for f in _files(folder))
+
+
+def _named(entry: Path) -> list[Path]:
+    """How a user's entry is named in the line that keeps it: the files of a folder named like pobench's (a checkpoint
+    without its state), else the entry."""
+    if _matches(entry.name, RUN_LAYOUT) and entry.is_dir() and not entry.is_symlink():
+        return _files(entry) or [entry]
+    return [entry]
+
+
 def not_written(run_dir: str | Path) -> list[Path]:
     """The files and folders in the run folder ``run_dir`` that pobench did not write (:data:`RUN_LAYOUT`, the
     listings of checkpoints and ``final``): what ``--force`` keeps."""
@@ -194,11 +275,11 @@ def not_written(run_dir: str | Path) -> list[Path]:
     if not run_dir.is_dir() or run_dir.is_symlink():
         return []
     out = []
-    foreign = in_the_way(run_dir)
     for entry in sorted(run_dir.iterdir()):
-        if not _matches(entry.name, RUN_LAYOUT) or entry in foreign:
-            out.append(entry)
-        elif _matches(entry.name, LISTED) and entry.is_dir() and not entry.is_symlink():
+        owner = _owner(entry)
+        if owner == "user":
+            out += _named(entry)
+        elif owner == "listed":
             out += _not_listed(entry)
     return out
 
@@ -217,9 +298,10 @@ def remove_run_folder(run_dir: str | Path, root: str | Path) -> list[Path]:
         remove_owned(run_dir, root)
         return []
     for entry in sorted(run_dir.iterdir()):
-        if entry.name == MARKER or not _matches(entry.name, RUN_LAYOUT) or entry in kept:
+        owner = _owner(entry)
+        if entry.name == MARKER or owner == "user":
             continue
-        if _matches(entry.name, LISTED) and entry.is_dir() and not entry.is_symlink():
+        if owner == "listed":
             remove_written(entry)
         elif entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from bench.runs import checkpoint, identity
-from bench.runs.folders import experiment_dir
+from bench.runs.folders import check_config_unedited, experiment_dir, write_recorded
 from bench.runs.tracking import read_run_record
 from reports.paths import replace_file
 from reports.record import STEPS_EXTENDED
@@ -108,6 +108,8 @@ def check(cfg, run_dir: Path) -> None:
     if found is None:
         return
     diff = differences(cfg, *found)
+    if not diff and found[0].get("steps") != cfg.steps:  # (record_extension rewrites config.yaml: an edit refused)
+        check_config_unedited(run_dir)
     if diff:
         then_steps = found[0].get("steps")
         raise ValueError(f"--resume: {run_dir} holds a run of another configuration: {'; '.join(diff)}. Resume it "
@@ -120,7 +122,8 @@ def record_inputs(run_dir: Path, cfg) -> Path:
     """Save the digests of ``cfg``'s inputs next to its config (what ``check`` compares on resume)."""
     path = Path(run_dir) / INPUTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    return replace_file(path, json.dumps(current_inputs(cfg), indent=1, sort_keys=True))  # (no link followed)
+    text = json.dumps(current_inputs(cfg), indent=1, sort_keys=True)
+    return write_recorded(path, lambda p: replace_file(p, text))  # (no link followed; its digest recorded)
 
 
 def record_extension(logger, cfg, run_dir: Path) -> None:
@@ -132,7 +135,7 @@ def record_extension(logger, cfg, run_dir: Path) -> None:
     run = logger.client.get_run(logger.run_id)
     history = run.data.tags.get(STEPS_EXTENDED) or str(found[0].get("steps"))
     logger.set_tags({STEPS_EXTENDED: f"{history},{cfg.steps}"})
-    cfg.save(Path(run_dir) / "config.yaml")
+    write_recorded(Path(run_dir) / "config.yaml", cfg.save)
     logger.log_artifact(Path(run_dir) / "config.yaml")
 
 

@@ -89,8 +89,9 @@ def test_a_training_run_leaves_one_checkpoint_and_the_final_weights(tmp_path):
                       samples_every=0, checkpoint_every=1, track_ref_kl=False, output_dir=str(tmp_path / "runs"),
                       tracking_uri=fresh_store(tmp_path), run_name="r")
     res = train(cfg)
-    assert sorted(p.name for p in res.output_dir.iterdir()) == [".pobench-owned", "ckpt-0000003", "config.yaml",
-                                                                "final", "inputs.json", "run.json"]
+    assert sorted(p.name for p in res.output_dir.iterdir()) == [".pobench-files", ".pobench-owned", "ckpt-0000003",
+                                                                "config.yaml", "final", "inputs.json", "run.json"]
+    assert sorted(json.loads((res.output_dir / ".pobench-files").read_text())) == ["config.yaml", "inputs.json"]
     assert json.loads((res.output_dir / "run.json").read_text())["run_id"] == res.run_id
     assert (res.output_dir / "ckpt-0000003" / "optim.pt").exists()
     assert (res.output_dir / "final" / "model.safetensors").exists()

@@ -2,8 +2,9 @@
 state, the metrics not yet sent to MLflow and the objective's state (``objective_state``: a controller's, empty for a
 pure objective); for an objective with a critic (PPO) also ``critic.pt``, the critic's weights and optimizer state.
 
-Writing: every file goes into a temporary folder (``ckpt-N.tmp``), is flushed to disk, and its size and SHA-256 are
-recorded in ``state.json`` (written last); then the folder is renamed to ``ckpt-N``. A failure on the way (disk
+Writing: every file goes into a temporary folder (``ckpt-N.tmp``, pobench's marker written into it first: a leftover
+of it is known to be pobench's), is flushed to disk, and its size and SHA-256 are recorded in ``state.json`` (written
+last); then the folder is renamed to ``ckpt-N``. A failure on the way (disk
 full, a file-size limit, an interrupt) removes the temporary folder, so no half-written checkpoint is ever left, and
 a full disk is one line naming the folder (:class:`CheckpointError`). The final weights are swapped in the same way
 (:func:`save_final`): ``<run>/final`` is complete or absent.
@@ -15,7 +16,8 @@ line and the resume falls back to the newest older checkpoint that can; when non
 delete. (Checkpoints of earlier versions have no digests: they load unverified, still through the safe loader.)
 
 Retention (``TrainConfig.keep_checkpoints`` = N): the newest N checkpoints stay, older ones are deleted once a newer
-one is complete; the newest :data:`OPTIM_KEPT` of them keep their optimizer state (``optim.pt``, twice the model's
+one is complete (pobench's own: a user's link named like a checkpoint is neither counted nor touched); the newest
+:data:`OPTIM_KEPT` of them keep their optimizer state (``optim.pt``, twice the model's
 size with AdamW), so with N >= 2 a corrupt newest checkpoint still leaves one to resume from; older kept ones hold
 the weights only."""
 

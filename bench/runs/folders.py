@@ -17,7 +17,12 @@ Inside a marked folder, ``--force`` deletes only what pobench wrote (:data:`RUN_
 folder's layout): a file a user put there (an analysis, notes) stays, and so do the folder and its marker; inside a
 checkpoint only the files its ``state.json`` lists go, inside ``final`` only those its listing
 (``reports.paths.LISTING``) holds. The engines' own folders (``trl``, ``verl``, ``verl-data``: TRL / verl write them,
-pobench hands them the folder) go whole.
+pobench hands them the folder) go whole. What is pobench's is decided by what it recorded, not by a name alone
+(:func:`_owner`): a checkpoint is pobench's only as a folder holding its ``state.json``, or as the temporary folder of
+one being written holding its marker (:func:`own_temp`); a link or another folder named like a checkpoint is a user's,
+kept and named (held-out round 16, H06). The run folder's own listing records the digests of :data:`RECORDED`
+(:func:`write_recorded`, ``reports.edits``): a user's edit of one is refused in one line before ``--force`` deletes it
+or a new training replaces it (:func:`check_removable`, :func:`check_claimable`; H05).
 """
 
 from __future__ import annotations

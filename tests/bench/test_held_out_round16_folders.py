@@ -64,8 +64,8 @@ def test_h05_force_refuses_a_config_yaml_the_user_edited_before_any_work(tmp_pat
     rc, out, err = bench_here([*argv, "--force"], tmp_path)
     lines = _lines(err)
     assert rc == 2 and len(lines) == 1, err[-3000:]
-    assert f"the run folder {grpo.relative_to(tmp_path)}: config.yaml changed since pobench wrote it (your edits): not replacing it; move " \
-           "it away (or copy your edits elsewhere), then run the same command again" in lines[0], lines
+    assert f"the run folder {grpo.relative_to(tmp_path)}: config.yaml changed since pobench wrote it (your edits): " \
+           "not replacing it; move it away (or copy your edits elsewhere), then run the same command again" in lines[0]
     assert _files(tmp_path / "runs") == before and _n_runs(argv[-1]) == n_runs  # nothing deleted, trained, recorded
     (grpo / "config.yaml").rename(tmp_path / "my-config.yaml")
     rc, out, err = bench_here([*argv, "--force"], tmp_path)
@@ -103,7 +103,7 @@ def test_h06_force_keeps_a_users_link_named_like_a_checkpoint(tmp_path, bench_he
     assert checkpoint.latest(dapo) is not None and checkpoint.latest(dapo).name != "ckpt-0000009"  # retrained
 
 
-def test_h06_rotation_and_leftover_cleaning_ask_what_pobench_wrote_not_the_name(tmp_path):
+def test_h06_rotation_and_leftover_cleaning_ask_what_pobench_wrote_not_the_name(tmp_path, capsys):
     """H06, the same question where checkpoints rotate (``--keep-checkpoints``) and where a resume clears a write's
     leftover: a user's link named like a newer checkpoint (to a checkpoint kept on another disk) counted as the
     newest, so the rotation deleted the checkpoint just written; a user's folder named like a temporary checkpoint
@@ -136,6 +136,13 @@ def test_h06_rotation_and_leftover_cleaning_ask_what_pobench_wrote_not_the_name(
     checkpoint.save_state(run, 4, {"note": "z"})
     checkpoint.save_state(run, 5, {"note": "z"})
     assert (run / "ckpt-0000005" / "state.json").is_file() and not list(run.glob("ckpt-000000[45].tmp"))
+    # a link at the very step pobench writes: replaced, as a linked `final` is, and said; its target untouched
+    (run / "ckpt-0000009").unlink()
+    (run / "ckpt-0000006").symlink_to(elsewhere)
+    capsys.readouterr()
+    checkpoint.save_state(run, 6, {"note": "w"})
+    assert "ckpt-0000006 was a link pobench did not write" in capsys.readouterr().err
+    assert not (run / "ckpt-0000006").is_symlink() and (elsewhere / "state.json").is_file()
 
 
 def test_h05_a_resume_rewriting_config_yaml_refuses_the_users_edit_and_a_plain_resume_keeps_it(tmp_path):
@@ -157,6 +164,6 @@ def test_h05_a_resume_rewriting_config_yaml_refuses_the_users_edit_and_a_plain_r
     with (run / "config.yaml").open("a") as fh:
         fh.write("# my comment\n")
     resume.check(replace(cfg, resume=True), run)
-    with pytest.raises(EditedOutputs, match=r"config.yaml changed since pobench wrote it \(your edits\): not replacing"):
+    with pytest.raises(EditedOutputs, match=r"config.yaml changed since pobench wrote it \(your edits\): not replac"):
         resume.check(replace(cfg, steps=3, resume=True), run)
     assert (run / "config.yaml").read_text().endswith("# my comment\n")

@@ -27,6 +27,7 @@ from bench.evaluate import eval_metrics, held_out_result
 from bench.model import load_policy
 from bench.plugins import plugin_failure
 from bench.rollout import make_sampler
+from bench.runs import resume
 from bench.runs.run import experiment_dir, folder_held, has_checkpoint, remove_run_folder, seed_and_threads
 from bench.runs.tracking import answering, store_client
 from bench.workers import Notify
@@ -146,7 +147,7 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
         # whose traceback is shown
         known = said is not None or isinstance(e, (ValueError, OSError, RunStopped, faults.RaisedInWork))
         if said is None and isinstance(e, ValueError) and str(e).startswith("--resume: "):
-            said = f"resuming it: {str(e)[len('--resume: '):]}"  # (bench run resumes a pair itself: no flag was given)
+            said = f"resuming it: {_resume_refused(cfg, p, ctx.cid, e)}"  # (bench run resumes a pair itself: no flag)
         elif said is None:
             said = str(e) if isinstance(e, (RunStopped, faults.RaisedInWork)) else f"{type(e).__name__}: {e}"
         if said.startswith("no space left on device") and "rerun" not in said:  # (round 15, H07: its run RUNNING)
@@ -154,6 +155,14 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
                      "if left RUNNING)")
         return PairResult(job.index, f"failed: {' '.join(str(said).split())}", "train",
                           error="" if known else traceback.format_exc())
+
+
+def _resume_refused(cfg: TrainConfig, p: Pair, cid: str, e: ValueError) -> str:
+    """The resume check's line in `bench run`'s words (held-out round 16, H21: it told of dropping --resume and giving
+    another --run-name, flags `bench run` has not; a folder written since the check before the comparison)."""
+    found = resume.saved(run_dir(cfg, p))
+    diff = resume.differences(pair_config(cfg, p, cid, None), *found) if found is not None else []
+    return resume.pair_mismatch(cfg, run_dir(cfg, p), found[0], diff) if diff else str(e)[len("--resume: "):]
 
 
 def step0_task(notify: Notify, step0_fn: Callable[[TrainConfig, list[int]], dict[int, dict[str, float]]],

@@ -26,6 +26,7 @@ from algorithms.registry import default_config
 from bench import plugin_imports
 from bench.config import TrainConfig, config_file
 from bench.inputs import read_yaml, typed_overrides
+from bench.runs import resume
 from bench.runs.run import experiment_dir, has_checkpoint
 from reports.paths import under
 from reports.record import OVERRIDES, VARIANT, member_tag
@@ -261,3 +262,17 @@ def pair_config(cfg: TrainConfig, p: Pair, cid: str, parent_id: str | None) -> T
     return replace(cfg, algo=p.objective, seed=p.seed, objective_overrides=dict(p.overrides), run_name=p.run_name,
                    output_dir=str(experiment_dir(cfg.output_dir, cfg.experiment)), comparison=cid, tags=tags,
                    resume=p.action == "resume")
+
+
+def check_resumed_pairs(cfg: TrainConfig, cid: str, pairs: list[Pair]) -> None:
+    """Before the comparison's run is made: the pairs it resumes hold runs of the command's own settings (the same
+    store, ...); one ValueError line otherwise, naming the first such folder and how many more (held-out round 16,
+    H21: each pair failed after the comparison run was made, its line telling of flags `bench run` has not)."""
+    found = []
+    for p in pairs:
+        saved = resume.saved(run_dir(cfg, p)) if p.action == "resume" else None
+        diff = resume.differences(pair_config(cfg, p, cid, None), *saved) if saved is not None else []
+        if diff:
+            found.append((run_dir(cfg, p), saved[0], diff))
+    if found:
+        raise ValueError(resume.pair_mismatch(cfg, *found[0], more=len(found) - 1))

@@ -24,7 +24,7 @@ from bench import faults, preflight
 from bench.comparison.display import LiveDisplay
 from bench.comparison.distinguish import warn_before_run
 from bench.comparison.pairs import PairContext, PairJob, PairResult, TrainFn, initial_evals, run_pair, step0_task
-from bench.comparison.plan import DEFAULTS, Pair, plan, run_dir
+from bench.comparison.plan import DEFAULTS, Pair, check_resumed_pairs, plan, run_dir
 from bench.comparison.store import lock_file, pair_lock
 from bench.config import OUTPUT_DIR, TrainConfig
 from bench.engines import entry as engines
@@ -240,6 +240,7 @@ def _open_and_run(spec: ComparisonSpec, ex, cfg: TrainConfig, uri: str, algos: l
         if folder_in_use(run_dir(cfg, p)):  # (at once, before any record; the deletion itself holds the folder)
             raise RunFolderBusy(f"--force: {run_dir(cfg, p)} is being trained by another process now; wait for it "
                                 "to end, then redo the comparison with --force")
+    check_resumed_pairs(cfg, cid, pairs)  # (a pair folder of another store: one line now, no comparison run made)
     if ex.spawns(sum(p.action != "reuse" for p in pairs), cfg):  # a notebook's objective: one line, no worker
         check_shippable(cfg, algos)
     exp_id = get_or_create_experiment(client, uri, cfg.experiment)

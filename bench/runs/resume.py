@@ -118,6 +118,22 @@ def check(cfg, run_dir: Path) -> None:
                          "(and give another --run-name when you gave one)")
 
 
+def pair_mismatch(cfg, run_dir: Path, then: dict[str, Any], diff: list[str], more: int = 0) -> str:
+    """What a `bench run` pair whose folder holds a run of other settings says (held-out round 16, H21: the
+    comparison made in another MLflow store was told to drop --resume and give another --run-name, flags `bench run`
+    does not have): the ways `bench run` has to go on. ``more``: how many more pair folders are alike."""
+    held = f"{run_dir} and {more} more pair folder(s) hold these pairs' runs" if more else \
+        f"{run_dir} holds this pair's run"
+    others = ("give another --output-dir for this command's runs, or pass --force to train the pairs again here "
+              "(their checkpoints replaced)")
+    store, them = then.get("tracking_uri"), "them" if more else "it"
+    if store != cfg.tracking_uri and len(diff) == 1:
+        return (f"{held} of another MLflow store ({store}; this command's is {cfg.tracking_uri}): rerun with "
+                f"--tracking-uri {store} to resume {them} there, or {others}")
+    own = "their" if more else "its"
+    return f"{held} with other settings: {'; '.join(diff)}: rerun with {own} own settings to resume {them}, or {others}"
+
+
 def record_inputs(run_dir: Path, cfg) -> Path:
     """Save the digests of ``cfg``'s inputs next to its config (what ``check`` compares on resume)."""
     path = Path(run_dir) / INPUTS_FILE

@@ -1,0 +1,53 @@
+"""Held-out round 16's lines whose advice the command could not follow (/work/r16-report.md: H21, H19):
+
+- H21: `bench run` again with another ``--tracking-uri`` in the folder of a comparison made in ``mlflow.db``: each
+  pair failed (its line printed twice) after the comparison run was made in the new store, telling the user to "drop
+  --resume (and give another --run-name)", flags `bench run` has not. Now one line before any work (exit 2, no
+  comparison made in the new store) with the ways `bench run` has: the store's own --tracking-uri, another
+  --output-dir, --force;
+- H19: `bench tune` stopped by a full disk said `bench train`'s "then resume ... the resume starts at step 0, in the
+  same MLflow run"; `bench tune` has no resume, its rerun goes on with the study.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+from pathlib import Path
+
+from tests import launch
+from tests.conftest import fresh_store
+
+RUN = ["run", "--algos", "grpo,dapo", "--seeds", "0", "--no-controls", "--workers", "1", "--steps", "1",
+       "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--eval-every", "0", "--no-report",
+       "--no-progress"]
+
+
+def _bench(argv: list[str], cwd: Path, timeout: float = 300):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    return launch.run([sys.executable, "-m", "bench.cli", *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                      timeout=timeout)
+
+
+def test_a_comparison_again_in_another_store_is_refused_before_any_work_with_bench_runs_own_ways_on(
+        tmp_path, bench_here):
+    """H21: the comparison made in mlflow.db, then the same command with --tracking-uri sqlite:///other.db."""
+    old = fresh_store(tmp_path)  # (the default store of the folder: mlflow.db)
+    rc, _, err = bench_here(RUN, tmp_path)
+    assert rc == 0, err[-3000:]
+    fresh_store(tmp_path, "other.db")
+    p = _bench([*RUN, "--tracking-uri", "sqlite:///other.db"], tmp_path)
+    assert p.returncode == 2, p.stderr[-3000:]
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip() and " INFO " not in ln]
+    assert len(lines) == 1 and lines[0].startswith("bench run: error: "), p.stderr[-3000:]
+    line = lines[0]
+    assert "and 1 more pair folder(s) hold these pairs' runs of another MLflow store" in line, line
+    assert f"rerun with --tracking-uri sqlite:///{tmp_path}/mlflow.db" in line and "--output-dir" in line, line
+    assert "--force" in line and "--resume" not in line and "--run-name" not in line, line
+    with sqlite3.connect(tmp_path / "other.db") as db:  # nothing made in the new store
+        assert db.execute("select count(*) from runs").fetchone() == (0,)
+        assert db.execute("select count(*) from experiments where name = 'pobench'").fetchone() == (0,)
+    # the first way on works: the store's own --tracking-uri reuses the pairs
+    rc, out, err = bench_here([*RUN, "--tracking-uri", old], tmp_path)
+    assert rc == 0 and out.count("seed 0: reused") == 2, out + err[-3000:]

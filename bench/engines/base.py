@@ -38,6 +38,10 @@ class RunStopped(RuntimeError):
     `bench train` then names both ways on, bench/cli/train.py), else None."""
 
     damaged_store: str | None = None
+    #: the parts of a run's line (``bench.runs.lifecycle.stopped``), for a command whose way on is not a resume of the
+    #: run (`bench tune`: a rerun goes on with the study): the cause, how its MLflow run was ended; None otherwise
+    cause: str | None = None
+    run_end: str | None = None
 
 
 @dataclass

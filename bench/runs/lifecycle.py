@@ -314,6 +314,7 @@ def stopped(e: BaseException, logger: RunLogger | None, run_dir: Path | None, en
                      f"MLflow run {logger.run_id} is ended FAILED at the next contact (recorded in "
                      f"{Path(run_dir or '.') / 'run.json'})")
     out = RunStopped("; ".join(parts))
+    out.cause, out.run_end = parts[0], (parts[-1] if len(parts) > 1 and parts[-1].startswith("MLflow run ") else None)
     if cause.endswith(faults.DAMAGED_ADVICE) and cause.startswith("the MLflow store"):  # (its run lost with it)
         uri = cause.removeprefix("the MLflow store ").split(" is damaged (")[0]
         out.damaged_store = str(faults.sqlite_file(uri) or uri)

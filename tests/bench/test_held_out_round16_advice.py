@@ -51,3 +51,62 @@ def test_a_comparison_again_in_another_store_is_refused_before_any_work_with_ben
     # the first way on works: the store's own --tracking-uri reuses the pairs
     rc, out, err = bench_here([*RUN, "--tracking-uri", old], tmp_path)
     assert rc == 0 and out.count("seed 0: reused") == 2, out + err[-3000:]
+
+
+def _disk_full_at_checkpoints(monkeypatch) -> None:
+    """Every checkpoint write meets a full disk (ENOSPC from the write of its state file), until the test ends."""
+    import errno
+
+    from bench.runs import checkpoint
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(checkpoint, "_write_text", full)
+
+
+def test_a_full_disk_stopping_bench_tune_says_what_its_rerun_does_not_bench_trains_resume(tmp_path, bench_here,
+                                                                                           monkeypatch):
+    """H19: `bench tune` whose trial's checkpoint met a full disk said "then resume; no checkpoint was written yet (the
+    resume starts at step 0, in the same MLflow run)": `bench tune` has no resume, and its rerun makes a new trial.
+    Now the line says to rerun the same command, that the study goes on with a new trial, what is kept; and the
+    rerun (space freed) does that."""
+    import optuna
+
+    from tests.bench import fake_trainer
+
+    fake_trainer.inject(monkeypatch.setattr)
+    uri, storage = fresh_store(tmp_path), f"sqlite:///{tmp_path}/optuna.db"
+    argv = ["tune", "--algo", "grpo", "--trials", "2", "--steps", "2", "--seeds", "0", "--study", "fs", "--storage",
+            storage, "--tracking-uri", uri, "--eval-every", "1", "--samples-every", "0", "--sampler-seed", "0",
+            "--workers", "1"]
+    with monkeypatch.context() as m:
+        _disk_full_at_checkpoints(m)
+        rc, _, err = bench_here(argv, tmp_path)
+    lines = [ln for ln in err.splitlines() if ln.startswith("bench tune: ")]
+    assert rc == 1 and len(lines) == 1, err[-3000:]
+    line = lines[0]
+    assert line.startswith("bench tune: stopped: no space left on device while writing ") and "fs-t0-s0" in line, line
+    assert ": free space (or raise the file-size limit), then rerun the same command: the study goes on with a new " \
+           "trial" in line, line
+    assert "kept: 0 of 2 trials finished of study 'fs' in " in line and "ended FAILED" in line, line
+    assert "resume" not in line, line  # (bench tune has no resume: its rerun goes on with the study)
+    rc, _, err = bench_here(argv, tmp_path)  # space freed: the rerun does what the line said
+    assert rc == 0, err[-3000:]
+    trials = optuna.load_study(study_name="fs", storage=storage).trials
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE", "COMPLETE"], trials
+
+
+def test_a_full_disk_stopping_a_pair_of_bench_run_still_says_rerun_the_same_command(tmp_path, bench_here,
+                                                                                     monkeypatch):
+    """H19's check of `bench run`: its pair's line for the same fault says to rerun the same command (round 15)."""
+    from tests.bench import fake_trainer
+
+    fake_trainer.inject(monkeypatch.setattr)
+    fresh_store(tmp_path)
+    _disk_full_at_checkpoints(monkeypatch)
+    rc, out, err = bench_here([*RUN, "--algos", "grpo"], tmp_path)
+    failed = [ln for ln in (out + err).splitlines() if "grpo" in ln and ": failed: " in ln]
+    assert rc == 1 and failed, out + err[-3000:]
+    assert all("no space left on device while writing " in ln and "then rerun the same command" in ln
+               for ln in failed), failed

@@ -308,11 +308,11 @@ def _trial_stopped(spec: tune.TuneSpec, e: RunStopped) -> str:
         finished = str(tune.count(optuna.load_study(study_name=spec.study, storage=tune.open_storage(url)),
                                   *tune.FINISHED))
     cause = e.cause.removesuffix(", then resume")  # (bench train's way on: a trial is not resumed)
-    then = ", then" if cause.startswith("no space left on device") else "; once that is fixed,"
+    then = ", then rerun the same command: the study" if cause.startswith("no space left on device") else \
+        "; a rerun: the study"  # (the cause says what to fix, e.g. another --experiment)
     end = f"; {e.run_end} (its trial ended FAIL)" if e.run_end else ""
-    return (f"{cause}{then} rerun the same command: the study goes on with a new trial (the stopped one is not "
-            f"trained again){end}; kept: {finished} of {spec.trials} trials finished of study {spec.study!r} in "
-            f"{tune.redact(url)}")
+    return (f"{cause}{then} goes on with a new trial (the stopped one is not trained again){end}; kept: {finished} "
+            f"of {spec.trials} trials finished of study {spec.study!r} in {tune.redact(url)}")
 
 
 def _local_files(spec) -> dict[str, tuple[Path, tuple[int, int] | None]]:

@@ -270,7 +270,10 @@ def check_resumed_pairs(cfg: TrainConfig, cid: str, pairs: list[Pair]) -> None:
     H21: each pair failed after the comparison run was made, its line telling of flags `bench run` has not)."""
     found = []
     for p in pairs:
-        saved = resume.saved(run_dir(cfg, p)) if p.action == "resume" else None
+        try:
+            saved = resume.saved(run_dir(cfg, p)) if p.action == "resume" else None
+        except ValueError:  # (its config.yaml / inputs.json damaged: the pair's own line says so, as before)
+            continue
         diff = resume.differences(pair_config(cfg, p, cid, None), *saved) if saved is not None else []
         if diff:
             found.append((run_dir(cfg, p), saved[0], diff))

@@ -160,9 +160,14 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
 def _resume_refused(cfg: TrainConfig, p: Pair, cid: str, e: ValueError) -> str:
     """The resume check's line in `bench run`'s words (held-out round 16, H21: it told of dropping --resume and giving
     another --run-name, flags `bench run` has not; a folder written since the check before the comparison)."""
-    found = resume.saved(run_dir(cfg, p))
-    diff = resume.differences(pair_config(cfg, p, cid, None), *found) if found is not None else []
-    return resume.pair_mismatch(cfg, run_dir(cfg, p), found[0], diff) if diff else str(e)[len("--resume: "):]
+    said, diff = str(e)[len("--resume: "):], []
+    if " holds a run of another configuration: " in said:
+        try:
+            found = resume.saved(run_dir(cfg, p))
+            diff = resume.differences(pair_config(cfg, p, cid, None), *found) if found is not None else []
+        except (ValueError, OSError):  # (changed again since: its line as it was)
+            return said
+    return resume.pair_mismatch(cfg, run_dir(cfg, p), found[0], diff) if diff else said
 
 
 def step0_task(notify: Notify, step0_fn: Callable[[TrainConfig, list[int]], dict[int, dict[str, float]]],

@@ -110,3 +110,28 @@ def test_a_full_disk_stopping_a_pair_of_bench_run_still_says_rerun_the_same_comm
     assert rc == 1 and failed, out + err[-3000:]
     assert all("no space left on device while writing " in ln and "then rerun the same command" in ln
                for ln in failed), failed
+
+
+def test_a_pair_whose_resume_is_refused_during_the_comparison_says_bench_runs_ways_on_too(tmp_path):
+    """H21, the pair's own line (its folder written by another command after the check before the comparison): the
+    same ways on, not "drop --resume (and give another --run-name)"."""
+    from dataclasses import replace
+
+    from bench.comparison.pairs import _resume_refused
+    from bench.comparison.plan import new_pair, pair_config, run_dir
+    from bench.config import TrainConfig
+    from bench.runs import resume
+
+    cfg = TrainConfig.from_dict({"output_dir": str(tmp_path), "tracking_uri": "sqlite:///a.db"})
+    p = new_pair("grpo", 0, {}, "0" * 12)
+    folder = run_dir(cfg, p)
+    folder.mkdir(parents=True)
+    pair_config(cfg, p, "c1", None).save(folder / "config.yaml")
+    new = replace(cfg, tracking_uri="sqlite:///b.db")
+    try:
+        resume.check(pair_config(new, p, "c1", None), folder)
+    except ValueError as e:
+        said = _resume_refused(new, p, "c1", e)
+    assert said.startswith(f"{folder} holds this pair's run of another MLflow store (sqlite:///a.db; this command's "
+                           "is sqlite:///b.db): rerun with --tracking-uri sqlite:///a.db to resume it there"), said
+    assert "--output-dir" in said and "--force" in said and "--resume" not in said and "--run-name" not in said

@@ -365,6 +365,21 @@ def under(root: str | Path, name: object, what: str) -> Path:
     return Path(root) / component
 
 
+def make_lock_folder(lock: str | Path) -> Path:
+    """Make the folder of lock file ``lock`` (a ``.locks`` folder) and return ``lock``; one line (UnsafePath, exit 2,
+    before any work) when something that is no folder is in its place (held-out round 17, H25: a user's file
+    `.locks` made `bench warmstart` stop with "File exists (something not pobench's is in the way)", exit 1)."""
+    folder = Path(lock).parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        in_the_way = next((p for p in (folder, *folder.parents) if p.is_symlink() or p.exists() and not p.is_dir()),
+                          folder)
+        raise UnsafePath(f"{in_the_way}: a file that is not pobench's is where pobench keeps its lock files "
+                         f"({folder}): move it away, then run the same command again") from None
+    return Path(lock)
+
+
 def lock_file(folder: str | Path, name: str) -> Path:
     """``<folder>/.locks/<name>.lock``, ``name`` (made of user or plugin names: a run, a study, an objective)
     through the one containment helper, so a lock file stays in ``.locks`` whatever the name."""
@@ -412,8 +427,7 @@ def hold_out_folder(out: Path, command: str, flag: str = "--out",
     ``on_busy``: it is called with the line (worded as a wait) and the hold is waited for instead."""
     from filelock import FileLock, Timeout
 
-    path = Path(out).parent / ".locks" / f"{Path(out).name}.{command}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = make_lock_folder(Path(out).parent / ".locks" / f"{Path(out).name}.{command}.lock")
     pid = path.with_name(path.name + ".pid")
     lock = FileLock(str(path), thread_local=False)
     try:

@@ -30,6 +30,7 @@ from filelock import FileLock, Timeout
 
 from bench.runs.run import experiment_dir
 from reports.paths import lock_file as _lock_file
+from reports.paths import make_lock_folder
 
 __all__ = ["lock_file", "pair_lock"]
 
@@ -44,8 +45,7 @@ def lock_file(output_dir: str | Path, experiment: str, name: str) -> Path:
 def pair_lock(path: str | Path, what: str, on_wait: Callable[[str], None] | None = None) -> Iterator[bool]:
     """Hold the claim on one (objective, seed) pair. Yields True when the lock was free, False when this process had
     to wait for another one (``on_wait`` is told so, with the pair and the lock file, before it blocks)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = make_lock_folder(path)
     lock = FileLock(str(path))
     free = True
     try:

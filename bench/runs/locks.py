@@ -11,6 +11,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from reports.paths import make_lock_folder
+
 
 class RunFolderBusy(ValueError):
     """Another process is training a run in this run folder now (one line; exit 2)."""
@@ -47,8 +49,7 @@ def folder_held(run_dir: Path) -> Iterator[None]:
 def _hold_folder(run_dir: Path) -> FileLock:
     """Take ``run_dir``'s run lock, or RunFolderBusy: two processes writing checkpoints into one folder would mix
     two runs (a resume could continue the other's). ``fcntl`` locks: released by the kernel when the holder dies."""
-    path = folder_lock_path(run_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = make_lock_folder(folder_lock_path(run_dir))
     lock = FileLock(str(path), thread_local=False)  # (held by the run, whichever thread ends it)
     try:
         lock.acquire(timeout=0)

@@ -55,7 +55,7 @@ from bench.tune.storage import (
     redact,
 )
 from reports import metric_keys as K
-from reports.paths import lock_file
+from reports.paths import lock_file, make_lock_folder
 from reports.record import KIND, STUDY, TRIAL, retry_locked, sqlite_file, tracking_uri
 
 
@@ -206,8 +206,7 @@ def hold_trial(spec: TuneSpec, trial: optuna.Trial) -> FileLock:
     """Take trial ``trial``'s lock (its host recorded in the trial once held): held by this process until the trial's
     state is in the storage (:func:`release_trial`), so a rerun at once knows from a free lock whose file is still
     there that this process is gone with the trial RUNNING."""
-    path = trial_lock(spec, trial.number)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = make_lock_folder(trial_lock(spec, trial.number))
     lock = FileLock(str(path))
     lock.acquire(timeout=30)  # (a trial number is run once: nobody else holds it)
     try:

@@ -1,4 +1,4 @@
-"""Held-out round 16 (issue 29): what MLflow prints by itself in the middle of pobench's lines (H03: a command says
+"""Held-out rounds 16 and 17 (issue 29): what MLflow prints by itself in the middle of pobench's lines (H03: a command says
 what it does in its own lines only); a malformed environment variable ignored (H28)."""
 
 from __future__ import annotations
@@ -155,3 +155,23 @@ def test_a_full_disk_under_bench_report_names_the_figure_being_written(tmp_path)
     assert lines[0].startswith(f"bench report: stopped: no space left on device while writing {work}/rep/full/"), \
         lines[0]
     assert "while writing a file" not in lines[0] and "(No space left on device): free space" in lines[0], lines[0]
+
+
+def test_a_users_file_where_the_lock_folder_goes_is_refused_before_any_work(bench_here, tmp_path):
+    """Held-out round 17 (H25): the user's plain file `.locks` in the folder where `bench warmstart --out ws` keeps
+    its lock: `stopped: .locks: File exists (something not pobench's is in the way); move it away`, exit 1 (a fault
+    during the work) for what is refused before any. Now one line naming the file and the way on, exit 2; the
+    file kept, nothing made. The same for a run folder's lock (`bench train`)."""
+    (tmp_path / ".locks").write_text("userdata")
+    rc, _, err = bench_here(["warmstart", "--steps", "2", "--eval", "0", "--no-progress", "--out", "ws"], tmp_path)
+    assert rc == 2, err
+    assert err.strip() == ("bench warmstart: error: .locks: a file that is not pobench's is where pobench keeps its "
+                           "lock files (.locks): move it away, then run the same command again"), err
+    assert (tmp_path / ".locks").read_text() == "userdata"
+    runs = tmp_path / ".pobench" / "runs" / "pobench"
+    runs.mkdir(parents=True)
+    (runs / ".locks").write_text("mine")
+    rc, _, err = bench_here(["train", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+                             "--eval-problems", "4", "--run-name", "r"], tmp_path)
+    assert rc == 2 and "a file that is not pobench's is where pobench keeps its lock files" in err, err
+    assert (runs / ".locks").read_text() == "mine"

@@ -1,5 +1,6 @@
-"""Held-out rounds 16 and 17 (issue 29): what MLflow prints by itself in the middle of pobench's lines (H03: a command says
-what it does in its own lines only); a malformed environment variable ignored (H28)."""
+"""Held-out rounds 16 and 17 (issue 29): what MLflow prints by itself among pobench's lines (H03: a command says what
+it does in its own lines only), a malformed environment variable ignored (H28), faults of the store and the disk in
+one line (H31, H32), a user's file where pobench's lock folder goes (round 17, H25)."""
 
 from __future__ import annotations
 

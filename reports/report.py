@@ -291,13 +291,14 @@ def report_folder(out_root: str | Path, experiment: str, comparison: str | None 
     experiment folder must be pobench's or absent (refused with one line otherwise). Without ``comparison``: the
     experiment folder, checked only."""
     from reports.edits import check_unedited
-    from reports.paths import UnsafePath, contained, is_owned, safe_component
+    from reports.paths import UnsafePath, check_not_runs, contained, is_owned, safe_component
 
     exp_dir = contained(out_root, safe_component(experiment, "--experiment"))
     if (exp_dir.exists() or exp_dir.is_symlink()) and (exp_dir.is_symlink() or not is_owned(exp_dir)):
         if _mlflow_artifacts(exp_dir):  # (moving it away, as the line below advises, breaks the store's runs)
             raise UnsafePath(f"{exp_dir} is MLflow's artifact folder (its runs' files, which the store points to): not "
                              "writing reports into it; choose another --out-root, and leave that folder where it is")
+        check_not_runs(exp_dir)  # (its run folders: held-out round 17, H22, H26, "not created by pobench")
         raise UnsafePath(f"{exp_dir} exists and was not created by pobench (no .pobench-owned file): not writing "
                          f"reports into it; move it away or choose another --out-root / --experiment")
     if comparison is None:

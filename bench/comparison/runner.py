@@ -161,13 +161,14 @@ def check_comparison(spec: ComparisonSpec) -> list[str]:
     check_outside_artifacts(cfg.tracking_uri, cfg.experiment, cfg.output_dir, "--output-dir")
     if spec.report:  # a foreign folder where the report would go: one line now, not after training
         faults.check_output_folder(spec.out_root, "--out-root")
-        reports_in = report_folder(spec.out_root, cfg.experiment)
+        reports_in = experiment_dir(spec.out_root, cfg.experiment)  # (the clash first: round 17, H22)
         runs_in = experiment_dir(cfg.output_dir, cfg.experiment)
         a, b = reports_in.resolve(), runs_in.resolve()
         if a == b or a in b.parents or b in a.parents:  # (the report would replace, or be made inside, the runs)
             raise ValueError(f"--output-dir {cfg.output_dir} and --out-root {spec.out_root} put the runs and the "
                              f"report of experiment {cfg.experiment!r} in one folder ({runs_in}): give them "
                              "different folders (the defaults are .pobench/runs and reports/out)")
+        report_folder(spec.out_root, cfg.experiment)  # (a user's folder there: its own line)
     for a in spec.algos:  # what the engine cannot train: one line now, not one failed pair after another
         engines.check(replace(cfg, algo=a, objective_overrides=dict(spec.params.get(a, {}))))
     engine = engines.engine_for(cfg)

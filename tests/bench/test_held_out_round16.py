@@ -176,3 +176,23 @@ def test_a_users_file_where_the_lock_folder_goes_is_refused_before_any_work(benc
                              "--eval-problems", "4", "--run-name", "r"], tmp_path)
     assert rc == 2 and "a file that is not pobench's is where pobench keeps its lock files" in err, err
     assert (runs / ".locks").read_text() == "mine"
+
+
+def test_an_out_root_holding_an_experiment_s_runs_is_named_as_such(bench_here, tmp_path):
+    """Held-out round 17 (H22, H26): `bench train --output-dir .` made `./pobench/<run>`; then `bench run ...
+    --output-dir . --out-root .` and `bench report --out-root .` were refused with "./pobench exists and was not created
+    by pobench: ... move it away" (pobench made it; moving it moves the experiment's runs). Now `bench run` names the
+    clash of its runs and its report, and `bench report` says the folder holds run folders and to leave it."""
+    tiny = ["--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4"]
+    rc, _, err = bench_here(["train", *tiny, "--output-dir", ".", "--run-name", "docs"], tmp_path)
+    assert rc == 0, err[-3000:]
+    rc, _, err = bench_here(["run", "--algos", "grpo", "--seeds", "0", "--no-controls", "--workers", "1", *tiny,
+                             "--output-dir", ".", "--out-root", "."], tmp_path)
+    assert rc == 2 and err.strip() == (
+        "bench run: error: --output-dir . and --out-root . put the runs and the report of experiment 'pobench' in "
+        "one folder (pobench): give them different folders (the defaults are .pobench/runs and reports/out)"), err
+    rc, _, err = bench_here(["report", "--out-root", "."], tmp_path)
+    assert rc == 2 and err.strip() == (
+        f"bench report: error: {tmp_path / 'pobench'} holds pobench's run folders (an --output-dir's runs): not writing reports into "
+        "it; choose another --out-root (the default is reports/out), and leave that folder where it is"), err
+    assert (tmp_path / "pobench" / "docs" / "config.yaml").exists()

@@ -319,10 +319,14 @@ def _locked(e: BaseException | None) -> bool:
 
 
 def _tag_raced(e: BaseException) -> bool:
-    """The insert of a tag row lost to another process's insert of the same (run, key): SQLite's and PostgreSQL's
-    words for a duplicate primary key of MLflow's tags table (``tag_pk``)."""
+    """The insert of a tag row lost to another process's insert of the same (run, key), or of a dataset row to
+    another's insert of the same dataset (two pairs of a comparison starting at once log their common data: CI saw
+    it): SQLite's and PostgreSQL's words for a duplicate primary key of MLflow's tags (``tag_pk``) or datasets
+    (``dataset_pk``) table. Called again, the write finds the row."""
     text = str(e)
-    return "UNIQUE constraint failed: tags.key, tags.run_uuid" in text or 'unique constraint "tag_pk"' in text
+    return any(words in text for words in ("UNIQUE constraint failed: tags.key, tags.run_uuid", 'unique constraint '
+                                           '"tag_pk"', "UNIQUE constraint failed: datasets.", 'unique constraint '
+                                           '"dataset_pk"'))
 
 
 # ------------------------------------------------------------------ batch logging

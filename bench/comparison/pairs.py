@@ -94,6 +94,19 @@ def initial_evals(cfg: TrainConfig, seeds: list[int]) -> dict[int, dict[str, flo
 
 
 # ------------------------------------------------------------------ one pair, under its claim
+def inputs_changed(cfg: TrainConfig, p: Pair) -> str | None:
+    """The line of a pair whose inputs (data files, model, task versions: ``TrainConfig.comparison_hash``) are no
+    longer those the comparison was planned with (its run name ends with that hash), else None. Held-out round 17,
+    H29: a data folder rewritten while `bench run` trained its first pair: the second trained on the new data under
+    the old data's comparison id, a mixed comparison, silently."""
+    if p.run_name.endswith("-" + cfg.comparison_hash()[:6]):
+        return None
+    sources = ", ".join(dict.fromkeys(str(d) for d in (cfg.data, cfg.eval_data) if d)) or "its model or task files"
+    return (f"its inputs changed since the comparison started ({sources}): it would train on other inputs than the "
+            "pairs before it; put them back and rerun the same command, or rerun it as it is for a new comparison "
+            "of the new inputs")
+
+
 def run_pair(notify: Notify, job: PairJob) -> PairResult:
     """Claim the pair, decide reuse / resume / train under the claim, train. Exceptions other than an interrupt
     become a failed result naming the pair (the caller goes on with the other pairs)."""
@@ -106,6 +119,8 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
                 pair_lock(lock, what, on_wait=lambda msg: notify("msg", job.index, msg)) as free:
             # (the pair's own requests bounded as its run's are: a lost server is its one line within the bound)
             client = store_client(cfg.tracking_uri)
+            if (changed := inputs_changed(cfg, p)) is not None:
+                return PairResult(job.index, f"failed: {changed}", "train")
             if not ctx.force or not free:
                 record = finished_record(client, ctx.experiment_id, cfg, p)
                 if record is not None and (stale := stale_reuse(record, p)) is not None:

@@ -214,8 +214,10 @@ def log_datasets(client, run_id: str, cfg) -> None:
             Dataset(d["name"], d["digest"], source_type, json.dumps({"uri": d["source"]}),
                     profile=json.dumps({"num_rows": d["rows"]})),
             tags=[InputTag("mlflow.data.context", d["context"])]))
-    if inputs:
-        client.log_inputs(run_id, datasets=inputs)
+    if inputs:  # (two pairs logging one new dataset at once: the slower insert fails, and is made again)
+        from reports.record import retry_locked
+
+        retry_locked(client.log_inputs, run_id, datasets=inputs)
 
 
 def written_by_note(tags: dict[str, str], now: dict[str, str]) -> str:

@@ -196,3 +196,39 @@ def test_an_out_root_holding_an_experiment_s_runs_is_named_as_such(bench_here, t
         f"bench report: error: {tmp_path / 'pobench'} holds pobench's run folders (an --output-dir's runs): not writing reports into "
         "it; choose another --out-root (the default is reports/out), and leave that folder where it is"), err
     assert (tmp_path / "pobench" / "docs" / "config.yaml").exists()
+
+
+def test_a_data_file_rewritten_while_bench_run_trains_fails_the_later_pairs_not_mixes_them(bench_here, monkeypatch,
+                                                                                          tmp_path):
+    """Held-out round 17 (H29): `bench run --task gsm8k --data d.jsonl --algos grpo,dapo` with the file rewritten
+    while grpo trained: dapo trained on the new rows under the old rows' comparison id (a mixed comparison, exit 0,
+    no word). Now a pair whose inputs are no longer those the comparison was planned with fails in one line, exit 1,
+    and makes no run folder (its rerun plans a new comparison of the new data)."""
+    import dataclasses
+    import json
+
+    from bench.cli import run as run_command
+    from tests.bench import fake_trainer
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i} + 1?", "answer": f"{i} + 1\n#### {i + 1}"}) + "\n"
+                            for i in range(8)))
+    real = run_command.run_comparison
+
+    def rewrite_during_the_first_pair(cfg, **kw):
+        if cfg.algo == "grpo":
+            data.write_text(data.read_text().replace("#### ", "#### 1"))
+        return fake_trainer.fake_train(cfg, **kw)
+
+    monkeypatch.setattr(run_command, "run_comparison", lambda spec: real(dataclasses.replace(
+        spec, train_fn=rewrite_during_the_first_pair, step0_fn=fake_trainer.fake_step0)))
+    argv = ["run", "--task", "gsm8k", "--data", "d.jsonl", "--eval-data", "d.jsonl", "--algos", "grpo,dapo",
+            "--seeds", "0", "--no-controls", "--workers", "1", "--steps", "2", "--prompts-per-step", "2",
+            "--group-size", "2", "--eval-problems", "4", "--no-report", "--no-progress"]
+    rc, out, err = bench_here(argv, tmp_path)
+    assert rc == 1, out + err
+    said = out + err
+    assert "dapo seed 0: failed: its inputs changed since the comparison started (d.jsonl): it would train on other " \
+           "inputs than the pairs before it" in said, said
+    assert "grpo seed 0: finished" in said, said
+    assert not any("dapo" in p.name for p in (tmp_path / ".pobench" / "runs" / "pobench").iterdir() if p.is_dir())

@@ -169,7 +169,8 @@ def test_a_tag_another_process_inserts_between_mlflows_read_and_insert_is_writte
 
 
 def test_two_pairs_logging_one_new_dataset_at_once_is_retried(tmp_path):
-    """CI (a `bench run` of 2 spawned workers, one plugin task): both pairs logged their common dataset at once and
+    """tests/bench/test_plugins.py (a `bench run` of 2 spawned workers, one plugin task, under `pytest -n 2`): both
+    pairs logged their common dataset at once and
     the slower insert failed on MLflow's datasets primary key (`UNIQUE constraint failed: datasets.experiment_id,
     datasets.name, datasets.digest`): the pair failed with MLflow's traceback. That error (made here by SQLite on a
     real store's table) is retried as a lost tag insert is: called again, MLflow finds the row."""

@@ -21,7 +21,6 @@ from bench.engines.base import CAPABILITIES, DEFAULT_ENGINE, ENGINES, check_engi
 from bench.inputs import (
     EVAL_PROBLEMS_MAX,
     SEED_MAX,
-    model_shape,
     prompt_template_refusal,
     read_yaml,
     sequence_bytes,
@@ -31,6 +30,7 @@ from bench.inputs import (
     typed_overrides,
     user_tags,
 )
+from bench.model import model_shape
 from bench.plugins import identity, load_plugins
 from evaluators.hints import did_you_mean
 from reports.paths import check_length, contained, replace_file, safe_component

@@ -161,23 +161,6 @@ PROMPT_TOKENS = 64  # prompt length assumed by the step's memory estimate (the b
 HOST_TOKEN_BYTES = 160  # per completion token kept on the host: ids, log-probs, entropies as lists and tensors
 
 
-def model_shape(model: str) -> dict | None:
-    """The config.json of a built-in or local model folder (None for a hub id or a folder without a readable one:
-    nothing is downloaded or loaded here). A multimodal config's ``text_config`` stands in for it."""
-    import json
-    from pathlib import Path
-
-    from bench.model import resolve_model_path
-
-    try:
-        data = json.loads((Path(resolve_model_path(model)) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if isinstance(data, dict) and isinstance(data.get("text_config"), dict) and "hidden_size" not in data:
-        data = data["text_config"]
-    return data if isinstance(data, dict) else None
-
-
 def sequence_bytes(shape: dict | None, max_new_tokens: int, dtype: str = "float32", *, tensors: bool = True
                    ) -> tuple[int, str]:
     """(bytes, what) one completion of a rollout batch holds at once, and a few words saying what they are. The HF

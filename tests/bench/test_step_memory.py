@@ -12,19 +12,20 @@ import pytest
 
 from bench import inputs
 from bench.config import TrainConfig
+from bench.model import model_shape
 
 GiB = 2**30
 
 
 def test_the_estimate_counts_the_models_kv_cache_and_logits(tmp_path):
-    tiny = inputs.model_shape("builtin:tiny-arith")
+    tiny = model_shape("builtin:tiny-arith")
     each, what = inputs.sequence_bytes(tiny, 48)
     assert each > 100 * 8 * 48 and "KV cache of 4 layers" in what, (each, what)  # not the token ids alone
     assert inputs.sequence_bytes(tiny, 96)[0] > each  # longer completions: a longer cache
     # a bigger model (read from its own config.json) holds more per completion; bfloat16 halves its cache
     big = {**tiny, "num_hidden_layers": 24, "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 151936}
     (tmp_path / "config.json").write_text(json.dumps(big))
-    shape = inputs.model_shape(str(tmp_path))
+    shape = model_shape(str(tmp_path))
     assert inputs.sequence_bytes(shape, 48)[0] > 3 * each
     assert inputs.sequence_bytes(shape, 48, "bfloat16")[0] < inputs.sequence_bytes(shape, 48)[0]
     # tensors on a GPU (or in vLLM's bounded cache): only the host part counts against this machine's memory

@@ -23,12 +23,14 @@ from bench.inputs import (
     SEED_MAX,
     prompt_template_refusal,
     read_yaml,
+    sequence_bytes,
     step_size,
     tag_values,
     typed_fields,
     typed_overrides,
     user_tags,
 )
+from bench.model import model_shape
 from bench.plugins import identity, load_plugins
 from evaluators.hints import did_you_mean
 from reports.paths import check_length, contained, replace_file, safe_component
@@ -196,8 +198,8 @@ class TrainConfig:
         if self.eval_problems > EVAL_PROBLEMS_MAX:
             bad("eval_problems", f"at most {EVAL_PROBLEMS_MAX:,} held-out problems per evaluation (--eval-problems; "
                                  "more than any benchmark's test split, and hours per evaluation); give fewer")
-        if too_big := step_size(self.prompts_per_step, self.group_size, self.max_new_tokens):
-            bad("prompts_per_step", too_big)
+        if too_big := step_size(self.prompts_per_step, self.group_size, self.max_new_tokens, self.step_memory()):
+            bad("group_size" if self.group_size > self.prompts_per_step else "prompts_per_step", too_big)
         for name in ("eval_every", "checkpoint_every", "samples_every", "warmup_steps", "difficulty", "threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 bad(name, "must be an integer >= 0")
@@ -255,6 +257,16 @@ class TrainConfig:
             bad("adam_betas", "must be two numbers in [0, 1)")
 
         get_objective(self.algo, **dict(self.objective_overrides))
+
+    def step_memory(self) -> tuple[int, str]:
+        """(bytes, what) one completion of a rollout batch holds on this machine (``bench.inputs.sequence_bytes``):
+        the model's tensors with the native engine's HF sampler on the CPU; the host part only where they live on a
+        GPU or vLLM bounds its cache; the token ids alone for another engine or a model whose config is not local."""
+        import torch
+
+        shape = model_shape(self.model) if self.engine == "native" else None
+        on_gpu = str(self.device).startswith("cuda") or (self.device == "auto" and torch.cuda.is_available())
+        return sequence_bytes(shape, self.max_new_tokens, self.dtype, tensors=self.backend == "hf" and not on_gpu)
 
     # --- (de)serialisation
     def to_dict(self) -> dict[str, Any]:

@@ -157,18 +157,67 @@ def memory_bytes() -> int | None:
         return None
 
 
-def step_size(prompts_per_step: int, group_size: int, max_new_tokens: int) -> str | None:
+PROMPT_TOKENS = 64  # prompt length assumed by the step's memory estimate (the built-in arith prompts: 50-70 tokens)
+HOST_TOKEN_BYTES = 160  # per completion token kept on the host: ids, log-probs, entropies as lists and tensors
+
+
+def sequence_bytes(shape: dict | None, max_new_tokens: int, dtype: str = "float32", *, tensors: bool = True
+                   ) -> tuple[int, str]:
+    """(bytes, what) one completion of a rollout batch holds at once, and a few words saying what they are. The HF
+    sampler decodes a step's prompts x group-size completions in one batch (bench/rollout/hf.py, no chunking in the
+    native loop), so each holds, until the batch ends: the KV cache of every layer over its prompt (``PROMPT_TOKENS``)
+    plus ``max_new_tokens`` tokens, the vocabulary's logits (the model's, float32 scaled, probabilities, log-softmax,
+    entropy terms: ~6 float32 rows), one decoding forward's activations, and its per-token statistics on the host. The
+    update's scoring passes are micro-batched (``micro_batch_size``, chunked logits): bounded, not counted.
+    ``tensors=False`` (the tensors live on a GPU, or another sampler bounds its cache): the host part only. A model
+    without a readable config (a hub id): the token ids alone (8 bytes each: the lower bound it was before)."""
+    if shape is None:
+        return 8 * max_new_tokens, "the token ids alone"
+    host = HOST_TOKEN_BYTES * max_new_tokens
+    if not tensors:
+        return host, "the per-token statistics kept on the host"
+
+    def get(*names: str, default: int = 0) -> int:
+        for n in names:
+            if isinstance(shape.get(n), int) and shape[n] > 0:
+                return shape[n]
+        return default
+
+    hidden = get("hidden_size", "n_embd", "d_model")
+    layers = get("num_hidden_layers", "n_layer", "num_layers")
+    heads = get("num_attention_heads", "n_head", default=1)
+    kv_heads = get("num_key_value_heads", default=heads)
+    head_dim = get("head_dim", default=hidden // max(heads, 1))
+    vocab = get("vocab_size")
+    inter = get("intermediate_size", "n_inner", default=4 * hidden)
+    context = get("max_position_embeddings", "n_positions", default=PROMPT_TOKENS + max_new_tokens)
+    tokens = min(PROMPT_TOKENS + max_new_tokens, max(context, max_new_tokens))
+    width = 4 if dtype == "float32" else 2
+    kv = 2 * layers * kv_heads * head_dim * tokens * width
+    logits = 6 * 4 * vocab
+    forward = (8 * hidden + 3 * inter + heads * tokens) * 4
+    return (kv + logits + forward + host,
+            f"the KV cache of {layers} layers over {tokens} tokens, the {vocab:,}-token vocabulary's logits and the "
+            "per-token statistics")
+
+
+def step_size(prompts_per_step: int, group_size: int, max_new_tokens: int, per_sequence: tuple[int, str] | None = None
+              ) -> str | None:
     """Why a step of ``prompts_per_step`` x ``group_size`` completions of up to ``max_new_tokens`` tokens cannot be
-    held (None when it can): the completions' token ids alone (8 bytes each: a lower bound of what a step keeps)
-    against this machine's memory. (--prompts-per-step 100000000000 built its prompt pool for minutes, gigabytes,
-    before anything was said.)"""
+    held (None when it can): what one completion of the rollout batch holds (``per_sequence``: ``sequence_bytes`` of
+    the model; by default the token ids alone) times their number, against this machine's memory. (Held-out round 8:
+    --prompts-per-step 100000000000 built its prompt pool for minutes, gigabytes, before anything was said; round 17,
+    H03: --group-size 100000 passed the token-id count (77 MB) and grew to 22 GB before the OOM killer ended it.)"""
     memory = memory_bytes()
-    need = prompts_per_step * group_size * max_new_tokens * 8
+    each, what = per_sequence or (8 * max_new_tokens, "the token ids alone")
+    need = prompts_per_step * group_size * each
     if memory is None or need <= memory:
         return None
-    return (f"{prompts_per_step} prompts x {group_size} completions x {max_new_tokens} tokens per step: their token "
-            f"ids alone take {need / 2**30:,.0f} GiB, more than this machine's {memory / 2**30:,.0f} GiB of memory; "
-            "give a smaller --prompts-per-step (or --group-size / --max-new-tokens)")
+    first, other = (("--group-size", "--prompts-per-step") if group_size > prompts_per_step
+                    else ("--prompts-per-step", "--group-size"))
+    return (f"{prompts_per_step} prompts x {group_size} completions x {max_new_tokens} tokens per step: "
+            f"~{each / 2**10:,.0f} KiB each in the rollout ({what}), {need / 2**30:,.0f} GiB in all, more than this "
+            f"machine's {memory / 2**30:,.0f} GiB of memory; give a smaller {first} (or {other} / --max-new-tokens)")
 
 
 RESERVED_TAG_PREFIXES = ("pobench.", "mlflow.")

@@ -172,3 +172,17 @@ def warn_unknown_characters(tokenizer, texts: list[str], what: str) -> int:
               f"become {tokenizer.unk_token}, so the model cannot read them), e.g. {char!r} in {short!r}",
               file=sys.stderr)
     return n
+
+
+def model_shape(model: str) -> dict | None:
+    """The config.json of a built-in or local model folder (None for a hub id or a folder without a readable one:
+    nothing is downloaded or loaded here). A multimodal config's ``text_config`` stands in for it."""
+    import json
+
+    try:
+        data = json.loads((Path(resolve_model_path(model)) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and isinstance(data.get("text_config"), dict) and "hidden_size" not in data:
+        data = data["text_config"]
+    return data if isinstance(data, dict) else None

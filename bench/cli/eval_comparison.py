@@ -38,7 +38,8 @@ def run(args) -> int:
                          "reported): drop --no-mlflow")
     settings = settings_from(args)
     names = name_list(args.benchmarks, "--benchmarks")
-    uri = check_reachable(args.tracking_uri, reads_only=True)
+    # (reads the comparison's runs, writes evaluation runs into the experiment: its files' folder checked too)
+    uri = check_reachable(args.tracking_uri, reads_only=True, experiment=args.experiment)
     state: dict = {}  # (the plan and the evaluations stored so far: what a server lost during the work keeps)
     try:
         # every request bounded as `bench report`'s and `bench run`'s are: a server lost during the work is one

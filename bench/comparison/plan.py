@@ -190,7 +190,7 @@ def plan(cfg: TrainConfig, algos: list[str], seeds: list[int], params: dict[str,
                 done = finished_record(client, exp.experiment_id, cfg, p)
                 if done is not None and (stale := stale_reuse(done, p)) is not None:
                     raise ValueError(stale)
-                if done is not None:
+                if done is not None and final_gone(done, cfg, p) is None:
                     p.action, p.run_id = "reuse", done.info.run_id
             if p.action != "reuse" and not force and has_checkpoint(run_dir(cfg, p)) \
                     and (client is None or deleted_run(client, cfg, run_dir(cfg, p)) is None):
@@ -233,6 +233,18 @@ def finished_record(client, experiment_id: str, cfg: TrainConfig, p: Pair):
         f"tags.`pobench.overrides` = '{_canon(p.overrides)}' and attributes.status = 'FINISHED'"),
         order_by=["attributes.start_time DESC"], max_results=1)
     return done[0] if done else None
+
+
+def final_gone(run, cfg: TrainConfig, p: Pair) -> Path | None:
+    """The final model folder of the pair's finished MLflow run ``run`` when it was trained into this command's
+    folder (its ``output_dir``) and its run folder is gone from there (moved, renamed or deleted): such a pair is
+    trained again, as a new run (held-out round 17, H09: it was "reused", and `bench eval --comparison` found no final
+    model). None otherwise: its folder is there, or it was trained into another folder."""
+    out = run.data.params.get("output_dir")
+    folder = run_dir(cfg, p)
+    if not out or Path(out).resolve() != folder.parent.resolve() or folder.exists() or folder.is_symlink():
+        return None
+    return folder.resolve() / "final"
 
 
 def finished_run(client, experiment_id: str, cfg: TrainConfig, p: Pair) -> str | None:

@@ -8,6 +8,7 @@ configuration. Each failure is one ValueError line (exit 2), before any run or f
 from __future__ import annotations
 
 import contextlib
+import os
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -187,7 +188,28 @@ def check_artifact_location(uri: str, experiment: str) -> None:
     process, and a store deleted meanwhile is then not made anew.)"""
     location = _experiment_location(uri, experiment)
     if location:
+        check_artifact_home(uri, experiment, location)
         faults.check_artifact_folder(experiment, location)
+
+
+def check_artifact_home(uri: str, experiment: str, location: str) -> None:
+    """Refuse (one line) the experiment of a local SQLite store whose runs' files go to pobench's folder of another
+    store: ``<folder>/mlartifacts/<experiment>`` (:func:`reports.record.artifact_location`, stored as an absolute
+    path) of a folder other than the store's own. Held-out round 17 (H21): a project folder copied or moved keeps
+    ``mlflow.db``, whose experiment still pointed at the old folder: every new run's files went into the old project
+    (or recreated the moved-away folder). A location of the user's own choice (another shape, a remote one) is kept."""
+    own = record.artifact_location(uri, experiment)
+    if own is None or not location.startswith(("/", "file:")):
+        return
+    kept = Path(location.removeprefix("file://").removeprefix("file:"))
+    if kept.parent.name != record.ARTIFACTS or kept.name != Path(own).name:
+        return
+    if os.path.normpath(kept.resolve()) == os.path.normpath(own):
+        return
+    db = record.sqlite_file(uri)
+    raise ValueError(f"the MLflow store {db}: experiment {experiment!r} keeps its runs' files in {kept}, not beside "
+                     f"this store (the folder was copied or moved?): new runs' files would go there; give another "
+                     f"--experiment (a new one keeps them beside this store), or run from {kept.parent.parent}")
 
 
 def check_outside_artifacts(uri: str, experiment: str, folder: str | Path, flag: str) -> None:

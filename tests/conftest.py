@@ -246,6 +246,23 @@ def fresh_store(folder, name: str = "mlflow.db") -> str:
     return f"sqlite:///{db}"
 
 
+def copy_project(src, dst):
+    """Copy the project folder ``src`` (its store, runs, files) to ``dst``, as a copy the user made and pobench took
+    for its own: the store's experiments and runs point at the copy's files (MLflow keeps them as absolute paths; a
+    copy left pointing at ``src`` is refused before any work: held-out round 17, H21). Returns ``dst``."""
+    import sqlite3
+    from pathlib import Path
+
+    shutil.copytree(src, dst)
+    old, new = str(Path(src).resolve()), str(Path(dst).resolve())
+    con = sqlite3.connect(Path(dst) / "mlflow.db")
+    with con:
+        con.execute("update experiments set artifact_location = replace(artifact_location, ?, ?)", (old, new))
+        con.execute("update runs set artifact_uri = replace(artifact_uri, ?, ?)", (old, new))
+    con.close()
+    return dst
+
+
 @contextlib.contextmanager
 def forkserver_context(*preload: str):
     """A multiprocessing context whose processes fork from a forkserver of their own that imported ``preload`` once

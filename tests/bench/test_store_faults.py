@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests import launch
-from tests.conftest import fresh_store
+from tests.conftest import copy_project, fresh_store
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_CLI = [sys.executable, str(ROOT / "tests" / "bench" / "fake_trainer.py")]
@@ -60,9 +60,7 @@ def compared(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def work(compared, tmp_path) -> Path:
-    folder = tmp_path / "w"
-    shutil.copytree(compared, folder)
-    return folder
+    return copy_project(compared, tmp_path / "w")  # (its store's files beside it: H21)
 
 
 @pytest.fixture

@@ -86,7 +86,7 @@ def test_eval_comparison_evaluates_each_final_model_once_and_the_report_tabulate
     shutil.rmtree(tmp_path / ".pobench" / "runs" / "ev" / next(iter(train.values())).info.run_name / "final")
     assert main([*args, "--limit", "5"]) == 2
     err = capsys.readouterr().err
-    assert "final model(s) not found" in err and err.count("\n") == 1
+    assert "final model(s) moved or deleted" in err and err.count("\n") == 1
     assert len(_evals(client, exp_id)) == 8
 
 

@@ -193,8 +193,9 @@ def test_an_out_root_holding_an_experiment_s_runs_is_named_as_such(bench_here, t
         "one folder (pobench): give them different folders (the defaults are .pobench/runs and reports/out)"), err
     rc, _, err = bench_here(["report", "--out-root", "."], tmp_path)
     assert rc == 2 and err.strip() == (
-        f"bench report: error: {tmp_path / 'pobench'} holds pobench's run folders (an --output-dir's runs): not writing reports into "
-        "it; choose another --out-root (the default is reports/out), and leave that folder where it is"), err
+        f"bench report: error: {tmp_path / 'pobench'} holds pobench's run folders (an --output-dir's runs): not "
+        "writing reports into it; choose another --out-root (the default is reports/out), and leave that folder "
+        "where it is"), err
     assert (tmp_path / "pobench" / "docs" / "config.yaml").exists()
 
 

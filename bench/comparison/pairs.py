@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from bench import faults
-from bench.comparison.plan import Pair, deleted_run, final_gone, finished_record, pair_config, run_dir, stale_reuse
+from bench.comparison.plan import Pair, deleted_run, pair_config, reusable, run_dir
 from bench.comparison.store import lock_file, pair_lock
 from bench.config import TrainConfig
 from bench.data import derive_seed, eval_problems
@@ -122,11 +122,11 @@ def run_pair(notify: Notify, job: PairJob) -> PairResult:
             if (changed := inputs_changed(cfg, p)) is not None:
                 return PairResult(job.index, f"failed: {changed}", "train")
             if not ctx.force or not free:
-                record = finished_record(client, ctx.experiment_id, cfg, p)
-                if record is not None and (stale := stale_reuse(record, p)) is not None:
+                record, stale, gone_final = reusable(client, ctx.experiment_id, cfg, p)
+                if stale is not None:
                     return PairResult(job.index, f"failed: {stale}", "train")  # (`bench run`'s plan refuses it first)
                 done = record.info.run_id if record is not None else None
-                if done is not None and (gone_final := final_gone(record, cfg, p)) is not None:
+                if done is not None and gone_final is not None:
                     if record.data.tags.get(member_tag(ctx.cid)) == "1":  # (its comparison counts the new run)
                         client.set_tag(done, member_tag(ctx.cid), "0")
                     notify("msg", job.index, f"{what}: its final model {gone_final} is gone (moved or deleted): "

@@ -187,10 +187,10 @@ def plan(cfg: TrainConfig, algos: list[str], seeds: list[int], params: dict[str,
         for s in seeds:
             p = new_pair(a, s, ov, h)
             if exp is not None and not force:
-                done = finished_record(client, exp.experiment_id, cfg, p)
-                if done is not None and (stale := stale_reuse(done, p)) is not None:
+                done, stale, gone = reusable(client, exp.experiment_id, cfg, p)
+                if stale is not None:
                     raise ValueError(stale)
-                if done is not None and final_gone(done, cfg, p) is None:
+                if done is not None and gone is None:
                     p.action, p.run_id = "reuse", done.info.run_id
             if p.action != "reuse" and not force and has_checkpoint(run_dir(cfg, p)) \
                     and (client is None or deleted_run(client, cfg, run_dir(cfg, p)) is None):
@@ -233,6 +233,16 @@ def finished_record(client, experiment_id: str, cfg: TrainConfig, p: Pair):
         f"tags.`pobench.overrides` = '{_canon(p.overrides)}' and attributes.status = 'FINISHED'"),
         order_by=["attributes.start_time DESC"], max_results=1)
     return done[0] if done else None
+
+
+def reusable(client, experiment_id: str, cfg: TrainConfig, p: Pair) -> tuple[Any, str | None, Path | None]:
+    """The one reuse decision of a pair (the plan's, and ``run_pair``'s again under the pair's claim): (its newest
+    FINISHED run or None, the line refusing its reuse (:func:`stale_reuse`) or None, its final model's folder when its
+    run folder is gone (:func:`final_gone`: trained again) or None)."""
+    done = finished_record(client, experiment_id, cfg, p)
+    if done is None:
+        return None, None, None
+    return done, stale_reuse(done, p), final_gone(done, cfg, p)
 
 
 def final_gone(run, cfg: TrainConfig, p: Pair) -> Path | None:

@@ -19,9 +19,22 @@ def _signal_in_the_commit(conn) -> None:
     if _ARMED["on"] and str(conn.engine.url).endswith("optuna.db"):
         _ARMED["on"] = False
         parent = multiprocessing.parent_process()
-        if parent is not None:
+        if parent is not None and _first_to_signal_the_parent():
             os.kill(parent.pid, signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGTERM)  # (its handler raises here, inside the commit, unless held)
+
+
+def _first_to_signal_the_parent() -> bool:
+    """Whether this worker is the first of the pool to signal the command (``COMMIT_SIGNAL_ONCE``: a file made once;
+    unset: every worker signals it)."""
+    flag = os.environ.get("COMMIT_SIGNAL_ONCE")
+    if not flag:
+        return True
+    try:
+        os.close(os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def train(cfg, **kw):

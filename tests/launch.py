@@ -16,7 +16,10 @@ A command is forked from a zygote that imported with the same values of the vari
 imported (``IMPORT_TIME_ENV``: the Hugging Face hub's offline switch, thread counts, ``PYTHON*``): one zygote per set of
 values, up to ``MAX_ZYGOTES``. Anything else runs through ``subprocess`` as it is, and so do the tests whose subject is
 the start of a process (they call ``subprocess`` themselves). ``POBENCH_TEST_FRESH=1`` runs every command through
-``subprocess``. tests/test_launch.py holds a forked command to what a fresh one sees and how it ends.
+``subprocess``. ``mounts=[shell commands]`` gives the command a private mount namespace with those mounts made in its
+working folder first (``unshare -m``, forked or not: a read-only or full file system for root); ``file_size_limit=N``
+its ``ulimit -f``. tests/test_launch.py
+holds a forked command to what a fresh one sees and how it ends.
 
 Each forked process's CPU seconds (its own and its children's) reach this worker's ``RUSAGE_CHILDREN`` when the zygote
 ends (at the end of the worker), and :data:`CHILD_CPU` at once (the per-test CPU log of tests/conftest.py adds it)."""
@@ -116,7 +119,7 @@ def _forkable(args, kwargs: dict) -> bool:
             and args[2:3]):
         return False
     if set(kwargs) - {"cwd", "env", "stdin", "stdout", "stderr", "text", "universal_newlines", "start_new_session",
-                      "encoding", "errors"}:
+                      "encoding", "errors", "mounts", "file_size_limit"}:
         return False
     env = dict(kwargs.get("env") or os.environ)
     return _key(env) in _ZYGOTES or len(_ZYGOTES) < MAX_ZYGOTES
@@ -144,12 +147,27 @@ def _stream(spec, mode: str, fds: list[int], keep: list[int]):
     return None
 
 
+def _fresh(args, kwargs: dict) -> tuple[list, dict]:
+    """The ``subprocess`` arguments of a command that is not forked: one with ``mounts`` runs under ``unshare -m``, the
+    mounts made by a shell in its working folder before the command's ``exec``; ``file_size_limit`` is set in the
+    child before its ``exec`` (``ulimit -f``)."""
+    kwargs = dict(kwargs)
+    mounts, limit = kwargs.pop("mounts", None), kwargs.pop("file_size_limit", None)
+    if limit is not None:
+        kwargs["preexec_fn"] = lambda: _limit_file_size(limit)
+    if not mounts:
+        return args, kwargs
+    script = " && ".join([*mounts, 'cd "$PWD"', 'exec "$@"'])  # (the folder entered again: a mount over it is seen)
+    return ["unshare", "-m", "sh", "-c", script, "sh", *[str(a) for a in args]], kwargs
+
+
 class Popen:
     """``subprocess.Popen`` for a `bench` command: forked from the zygote where it can be (:func:`_forkable`), else
     ``subprocess.Popen`` itself (its attributes are then that object's)."""
 
     def __new__(cls, args, **kwargs):
         if not _forkable(args, kwargs):
+            args, kwargs = _fresh(args, kwargs)
             return subprocess.Popen(args, **kwargs)
         return super().__new__(cls)
 
@@ -171,7 +189,8 @@ class Popen:
                    else None, "script": how if how not in ("-m", "-c") else None,
                    "argv": [str(a) for a in self.args[3 if how in ("-m", "-c") else 2:]],
                    "cwd": os.path.abspath(kwargs.get("cwd") or os.getcwd()),
-                   "env": env, "new_session": bool(kwargs.get("start_new_session"))}
+                   "env": env, "new_session": bool(kwargs.get("start_new_session")),
+                   "mounts": list(kwargs.get("mounts") or ()), "file_size_limit": kwargs.get("file_size_limit")}
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.connect(_zygote(env).address)
         socket.send_fds(self._sock, [json.dumps(request).encode()], fds)
@@ -275,6 +294,7 @@ def run(args, *, input=None, capture_output: bool = False, timeout: float | None
     if input is not None:
         kwargs["stdin"] = PIPE
     if not _forkable(args, kwargs):
+        args, kwargs = _fresh(args, kwargs)
         return subprocess.run(args, input=input, timeout=timeout, check=check, **kwargs)
     with Popen(args, **kwargs) as proc:
         try:
@@ -388,7 +408,11 @@ def _command(request: dict, fds: list[int], started: int) -> None:
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
             signal.signal(s, signal.SIG_IGN if s == signal.SIGPIPE else signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.chdir(request["cwd"])
+        if request.get("mounts"):
+            _private_mounts(request["mounts"], request["cwd"])
+        os.chdir(request["cwd"])  # (after the mounts: one over this folder is what the command sees)
+        if request.get("file_size_limit") is not None:
+            _limit_file_size(request["file_size_limit"])
         env = request["env"]
         old_entries = _path_entries(os.environ)
         os.environ.clear()
@@ -430,6 +454,27 @@ def _command(request: dict, fds: list[int], started: int) -> None:
         _finish()
     finally:
         os._exit(code)
+
+
+def _private_mounts(mounts: list[str], cwd: str) -> None:
+    """The command's own mount namespace (what ``unshare -m`` makes: a copy of the zygote's, its changes private),
+    then each shell command of ``mounts`` run in ``cwd`` (a read-only bind mount, a small tmpfs: the faults of a
+    read-only or full disk for a root that permissions do not stop)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+    for command in mounts:
+        subprocess.run(["sh", "-c", command], cwd=cwd, check=True)
+
+
+def _limit_file_size(limit: int) -> None:
+    """``ulimit -f``: a write past ``limit`` bytes fails with EFBIG (Python ignores SIGXFSZ)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
 
 def _exit_code(value) -> int:

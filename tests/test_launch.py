@@ -113,3 +113,38 @@ def test_a_forked_command_has_its_own_group_when_its_pid_is_known():
     proc = launch.Popen([sys.executable, "-c", "import os; print(os.getpgid(0))"], stdout=subprocess.PIPE, text=True)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and int(out) != os.getpgid(0), out
+
+
+MOUNTS_PROBE = """import os
+for name in ("ro/f", "f"):
+    try:
+        with open(name, "a") as fh:
+            fh.write("x")
+        print(name, "written")
+    except OSError as e:
+        print(name, os.strerror(e.errno))
+print("cwd", os.getcwd())
+"""
+
+
+def test_a_forked_command_with_mounts_sees_them_as_a_fresh_one_under_unshare_does(tmp_path):
+    """``mounts``: the command's own mount namespace with the mounts made in its working folder (a read-only bind
+    mount here), forked as under ``unshare -m``; this process's view of the folder unchanged."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None or \
+            subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("a private mount namespace needs root and `unshare -m`")
+    (tmp_path / "ro").mkdir()
+    mounts = ["mount --bind ro ro", "mount -o remount,bind,ro ro"]
+    argv = [sys.executable, "-c", MOUNTS_PROBE]
+    env = {**os.environ, "PYTHONPATH": launch.REPO}
+    assert launch._forkable(argv, {"cwd": tmp_path, "env": env, "mounts": mounts})
+    forked = launch.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, mounts=mounts)
+    fresh_argv, fresh_kwargs = launch._fresh(argv, {"cwd": tmp_path, "env": env, "mounts": mounts})
+    assert fresh_argv[:2] == ["unshare", "-m"]
+    fresh = subprocess.run(fresh_argv, capture_output=True, text=True, timeout=120, **fresh_kwargs)
+    assert fresh.returncode == forked.returncode == 0, (fresh.stderr, forked.stderr)
+    assert forked.stdout == fresh.stdout == f"ro/f Read-only file system\nf written\ncwd {tmp_path}\n", forked.stdout
+    (tmp_path / "ro" / "f").write_text("still writable here")  # (the mount was the command's only)

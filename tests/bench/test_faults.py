@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -241,12 +240,6 @@ def test_mlflow_server_gone_mid_run_is_one_line_and_the_run_is_ended_at_the_next
 
 
 # ------------------------------------------------------------------ full disk / file-size limit
-def _file_size_limit(limit: int):
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-    return apply
-
-
 @pytest.mark.slow
 def test_file_size_limit_at_the_first_checkpoint_ends_the_run_and_the_resume_continues_it(tmp_path, server,
                                                                                           bench_here):
@@ -256,7 +249,7 @@ def test_file_size_limit_at_the_first_checkpoint_ends_the_run_and_the_resume_con
     args = _args(tmp_path, server.uri, "full")
     run_dir = tmp_path / "runs" / "faults" / "full"
     t0 = time.time()
-    done = _bench(args, tmp_path, preexec_fn=_file_size_limit(1_000_000))  # model.pt (3.4 MB) does not fit
+    done = _bench(args, tmp_path, file_size_limit=1_000_000)  # model.pt (3.4 MB) does not fit
     assert done.returncode == 1, done.stderr[-3000:]
     assert time.time() - t0 < 120
     line = _stopped_line(done.stderr)

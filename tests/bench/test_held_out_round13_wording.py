@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from tests import launch
 from tests.conftest import fresh_store
 
 TINY = ["--steps", "1", "--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4"]
@@ -62,17 +63,17 @@ def test_a_sqlite_storage_in_a_read_only_folder_says_so_and_what_to_do(tmp_path)
     code = ("import sys\nfrom bench.tune.storage import open_storage\n"
             "try:\n    open_storage(sys.argv[1])\nexcept ValueError as e:\n    print(e)\n    sys.exit(2)\n")
     command = [sys.executable, "-c", code, f"sqlite:///{ro}/x.db"]
+    mounts = []
     if os.geteuid() == 0:
         if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"]).returncode != 0:
             pytest.skip("running as root without a private mount namespace (unshare -m): no read-only file system")
-        command = ["unshare", "-m", "sh", "-c", f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && "
-                   'exec "$@"', "sh", *command]
+        mounts = [f"mount --bind {ro} {ro}", f"mount -o remount,bind,ro {ro}"]
         why = "a read-only file system"
     else:
         ro.chmod(0o555)
         why = "no write permission (read-only for this user)"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    done = launch.run(command, capture_output=True, text=True, env=env, timeout=300, mounts=mounts)
     assert done.returncode == 2, done.stdout + done.stderr[-3000:]
     assert done.stdout.strip() == (f"{ro} cannot be written ({why}); make it writable, or choose another folder "
                                    f"for --storage sqlite:///{ro}/x.db")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import launch
 from tests.bench.test_held_out_round14_stores import statuses
 
 TINY = ["--prompts-per-step", "2", "--group-size", "2", "--eval-problems", "4", "--samples-every", "0"]
@@ -163,11 +164,11 @@ def test_a_full_stores_disk_is_named_in_the_line_of_a_write_without_a_file_name(
     work, source = tmp_path / "w", tmp_path / "config.yaml"
     work.mkdir()
     source.write_bytes(b"x" * 20000)
-    script = (f"mount -t tmpfs -o size=64k tmpfs {work} && mkdir {work}/mlartifacts && touch {work}/mlflow.db && "
-              f"(dd if=/dev/zero of={work}/filler bs=4k 2>/dev/null; true) && exec \"$@\"")
-    done = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", sys.executable, "-c", FULL_DISK_WRITES,
-                           str(work), str(source)], env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                          text=True, timeout=120)
+    mounts = [f"mount -t tmpfs -o size=64k tmpfs {work}", f"mkdir {work}/mlartifacts", f"touch {work}/mlflow.db",
+              f"dd if=/dev/zero of={work}/filler bs=4k 2>/dev/null; true"]
+    done = launch.run([sys.executable, "-c", FULL_DISK_WRITES, str(work), str(source)], cwd=tmp_path,
+                      env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120,
+                      mounts=mounts)
     assert done.stdout.splitlines() == [
         f"no space left on device while writing {work}/mlartifacts/config.yaml (No space left on device): free space",
         f"no space left on device on the disk of the MLflow store {work}/mlflow.db (a write there failed) (No space "
@@ -237,9 +238,9 @@ def test_bench_warmstart_on_a_full_disk_is_one_line_naming_the_weights_file(tmp_
     work.mkdir()
     command = [sys.executable, "-m", "bench", "warmstart", "--steps", "2", "--eval", "0", "--no-progress", "--out",
                f"{work}/ws"]
-    script = f"mount -t tmpfs -o size=3m tmpfs {work} && exec \"$@\""
-    done = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", *command], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    done = launch.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                      env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+                      mounts=[f"mount -t tmpfs -o size=3m tmpfs {work}"])
     assert done.returncode == 1, done.stderr[-3000:]
     assert only_line(done.stderr) == (f"bench warmstart: stopped: no space left on device while writing "
                                       f"{work}/ws/model.safetensors (No space left on device): free space")

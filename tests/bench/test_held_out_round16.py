@@ -134,7 +134,6 @@ def test_a_full_disk_under_bench_report_names_the_figure_being_written(tmp_path)
     file (...)", naming nothing: the write that met the full disk was a figure's PNG, which matplotlib writes through
     Pillow (whose error carries no file name). Now the line names the file (in the report's temporary folder, under
     the out-root); exit 1, nothing half-written left as the report."""
-    import subprocess
 
     from tests.bench.test_held_out_round15_faults import ROOT, _private_mounts
     from tests.conftest import fresh_store
@@ -147,10 +146,10 @@ def test_a_full_disk_under_bench_report_names_the_figure_being_written(tmp_path)
     work.mkdir()
     command = [sys.executable, "-m", "bench", "report", "--comparison", "c1", "--experiment", "full", "--tracking-uri",
                uri, "--out-root", f"{work}/rep", "--no-store"]
-    script = (f"mount -t tmpfs -o size=600k tmpfs {work} && (dd if=/dev/zero of={work}/filler bs=4k 2>/dev/null; "
-              f"truncate -s -172K {work}/filler) && exec \"$@\"")
-    done = subprocess.run(["unshare", "-m", "sh", "-c", script, "sh", *command], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    mounts = [f"mount -t tmpfs -o size=600k tmpfs {work}",
+              f"(dd if=/dev/zero of={work}/filler bs=4k 2>/dev/null; truncate -s -172K {work}/filler)"]
+    done = launch.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, mounts=mounts,
+                      env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
     assert done.returncode == 1 and len(lines) == 1, done.stderr[-3000:]
     assert lines[0].startswith(f"bench report: stopped: no space left on device while writing {work}/rep/full/"), \

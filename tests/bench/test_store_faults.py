@@ -67,7 +67,8 @@ def work(compared, tmp_path) -> Path:
 def bench(bench_here, monkeypatch):
     """``bench(work, argv, read_only=()) -> (exit code, stderr lines)``: `bench ARGV` with the fake trainer injected,
     in ``work``, the paths ``read_only`` made read-only for it (MLflow's INFO lines left out). With ``read_only`` it
-    is a process of its own (a read-only bind mount in a private mount namespace when root); otherwise it runs in
+    is a process of its own (forked by tests/launch.py, in a private mount namespace with read-only bind mounts when
+    root); otherwise it runs in
     this process (``bench_here``: what is tested is the command's line, exit code and files, not its process, and
     a new process costs seconds of CPU in imports)."""
     from tests.bench import fake_trainer
@@ -77,16 +78,16 @@ def bench(bench_here, monkeypatch):
             fake_trainer.inject(monkeypatch.setattr)
             rc, _, err = bench_here(argv, work)
             return rc, [ln for ln in err.splitlines() if ln.strip() and " INFO mlflow" not in ln]
-        command = [*FAKE_CLI, *argv]
+        mounts = []
         if os.geteuid() == 0:
             if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"]).returncode != 0:
                 pytest.skip("running as root without a private mount namespace (unshare -m): no read-only file system")
-            mounts = " && ".join(f"mount --bind {p} {p} && mount -o remount,bind,ro {p}" for p in read_only)
-            command = ["unshare", "-m", "sh", "-c", f"{mounts} && cd {work} && exec \"$@\"", "sh", *command]
+            mounts = [f"mount --bind {p} {p} && mount -o remount,bind,ro {p}" for p in read_only]
         else:
             for p in read_only:
                 (work / p).chmod(0o555 if (work / p).is_dir() else 0o444)
-        done = subprocess.run(command, cwd=work, env=_env(), capture_output=True, text=True, timeout=600)
+        done = launch.run([*FAKE_CLI, *argv], cwd=work, env=_env(), capture_output=True, text=True, timeout=600,
+                          mounts=mounts)
         return done.returncode, [ln for ln in done.stderr.splitlines() if ln.strip() and " INFO mlflow" not in ln]
 
     return run
@@ -259,18 +260,13 @@ def test_a_store_deleted_while_in_use_is_said_to_be_gone_not_read_only(tmp_path)
 def test_a_file_size_limit_in_bench_report_is_one_line_and_leaves_no_folder(tmp_path):
     """Held-out round 5: `ulimit -f 1` then `bench report`: OSError [Errno 27] File too large with a traceback (the
     error names no file, and the line needed one). Now one line, exit 1, and no half-written report folder."""
-    import resource
-
     from tests.reports.conftest import log_comparison
 
     uri = fresh_store(tmp_path)
     log_comparison(uri, experiment="pobench")
 
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
-
-    done = subprocess.run([sys.executable, "-m", "bench.cli", "report", "--tracking-uri", uri], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    done = launch.run([sys.executable, "-m", "bench.cli", "report", "--tracking-uri", uri], cwd=tmp_path,
+                      capture_output=True, text=True, timeout=300, file_size_limit=1024)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
     lines = [ln for ln in done.stderr.splitlines() if ln.startswith("bench report")]
     assert len(lines) == 1 and "File too large: the file-size limit, ulimit -f" in lines[0], done.stderr[-3000:]

@@ -134,11 +134,10 @@ def test_replace_file_is_whole_or_absent_replaces_links_and_keeps_the_usual_mode
     """`reports.paths.replace_file` (bench eval's outputs): the mode a plain write gives (mkstemp's is private), a
     link at the path replaced and its target untouched, and a write over the file-size limit leaves the earlier
     file whole and names the file (the write's own error names none)."""
-    import resource
-    import subprocess
     import sys
 
     from reports.paths import replace_file
+    from tests import launch
 
     plain = tmp_path / "plain.txt"
     plain.write_text("x")
@@ -150,13 +149,10 @@ def test_replace_file_is_whole_or_absent_replaces_links_and_keeps_the_usual_mode
     replace_file(tmp_path / "link.txt", "new")
     assert theirs.read_text() == "mine" and not (tmp_path / "link.txt").is_symlink()
 
-    def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
-
     code = ("import sys\nfrom reports.paths import replace_file\n"
             "try:\n    replace_file(sys.argv[1], 'z' * 100_000)\nexcept OSError as e:\n    print(e.filename)\n")
-    done = subprocess.run([sys.executable, "-c", code, str(made)], capture_output=True, text=True, timeout=60,
-                          preexec_fn=limit)
+    done = launch.run([sys.executable, "-c", code, str(made)], capture_output=True, text=True, timeout=60,
+                      file_size_limit=4096)
     assert done.stdout.strip() == str(made), done.stderr
     assert made.read_text() == "y" and sorted(p.name for p in tmp_path.iterdir()) == [
         "link.txt", "made.txt", "plain.txt", "theirs.txt"]

@@ -17,10 +17,8 @@ run end FAILED and the command says so in one line (:class:`~bench.engines.base.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
-import gc
 import hashlib
 import logging
 import os
@@ -44,6 +42,7 @@ from bench.engines.base import RunStopped
 from bench.runs import stop
 from bench.runs.run import end_left_running
 from bench.runs.tracking import read_run_record, store_client
+from bench.tune.heap import trial_garbage_only
 from bench.tune.metric import TuneMetric, trial_value
 from bench.tune.runs import DEAD_REASON, StudyRuns
 from bench.tune.spec import TuneSpec
@@ -452,24 +451,6 @@ def _run_trials(spec: TuneSpec, study: optuna.Study, runs: StudyRuns, train_fn: 
     return study
 
 
-@contextlib.contextmanager
-def trial_garbage_only():
-    """Inside, a garbage collection looks only at the objects made since the block began: those of the trials.
-    Optuna collects after each trial (``gc_after_trial``: a trained model's reference cycles freed before the next
-    trial builds its own); a full collection walks every object of the process (its imported libraries: about half
-    a million objects, 0.3 CPU-seconds each time), the objects here before the study are frozen
-    (``gc.freeze``) for its length and given back to the collector at its end. A process that froze its heap itself
-    keeps its own arrangement."""
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 def _done(study: optuna.Study, spec: TuneSpec) -> bool:
     """Enough finished trials and none re-queued; or too many genuine failures to go on."""
     if count(study, TrialState.FAIL) >= max(3, spec.trials) + spec.max_retry:
@@ -484,8 +465,7 @@ def seed_config(spec: TuneSpec, params: dict[str, Any], seed: int, trial_number:
     return dataclasses.replace(
         base, algo=spec.algo, objective_overrides={**base.objective_overrides, **params}, seed=seed,
         run_name=f"{spec.study}-t{trial_number}-s{seed}", tracking_uri=tracking_uri(base.tracking_uri), resume=False,
-        tags={**base.tags, "mlflow.parentRunId": trial_run_id, STUDY: spec.study,
-              TRIAL: str(trial_number)})
+        tags={**base.tags, "mlflow.parentRunId": trial_run_id, STUDY: spec.study, TRIAL: str(trial_number)})
 
 
 def _train_one(cfg: TrainConfig, metric: TuneMetric, train_fn: Callable[..., Any],

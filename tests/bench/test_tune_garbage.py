@@ -1,5 +1,5 @@
 """A study's garbage collections after each trial (Optuna's ``gc_after_trial``) look at the trials' objects only: the
-process's heap from before the study is frozen while it runs (``bench.tune.study.trial_garbage_only``)."""
+process's heap from before the study is frozen while it runs (``bench.tune.heap.trial_garbage_only``)."""
 
 from __future__ import annotations
 

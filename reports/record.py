@@ -181,14 +181,19 @@ def creating_name(db: Path) -> Path:
     return db.with_name(f".{db.name}.pobench-creating")
 
 
+#: MLflow's version: the bytes of an empty store its migrations made in this process (:func:`create_store`)
+_EMPTY_STORE: dict[str, bytes] = {}
+
+
 def create_store(db: Path) -> None:
     """Create a new local MLflow store at ``db`` whole or not at all: MLflow creates its tables and runs its
-    migrations (seconds) in a file beside it (:func:`creating_name`), which is renamed to ``db`` once complete.
-    Held-out round 9: a SIGTERM while MLflow created its tables in ``mlflow.db`` itself left a store of an old
-    schema revision (or one without ``alembic_version``) that the next command refused, with advice to upgrade it.
+    migrations (1-3 CPU-seconds) in a file beside it (:func:`creating_name`), which is renamed to ``db`` once
+    complete. Held-out round 9: a SIGTERM while MLflow created its tables in ``mlflow.db`` itself left a store of an
+    old schema revision (or one without ``alembic_version``) that the next command refused, with advice to upgrade it.
     Called under :func:`store_lock` (one creator at a time), so a file at the temporary name is one a killed creator
-    left: it is replaced. (MLflow adds its Default experiment at the first connection to ``db``.)"""
-    from mlflow.store.db.utils import _initialize_tables, create_sqlalchemy_engine_with_retry
+    left: it is replaced. (MLflow adds its Default experiment at the first connection to ``db``.) A process's later
+    stores are copies of the empty store its first one was before that rename (``_EMPTY_STORE``)."""
+    import mlflow
 
     db = Path(os.path.abspath(db))
     tmp = creating_name(db)
@@ -196,20 +201,33 @@ def create_store(db: Path) -> None:
     try:
         for left in (tmp, journal):
             left.unlink(missing_ok=True)
-        engine = create_sqlalchemy_engine_with_retry(f"sqlite:///{tmp}")
-        db_log = logging.getLogger("mlflow.store.db.utils")  # (its INFO lines "Creating initial MLflow database
-        level = db_log.level  # tables..." / "Updating database tables" said in every first command: noise)
-        db_log.setLevel(max(level, logging.WARNING))
-        try:
-            _initialize_tables(engine)
-        finally:
-            db_log.setLevel(level)
-            engine.dispose()
+        made = _EMPTY_STORE.get(mlflow.__version__)
+        if made is None:
+            _migrate(tmp)
+            _EMPTY_STORE[mlflow.__version__] = tmp.read_bytes()
+        else:
+            with open(tmp, "xb") as fh:
+                fh.write(made)
         if not db.exists():  # (another program, not under pobench's lock, may have made one meanwhile: kept)
             os.replace(tmp, db)
     finally:
         for left in (tmp, journal):
             left.unlink(missing_ok=True)
+
+
+def _migrate(path: Path) -> None:
+    """MLflow's tables made and its migrations run in a new SQLite file ``path``."""
+    from mlflow.store.db.utils import _initialize_tables, create_sqlalchemy_engine_with_retry
+
+    engine = create_sqlalchemy_engine_with_retry(f"sqlite:///{path}")
+    db_log = logging.getLogger("mlflow.store.db.utils")  # (its INFO lines "Creating initial MLflow database
+    level = db_log.level  # tables..." / "Updating database tables" said in every first command: noise)
+    db_log.setLevel(max(level, logging.WARNING))
+    try:
+        _initialize_tables(engine)
+    finally:
+        db_log.setLevel(level)
+        engine.dispose()
 
 
 #: the folder beside a local SQLite store where its experiments keep their runs' files (:func:`artifact_location`)

@@ -9,8 +9,9 @@ test worker's that imported what `bench` imports and waits. The forked process i
 ``subprocess`` starts (its own pid, working folder, environment, standard streams, process group where
 ``start_new_session``), and runs the command as ``python -m`` does (``runpy``, ``__main__``, ``sys.argv``,
 ``sys.path[0]`` its working folder, the interpreter's exit: threads joined, ``atexit``, streams flushed, an uncaught
-KeyboardInterrupt ends it by SIGINT); the imports are the only part it does not do again, as the product's own pool
-workers fork from a forkserver that imported their modules (bench/workers.py).
+KeyboardInterrupt ends it by SIGINT); the imports are what it does not do again, as the product's own pool
+workers fork from a forkserver that imported their modules (bench/workers.py), and a new MLflow store's migrations
+(the zygote made one: a process's later stores are copies of its first, ``reports.record.create_store``).
 
 A command is forked from a zygote that imported with the same values of the variables read while modules are
 imported (``IMPORT_TIME_ENV``: the Hugging Face hub's offline switch, thread counts, ``PYTHON*``): one zygote per set of
@@ -320,6 +321,7 @@ def _serve() -> None:
     address, preload, parent = sys.argv[1], sys.argv[2:], os.getppid()
     for name in preload:
         importlib.import_module(name)
+    _warm_store_template()
     import gc
 
     gc.collect()
@@ -360,6 +362,23 @@ def _serve() -> None:
         with open(os.environ["POBENCH_ZYGOTE_LOG"], "a") as fh:
             fh.write(f"parent {parent} now {os.getppid()} cpu {own.ru_utime + own.ru_stime:.1f} "
                      f"children {kids.ru_utime + kids.ru_stime:.1f}\n")
+
+
+def _warm_store_template() -> None:
+    """One empty MLflow store made by pobench in the zygote, so that the commands forked from it make theirs as a
+    process's later stores are made (``reports.record.create_store``: a copy of its first), not each by MLflow's
+    migrations (1-3 CPU-seconds); the migrations themselves run in every fresh process."""
+    import shutil
+
+    try:
+        from reports.record import create_store
+    except ImportError:  # (a zygote of other imports)
+        return
+    folder = tempfile.mkdtemp(prefix="pobench-zygote-store-")
+    try:
+        create_store(os.path.join(folder, "mlflow.db"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _waiter(conn: socket.socket, request: dict, fds: list[int]) -> None:

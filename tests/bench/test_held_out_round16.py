@@ -16,7 +16,9 @@ def test_a_first_run_with_no_progress_prints_no_mlflow_bar_or_store_creation_lin
     """H03: `bench run ... --no-progress` (and `bench train`) in a new folder printed MLflow's "Downloading
     artifacts: 100%" bar (the run's own sample files, read back to log them as one table when it finishes) and its
     INFO lines "Creating initial MLflow database tables..." / "Updating database tables" (the store's creation).
-    Now neither: stderr holds nothing but pobench's lines; the table and the store are made as before."""
+    Now neither: stderr holds nothing but pobench's lines; the table and the store are made as before. (Forked from
+    the tests' zygote, this command's store is a copy of the one the zygote made: the lines of MLflow's migrations, a
+    process's first store, are tested in tests/reports/test_store_template.py.)"""
     proc = launch.run([sys.executable, "-m", "bench", "train", "--steps", "2", "--prompts-per-step", "2",
                        "--group-size", "2", "--eval-problems", "4", "--samples-every", "1", "--no-progress",
                        "--run-name", "quiet"], cwd=tmp_path, capture_output=True, text=True, timeout=300)

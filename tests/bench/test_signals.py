@@ -41,9 +41,12 @@ def env(**extra: str) -> dict[str, str]:
 class Proc:
     """A command started in its own process group, its stderr read line by line as it comes."""
 
-    def __init__(self, argv: list[str], cwd: Path, **env_extra: str) -> None:
-        self.p = launch.Popen(argv, cwd=cwd, env=env(**env_extra), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    def __init__(self, argv: list[str], cwd: Path, fresh: bool = False, **env_extra: str) -> None:
+        """``fresh``: a new interpreter (``subprocess``), not a process forked by tests/launch.py (whose zygote made a
+        store already: its new stores are copies, not MLflow's migrations)."""
+        start = subprocess.Popen if fresh else launch.Popen
+        self.p = start(argv, cwd=cwd, env=env(**env_extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       start_new_session=True)
         self.err: list[str] = []
         self.out: list[str] = []
         self._threads = [threading.Thread(target=self._read, args=(s, b), daemon=True)

@@ -213,36 +213,18 @@ def no_stop_state_left():
         stop._LOST.update(signal=None, hook=None)
 
 
-_EMPTY_STORE: list = []  # this process's empty store, made at first use
-
-
-def _empty_store_file():
-    """An empty local MLflow store (SQLite, tables created and migrated by MLflow: seconds), made once per process
-    in a folder of its own (removed at exit)."""
-    if not _EMPTY_STORE:
-        import atexit
-        import tempfile
-        from pathlib import Path
-
-        from reports.record import open_client
-
-        folder = Path(tempfile.mkdtemp(prefix="pobench-empty-store-"))
-        atexit.register(shutil.rmtree, folder, True)
-        open_client(f"sqlite:///{folder / 'mlflow.db'}").search_experiments()
-        _EMPTY_STORE.append(folder / "mlflow.db")
-    return _EMPTY_STORE[0]
-
-
 def fresh_store(folder, name: str = "mlflow.db") -> str:
-    """The URI of a new, empty local MLflow store ``folder/name`` (unless that file exists): a copy of this process's
-    empty store (creating a store's tables takes MLflow one to three seconds; tests of that creation itself start from
-    no file)."""
+    """The URI of a new, empty local MLflow store ``folder/name`` (unless that file exists), made as pobench makes one
+    (``reports.record.create_store``: MLflow's migrations for a process's first store, one to three seconds; a copy of
+    that empty store for its later ones). Tests of the creation itself start from no file."""
     from pathlib import Path
+
+    from reports.record import create_store
 
     db = Path(folder) / name
     db.parent.mkdir(parents=True, exist_ok=True)
     if not db.exists():
-        shutil.copy(_empty_store_file(), db)
+        create_store(db)
     return f"sqlite:///{db}"
 
 

@@ -19,8 +19,7 @@ values, up to ``MAX_ZYGOTES``. Anything else runs through ``subprocess`` as it i
 the start of a process (they call ``subprocess`` themselves). ``POBENCH_TEST_FRESH=1`` runs every command through
 ``subprocess``. ``mounts=[shell commands]`` gives the command a private mount namespace with those mounts made in its
 working folder first (``unshare -m``, forked or not: a read-only or full file system for root); ``file_size_limit=N``
-its ``ulimit -f``. tests/test_launch.py
-holds a forked command to what a fresh one sees and how it ends.
+its ``ulimit -f``. tests/test_launch.py holds a forked command to what a fresh one sees and how it ends.
 
 Each forked process's CPU seconds (its own and its children's) reach this worker's ``RUSAGE_CHILDREN`` when the zygote
 ends (at the end of the worker), and :data:`CHILD_CPU` at once (the per-test CPU log of tests/conftest.py adds it)."""

@@ -1,6 +1,4 @@
-"""What a study does with its process's memory between trials: Optuna collects the garbage after each trial
-(``gc_after_trial``: a trained model's reference cycles freed before the next trial builds its own), and a full
-collection walks every object of the process."""
+"""The garbage collections of a study: the trials' objects only (:func:`trial_garbage_only`)."""
 
 from __future__ import annotations
 

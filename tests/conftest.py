@@ -122,11 +122,15 @@ class _LocalRay:
 
     def __init__(self) -> None:
         self.ray = None
+        self.sigterm = None
 
     def start(self):
         if self.ray is None:
             from bench.workers import init_ray
 
+            # (Ray's driver sets a SIGTERM handler raising SystemExit; left after its shutdown, a process a later test
+            # forks and terminates at once raised it before multiprocessing's bootstrap, and ran pytest on: CI saw it)
+            self.sigterm = signal.getsignal(signal.SIGTERM)
             ray = init_ray(None, workers=2)
             assert ray.cluster_resources().get("CPU") == 2
             self.ray = ray
@@ -136,6 +140,8 @@ class _LocalRay:
         if self.ray is not None:
             ray, self.ray = self.ray, None
             ray.shutdown()
+            if self.sigterm is not None:
+                signal.signal(signal.SIGTERM, self.sigterm)
 
 
 _LOCAL_RAY = _LocalRay()

@@ -23,6 +23,7 @@ worker can import.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -149,22 +150,36 @@ def _import_file(spec: str) -> Plugin:
                   reads=reads)
 
 
+_FILES: list = [None, {}]  # (the plugins and file names _plugin_files made its table from, the table)
+
+
 def _plugin_files() -> dict[str, Plugin]:
-    """{real path of a source file: its plugin}: every loaded plugin's file and the local modules its digest covers."""
-    files: dict[str, Plugin] = {}
-    for p in [*_LOADED.values(), *_ENTRY_POINTS]:
-        paths = [p.path] + [getattr(sys.modules.get(m), "__file__", None) for m in (p.module, *p.imports)]
-        files.update({os.path.realpath(f): p for f in paths if f})
-    return files
+    """{real path of a source file: its plugin}: every loaded plugin's file and the local modules its digest covers.
+    Made again only when the plugins or their modules' files changed: the process-start hooks ask for it at every
+    frame of every ``subprocess`` call and ``os.chdir`` (a realpath per file each time: 30 CPU-s over the suite)."""
+    named = [(p, (p.path, *(getattr(sys.modules.get(m), "__file__", None) for m in (p.module, *p.imports))))
+             for p in [*_LOADED.values(), *_ENTRY_POINTS]]
+    if named != _FILES[0]:
+        files: dict[str, Plugin] = {}
+        for p, paths in named:
+            files.update({os.path.realpath(f): p for f in paths if f})
+        _FILES[:] = [named, files]
+    return _FILES[1]
 
 
 def _loaded_specs() -> list[str]:
     return [p.spec for p in [*_LOADED.values(), *_ENTRY_POINTS]]
 
 
+@functools.lru_cache(maxsize=4096)
+def _real_path(filename: str) -> str:
+    """``os.path.realpath`` of a code file's name (cached: the hooks see the same few files again and again)."""
+    return os.path.realpath(filename)
+
+
 def _plugin_at(filename: str) -> str | None:
     """The plugin (as named) whose source file ``filename`` is, or None."""
-    plugin = _plugin_files().get(os.path.realpath(filename))
+    plugin = _plugin_files().get(_real_path(filename))
     return None if plugin is None else plugin.spec
 
 

@@ -39,6 +39,9 @@ MARKER = ".pobench-owned"
 #: the list (JSON, relative paths) of the files pobench wrote into a folder it swaps in whole (a report, a run's
 #: ``final``): every other file there is a user's
 LISTING = ".pobench-files"
+#: the config file at the top of every run folder pobench makes (bench/runs/folders.py ``RUN_LAYOUT``): with the
+#: marker, what tells a run folder from other folders pobench made (``is_run_with_config``)
+RUN_CONFIG = "config.yaml"
 _UNSAFE = re.compile(f"[^{COMPONENT_CHARS}]+")
 MAX_LEN = MAX_COMPONENT
 
@@ -365,13 +368,18 @@ def under(root: str | Path, name: object, what: str) -> Path:
     return Path(root) / component
 
 
+def is_run_with_config(folder: Path) -> bool:
+    """Whether ``folder`` is a run folder pobench made and wrote its config into: a folder with the marker and
+    ``RUN_CONFIG`` (bench/runs/folders.py, where the run folder's layout is defined, imports both from here)."""
+    return folder.is_dir() and (folder / MARKER).is_file() and (folder / RUN_CONFIG).exists()
+
+
 def check_not_runs(folder: Path) -> None:
     """UnsafePath (one line) when ``folder``, where a report would go, holds run folders pobench marked (an
     experiment's runs: `--out-root` given as an `--output-dir`). Held-out round 17, H22, H26: it was refused as "not
     created by pobench" with the advice to move it away, which would move every run of the experiment."""
     try:
-        runs = not folder.is_symlink() and any(c.is_dir() and (c / MARKER).is_file() and (c / "config.yaml").exists()
-                                               for c in folder.iterdir())
+        runs = not folder.is_symlink() and any(is_run_with_config(c) for c in folder.iterdir())
     except OSError:
         runs = False
     if runs:

@@ -33,18 +33,18 @@ import shutil
 from pathlib import Path
 
 from reports.edits import check_unedited, forget, record_written
-from reports.paths import LISTING, MARKER, UnsafePath, is_owned, make_owned, remove_owned, under
+from reports.paths import LISTING, MARKER, RUN_CONFIG, UnsafePath, is_owned, make_owned, remove_owned, under
 
 RUN_KIND = "run"
 
 #: what pobench writes at the top of a run folder (names or patterns): the one definition of the run folder's layout.
 #: ``ckpt-*``: checkpoints (``ckpt-0000040``; ``.tmp`` while written); ``final`` (``.final.tmp`` / ``.final.old``
 #: while swapped); ``trl`` / ``verl`` / ``verl-data``: the engines' own folders.
-RUN_LAYOUT = (MARKER, LISTING, "config.yaml", "run.json", "run.json.tmp", "inputs.json", "final", ".final.tmp",
+RUN_LAYOUT = (MARKER, LISTING, RUN_CONFIG, "run.json", "run.json.tmp", "inputs.json", "final", ".final.tmp",
               ".final.old", "ckpt-[0-9]*", "trl", "verl", "verl-data")
 #: pobench's files of a run folder whose digests its listing records (:func:`write_recorded`): a user's edit of one is
 #: refused before pobench would delete or replace it (:func:`check_removable`, :func:`check_claimable`)
-RECORDED = ("config.yaml", "inputs.json")
+RECORDED = (RUN_CONFIG, "inputs.json")
 #: the checkpoints' names: such an entry is pobench's only as a folder (never a link) holding its state.json, or as
 #: the temporary folder of one being written holding its marker (:func:`own_temp`)
 CHECKPOINTS = "ckpt-[0-9]*"
@@ -149,7 +149,7 @@ def _check_unedited(run_dir: Path, only=None) -> None:
 
 def check_config_unedited(run_dir: str | Path) -> None:
     """Before a resume with a larger ``--steps`` rewrites the run's ``config.yaml``: the user's edit of it refused."""
-    _check_unedited(Path(run_dir), ("config.yaml",))
+    _check_unedited(Path(run_dir), (RUN_CONFIG,))
 
 
 def write_recorded(path: str | Path, write) -> Path:

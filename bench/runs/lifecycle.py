@@ -39,7 +39,7 @@ from bench.engines.base import RunStopped, TrainingDiverged
 from bench.fault_causes import first_line
 from bench.plugins import plugin_failure, plugins_tag
 from bench.runs import checkpoint, identity, resume, stop
-from bench.runs.folders import check_claimable, claim_run_folder, write_recorded
+from bench.runs.folders import RUN_CONFIG, check_claimable, claim_run_folder, write_recorded
 from bench.runs.locks import RunFolderBusy, _hold_folder, folder_held, folder_in_use
 from bench.runs.server_answers import ServerError
 from bench.runs.tracking import (
@@ -163,8 +163,8 @@ def _open_run(cfg: TrainConfig, objective, run_dir: Path, folder: FileLock, resu
             return logger
         logger.call(identity.log_datasets, logger.client, logger.run_id, cfg)  # mlflow.log_input: name, digest, rows
         resume.record_inputs(run_dir, cfg)  # the digests a resume compares
-        write_recorded(run_dir / "config.yaml", cfg.save)  # (its digest recorded: a user's edit is refused, kept)
-        logger.log_artifact(run_dir / "config.yaml")
+        write_recorded(run_dir / RUN_CONFIG, cfg.save)  # (its digest recorded: a user's edit is refused, kept)
+        logger.log_artifact(run_dir / RUN_CONFIG)
     except BaseException as e:
         try:
             end_run(logger, e)

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from bench.runs import checkpoint, identity
-from bench.runs.folders import check_config_unedited, experiment_dir, write_recorded
+from bench.runs.folders import RUN_CONFIG, check_config_unedited, experiment_dir, write_recorded
 from bench.runs.tracking import read_run_record
 from reports.paths import replace_file
 from reports.record import STEPS_EXTENDED
@@ -35,7 +35,7 @@ INPUTS_FILE = "inputs.json"
 
 def saved(run_dir: Path) -> tuple[dict[str, Any], dict[str, str]] | None:
     """(config, input digests) a run saved when it started; None for a folder without them."""
-    path = Path(run_dir) / "config.yaml"
+    path = Path(run_dir) / RUN_CONFIG
     if not path.is_file():
         return None
     cfg = _read(path, yaml.safe_load, yaml.YAMLError, "YAML")
@@ -151,8 +151,8 @@ def record_extension(logger, cfg, run_dir: Path) -> None:
     run = logger.client.get_run(logger.run_id)
     history = run.data.tags.get(STEPS_EXTENDED) or str(found[0].get("steps"))
     logger.set_tags({STEPS_EXTENDED: f"{history},{cfg.steps}"})
-    write_recorded(Path(run_dir) / "config.yaml", cfg.save)
-    logger.log_artifact(Path(run_dir) / "config.yaml")
+    write_recorded(Path(run_dir) / RUN_CONFIG, cfg.save)
+    logger.log_artifact(Path(run_dir) / RUN_CONFIG)
 
 
 # ------------------------------------------------------------------ bench train's folders

@@ -150,16 +150,21 @@ def test_a_child_process_a_plugin_s_loss_started_is_named_when_the_command_ends(
     H05 names only a child started at import). Now it is named the same way, in one line, at the command's end:
     its pid, its command, the plugin, that it keeps the output open; not killed (pobench ends only what it started);
     the exit code is the command's. (The process itself is the subject: a forked `bench`, tests/launch.py.)"""
+    (tmp_path / "spawn.py").write_text(SPAWN)
+    child_named_at_end(tmp_path, "spawnpg", "spawn.py", "sleep 60", "--eval-problems", "4")
+
+
+def child_named_at_end(tmp_path, run_name: str, plugin: str, what: str, *flags: str) -> None:
+    """`bench train` with ``plugin`` (its code leaves a process running and writes its pid to child.pid) ends with
+    exit 0, no traceback, and one line naming that process (as ``what``), the plugin, and the output it holds."""
     import re
 
-
-    (tmp_path / "spawn.py").write_text(SPAWN)
-    proc = train_reading_stderr(tmp_path, "spawnpg", "spawn.py", "--eval-problems", "4")
+    proc = train_reading_stderr(tmp_path, run_name, plugin, *flags)
     code, (pid,), text = end_reading_stderr(proc, lambda err: [int((tmp_path / "child.pid").read_text())])
     assert code == 0, text[-3000:]
-    found = re.findall(r"bench: warning: child process\(es\) (\d+) \(sleep 60\) \(started by plugin spawn.py\) "
-                       r"still running after the command ended: not waiting for them; they keep the command's output "
-                       r"open", text)
+    named = re.escape(f"({what}) (started by plugin {plugin})")
+    found = re.findall(r"bench: warning: child process\(es\) (\d+) " + named + r" still running after the command "
+                       r"ended: not waiting for them; they keep the command's output open", text)
     assert found == [str(pid)], text[-3000:]
     assert "Traceback" not in text, text[-3000:]
 

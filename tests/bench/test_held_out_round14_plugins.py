@@ -124,17 +124,11 @@ def test_a_process_a_plugin_forked_is_named_when_the_command_ends(tmp_path):
     the same one line at the command's end, as a fork of the command's process; not killed, the exit code the
     command's."""
 
-    from tests.bench.test_held_out_round12 import end_reading_stderr, train_reading_stderr
+    from tests.bench.test_held_out_round12 import child_named_at_end
 
     (tmp_path / "p_fork.py").write_text(FORK)
-    proc = train_reading_stderr(tmp_path, "grpo-fork", "p_fork.py", "--eval-problems", "4", "--max-new-tokens", "8")
-    code, (pid,), text = end_reading_stderr(proc, lambda err: [int((tmp_path / "child.pid").read_text())])
-    assert code == 0, text[-3000:]
-    found = re.findall(r"bench: warning: child process\(es\) (\d+) \(a fork of this command's process, by os.fork\) "
-                       r"\(started by plugin p_fork.py\) still running after the command ended: not waiting for them; "
-                       r"they keep the command's output open", text)
-    assert found == [str(pid)], text[-3000:]
-    assert "Traceback" not in text, text[-3000:]
+    child_named_at_end(tmp_path, "grpo-fork", "p_fork.py", "a fork of this command's process, by os.fork",
+                       "--eval-problems", "4", "--max-new-tokens", "8")
 
 
 # ------------------------------------------------------------------ H07: an exception ending a plugin's thread

@@ -18,8 +18,10 @@ imported (``IMPORT_TIME_ENV``: the Hugging Face hub's offline switch, thread cou
 values, up to ``MAX_ZYGOTES``. Anything else runs through ``subprocess`` as it is, and so do the tests whose subject is
 the start of a process (they call ``subprocess`` themselves). ``POBENCH_TEST_FRESH=1`` runs every command through
 ``subprocess``. ``mounts=[shell commands]`` gives the command a private mount namespace with those mounts made in its
-working folder first (``unshare -m``, forked or not: a read-only or full file system for root); ``file_size_limit=N``
-its ``ulimit -f``. tests/test_launch.py holds a forked command to what a fresh one sees and how it ends.
+working folder first (``unshare -m``, forked or not: a read-only or full file system for root);
+``mount_namespace_of=PID`` runs it in the mount namespace of process PID instead (``nsenter -m``: commands one after
+another on the same small tmpfs, which a process of the test holds); ``file_size_limit=N`` its ``ulimit -f``.
+tests/test_launch.py holds a forked command to what a fresh one sees and how it ends.
 
 Each forked process's CPU seconds (its own and its children's) reach this worker's ``RUSAGE_CHILDREN`` when the zygote
 ends (at the end of the worker), and :data:`CHILD_CPU` at once (the per-test CPU log of tests/conftest.py adds it)."""
@@ -27,6 +29,7 @@ ends (at the end of the worker), and :data:`CHILD_CPU` at once (the per-test CPU
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -119,7 +122,7 @@ def _forkable(args, kwargs: dict) -> bool:
             and args[2:3]):
         return False
     if set(kwargs) - {"cwd", "env", "stdin", "stdout", "stderr", "text", "universal_newlines", "start_new_session",
-                      "encoding", "errors", "mounts", "file_size_limit"}:
+                      "encoding", "errors", "mounts", "mount_namespace_of", "file_size_limit"}:
         return False
     env = dict(kwargs.get("env") or os.environ)
     return _key(env) in _ZYGOTES or len(_ZYGOTES) < MAX_ZYGOTES
@@ -153,8 +156,12 @@ def _fresh(args, kwargs: dict) -> tuple[list, dict]:
     child before its ``exec`` (``ulimit -f``)."""
     kwargs = dict(kwargs)
     mounts, limit = kwargs.pop("mounts", None), kwargs.pop("file_size_limit", None)
+    holder = kwargs.pop("mount_namespace_of", None)
     if limit is not None:
         kwargs["preexec_fn"] = lambda: _limit_file_size(limit)
+    if holder is not None:
+        where = os.path.abspath(kwargs.get("cwd") or os.getcwd())
+        return ["nsenter", "-t", str(holder), "-m", f"--wdns={where}", "--", *[str(a) for a in args]], kwargs
     if not mounts:
         return args, kwargs
     script = " && ".join([*mounts, 'cd "$PWD"', 'exec "$@"'])  # (the folder entered again: a mount over it is seen)
@@ -190,7 +197,8 @@ class Popen:
                    "argv": [str(a) for a in self.args[3 if how in ("-m", "-c") else 2:]],
                    "cwd": os.path.abspath(kwargs.get("cwd") or os.getcwd()),
                    "env": env, "new_session": bool(kwargs.get("start_new_session")),
-                   "mounts": list(kwargs.get("mounts") or ()), "file_size_limit": kwargs.get("file_size_limit")}
+                   "mounts": list(kwargs.get("mounts") or ()), "file_size_limit": kwargs.get("file_size_limit"),
+                   "mount_namespace_of": kwargs.get("mount_namespace_of")}
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.connect(_zygote(env).address)
         socket.send_fds(self._sock, [json.dumps(request).encode()], fds)
@@ -426,6 +434,8 @@ def _command(request: dict, fds: list[int], started: int) -> None:
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
             signal.signal(s, signal.SIG_IGN if s == signal.SIGPIPE else signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        if request.get("mount_namespace_of") is not None:
+            _join_mounts(request["mount_namespace_of"])
         if request.get("mounts"):
             _private_mounts(request["mounts"], request["cwd"])
         os.chdir(request["cwd"])  # (after the mounts: one over this folder is what the command sees)
@@ -486,6 +496,36 @@ def _private_mounts(mounts: list[str], cwd: str) -> None:
     subprocess.run(["mount", "--make-rprivate", "/"], check=True)
     for command in mounts:
         subprocess.run(["sh", "-c", command], cwd=cwd, check=True)
+
+
+@contextlib.contextmanager
+def mount_holder(cwd, mounts: list[str]):
+    """A process in a mount namespace of its own (``unshare -m``) with ``mounts`` (shell commands) made in ``cwd``,
+    alive until the block ends: its pid, for ``mount_namespace_of`` (a tmpfs that several commands in a row use)."""
+    script = " && ".join([*mounts, "echo ready", "exec sleep 3600"])
+    holder = subprocess.Popen(["unshare", "-m", "sh", "-c", script], cwd=cwd, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        if holder.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"mounts {mounts} failed: {holder.communicate(timeout=30)[1][-2000:]}")
+        yield holder.pid
+    finally:
+        holder.kill()
+        holder.communicate()
+
+
+def _join_mounts(pid: int) -> None:
+    """This process into the mount namespace of process ``pid`` (what ``nsenter -t PID -m`` does; this process is
+    single-threaded, as the kernel asks; its working folder is set after)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY)
+    try:
+        if libc.setns(fd, 0x00020000) != 0:  # CLONE_NEWNS
+            raise OSError(ctypes.get_errno(), f"setns(mount namespace of {pid})")
+    finally:
+        os.close(fd)
 
 
 def _limit_file_size(limit: int) -> None:

@@ -148,3 +148,36 @@ def test_a_forked_command_with_mounts_sees_them_as_a_fresh_one_under_unshare_doe
     assert fresh.returncode == forked.returncode == 0, (fresh.stderr, forked.stderr)
     assert forked.stdout == fresh.stdout == f"ro/f Read-only file system\nf written\ncwd {tmp_path}\n", forked.stdout
     (tmp_path / "ro" / "f").write_text("still writable here")  # (the mount was the command's only)
+
+
+NAMESPACE_PROBE = """
+import os
+print(open("f").read().strip(), os.getcwd())
+open("g", "w").write("from the forked one")
+"""
+
+
+def test_commands_in_the_mount_namespace_of_a_holder_share_its_tmpfs(tmp_path):
+    """``mount_namespace_of``: a forked command and then a fresh one (``nsenter -m``) in the namespace of a process
+    holding a tmpfs over a folder: both see its files and each other's, in that folder; this process does not."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("nsenter") is None or \
+            subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("a mount namespace of one's own needs root, `unshare -m` and `nsenter`")
+    work = tmp_path / "w"
+    work.mkdir()
+    argv = [sys.executable, "-c", NAMESPACE_PROBE]
+    env = {**os.environ, "PYTHONPATH": launch.REPO}
+    mounts = [f"mount -t tmpfs -o size=64k tmpfs {work}", f"echo on-tmpfs > {work}/f"]
+    with launch.mount_holder(tmp_path, mounts) as pid:
+        assert launch._forkable(argv, {"cwd": work, "env": env, "mount_namespace_of": pid})
+        forked = launch.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=120,
+                            mount_namespace_of=pid)
+        assert (forked.returncode, forked.stdout) == (0, f"on-tmpfs {work}\n"), forked.stderr[-2000:]
+        fresh_argv, fresh_kwargs = launch._fresh(["cat", "f", "g"], {"cwd": work, "mount_namespace_of": pid})
+        assert fresh_argv[:4] == ["nsenter", "-t", str(pid), "-m"]
+        fresh = subprocess.run(fresh_argv, capture_output=True, text=True, timeout=60, **fresh_kwargs)
+        assert (fresh.returncode, fresh.stdout) == (0, "on-tmpfs\nfrom the forked one"), fresh.stderr
+        assert sorted(p.name for p in work.iterdir()) == []  # (here: the folder under the tmpfs, empty)

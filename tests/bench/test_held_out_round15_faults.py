@@ -116,23 +116,28 @@ def test_the_stores_disk_filling_during_bench_run_says_the_store_and_rerun_in_on
     src, work, out = tmp_path / "src", tmp_path / "w", tmp_path / "out"
     fresh_store(src)
     work.mkdir()
-    command = " ".join(RUN) + f" --output-dir {out}"
-    script = (f"mount -t tmpfs -o size=2m tmpfs {work} && cd {work} && cp {src / 'mlflow.db'} . && "
-              "(dd if=/dev/zero of=filler bs=4k 2>/dev/null; truncate -s -100K filler) && "
-              f"{command}; echo rc=$? >&2; rm filler; {command}; echo rc=$? >&2")
+    mounts = [f"mount -t tmpfs -o size=2m tmpfs {work}", f"cp {src / 'mlflow.db'} {work}",
+              f"(dd if=/dev/zero of={work}/filler bs=4k 2>/dev/null; truncate -s -100K {work}/filler)"]
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}, "PYTHONPATH": str(ROOT),
            "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(["unshare", "-m", "sh", "-c", script], env=env, capture_output=True, text=True, timeout=600)
-    first, _, second = done.stderr.partition("rc=1\n")
-    lines = [ln for ln in first.splitlines() if ln.strip() and " INFO mlflow" not in ln]
-    assert lines and all(ln.startswith(("  grpo seed 0: ", "  dapo seed 0: ", "bench run: ")) for ln in lines), \
-        done.stderr[-4000:]
+    with launch.mount_holder(tmp_path, mounts) as holder:  # (the tmpfs both commands use, one after the other)
+        def bench_run() -> subprocess.CompletedProcess:
+            return launch.run([*RUN, "--output-dir", str(out)], cwd=work, env=env, capture_output=True, text=True,
+                              timeout=600, mount_namespace_of=holder)
+
+        first = bench_run()
+        os.remove(f"/proc/{holder}/root{work}/filler")  # (space freed)
+        second = bench_run()
+    lines = [ln for ln in first.stderr.splitlines() if ln.strip() and " INFO mlflow" not in ln]
+    assert first.returncode == 1 and lines, first.stderr[-4000:]
+    assert all(ln.startswith(("  grpo seed 0: ", "  dapo seed 0: ", "bench run: ")) for ln in lines), \
+        first.stderr[-4000:]
     failed = [ln for ln in lines if ": failed: " in ln]
-    assert failed, done.stderr[-4000:]
+    assert failed, first.stderr[-4000:]
     for line in failed:
         assert f"no space left on device while writing {work}/mlflow.db" in line, line
         assert "then rerun the same command" in line, line
-    assert second.rstrip().endswith("rc=0"), done.stderr[-4000:]
+    assert second.returncode == 0, second.stderr[-4000:]
 
 
 FULL_DISK_WRITES = '''

@@ -211,8 +211,8 @@ def _line(ax, x, mean, lo, hi, i: int, label: str, n: int, crowded: bool = False
 
 def _covers_data(fig, ax, leg) -> bool:
     """Whether the legend's box holds a point of a plotted line (lines densified between their vertices)."""
-    fig.draw_without_rendering()  # (the layout, where "best" puts the legend, without drawing the pixels)
-    box = leg.get_window_extent()
+    ax.get_xlim(), ax.get_ylim()  # (the axes' limits brought up to date with the plotted data, as a draw would)
+    box = leg.get_window_extent(fig.canvas.get_renderer())  # (where "best" puts it: found without a draw)
     for line in ax.get_lines():
         xy = np.asarray(line.get_xydata(), dtype=float)
         xy = xy[np.isfinite(xy).all(axis=1)]

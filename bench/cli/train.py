@@ -14,7 +14,7 @@ from bench.config import OUTPUT_DIR
 from bench.engines import RunStopped, TrainingDiverged
 from bench.engines import entry as engines
 from bench.runs import resume
-from bench.runs.run import end_runs_of_killed, last_checkpoint
+from bench.runs.run import RUN_RECORD, end_runs_of_killed, last_checkpoint
 from bench.runs.store_check import check_comparison, check_outside_artifacts, check_reachable
 from reports import metric_keys as K
 
@@ -86,7 +86,7 @@ def damaged_store(e: RunStopped, cfg) -> str:
 def stopped(cfg) -> Stopped:
     """What a stopped `bench train` kept: its newest checkpoint (resume with ``--resume``), or nothing (rerun)."""
     last = last_checkpoint(cfg.run_dir())
-    if last is None and not (cfg.run_dir() / "run.json").exists():  # (stopped while the data or model loaded)
+    if last is None and not (cfg.run_dir() / RUN_RECORD).exists():  # (stopped while the data or model loaded)
         return Stopped("nothing: stopped before the run started (no MLflow run, no checkpoint)", rerun())
     if last is None:
         return Stopped("nothing: no checkpoint yet; the run restarts from step 0", rerun())

@@ -36,15 +36,18 @@ from reports.edits import check_unedited, forget, record_written
 from reports.paths import LISTING, MARKER, RUN_CONFIG, UnsafePath, is_owned, make_owned, remove_owned, under
 
 RUN_KIND = "run"
+#: the run folder's record of its MLflow run ({"run_id", "tracking_uri", "experiment"[, "unsent_end"]}:
+#: bench/runs/tracking.py ``read_run_record``) and the digests of its inputs a resume compares (bench/runs/resume.py)
+RUN_RECORD, INPUTS_FILE = "run.json", "inputs.json"
 
 #: what pobench writes at the top of a run folder (names or patterns): the one definition of the run folder's layout.
 #: ``ckpt-*``: checkpoints (``ckpt-0000040``; ``.tmp`` while written); ``final`` (``.final.tmp`` / ``.final.old``
 #: while swapped); ``trl`` / ``verl`` / ``verl-data``: the engines' own folders.
-RUN_LAYOUT = (MARKER, LISTING, RUN_CONFIG, "run.json", "run.json.tmp", "inputs.json", "final", ".final.tmp",
+RUN_LAYOUT = (MARKER, LISTING, RUN_CONFIG, RUN_RECORD, f"{RUN_RECORD}.tmp", INPUTS_FILE, "final", ".final.tmp",
               ".final.old", "ckpt-[0-9]*", "trl", "verl", "verl-data")
 #: pobench's files of a run folder whose digests its listing records (:func:`write_recorded`): a user's edit of one is
 #: refused before pobench would delete or replace it (:func:`check_removable`, :func:`check_claimable`)
-RECORDED = (RUN_CONFIG, "inputs.json")
+RECORDED = (RUN_CONFIG, INPUTS_FILE)
 #: the checkpoints' names: such an entry is pobench's only as a folder (never a link) holding its state.json, or as
 #: the temporary folder of one being written holding its marker (:func:`own_temp`)
 CHECKPOINTS = "ckpt-[0-9]*"

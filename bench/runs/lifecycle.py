@@ -312,7 +312,7 @@ def stopped(e: BaseException, logger: RunLogger | None, run_dir: Path | None, en
     if logger is not None and logger.run_id is not None:
         parts.append(f"MLflow run {logger.run_id} ended FAILED" if ended else
                      f"MLflow run {logger.run_id} is ended FAILED at the next contact (recorded in "
-                     f"{Path(run_dir or '.') / 'run.json'})")
+                     f"{Path(run_dir or '.') / RUN_RECORD})")
     out = RunStopped("; ".join(parts))
     out.cause, out.run_end = parts[0], (parts[-1] if len(parts) > 1 and parts[-1].startswith("MLflow run ") else None)
     if cause.endswith(faults.DAMAGED_ADVICE) and cause.startswith("the MLflow store"):  # (its run lost with it)
@@ -494,5 +494,5 @@ def end_unresumable(cfg: TrainConfig, run_dir: Path, error: BaseException) -> st
     if ended is None:
         return f"; its MLflow run {run_id} is left as it is: another process is training in {run_dir} now"
     return f"; its MLflow run {run_id} was ended FAILED" if ended else \
-        f"; its MLflow run {run_id} is ended FAILED at the next contact ({run_dir / 'run.json'})"
+        f"; its MLflow run {run_id} is ended FAILED at the next contact ({run_dir / RUN_RECORD})"
 

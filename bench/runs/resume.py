@@ -23,14 +23,13 @@ from typing import Any
 import yaml
 
 from bench.runs import checkpoint, identity
-from bench.runs.folders import RUN_CONFIG, check_config_unedited, experiment_dir, write_recorded
+from bench.runs.folders import INPUTS_FILE, RUN_CONFIG, check_config_unedited, experiment_dir, write_recorded
 from bench.runs.tracking import read_run_record
 from reports.paths import replace_file
 from reports.record import STEPS_EXTENDED
 
 # fields a resume may change: they locate the run or change no number of it
 FREE = ("resume", "threads", "keep_checkpoints", "tags", "comparison", "output_dir", "run_name")
-INPUTS_FILE = "inputs.json"
 
 
 def saved(run_dir: Path) -> tuple[dict[str, Any], dict[str, str]] | None:

@@ -26,7 +26,7 @@ from typing import Any
 from bench.config import TrainConfig
 from bench.runs import checkpoint, lifecycle
 from bench.runs.checkpoint import FINAL_TMP, CheckpointError, DiskFull, NoneResumable
-from bench.runs.folders import check_claimable, check_removable, experiment_dir, remove_run_folder
+from bench.runs.folders import RUN_RECORD, check_claimable, check_removable, experiment_dir, remove_run_folder
 from bench.runs.lifecycle import (
     end_killed_worker_run,
     end_left_running,
@@ -38,8 +38,8 @@ from bench.runs.lifecycle import (
 from bench.runs.locks import RunFolderBusy, folder_held, folder_in_use
 from bench.runs.tracking import RunLogger, read_run_record
 
-__all__ = ["FINAL_TMP", "CheckpointError", "DiskFull", "NoneResumable", "Run", "RunFolderBusy", "check_claimable",
-           "check_removable",
+__all__ = ["FINAL_TMP", "RUN_RECORD", "CheckpointError", "DiskFull", "NoneResumable", "Run", "RunFolderBusy",
+           "check_claimable", "check_removable",
            "end_killed_worker_run", "end_left_running",
            "end_runs_of_killed", "experiment_dir", "folder_held", "folder_in_use", "has_checkpoint", "last_checkpoint",
            "left_running",

@@ -26,6 +26,7 @@ import bench
 from bench import faults
 from bench.faults import StoreRefused, StoreUnreachable
 from bench.runs import stop
+from bench.runs.folders import RUN_RECORD
 from bench.runs.server_answers import refused_status
 from bench.runs.system_metrics import SystemMetrics
 from reports import record
@@ -42,7 +43,6 @@ from reports.record import (
 
 TIMEOUT_ENV = "POBENCH_MLFLOW_TIMEOUT"  # seconds pobench waits for an MLflow server (check, and each call of a run)
 DEFAULT_TIMEOUT_S = 5.0
-RUN_RECORD = "run.json"  # in the run folder: {"run_id", "tracking_uri", "experiment"[, "unsent_end"]}
 RETRY_EVERY_S = 0.5  # a refused connection is tried again after this, until the timeout
 #: the schemes of the MLflow stores that are a database server's SQLAlchemy URL (SQLite is checked as a file)
 DATABASE_SCHEMES = ("postgresql", "postgres", "mysql", "mssql")

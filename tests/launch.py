@@ -152,20 +152,21 @@ def _stream(spec, mode: str, fds: list[int], keep: list[int]):
 
 def _fresh(args, kwargs: dict) -> tuple[list, dict]:
     """The ``subprocess`` arguments of a command that is not forked: one with ``mounts`` runs under ``unshare -m``, the
-    mounts made by a shell in its working folder before the command's ``exec``; ``file_size_limit`` is set in the
+    mounts made by a shell in its working folder before the command's ``exec``; one with ``mount_namespace_of`` under
+    ``nsenter -m`` first (the order a forked one takes them in, :func:`_command`); ``file_size_limit`` is set in the
     child before its ``exec`` (``ulimit -f``)."""
     kwargs = dict(kwargs)
     mounts, limit = kwargs.pop("mounts", None), kwargs.pop("file_size_limit", None)
     holder = kwargs.pop("mount_namespace_of", None)
     if limit is not None:
         kwargs["preexec_fn"] = lambda: _limit_file_size(limit)
+    if mounts:
+        script = " && ".join([*mounts, 'cd "$PWD"', 'exec "$@"'])  # (the folder entered again: a mount over it is seen)
+        args = ["unshare", "-m", "sh", "-c", script, "sh", *[str(a) for a in args]]
     if holder is not None:
         where = os.path.abspath(kwargs.get("cwd") or os.getcwd())
-        return ["nsenter", "-t", str(holder), "-m", f"--wdns={where}", "--", *[str(a) for a in args]], kwargs
-    if not mounts:
-        return args, kwargs
-    script = " && ".join([*mounts, 'cd "$PWD"', 'exec "$@"'])  # (the folder entered again: a mount over it is seen)
-    return ["unshare", "-m", "sh", "-c", script, "sh", *[str(a) for a in args]], kwargs
+        args = ["nsenter", "-t", str(holder), "-m", f"--wdns={where}", "--", *[str(a) for a in args]]
+    return args, kwargs
 
 
 class Popen:
@@ -484,14 +485,22 @@ def _command(request: dict, fds: list[int], started: int) -> None:
         os._exit(code)
 
 
+CLONE_NEWNS = 0x00020000  # (linux/sched.h: a mount namespace, for unshare and setns)
+
+
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _private_mounts(mounts: list[str], cwd: str) -> None:
     """The command's own mount namespace (what ``unshare -m`` makes: a copy of the zygote's, its changes private),
     then each shell command of ``mounts`` run in ``cwd`` (a read-only bind mount, a small tmpfs: the faults of a
     read-only or full disk for a root that permissions do not stop)."""
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
+    if _libc().unshare(CLONE_NEWNS) != 0:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
     subprocess.run(["mount", "--make-rprivate", "/"], check=True)
     for command in mounts:
@@ -519,10 +528,9 @@ def _join_mounts(pid: int) -> None:
     single-threaded, as the kernel asks; its working folder is set after)."""
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
     fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY)
     try:
-        if libc.setns(fd, 0x00020000) != 0:  # CLONE_NEWNS
+        if _libc().setns(fd, CLONE_NEWNS) != 0:
             raise OSError(ctypes.get_errno(), f"setns(mount namespace of {pid})")
     finally:
         os.close(fd)
